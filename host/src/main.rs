@@ -1,0 +1,119 @@
+//! The `airlock` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use rmcp::ServiceExt as _;
+use tracing_subscriber::EnvFilter;
+
+use airlock::config::ServeConfig;
+use airlock::gateway::Host;
+
+/// Runs reviewed MCP adapters (WebAssembly components) between an AI application and
+/// upstream MCP servers.
+///
+/// Logs go to stderr; set AIRLOCK_LOG (e.g. `debug`, `airlock=trace`) to change the level.
+#[derive(Parser)]
+#[command(name = "airlock", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
+    ///
+    /// Starts every connection the configuration defines that a mapping uses, loads each
+    /// mapping (refusing any component whose sha256 differs from its pin), then answers
+    /// tools/list and tools/call until stdin closes.
+    Serve {
+        /// Serve configuration (TOML): [[connection]] and [[mapping]] entries.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Run the embedded default: the bundled notes server and source-library adapter,
+    /// driven by an in-process MCP client through the real gateway; prints each step.
+    Demo,
+    /// Run a bundled fixture MCP server over stdio (used by the demo and tests).
+    #[command(hide = true)]
+    Fixture {
+        #[command(subcommand)]
+        which: Fixture,
+    },
+}
+
+#[derive(Subcommand)]
+enum Fixture {
+    /// The synthetic notes library (`search_notes`, `read_note`, `notes://` resources).
+    NotesServer {
+        /// Arguments for the fixture server (e.g. `--call-log FILE`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn init_logging(default: &str) {
+    let filter = EnvFilter::try_from_env("AIRLOCK_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve { config } => {
+                init_logging("airlock=info");
+                serve(config).await
+            }
+            Command::Demo => {
+                init_logging("warn,rmcp=error");
+                airlock::demo::run(std::io::stdout()).await
+            }
+            Command::Fixture { which: Fixture::NotesServer { args } } => {
+                init_logging("info");
+                let options = airlock_fixture_notes::parse_args(args.into_iter())
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                airlock_fixture_notes::serve_stdio(options).await
+            }
+        }
+    });
+    // Upstream children and background readers must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config_path: PathBuf) -> Result<()> {
+    let config = ServeConfig::load(&config_path)?;
+    let host = Host::start(&config).await?;
+    tracing::info!(
+        capabilities = host.capabilities().len(),
+        "serving MCP on stdio"
+    );
+    let gateway = host.session();
+    let running = gateway
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("MCP initialize with the client on stdio")?;
+    running.waiting().await.context("gateway session")?;
+    Ok(())
+}

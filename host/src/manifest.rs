@@ -1,0 +1,360 @@
+//! Mapping manifests: the reviewed binding of one adapter component to one contract and
+//! one connection.
+//!
+//! Rule: a manifest is read strictly. Unknown keys, a missing component pin, a capability
+//! that names a function the contract lacks, two capabilities with one name, a limit of
+//! zero or above the host ceiling: each is an error that names the file and the key.
+//! Grants are deny by default: this version accepts only an empty `[grants]` table.
+//!
+//! Accepted form:
+//!
+//! ```toml
+//! [mapping]
+//! name = "source-library"                              # [a-z0-9-], unique per host
+//! contract = "airlock:contracts/source-retrieval@0.1.0"
+//! connection = "notes"                                 # a connection in the serve config
+//!
+//! [component]
+//! file = "source_library.wasm"                         # relative to the manifest
+//! sha256 = "<64 lowercase hex>"                        # the reviewed component's digest
+//!
+//! [upstream]
+//! tools = ["search_notes", "read_note"]                # upstream names the adapter may call
+//! resources = ["notes://"]                             # URI prefixes it may read; [] = none
+//!
+//! [[capability]]                                       # one per exported function offered
+//! function = "search"
+//! name = "search_sources"                              # the name the model sees
+//! description = "..."                                  # the reviewed text the model sees
+//!
+//! [grants]                                             # empty: no filesystem, network, env
+//!
+//! [limits]
+//! memory_mib = 64        # default 64, ceiling 1024
+//! deadline_ms = 5000     # default 5000, ceiling 60000
+//! max_output_bytes = 262144  # per upstream answer; default 256 KiB, ceiling 16 MiB
+//! ```
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use serde::Deserialize;
+
+/// Host-wide ceiling on `limits.memory_mib`.
+pub const MAX_MEMORY_MIB: u64 = 1024;
+/// Host-wide ceiling on `limits.deadline_ms`.
+pub const MAX_DEADLINE_MS: u64 = 60_000;
+/// Host-wide ceiling on `limits.max_output_bytes`.
+pub const MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// A parsed, validated mapping manifest.
+#[derive(Debug, Clone)]
+pub struct MappingManifest {
+    /// Where it was read from (for messages), or a label for in-memory manifests.
+    pub source: String,
+    pub mapping: MappingSection,
+    pub component: ComponentSection,
+    pub upstream: UpstreamSection,
+    pub capabilities: Vec<CapabilitySection>,
+    pub limits: Limits,
+}
+
+/// `[mapping]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MappingSection {
+    pub name: String,
+    pub contract: String,
+    pub connection: String,
+}
+
+/// `[component]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentSection {
+    /// Component file, relative to the manifest's folder.
+    pub file: PathBuf,
+    /// Lowercase hex sha256 of the reviewed component.
+    pub sha256: Option<String>,
+}
+
+/// `[upstream]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// Upstream tool names the adapter may call. Empty = none.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Resource URI prefixes the adapter may read. Empty = none.
+    #[serde(default)]
+    pub resources: Vec<String>,
+}
+
+/// One `[[capability]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitySection {
+    /// The contract function it runs.
+    pub function: String,
+    /// The local name the model sees.
+    pub name: String,
+    /// The reviewed description the model sees.
+    pub description: String,
+}
+
+/// `[limits]`, with defaults applied.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Linear memory plus tables the instance may grow to, in MiB.
+    pub memory_mib: u64,
+    /// Wall-clock budget of one call, in milliseconds; past it the guest traps.
+    pub deadline_ms: u64,
+    /// Largest upstream answer the adapter may receive, in bytes of JSON-RPC message.
+    pub max_output_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_mib: 64,
+            deadline_ms: 5_000,
+            max_output_bytes: 256 * 1024,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    mapping: MappingSection,
+    component: ComponentSection,
+    #[serde(default = "empty_upstream")]
+    upstream: UpstreamSection,
+    #[serde(default)]
+    capability: Vec<CapabilitySection>,
+    #[serde(default)]
+    grants: toml::Table,
+    #[serde(default)]
+    limits: Limits,
+}
+
+fn empty_upstream() -> UpstreamSection {
+    UpstreamSection {
+        tools: vec![],
+        resources: vec![],
+    }
+}
+
+impl MappingManifest {
+    /// Reads and validates the manifest at `path`.
+    ///
+    /// # Errors
+    /// Unreadable file, TOML syntax, unknown keys, or any rule in the module doc.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading mapping manifest {}", path.display()))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates manifest `text`; `source` names it in errors.
+    ///
+    /// # Errors
+    /// TOML syntax, unknown keys, or any rule in the module doc.
+    pub fn parse(text: &str, source: &str) -> Result<Self> {
+        let raw: RawManifest =
+            toml::from_str(text).with_context(|| format!("mapping manifest {source}"))?;
+        let m = MappingManifest {
+            source: source.to_string(),
+            mapping: raw.mapping,
+            component: raw.component,
+            upstream: raw.upstream,
+            capabilities: raw.capability,
+            limits: raw.limits,
+        };
+        if !raw.grants.is_empty() {
+            let keys: Vec<_> = raw.grants.keys().cloned().collect();
+            bail!(
+                "mapping manifest {source}: [grants] asks for {}; this host grants nothing to adapters yet (deny by default)",
+                keys.join(", ")
+            );
+        }
+        m.validate()?;
+        Ok(m)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let src = &self.source;
+        let name_ok = |n: &str| {
+            !n.is_empty()
+                && n.len() <= 64
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        };
+        if !name_ok(&self.mapping.name) {
+            bail!(
+                "mapping manifest {src}: [mapping] name `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`",
+                self.mapping.name
+            );
+        }
+        if !name_ok(&self.mapping.connection) {
+            bail!(
+                "mapping manifest {src}: [mapping] connection `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`",
+                self.mapping.connection
+            );
+        }
+        match &self.component.sha256 {
+            None => bail!(
+                "mapping manifest {src}: [component] has no sha256 pin; a reviewer must pin the component (sha256sum of {})",
+                self.component.file.display()
+            ),
+            Some(d) if d.len() != 64 || !d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) => bail!(
+                "mapping manifest {src}: [component] sha256 must be 64 lowercase hex digits, got `{d}`"
+            ),
+            Some(_) => {}
+        }
+        if self.capabilities.is_empty() {
+            bail!("mapping manifest {src}: no [[capability]]; a mapping must offer at least one");
+        }
+        let mut names = BTreeSet::new();
+        for cap in &self.capabilities {
+            if !cap
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                || cap.name.is_empty()
+                || cap.name.len() > 64
+            {
+                bail!(
+                    "mapping manifest {src}: capability name `{}` must be 1-64 characters of A-Z, a-z, 0-9, `_`, `-`",
+                    cap.name
+                );
+            }
+            if !names.insert(cap.name.as_str()) {
+                bail!("mapping manifest {src}: capability name `{}` appears twice", cap.name);
+            }
+            if cap.description.trim().is_empty() {
+                bail!("mapping manifest {src}: capability `{}` has no description", cap.name);
+            }
+        }
+        for tool in &self.upstream.tools {
+            if tool.is_empty() {
+                bail!("mapping manifest {src}: [upstream] tools has an empty name");
+            }
+        }
+        for prefix in &self.upstream.resources {
+            if !prefix.contains("://") {
+                bail!(
+                    "mapping manifest {src}: [upstream] resources prefix `{prefix}` must include a scheme, like `notes://`"
+                );
+            }
+        }
+        let l = self.limits;
+        for (key, value, ceiling) in [
+            ("memory_mib", l.memory_mib, MAX_MEMORY_MIB),
+            ("deadline_ms", l.deadline_ms, MAX_DEADLINE_MS),
+            ("max_output_bytes", l.max_output_bytes, MAX_OUTPUT_BYTES),
+        ] {
+            if value == 0 || value > ceiling {
+                bail!(
+                    "mapping manifest {src}: [limits] {key} = {value} is outside 1..={ceiling} (the host ceiling)"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The pinned component digest (validated present by `parse`).
+    pub fn pinned_sha256(&self) -> &str {
+        self.component.sha256.as_deref().unwrap_or_default()
+    }
+
+    /// The component path, resolved against the manifest's folder `base`.
+    pub fn component_path(&self, base: &Path) -> PathBuf {
+        base.join(&self.component.file)
+    }
+}
+
+/// Checks `bytes` against the manifest pin.
+///
+/// # Errors
+/// The digests differ; the message names both.
+pub fn verify_pin(manifest: &MappingManifest, bytes: &[u8]) -> Result<()> {
+    use sha2::Digest as _;
+    let actual = hex::encode(sha2::Sha256::digest(bytes));
+    let pinned = manifest.pinned_sha256();
+    if actual != pinned {
+        bail!(
+            "component pin mismatch for mapping `{}`: manifest {} pins sha256 {pinned}, but {} has sha256 {actual}; refusing to load it (re-review the component and update the pin)",
+            manifest.mapping.name,
+            manifest.source,
+            manifest.component.file.display(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[mapping]
+name = "source-library"
+contract = "airlock:contracts/source-retrieval@0.1.0"
+connection = "notes"
+[component]
+file = "c.wasm"
+sha256 = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+[upstream]
+tools = ["search_notes"]
+resources = ["notes://"]
+[[capability]]
+function = "search"
+name = "search_sources"
+description = "Search."
+[grants]
+[limits]
+deadline_ms = 100
+"#;
+
+    #[test]
+    fn good_manifest_parses_with_defaults() {
+        let m = MappingManifest::parse(GOOD, "good.toml").unwrap();
+        assert_eq!(m.limits.deadline_ms, 100);
+        assert_eq!(m.limits.memory_mib, 64);
+        verify_pin(&m, b"hello").unwrap();
+    }
+
+    #[test]
+    fn pin_mismatch_names_both_digests() {
+        let m = MappingManifest::parse(GOOD, "good.toml").unwrap();
+        let err = verify_pin(&m, b"hello!").unwrap_err().to_string();
+        assert!(err.contains("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"));
+        assert!(err.contains("ce06092fb948d9ffac7d1a376e404b26b7575bcc11ee05a4615fef4fec3a308b"));
+    }
+
+    #[test]
+    fn hostile_manifests_are_refused_with_the_key() {
+        let cases = [
+            (GOOD.replace("[grants]", "[grants]\nnetwork = [\"0.0.0.0/0\"]"), "network"),
+            (GOOD.replace("sha256 = \"2cf", "sha256 = \"2CF"), "sha256"),
+            (GOOD.replace("sha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"", ""), "no sha256 pin"),
+            (GOOD.replace("deadline_ms = 100", "deadline_ms = 999999999"), "deadline_ms"),
+            (GOOD.replace("deadline_ms = 100", "memory_mib = 0"), "memory_mib"),
+            (GOOD.replace("[upstream]", "[upstream]\nextra = 1"), "extra"),
+            (GOOD.replace("name = \"search_sources\"", "name = \"search sources\""), "search sources"),
+            (GOOD.replace("name = \"source-library\"", "name = \"../etc\""), "../etc"),
+            (GOOD.replace("resources = [\"notes://\"]", "resources = [\"notes\"]"), "scheme"),
+            (format!("{GOOD}\n[[capability]]\nfunction = \"retrieve\"\nname = \"search_sources\"\ndescription = \"x\""), "twice"),
+            ("[mapping".to_string(), "mapping manifest"),
+            (String::new(), "missing field"),
+        ];
+        for (text, needle) in cases {
+            let err = format!("{:#}", MappingManifest::parse(&text, "bad.toml").unwrap_err());
+            assert!(err.contains(needle), "expected `{needle}` in: {err}");
+            assert!(err.contains("bad.toml"), "expected the file name in: {err}");
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! The adapter runtime: wasmtime Engine, one `InstancePre` per loaded mapping, a fresh
+//! Store per call.
+//!
+//! Rules:
+//! - Deny by default. An adapter's WASI context has no preopened directories, no
+//!   environment variables, no arguments, no sockets (TCP, UDP and name lookup are all
+//!   switched off and every address is refused), and closed stdin. Its stdout and stderr
+//!   are captured into bounded buffers (64 KiB each) and never inherited.
+//! - A component loads only when its sha256 equals the mapping's pin.
+//! - Each call runs in a new Store with the mapping's memory limit (bytes over all
+//!   memories and tables) and a deadline enforced by epoch interruption: past it the guest
+//!   traps and the call fails as `interrupted`; the next call starts clean.
+//! - The adapter's `airlock:host/upstream` import reaches only the tools and resource
+//!   prefixes its mapping lists, on its mapping's connection. Anything else returns
+//!   `not-permitted` to the adapter and is never sent.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+use sha2::Digest as _;
+use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker, ResourceTable, Val};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::manifest::{Limits, MappingManifest};
+use crate::upstream::{Connection, UpstreamFailure};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit/v0.1.0",
+        world: "airlock:host/adapter-host",
+        imports: { default: async },
+    });
+}
+
+use bindings::airlock::host::{log, upstream};
+
+/// Length of one epoch tick. Deadlines are rounded up to whole ticks.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// Capacity of each captured guest output stream (stdout, stderr), in bytes.
+pub const GUEST_OUTPUT_BYTES: usize = 64 * 1024;
+/// Most adapter log messages kept per call.
+pub const MAX_LOG_MESSAGES: usize = 64;
+
+/// The shared wasmtime engine and its epoch ticker.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    _ticker: Arc<EpochTicker>,
+}
+
+struct EpochTicker {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    /// Creates the engine (component model, epoch interruption) and starts a thread that
+    /// advances the epoch every [`EPOCH_TICK`].
+    ///
+    /// # Errors
+    /// wasmtime rejected the configuration.
+    pub fn new() -> Result<Self> {
+        let mut config = Config::new();
+        config.wasm_component_model(true).epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(anyhow::Error::from).context("creating the wasmtime engine")?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (weak, flag) = (engine.weak(), stop.clone());
+        std::thread::Builder::new()
+            .name("airlock-epoch".into())
+            .spawn(move || {
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .context("starting the epoch thread")?;
+        Ok(Self {
+            engine,
+            _ticker: Arc::new(EpochTicker { stop }),
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Verifies `bytes` against the manifest's pin, compiles the component, links it with
+    /// the deny-by-default host, and prepares it for per-call instantiation.
+    ///
+    /// # Errors
+    /// Pin mismatch (naming both digests), a component that does not compile, imports
+    /// something the host does not provide, or does not export the mapping's contract
+    /// and capability functions.
+    pub fn load(&self, manifest: &MappingManifest, bytes: &[u8], contract_interface: &str) -> Result<LoadedAdapter> {
+        crate::manifest::verify_pin(manifest, bytes)?;
+        let name = &manifest.mapping.name;
+        let component = Component::new(&self.engine, bytes)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("compiling the component of mapping `{name}`"))?;
+        let mut linker: Linker<CallState> = Linker::new(&self.engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(anyhow::Error::from)
+            .context("linking WASI")?;
+        bindings::AdapterHost::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(anyhow::Error::from)
+            .context("linking airlock:host")?;
+        let pre = linker.instantiate_pre(&component).map_err(anyhow::Error::from).with_context(|| {
+            format!("mapping `{name}`: the component imports something this host does not provide")
+        })?;
+        let iface = component
+            .get_export_index(None, contract_interface)
+            .with_context(|| format!("mapping `{name}`: the component does not export `{contract_interface}`"))?;
+        let mut functions = Vec::new();
+        for cap in &manifest.capabilities {
+            let index = component
+                .get_export_index(Some(&iface), &cap.function)
+                .with_context(|| {
+                    format!(
+                        "mapping `{name}`: the component's `{contract_interface}` has no function `{}`",
+                        cap.function
+                    )
+                })?;
+            functions.push((cap.function.clone(), index));
+        }
+        Ok(LoadedAdapter {
+            mapping: name.clone(),
+            component_sha256: manifest.pinned_sha256().to_string(),
+            limits: manifest.limits,
+            pre,
+            functions,
+        })
+    }
+}
+
+/// A mapping's compiled, linked adapter, ready for per-call instantiation.
+pub struct LoadedAdapter {
+    mapping: String,
+    component_sha256: String,
+    limits: Limits,
+    pre: InstancePre<CallState>,
+    functions: Vec<(String, ComponentExportIndex)>,
+}
+
+/// What an adapter may reach upstream: its mapping's connection, tools and resource
+/// prefixes, and its output budget.
+pub struct UpstreamGrant {
+    /// Mapping name (for messages).
+    pub mapping: String,
+    /// The mapping's connection.
+    pub connection: Arc<Connection>,
+    /// Upstream tool names the adapter may call.
+    pub tools: BTreeSet<String>,
+    /// Resource URI prefixes the adapter may read.
+    pub resource_prefixes: Vec<String>,
+    /// Largest upstream answer the adapter may receive, in bytes.
+    pub max_output_bytes: u64,
+}
+
+/// One upstream request made during a call, for provenance.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Observation {
+    /// The connection's name.
+    pub connection: String,
+    /// `tools/call` or `resources/read`.
+    pub method: &'static str,
+    /// The upstream tool name or resource URI.
+    pub target: String,
+    /// sha256 (hex) of the upstream result as JSON, as received.
+    pub result_sha256: String,
+    /// Size of that JSON, in bytes.
+    pub result_bytes: u64,
+    /// When the result arrived (RFC 3339, UTC).
+    pub retrieved_at: String,
+}
+
+/// Why a call into an adapter did not return a value.
+#[derive(Debug)]
+pub enum CallFailure {
+    /// The deadline passed; the guest was interrupted.
+    DeadlineExceeded(Duration),
+    /// The guest trapped (panic, memory limit, stack overflow...). Detail for the log.
+    Trapped(String),
+    /// The host failed to instantiate or call (a broken invariant). Detail for the log.
+    Host(String),
+}
+
+/// The result of one adapter call.
+pub struct CallOutcome {
+    /// The function's return value, or why there is none.
+    pub result: Result<Val, CallFailure>,
+    /// Upstream requests the adapter made, in order.
+    pub observations: Vec<Observation>,
+    /// The adapter's log messages (bounded).
+    pub logs: Vec<String>,
+    /// The adapter's captured stdout and stderr (bounded).
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl LoadedAdapter {
+    /// A fresh Store for one call: deny-by-default WASI with captured output, the
+    /// mapping's memory limit, and an epoch deadline that traps.
+    fn new_store(&self, grant: Arc<UpstreamGrant>) -> (Store<CallState>, MemoryOutputPipe, MemoryOutputPipe) {
+        let deadline = Duration::from_millis(self.limits.deadline_ms);
+        let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES);
+        let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES);
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        let memory_bytes = usize::try_from(self.limits.memory_mib * 1024 * 1024).unwrap_or(usize::MAX);
+        let state = CallState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(memory_bytes)
+                .table_elements(memory_bytes / 8)
+                .instances(64)
+                .trap_on_grow_failure(false)
+                .build(),
+            bridge: UpstreamBridge {
+                grant,
+                deadline: Instant::now() + deadline,
+                observations: Vec::new(),
+                logs: Vec::new(),
+            },
+        };
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|s| &mut s.limits);
+        let ticks = deadline.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1);
+        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+        store.epoch_deadline_trap();
+        (store, stdout, stderr)
+    }
+
+    /// Instantiates the adapter in a fresh Store and drops it, calling nothing. This is
+    /// the per-call setup cost; benchmarks measure it.
+    ///
+    /// # Errors
+    /// Instantiation failed.
+    pub async fn instantiate_once(&self, grant: Arc<UpstreamGrant>) -> Result<()> {
+        let (mut store, _, _) = self.new_store(grant);
+        self.pre.instantiate_async(&mut store).await?;
+        Ok(())
+    }
+
+    /// The mapping's name.
+    pub fn mapping(&self) -> &str {
+        &self.mapping
+    }
+
+    /// The sha256 of the loaded component.
+    pub fn component_sha256(&self) -> &str {
+        &self.component_sha256
+    }
+
+    /// Instantiates the adapter in a fresh Store and calls its contract function
+    /// `function` with `params`, under the mapping's limits and `grant`.
+    pub async fn call(&self, function: &str, params: &[Val], grant: Arc<UpstreamGrant>) -> CallOutcome {
+        let deadline = Duration::from_millis(self.limits.deadline_ms);
+        let (mut store, stdout, stderr) = self.new_store(grant);
+        let run = async {
+            let index = self
+                .functions
+                .iter()
+                .find(|(n, _)| n == function)
+                .map(|(_, i)| *i)
+                .ok_or_else(|| CallFailure::Host(format!("no capability function `{function}`")))?;
+            let instance = self
+                .pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| classify(e, deadline))?;
+            let func = instance
+                .get_func(&mut store, index)
+                .ok_or_else(|| CallFailure::Host(format!("export `{function}` is not a function")))?;
+            let mut results = vec![Val::Bool(false)];
+            func.call_async(&mut store, params, &mut results)
+                .await
+                .map_err(|e| classify(e, deadline))?;
+            Ok(results.pop().unwrap_or(Val::Bool(false)))
+        };
+        // Host calls (upstream requests) are not interruptible by epochs; bound the whole
+        // call by the same deadline plus one tick of grace.
+        let result = match tokio::time::timeout(deadline + EPOCH_TICK * 2, run).await {
+            Ok(r) => r,
+            Err(_) => Err(CallFailure::DeadlineExceeded(deadline)),
+        };
+        let observations = std::mem::take(&mut store.data_mut().bridge.observations);
+        let logs = std::mem::take(&mut store.data_mut().bridge.logs);
+        drop(store);
+        CallOutcome {
+            result,
+            observations,
+            logs,
+            stdout: stdout.contents().to_vec(),
+            stderr: stderr.contents().to_vec(),
+        }
+    }
+}
+
+fn classify(error: wasmtime::Error, deadline: Duration) -> CallFailure {
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => CallFailure::DeadlineExceeded(deadline),
+        Some(trap) => CallFailure::Trapped(format!("{trap}: {error:?}")),
+        None => CallFailure::Trapped(format!("{error:?}")),
+    }
+}
+
+/// Per-call Store data.
+pub struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    bridge: UpstreamBridge,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+struct UpstreamBridge {
+    grant: Arc<UpstreamGrant>,
+    deadline: Instant,
+    observations: Vec<Observation>,
+    logs: Vec<String>,
+}
+
+impl UpstreamBridge {
+    fn remaining(&self) -> Result<Duration, upstream::UpstreamError> {
+        self.deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| upstream::UpstreamError::Unavailable("the call's deadline has passed".into()))
+    }
+
+    fn observe(&mut self, method: &'static str, target: &str, result: &Value) -> Result<(), upstream::UpstreamError> {
+        let bytes = serde_json::to_vec(result).unwrap_or_default();
+        if bytes.len() as u64 > self.grant.max_output_bytes {
+            return Err(upstream::UpstreamError::OutputTooLarge(self.grant.max_output_bytes));
+        }
+        self.observations.push(Observation {
+            connection: self.grant.connection.name().to_string(),
+            method,
+            target: target.to_string(),
+            result_sha256: hex::encode(sha2::Sha256::digest(&bytes)),
+            result_bytes: bytes.len() as u64,
+            retrieved_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        });
+        Ok(())
+    }
+}
+
+fn to_guest_error(failure: UpstreamFailure) -> upstream::UpstreamError {
+    match failure {
+        UpstreamFailure::OutputTooLarge(n) => upstream::UpstreamError::OutputTooLarge(n),
+        UpstreamFailure::Unavailable(why) => upstream::UpstreamError::Unavailable(why),
+        UpstreamFailure::Protocol(msg) => upstream::UpstreamError::ProtocolError(msg),
+    }
+}
+
+impl upstream::Host for CallState {
+    async fn call_tool(&mut self, name: String, arguments_json: String) -> Result<upstream::ToolOutput, upstream::UpstreamError> {
+        let bridge = &mut self.bridge;
+        if !bridge.grant.tools.contains(&name) {
+            tracing::warn!(mapping = %bridge.grant.mapping, tool = %name, "refused an upstream tool outside the mapping");
+            return Err(upstream::UpstreamError::NotPermitted(format!(
+                "upstream tool `{name}` is not listed in mapping `{}`; nothing was sent",
+                bridge.grant.mapping
+            )));
+        }
+        let arguments = match serde_json::from_str::<Value>(&arguments_json) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => return Err(upstream::UpstreamError::InvalidArguments("arguments must be a JSON object".into())),
+            Err(e) => return Err(upstream::UpstreamError::InvalidArguments(format!("arguments are not JSON: {e}"))),
+        };
+        let timeout = bridge.remaining()?;
+        let result = bridge
+            .grant
+            .connection
+            .call_tool(&name, arguments, timeout)
+            .await
+            .map_err(to_guest_error)?;
+        bridge.observe("tools/call", &name, &result)?;
+        Ok(tool_output(&result))
+    }
+
+    async fn read_resource(&mut self, uri: String) -> Result<Vec<upstream::ResourceContents>, upstream::UpstreamError> {
+        let bridge = &mut self.bridge;
+        if !bridge.grant.resource_prefixes.iter().any(|p| uri.starts_with(p.as_str())) {
+            return Err(upstream::UpstreamError::NotPermitted(format!(
+                "resource `{uri}` is outside the prefixes of mapping `{}`; nothing was sent",
+                bridge.grant.mapping
+            )));
+        }
+        let timeout = bridge.remaining()?;
+        let result = bridge
+            .grant
+            .connection
+            .read_resource(&uri, timeout)
+            .await
+            .map_err(to_guest_error)?;
+        bridge.observe("resources/read", &uri, &result)?;
+        let contents = result["contents"].as_array().cloned().unwrap_or_default();
+        Ok(contents
+            .iter()
+            .map(|c| upstream::ResourceContents {
+                uri: str_field(c, "uri").unwrap_or_default(),
+                mime_type: str_field(c, "mimeType"),
+                text: str_field(c, "text"),
+                blob_bytes: c["blob"].as_str().map(|b| (b.len() as u64 / 4) * 3),
+            })
+            .collect())
+    }
+}
+
+impl log::Host for CallState {
+    async fn log(&mut self, level: log::Level, message: String) {
+        let logs = &mut self.bridge.logs;
+        if logs.len() < MAX_LOG_MESSAGES {
+            let shown: String = message.chars().take(1000).collect();
+            logs.push(format!("{level:?}: {shown}"));
+        }
+    }
+}
+
+fn str_field(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// Converts a `CallToolResult` (as JSON) into the WIT `tool-output`.
+fn tool_output(result: &Value) -> upstream::ToolOutput {
+    let content = result["content"]
+        .as_array()
+        .map(|blocks| blocks.iter().map(content_block).collect())
+        .unwrap_or_default();
+    upstream::ToolOutput {
+        content,
+        structured_json: result
+            .get("structuredContent")
+            .map(|v| v.to_string()),
+        is_error: result["isError"].as_bool().unwrap_or(false),
+    }
+}
+
+fn content_block(block: &Value) -> upstream::ContentBlock {
+    let kind = block["type"].as_str().unwrap_or("unknown");
+    match kind {
+        "text" => upstream::ContentBlock::Text(str_field(block, "text").unwrap_or_default()),
+        "resource" if block["resource"]["text"].is_string() => {
+            let r = &block["resource"];
+            upstream::ContentBlock::ResourceText(upstream::ResourceText {
+                uri: str_field(r, "uri").unwrap_or_default(),
+                mime_type: str_field(r, "mimeType"),
+                text: str_field(r, "text").unwrap_or_default(),
+            })
+        }
+        "resource_link" => upstream::ContentBlock::ResourceLink(upstream::ResourceLink {
+            uri: str_field(block, "uri").unwrap_or_default(),
+            name: str_field(block, "name").unwrap_or_default(),
+            mime_type: str_field(block, "mimeType"),
+        }),
+        other => upstream::ContentBlock::Other(other.chars().take(64).collect()),
+    }
+}
+
+/// Reads a component file and checks that it is a component.
+///
+/// # Errors
+/// Unreadable file or not a WebAssembly component.
+pub fn read_component(path: &std::path::Path) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading component {}", path.display()))?;
+    if !bytes.starts_with(b"\0asm") {
+        bail!("{} is not a WebAssembly file", path.display());
+    }
+    Ok(bytes)
+}

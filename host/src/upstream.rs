@@ -1,0 +1,424 @@
+//! The upstream layer: one isolated rmcp client per configured connection.
+//!
+//! Rules:
+//! - An upstream stdio server starts with a **cleared environment** (only the variables
+//!   its connection declares) and a chosen working directory; its stdin/stdout carry the
+//!   protocol and its stderr goes to Airlock's log (bounded lines, debug level).
+//! - Every message the server sends is measured while it is read. A message larger than
+//!   the connection's output budget is discarded before anything parses or logs it; the
+//!   request it answered fails with [`UpstreamFailure::OutputTooLarge`].
+//! - Which tools and resources a particular adapter may reach is decided one layer up
+//!   (the runtime's upstream bridge); this layer only transports.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, ReadResourceRequestParams};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::ServiceExt as _;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+/// JSON-RPC error code Airlock writes in place of a discarded oversized answer.
+pub const OUTPUT_BUDGET_ERROR_CODE: i32 = -32099;
+
+/// How to start one upstream MCP server over stdio.
+///
+/// Defaults a reader should know: the environment is empty unless `env` says otherwise
+/// (not even `PATH` or `HOME`); `command` must already be resolved to a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StdioServer {
+    /// Executable to run (absolute, or relative to the host's working directory).
+    pub command: PathBuf,
+    /// Arguments, passed as given.
+    pub args: Vec<String>,
+    /// Working directory of the server process.
+    pub cwd: PathBuf,
+    /// The complete environment of the server process.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Why an upstream request did not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The answer exceeded the budget (bytes) and was discarded while reading.
+    OutputTooLarge(u64),
+    /// The connection could not serve the request.
+    Unavailable(String),
+    /// The server answered with a JSON-RPC error; the message is untrusted text.
+    Protocol(String),
+}
+
+impl std::fmt::Display for UpstreamFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::OutputTooLarge(n) => write!(f, "upstream answer exceeded the output budget of {n} bytes"),
+            Self::Unavailable(why) => write!(f, "upstream unavailable: {why}"),
+            Self::Protocol(msg) => write!(f, "upstream error: {msg}"),
+        }
+    }
+}
+
+/// One running upstream connection.
+pub struct Connection {
+    name: String,
+    max_message_bytes: u64,
+    client: RunningService<RoleClient, ()>,
+    _child: Child,
+    requests: AtomicU64,
+    discarded: Arc<AtomicU64>,
+}
+
+impl Connection {
+    /// Starts `server`, performs the MCP initialize handshake, and returns the connection.
+    /// Messages from the server longer than `max_message_bytes` are discarded.
+    ///
+    /// # Errors
+    /// The process could not start, or the handshake failed.
+    pub async fn start_stdio(name: &str, server: &StdioServer, max_message_bytes: u64) -> Result<Self> {
+        let mut cmd = Command::new(&server.command);
+        // Cleared environment: only what the connection declares.
+        cmd.args(&server.args)
+            .env_clear()
+            .envs(&server.env)
+            .current_dir(&server.cwd)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().with_context(|| {
+            format!(
+                "starting upstream server for connection `{name}`: {} (cwd {})",
+                server.command.display(),
+                server.cwd.display()
+            )
+        })?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let stdin = child.stdin.take().context("child stdin")?;
+        if let Some(stderr) = child.stderr.take() {
+            let conn = name.to_string();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let shown: String = line.chars().take(400).collect();
+                    tracing::debug!(connection = %conn, "upstream stderr: {shown}");
+                }
+            });
+        }
+        let discarded = Arc::new(AtomicU64::new(0));
+        let (filtered, ours) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(filter_messages(
+            stdout,
+            ours,
+            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+            discarded.clone(),
+        ));
+        let client = ()
+            .serve((filtered, stdin))
+            .await
+            .with_context(|| format!("MCP initialize with connection `{name}`"))?;
+        // Never answer from a cache: a stale tools/list or resources/read would hide drift
+        // and serve content the server no longer stands behind.
+        client
+            .peer()
+            .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
+            .await;
+        Ok(Self {
+            name: name.to_string(),
+            max_message_bytes,
+            client,
+            _child: child,
+            requests: AtomicU64::new(0),
+            discarded,
+        })
+    }
+
+    /// The connection's configured name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Requests sent on this connection so far.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Messages discarded for exceeding the output budget so far.
+    pub fn messages_discarded(&self) -> u64 {
+        self.discarded.load(Ordering::Relaxed)
+    }
+
+    /// The server's reported implementation name and version (an observation, not a key).
+    pub fn server_info(&self) -> Option<(String, String)> {
+        self.client
+            .peer_info()
+            .and_then(|i| i.server_info.as_ref().map(|s| (s.name.clone(), s.version.clone())))
+    }
+
+    /// Sends `tools/call` and returns the result as the JSON the server sent.
+    ///
+    /// # Errors
+    /// See [`UpstreamFailure`]; `timeout` elapsing is `Unavailable`.
+    pub async fn call_tool(
+        &self,
+        tool: &str,
+        arguments: JsonObject,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamFailure> {
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = Some(arguments);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let result = tokio::time::timeout(timeout, self.client.peer().call_tool(params))
+            .await
+            .map_err(|_| self.timed_out(timeout))?
+            .map_err(|e| self.failure(e))?;
+        serde_json::to_value(result).map_err(|e| UpstreamFailure::Protocol(e.to_string()))
+    }
+
+    /// Sends `resources/read` and returns the result as JSON.
+    ///
+    /// # Errors
+    /// See [`UpstreamFailure`].
+    pub async fn read_resource(&self, uri: &str, timeout: Duration) -> Result<Value, UpstreamFailure> {
+        let params: ReadResourceRequestParams = serde_json::from_value(serde_json::json!({"uri": uri}))
+            .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let result = tokio::time::timeout(timeout, self.client.peer().read_resource(params))
+            .await
+            .map_err(|_| self.timed_out(timeout))?
+            .map_err(|e| self.failure(e))?;
+        serde_json::to_value(result).map_err(|e| UpstreamFailure::Protocol(e.to_string()))
+    }
+
+    fn timed_out(&self, timeout: Duration) -> UpstreamFailure {
+        UpstreamFailure::Unavailable(format!(
+            "connection `{}` did not answer within {} ms",
+            self.name,
+            timeout.as_millis()
+        ))
+    }
+
+    fn failure(&self, error: ServiceError) -> UpstreamFailure {
+        match error {
+            ServiceError::McpError(e) if e.code == ErrorCode(OUTPUT_BUDGET_ERROR_CODE) => {
+                UpstreamFailure::OutputTooLarge(self.max_message_bytes)
+            }
+            ServiceError::McpError(e) => UpstreamFailure::Protocol(e.message.into_owned()),
+            other => UpstreamFailure::Unavailable(format!("connection `{}`: {other}", self.name)),
+        }
+    }
+}
+
+/// Copies newline-delimited JSON-RPC messages from `from` to `to`, discarding any message
+/// longer than `limit` bytes while it streams. For a discarded message whose top-level
+/// `id` could be read, an error response with [`OUTPUT_BUDGET_ERROR_CODE`] takes its
+/// place, so the waiting request fails at once instead of timing out.
+async fn filter_messages(
+    from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    limit: usize,
+    discarded: Arc<AtomicU64>,
+) {
+    let mut reader = BufReader::with_capacity(64 * 1024, from);
+    let mut line: Vec<u8> = Vec::new();
+    let mut scanner: Option<IdScanner> = None;
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(buf) => buf,
+        };
+        let (chunk, ends_line) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..=i], true),
+            None => (buf, false),
+        };
+        let used = chunk.len();
+        match scanner.as_mut() {
+            Some(scan) => scan.feed(chunk),
+            None if line.len() + used > limit.saturating_add(1) => {
+                let mut scan = IdScanner::default();
+                scan.feed(&line);
+                scan.feed(chunk);
+                line.clear();
+                line.shrink_to(64 * 1024);
+                scanner = Some(scan);
+            }
+            None => line.extend_from_slice(chunk),
+        }
+        reader.consume(used);
+        if ends_line {
+            let ok = match scanner.take() {
+                Some(scan) => {
+                    discarded.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(limit, "discarded an upstream message larger than the output budget");
+                    match scan.id() {
+                        Some(id) => {
+                            let reply = serde_json::json!({
+                                "jsonrpc": "2.0",
+                                "id": id,
+                                "error": {
+                                    "code": OUTPUT_BUDGET_ERROR_CODE,
+                                    "message": format!("airlock: upstream answer exceeded the output budget of {limit} bytes and was discarded"),
+                                },
+                            });
+                            let mut bytes = serde_json::to_vec(&reply).unwrap_or_default();
+                            bytes.push(b'\n');
+                            to.write_all(&bytes).await.is_ok()
+                        }
+                        None => true,
+                    }
+                }
+                None => to.write_all(&line).await.is_ok(),
+            };
+            line.clear();
+            if !ok {
+                break;
+            }
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Finds the top-level `"id"` member of a JSON object streamed through [`IdScanner::feed`],
+/// without buffering the object. Nested `id` keys and `id` text inside strings are ignored.
+#[derive(Default)]
+struct IdScanner {
+    depth: u32,
+    in_string: bool,
+    escape: bool,
+    expect_key: bool,
+    in_key: bool,
+    key: Vec<u8>,
+    key_is_id: bool,
+    capturing: bool,
+    value: Vec<u8>,
+    found: Option<Vec<u8>>,
+}
+
+impl IdScanner {
+    const MAX_ID_BYTES: usize = 128;
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.capturing {
+                if !self.in_string && self.depth == 1 && (b == b',' || b == b'}') {
+                    self.capturing = false;
+                    self.found = Some(std::mem::take(&mut self.value));
+                } else if self.value.len() < Self::MAX_ID_BYTES {
+                    self.value.push(b);
+                } else {
+                    self.capturing = false;
+                    self.value.clear();
+                }
+            }
+            if self.in_string {
+                if self.in_key && self.key.len() <= 2 {
+                    self.key.push(b);
+                }
+                if self.escape {
+                    self.escape = false;
+                } else if b == b'\\' {
+                    self.escape = true;
+                } else if b == b'"' {
+                    self.in_string = false;
+                    if self.in_key {
+                        self.in_key = false;
+                        self.key_is_id = self.key == b"id\"";
+                    }
+                }
+                continue;
+            }
+            match b {
+                b'"' => {
+                    self.in_string = true;
+                    if self.depth == 1 && self.expect_key {
+                        self.in_key = true;
+                        self.expect_key = false;
+                        self.key.clear();
+                    }
+                }
+                b'{' | b'[' => {
+                    self.depth += 1;
+                    if self.depth == 1 {
+                        self.expect_key = b == b'{';
+                    }
+                }
+                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                b',' if self.depth == 1 => self.expect_key = true,
+                b':' if self.depth == 1 => {
+                    if self.key_is_id && self.found.is_none() {
+                        self.capturing = true;
+                        self.value.clear();
+                    }
+                    self.key_is_id = false;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The id, when it was a JSON number or string.
+    fn id(&self) -> Option<Value> {
+        let v: Value = serde_json::from_slice(self.found.as_deref()?).ok()?;
+        (v.is_number() || v.is_string()).then_some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn scan(text: &str) -> Option<Value> {
+        let mut s = IdScanner::default();
+        for chunk in text.as_bytes().chunks(3) {
+            s.feed(chunk);
+        }
+        s.id()
+    }
+
+    #[test]
+    fn scanner_finds_only_the_top_level_id() {
+        assert_eq!(scan(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#), Some(json!(7)));
+        assert_eq!(
+            scan(r#"{"result":{"id":"inner","x":[{"id":1}]},"id": "a,}b" }"#),
+            Some(json!("a,}b"))
+        );
+        assert_eq!(scan(r#"{"result":{"text":"\"id\":9"},"id":3}"#), Some(json!(3)));
+        assert_eq!(scan(r#"{"method":"notifications/x","params":{"id":5}}"#), None);
+        assert_eq!(scan(r#"{"i\u0064":4}"#), None);
+        assert_eq!(scan(r#"{"id":{"nested":1}}"#), None);
+        assert_eq!(scan(r#"[{"id":1}]"#), None);
+    }
+
+    async fn run_filter(input: &str, limit: usize) -> (String, u64) {
+        let discarded = Arc::new(AtomicU64::new(0));
+        let mut out = Vec::new();
+        filter_messages(input.as_bytes(), &mut out, limit, discarded.clone()).await;
+        (String::from_utf8(out).unwrap(), discarded.load(Ordering::Relaxed))
+    }
+
+    #[tokio::test]
+    async fn small_messages_pass_unchanged() {
+        let input = "{\"id\":1,\"result\":{}}\n{\"id\":2,\"result\":{}}\n";
+        assert_eq!(run_filter(input, 100).await, (input.to_string(), 0));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_is_replaced_by_a_budget_error() {
+        let big = "x".repeat(10_000);
+        let input = format!("{{\"jsonrpc\":\"2.0\",\"result\":{{\"text\":\"{big}\"}},\"id\":42}}\n{{\"id\":43,\"result\":{{}}}}\n");
+        let (out, discarded) = run_filter(&input, 1000).await;
+        assert_eq!(discarded, 1);
+        assert!(!out.contains("xxxx"), "the payload must not pass");
+        let mut lines = out.lines();
+        let first: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        assert_eq!(first["id"], 42);
+        assert_eq!(first["error"]["code"], OUTPUT_BUDGET_ERROR_CODE);
+        assert_eq!(lines.next().unwrap(), "{\"id\":43,\"result\":{}}");
+    }
+}
