@@ -60,7 +60,13 @@ fn args(v: Value) -> JsonObject {
     }
 }
 
-async fn time_calls(client: &RunningService<RoleClient, ()>, tool: &str, arguments: JsonObject, warmup: usize, iters: usize) -> Stats {
+async fn time_calls(
+    client: &RunningService<RoleClient, ()>,
+    tool: &str,
+    arguments: JsonObject,
+    warmup: usize,
+    iters: usize,
+) -> Stats {
     let mut samples = Vec::with_capacity(iters);
     for i in 0..warmup + iters {
         let mut params = CallToolRequestParams::new(tool.to_string());
@@ -82,10 +88,20 @@ fn airlock_bin() -> PathBuf {
 
 #[tokio::main]
 async fn main() {
-    let iters: usize = std::env::var("AIRLOCK_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let iters: usize = std::env::var("AIRLOCK_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
     let warmup = (iters / 10).max(20);
     let bundle = Path::new(airlock::ADAPTER_BUNDLE).join("source-library");
-    println!("airlock benchmarks ({} build, {iters} samples each)\n", if cfg!(debug_assertions) { "debug" } else { "release" });
+    println!(
+        "airlock benchmarks ({} build, {iters} samples each)\n",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
 
     // 1. Direct rmcp vs through airlock serve, same note, same server binary.
     let mut cmd = tokio::process::Command::new(airlock_bin());
@@ -102,25 +118,59 @@ async fn main() {
     )
     .unwrap();
     let mut cmd = tokio::process::Command::new(airlock_bin());
-    cmd.arg("serve").arg("--config").arg(&config).env("AIRLOCK_LOG", "warn");
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("AIRLOCK_LOG", "warn");
     let gateway = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let mut params = CallToolRequestParams::new("search_sources");
     params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));
     let hits = gateway.peer().call_tool(params).await.unwrap();
-    let reference = hits.structured_content.unwrap()["result"][0]["reference"].as_str().unwrap().to_string();
+    let reference = hits.structured_content.unwrap()["result"][0]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     // Interleave rounds so machine noise hits both paths alike.
     let rounds = 4;
     let (mut d_all, mut g_all) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let d = time_calls(&direct, "read_note", args(json!({"id": "tcp-keepalive"})), warmup / rounds, iters / rounds).await;
-        let g = time_calls(&gateway, "retrieve_source", args(json!({"reference": reference})), warmup / rounds, iters / rounds).await;
+        let d = time_calls(
+            &direct,
+            "read_note",
+            args(json!({"id": "tcp-keepalive"})),
+            warmup / rounds,
+            iters / rounds,
+        )
+        .await;
+        let g = time_calls(
+            &gateway,
+            "retrieve_source",
+            args(json!({"reference": reference})),
+            warmup / rounds,
+            iters / rounds,
+        )
+        .await;
         d_all.push(d);
         g_all.push(g);
     }
     // Re-measure as one pooled sample set per path.
-    let d = time_calls(&direct, "read_note", args(json!({"id": "tcp-keepalive"})), warmup, iters).await;
-    let g = time_calls(&gateway, "retrieve_source", args(json!({"reference": reference})), warmup, iters).await;
+    let d = time_calls(
+        &direct,
+        "read_note",
+        args(json!({"id": "tcp-keepalive"})),
+        warmup,
+        iters,
+    )
+    .await;
+    let g = time_calls(
+        &gateway,
+        "retrieve_source",
+        args(json!({"reference": reference})),
+        warmup,
+        iters,
+    )
+    .await;
     print("direct rmcp tools/call read_note", &d);
     print("through airlock serve: retrieve_source", &g);
     println!(
@@ -135,7 +185,11 @@ async fn main() {
         let p: Vec<String> = v.iter().map(|s| format!("{:.0}", us(s.p50))).collect();
         p.join(", ")
     };
-    println!("  p50 per interleaved round (µs): direct [{}], airlock [{}]", spread(&d_all), spread(&g_all));
+    println!(
+        "  p50 per interleaved round (µs): direct [{}], airlock [{}]",
+        spread(&d_all),
+        spread(&g_all)
+    );
     direct.cancel().await.ok();
     gateway.cancel().await.ok();
 
@@ -151,12 +205,19 @@ async fn main() {
     let mut samples = Vec::with_capacity(iters);
     for i in 0..warmup + iters {
         let start = Instant::now();
-        mapping.adapter.instantiate_once(grant.clone()).await.unwrap();
+        mapping
+            .adapter
+            .instantiate_once(grant.clone())
+            .await
+            .unwrap();
         if i >= warmup {
             samples.push(start.elapsed());
         }
     }
-    print("instantiate from InstancePre (fresh Store)", &stats(samples));
+    print(
+        "instantiate from InstancePre (fresh Store)",
+        &stats(samples),
+    );
 
     let source = MappingSource::from_file(&bundle.join("mapping.toml")).unwrap();
     let runtime = Runtime::new().unwrap();
@@ -165,11 +226,16 @@ async fn main() {
     let mut samples = Vec::with_capacity(cold_iters);
     for _ in 0..cold_iters {
         let start = Instant::now();
-        runtime.load(&source.manifest, &source.component, &contract).unwrap();
+        runtime
+            .load(&source.manifest, &source.component, &contract)
+            .unwrap();
         samples.push(start.elapsed());
     }
     print(
-        &format!("component cold load ({} KiB: pin, compile, link)", source.component.len() / 1024),
+        &format!(
+            "component cold load ({} KiB: pin, compile, link)",
+            source.component.len() / 1024
+        ),
         &stats(samples),
     );
 }

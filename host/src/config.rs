@@ -80,7 +80,11 @@ impl ServeConfig {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
-        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        let base = if base.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base
+        };
         Self::parse(&text, &base).with_context(|| format!("serve configuration {}", path.display()))
     }
 
@@ -93,19 +97,29 @@ impl ServeConfig {
         let mut connections = BTreeMap::new();
         for c in raw.connection {
             if c.name.is_empty()
-                || !c.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+                || !c
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
             {
                 bail!("connection name `{}` must be a-z, 0-9, `-`, `_`", c.name);
             }
             let cwd = base.join(c.cwd.unwrap_or_else(|| PathBuf::from(".")));
-            let cwd = cwd
-                .canonicalize()
-                .with_context(|| format!("connection `{}`: working directory {} does not exist", c.name, cwd.display()))?;
+            let cwd = cwd.canonicalize().with_context(|| {
+                format!(
+                    "connection `{}`: working directory {} does not exist",
+                    c.name,
+                    cwd.display()
+                )
+            })?;
             let command = resolve_command(&c.command, base)
                 .with_context(|| format!("connection `{}`", c.name))?;
             for key in c.env.keys() {
                 if key.is_empty() || key.contains('=') || key.contains('\0') {
-                    bail!("connection `{}`: invalid environment variable name `{key}`", c.name);
+                    bail!(
+                        "connection `{}`: invalid environment variable name `{key}`",
+                        c.name
+                    );
                 }
             }
             let server = StdioServer {
@@ -127,7 +141,10 @@ impl ServeConfig {
             }
             mappings.push(path);
         }
-        Ok(Self { connections, mappings })
+        Ok(Self {
+            connections,
+            mappings,
+        })
     }
 }
 
@@ -176,14 +193,38 @@ mod tests {
     fn hostile_configs_fail_clearly() {
         let dir = tempfile::tempdir().unwrap();
         let cases = [
-            ("[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\n[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\n", "twice"),
-            ("[[connection]]\nname = \"a\"\ncommand = \"no-such-binary-xyz\"\n", "not found on PATH"),
-            ("[[connection]]\nname = \"a\"\ncommand = \"./missing\"\n", "does not exist"),
-            ("[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\ncwd = \"nowhere\"\n", "working directory"),
-            ("[[connection]]\nname = \"A B\"\ncommand = \"@airlock\"\n", "must be"),
-            ("[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\nenv = { \"X=Y\" = \"1\" }\n", "environment variable"),
-            ("[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\ninherit_env = true\n", "unknown field"),
-            ("[[mapping]]\nmanifest = \"m.toml\"\n[[mapping]]\nmanifest = \"m.toml\"\n", "twice"),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\n[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\n",
+                "twice",
+            ),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"no-such-binary-xyz\"\n",
+                "not found on PATH",
+            ),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"./missing\"\n",
+                "does not exist",
+            ),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\ncwd = \"nowhere\"\n",
+                "working directory",
+            ),
+            (
+                "[[connection]]\nname = \"A B\"\ncommand = \"@airlock\"\n",
+                "must be",
+            ),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\nenv = { \"X=Y\" = \"1\" }\n",
+                "environment variable",
+            ),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\ninherit_env = true\n",
+                "unknown field",
+            ),
+            (
+                "[[mapping]]\nmanifest = \"m.toml\"\n[[mapping]]\nmanifest = \"m.toml\"\n",
+                "twice",
+            ),
         ];
         for (text, needle) in cases {
             let err = format!("{:#}", ServeConfig::parse(text, dir.path()).unwrap_err());

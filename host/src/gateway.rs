@@ -26,8 +26,8 @@ use anyhow::{Context as _, Result, bail};
 use rmcp::ErrorData as McpError;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Value, json};
@@ -91,7 +91,10 @@ impl MappingSource {
         let base = path.parent().unwrap_or(Path::new("."));
         let component = crate::runtime::read_component(&manifest.component_path(base))
             .with_context(|| format!("mapping `{}`", manifest.mapping.name))?;
-        Ok(Self { manifest, component })
+        Ok(Self {
+            manifest,
+            component,
+        })
     }
 }
 
@@ -113,7 +116,10 @@ impl Host {
     ///
     /// # Errors
     /// As [`Host::start`].
-    pub async fn start_with(config: &ServeConfig, sources: Vec<MappingSource>) -> Result<Arc<Self>> {
+    pub async fn start_with(
+        config: &ServeConfig,
+        sources: Vec<MappingSource>,
+    ) -> Result<Arc<Self>> {
         let runtime = Runtime::new()?;
         // Each connection's message budget is the largest output budget of the mappings
         // that use it; each mapping also checks its own budget.
@@ -188,8 +194,9 @@ impl Host {
                     bail!("capability name `{}` is offered by two mappings", cap.name);
                 }
                 let function = contract.functions[&cap.function].clone();
-                let input_schema = capability_input_schema(&function)
-                    .with_context(|| format!("mapping `{}`, capability `{}`", m.mapping.name, cap.name))?;
+                let input_schema = capability_input_schema(&function).with_context(|| {
+                    format!("mapping `{}`, capability `{}`", m.mapping.name, cap.name)
+                })?;
                 capabilities.push(Capability {
                     name: cap.name.clone(),
                     description: cap.description.clone(),
@@ -276,10 +283,17 @@ impl Gateway {
     ///
     /// # Errors
     /// Invalid params (unknown capability, arguments that do not convert) as an MCP error.
-    pub async fn call(&self, name: &str, arguments: Option<JsonObject>) -> Result<CallToolResult, McpError> {
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+    ) -> Result<CallToolResult, McpError> {
         let started = Instant::now();
         let Some(cap) = self.host.capabilities.iter().find(|c| c.name == name) else {
-            return Err(McpError::invalid_params(format!("unknown tool `{name}`"), None));
+            return Err(McpError::invalid_params(
+                format!("unknown tool `{name}`"),
+                None,
+            ));
         };
         let mapping = &cap.mapping;
         let args = Value::Object(arguments.unwrap_or_default());
@@ -310,7 +324,10 @@ impl Gateway {
             Err(failure) => Err(match failure {
                 CallFailure::DeadlineExceeded(d) => Refusal {
                     category: "interrupted",
-                    detail: format!("the adapter did not finish within its {} ms deadline", d.as_millis()),
+                    detail: format!(
+                        "the adapter did not finish within its {} ms deadline",
+                        d.as_millis()
+                    ),
                 },
                 CallFailure::Trapped(detail) => {
                     tracing::warn!(mapping = %mapping.name, "adapter trapped: {detail}");
@@ -338,11 +355,18 @@ impl Gateway {
         );
         Ok(match result {
             Ok(r) => r,
-            Err(Refusal { category, detail }) => CallToolResult::error(vec![ContentBlock::text(format!("{category}: {detail}"))]),
+            Err(Refusal { category, detail }) => {
+                CallToolResult::error(vec![ContentBlock::text(format!("{category}: {detail}"))])
+            }
         })
     }
 
-    fn render(&self, cap: &Capability, val: &Val, observations: &[Observation]) -> Result<CallToolResult, Refusal> {
+    fn render(
+        &self,
+        cap: &Capability,
+        val: &Val,
+        observations: &[Observation],
+    ) -> Result<CallToolResult, Refusal> {
         let mapping = &cap.mapping;
         let Some(result_shape) = &cap.function.result else {
             return Ok(CallToolResult::success(vec![ContentBlock::text("done")]));
@@ -367,8 +391,12 @@ impl Gateway {
             }
         })?;
         let (ok, value) = match json {
-            Value::Object(mut o) if o.len() == 1 && o.contains_key("ok") => (true, o.remove("ok").unwrap_or_default()),
-            Value::Object(mut o) if o.len() == 1 && o.contains_key("err") => (false, o.remove("err").unwrap_or_default()),
+            Value::Object(mut o) if o.len() == 1 && o.contains_key("ok") => {
+                (true, o.remove("ok").unwrap_or_default())
+            }
+            Value::Object(mut o) if o.len() == 1 && o.contains_key("err") => {
+                (false, o.remove("err").unwrap_or_default())
+            }
             other => (true, other),
         };
         if !ok {
@@ -387,7 +415,13 @@ impl Gateway {
                 })
             })
             .collect();
-        let text = render_text(&cap.name, &mapping.name, &value, observations, &content_sha256);
+        let text = render_text(
+            &cap.name,
+            &mapping.name,
+            &value,
+            observations,
+            &content_sha256,
+        );
         let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
         result.structured_content = Some(json!({
             "result": value,
@@ -428,7 +462,13 @@ fn contract_error(value: &Value) -> Refusal {
 /// Renders a result as text for the model: a header that says what it is and where it
 /// came from, then the data between boundary lines carrying a random nonce (so quoted
 /// text cannot forge the end of the block), with multi-line strings quoted line by line.
-pub fn render_text(capability: &str, mapping: &str, value: &Value, observations: &[Observation], content_sha256: &str) -> String {
+pub fn render_text(
+    capability: &str,
+    mapping: &str,
+    value: &Value,
+    observations: &[Observation],
+    content_sha256: &str,
+) -> String {
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).expect("the OS random generator failed");
     let nonce = hex::encode(nonce);
@@ -507,7 +547,13 @@ impl ServerHandler for Gateway {
             .host
             .capabilities
             .iter()
-            .map(|c| Tool::new(c.name.clone(), c.description.clone(), c.input_schema.clone()))
+            .map(|c| {
+                Tool::new(
+                    c.name.clone(),
+                    c.description.clone(),
+                    c.input_schema.clone(),
+                )
+            })
             .collect();
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -517,7 +563,9 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        self.call(&request.name, request.arguments).await.map(Into::into)
+        self.call(&request.name, request.arguments)
+            .await
+            .map(Into::into)
     }
 }
 

@@ -66,7 +66,10 @@ fn init_logging(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("airlock: cannot start the async runtime: {e}");
@@ -83,7 +86,9 @@ fn main() -> ExitCode {
                 init_logging("warn,rmcp=error");
                 airlock::demo::run(std::io::stdout()).await
             }
-            Command::Fixture { which: Fixture::NotesServer { args } } => {
+            Command::Fixture {
+                which: Fixture::NotesServer { args },
+            } => {
                 init_logging("info");
                 let options = airlock_fixture_notes::parse_args(args.into_iter())
                     .map_err(|e| anyhow::anyhow!(e))?;

@@ -209,9 +209,13 @@ impl MappingManifest {
                 "mapping manifest {src}: [component] has no sha256 pin; a reviewer must pin the component (sha256sum of {})",
                 self.component.file.display()
             ),
-            Some(d) if d.len() != 64 || !d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) => bail!(
-                "mapping manifest {src}: [component] sha256 must be 64 lowercase hex digits, got `{d}`"
-            ),
+            Some(d)
+                if d.len() != 64 || !d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
+            {
+                bail!(
+                    "mapping manifest {src}: [component] sha256 must be 64 lowercase hex digits, got `{d}`"
+                )
+            }
             Some(_) => {}
         }
         if self.capabilities.is_empty() {
@@ -232,10 +236,16 @@ impl MappingManifest {
                 );
             }
             if !names.insert(cap.name.as_str()) {
-                bail!("mapping manifest {src}: capability name `{}` appears twice", cap.name);
+                bail!(
+                    "mapping manifest {src}: capability name `{}` appears twice",
+                    cap.name
+                );
             }
             if cap.description.trim().is_empty() {
-                bail!("mapping manifest {src}: capability `{}` has no description", cap.name);
+                bail!(
+                    "mapping manifest {src}: capability `{}` has no description",
+                    cap.name
+                );
             }
         }
         for tool in &self.upstream.tools {
@@ -338,21 +348,53 @@ deadline_ms = 100
     #[test]
     fn hostile_manifests_are_refused_with_the_key() {
         let cases = [
-            (GOOD.replace("[grants]", "[grants]\nnetwork = [\"0.0.0.0/0\"]"), "network"),
+            (
+                GOOD.replace("[grants]", "[grants]\nnetwork = [\"0.0.0.0/0\"]"),
+                "network",
+            ),
             (GOOD.replace("sha256 = \"2cf", "sha256 = \"2CF"), "sha256"),
-            (GOOD.replace("sha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"", ""), "no sha256 pin"),
-            (GOOD.replace("deadline_ms = 100", "deadline_ms = 999999999"), "deadline_ms"),
-            (GOOD.replace("deadline_ms = 100", "memory_mib = 0"), "memory_mib"),
+            (
+                GOOD.replace(
+                    "sha256 = \"2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\"",
+                    "",
+                ),
+                "no sha256 pin",
+            ),
+            (
+                GOOD.replace("deadline_ms = 100", "deadline_ms = 999999999"),
+                "deadline_ms",
+            ),
+            (
+                GOOD.replace("deadline_ms = 100", "memory_mib = 0"),
+                "memory_mib",
+            ),
             (GOOD.replace("[upstream]", "[upstream]\nextra = 1"), "extra"),
-            (GOOD.replace("name = \"search_sources\"", "name = \"search sources\""), "search sources"),
-            (GOOD.replace("name = \"source-library\"", "name = \"../etc\""), "../etc"),
-            (GOOD.replace("resources = [\"notes://\"]", "resources = [\"notes\"]"), "scheme"),
-            (format!("{GOOD}\n[[capability]]\nfunction = \"retrieve\"\nname = \"search_sources\"\ndescription = \"x\""), "twice"),
+            (
+                GOOD.replace("name = \"search_sources\"", "name = \"search sources\""),
+                "search sources",
+            ),
+            (
+                GOOD.replace("name = \"source-library\"", "name = \"../etc\""),
+                "../etc",
+            ),
+            (
+                GOOD.replace("resources = [\"notes://\"]", "resources = [\"notes\"]"),
+                "scheme",
+            ),
+            (
+                format!(
+                    "{GOOD}\n[[capability]]\nfunction = \"retrieve\"\nname = \"search_sources\"\ndescription = \"x\""
+                ),
+                "twice",
+            ),
             ("[mapping".to_string(), "mapping manifest"),
             (String::new(), "missing field"),
         ];
         for (text, needle) in cases {
-            let err = format!("{:#}", MappingManifest::parse(&text, "bad.toml").unwrap_err());
+            let err = format!(
+                "{:#}",
+                MappingManifest::parse(&text, "bad.toml").unwrap_err()
+            );
             assert!(err.contains(needle), "expected `{needle}` in: {err}");
             assert!(err.contains("bad.toml"), "expected the file name in: {err}");
         }

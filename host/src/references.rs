@@ -72,7 +72,11 @@ impl References {
             let now = Instant::now();
             map.retain(|_, b| b.expires > now);
             if map.len() >= MAX_LIVE_REFERENCES {
-                if let Some(oldest) = map.iter().min_by_key(|(_, b)| b.expires).map(|(k, _)| k.clone()) {
+                if let Some(oldest) = map
+                    .iter()
+                    .min_by_key(|(_, b)| b.expires)
+                    .map(|(k, _)| k.clone())
+                {
                     map.remove(&oldest);
                 }
             }
@@ -85,7 +89,13 @@ impl References {
     ///
     /// # Errors
     /// [`ResolveError`]; nothing about other sessions' tokens is revealed.
-    pub fn resolve(&self, token: &str, session: SessionId, mapping: &str, kind: &str) -> Result<String, ResolveError> {
+    pub fn resolve(
+        &self,
+        token: &str,
+        session: SessionId,
+        mapping: &str,
+        kind: &str,
+    ) -> Result<String, ResolveError> {
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Some(b) = map.get(token) else {
             return Err(ResolveError::NotValid);
@@ -131,29 +141,62 @@ mod tests {
         let b = refs.mint(binding(1, DEFAULT_TTL));
         assert_ne!(a, b);
         assert_eq!(a.len(), 4 + 40);
-        assert!(!a.contains("wal"), "the locator must not leak into the token");
+        assert!(
+            !a.contains("wal"),
+            "the locator must not leak into the token"
+        );
     }
 
     #[test]
     fn only_the_owning_session_and_mapping_resolve() {
         let refs = References::default();
         let t = refs.mint(binding(1, DEFAULT_TTL));
-        assert_eq!(refs.resolve(&t, SessionId(1), "source-library", "source-ref").unwrap(), "wal-checkpoints");
-        assert_eq!(refs.resolve(&t, SessionId(2), "source-library", "source-ref"), Err(ResolveError::NotValid));
-        assert_eq!(refs.resolve(&t, SessionId(1), "fs-documents", "source-ref"), Err(ResolveError::NotValid));
-        assert_eq!(refs.resolve(&t, SessionId(1), "source-library", "artifact-ref"), Err(ResolveError::NotValid));
+        assert_eq!(
+            refs.resolve(&t, SessionId(1), "source-library", "source-ref")
+                .unwrap(),
+            "wal-checkpoints"
+        );
+        assert_eq!(
+            refs.resolve(&t, SessionId(2), "source-library", "source-ref"),
+            Err(ResolveError::NotValid)
+        );
+        assert_eq!(
+            refs.resolve(&t, SessionId(1), "fs-documents", "source-ref"),
+            Err(ResolveError::NotValid)
+        );
+        assert_eq!(
+            refs.resolve(&t, SessionId(1), "source-library", "artifact-ref"),
+            Err(ResolveError::NotValid)
+        );
         let forged = format!("{}0", &t[..t.len() - 1]);
-        assert_eq!(refs.resolve(&forged, SessionId(1), "source-library", "source-ref"), Err(ResolveError::NotValid));
-        assert_eq!(refs.resolve("wal-checkpoints", SessionId(1), "source-library", "source-ref"), Err(ResolveError::NotValid));
+        assert_eq!(
+            refs.resolve(&forged, SessionId(1), "source-library", "source-ref"),
+            Err(ResolveError::NotValid)
+        );
+        assert_eq!(
+            refs.resolve(
+                "wal-checkpoints",
+                SessionId(1),
+                "source-library",
+                "source-ref"
+            ),
+            Err(ResolveError::NotValid)
+        );
     }
 
     #[test]
     fn expired_tokens_fail_and_revocation_closes_the_mapping() {
         let refs = References::default();
         let t = refs.mint(binding(1, Duration::ZERO));
-        assert_eq!(refs.resolve(&t, SessionId(1), "source-library", "source-ref"), Err(ResolveError::Expired));
+        assert_eq!(
+            refs.resolve(&t, SessionId(1), "source-library", "source-ref"),
+            Err(ResolveError::Expired)
+        );
         let t = refs.mint(binding(1, DEFAULT_TTL));
         refs.revoke_mapping("source-library");
-        assert_eq!(refs.resolve(&t, SessionId(1), "source-library", "source-ref"), Err(ResolveError::NotValid));
+        assert_eq!(
+            refs.resolve(&t, SessionId(1), "source-library", "source-ref"),
+            Err(ResolveError::NotValid)
+        );
     }
 }

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 use sha2::Digest as _;
-use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker, ResourceTable, Val};
+use wasmtime::component::{
+    Component, ComponentExportIndex, HasSelf, InstancePre, Linker, ResourceTable, Val,
+};
 use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -72,7 +74,9 @@ impl Runtime {
     pub fn new() -> Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true).epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(anyhow::Error::from).context("creating the wasmtime engine")?;
+        let engine = Engine::new(&config)
+            .map_err(anyhow::Error::from)
+            .context("creating the wasmtime engine")?;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (weak, flag) = (engine.weak(), stop.clone());
         std::thread::Builder::new()
@@ -105,7 +109,12 @@ impl Runtime {
     /// Pin mismatch (naming both digests), a component that does not compile, imports
     /// something the host does not provide, or does not export the mapping's contract
     /// and capability functions.
-    pub fn load(&self, manifest: &MappingManifest, bytes: &[u8], contract_interface: &str) -> Result<LoadedAdapter> {
+    pub fn load(
+        &self,
+        manifest: &MappingManifest,
+        bytes: &[u8],
+        contract_interface: &str,
+    ) -> Result<LoadedAdapter> {
         crate::manifest::verify_pin(manifest, bytes)?;
         let name = &manifest.mapping.name;
         let component = Component::new(&self.engine, bytes)
@@ -118,12 +127,19 @@ impl Runtime {
         bindings::AdapterHost::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(anyhow::Error::from)
             .context("linking airlock:host")?;
-        let pre = linker.instantiate_pre(&component).map_err(anyhow::Error::from).with_context(|| {
-            format!("mapping `{name}`: the component imports something this host does not provide")
-        })?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .map_err(anyhow::Error::from)
+            .with_context(|| {
+                format!(
+                    "mapping `{name}`: the component imports something this host does not provide"
+                )
+            })?;
         let iface = component
             .get_export_index(None, contract_interface)
-            .with_context(|| format!("mapping `{name}`: the component does not export `{contract_interface}`"))?;
+            .with_context(|| {
+                format!("mapping `{name}`: the component does not export `{contract_interface}`")
+            })?;
         let mut functions = Vec::new();
         for cap in &manifest.capabilities {
             let index = component
@@ -214,7 +230,10 @@ pub struct CallOutcome {
 impl LoadedAdapter {
     /// A fresh Store for one call: deny-by-default WASI with captured output, the
     /// mapping's memory limit, and an epoch deadline that traps.
-    fn new_store(&self, grant: Arc<UpstreamGrant>) -> (Store<CallState>, MemoryOutputPipe, MemoryOutputPipe) {
+    fn new_store(
+        &self,
+        grant: Arc<UpstreamGrant>,
+    ) -> (Store<CallState>, MemoryOutputPipe, MemoryOutputPipe) {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
         let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES);
         let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES);
@@ -224,7 +243,8 @@ impl LoadedAdapter {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
-        let memory_bytes = usize::try_from(self.limits.memory_mib * 1024 * 1024).unwrap_or(usize::MAX);
+        let memory_bytes =
+            usize::try_from(self.limits.memory_mib * 1024 * 1024).unwrap_or(usize::MAX);
         let state = CallState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
@@ -272,7 +292,12 @@ impl LoadedAdapter {
 
     /// Instantiates the adapter in a fresh Store and calls its contract function
     /// `function` with `params`, under the mapping's limits and `grant`.
-    pub async fn call(&self, function: &str, params: &[Val], grant: Arc<UpstreamGrant>) -> CallOutcome {
+    pub async fn call(
+        &self,
+        function: &str,
+        params: &[Val],
+        grant: Arc<UpstreamGrant>,
+    ) -> CallOutcome {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
         let (mut store, stdout, stderr) = self.new_store(grant);
         let run = async {
@@ -287,9 +312,9 @@ impl LoadedAdapter {
                 .instantiate_async(&mut store)
                 .await
                 .map_err(|e| classify(e, deadline))?;
-            let func = instance
-                .get_func(&mut store, index)
-                .ok_or_else(|| CallFailure::Host(format!("export `{function}` is not a function")))?;
+            let func = instance.get_func(&mut store, index).ok_or_else(|| {
+                CallFailure::Host(format!("export `{function}` is not a function"))
+            })?;
             let mut results = vec![Val::Bool(false)];
             func.call_async(&mut store, params, &mut results)
                 .await
@@ -352,13 +377,22 @@ impl UpstreamBridge {
         self.deadline
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())
-            .ok_or_else(|| upstream::UpstreamError::Unavailable("the call's deadline has passed".into()))
+            .ok_or_else(|| {
+                upstream::UpstreamError::Unavailable("the call's deadline has passed".into())
+            })
     }
 
-    fn observe(&mut self, method: &'static str, target: &str, result: &Value) -> Result<(), upstream::UpstreamError> {
+    fn observe(
+        &mut self,
+        method: &'static str,
+        target: &str,
+        result: &Value,
+    ) -> Result<(), upstream::UpstreamError> {
         let bytes = serde_json::to_vec(result).unwrap_or_default();
         if bytes.len() as u64 > self.grant.max_output_bytes {
-            return Err(upstream::UpstreamError::OutputTooLarge(self.grant.max_output_bytes));
+            return Err(upstream::UpstreamError::OutputTooLarge(
+                self.grant.max_output_bytes,
+            ));
         }
         self.observations.push(Observation {
             connection: self.grant.connection.name().to_string(),
@@ -381,7 +415,11 @@ fn to_guest_error(failure: UpstreamFailure) -> upstream::UpstreamError {
 }
 
 impl upstream::Host for CallState {
-    async fn call_tool(&mut self, name: String, arguments_json: String) -> Result<upstream::ToolOutput, upstream::UpstreamError> {
+    async fn call_tool(
+        &mut self,
+        name: String,
+        arguments_json: String,
+    ) -> Result<upstream::ToolOutput, upstream::UpstreamError> {
         let bridge = &mut self.bridge;
         if !bridge.grant.tools.contains(&name) {
             tracing::warn!(mapping = %bridge.grant.mapping, tool = %name, "refused an upstream tool outside the mapping");
@@ -392,8 +430,16 @@ impl upstream::Host for CallState {
         }
         let arguments = match serde_json::from_str::<Value>(&arguments_json) {
             Ok(Value::Object(map)) => map,
-            Ok(_) => return Err(upstream::UpstreamError::InvalidArguments("arguments must be a JSON object".into())),
-            Err(e) => return Err(upstream::UpstreamError::InvalidArguments(format!("arguments are not JSON: {e}"))),
+            Ok(_) => {
+                return Err(upstream::UpstreamError::InvalidArguments(
+                    "arguments must be a JSON object".into(),
+                ));
+            }
+            Err(e) => {
+                return Err(upstream::UpstreamError::InvalidArguments(format!(
+                    "arguments are not JSON: {e}"
+                )));
+            }
         };
         let timeout = bridge.remaining()?;
         let result = bridge
@@ -406,9 +452,17 @@ impl upstream::Host for CallState {
         Ok(tool_output(&result))
     }
 
-    async fn read_resource(&mut self, uri: String) -> Result<Vec<upstream::ResourceContents>, upstream::UpstreamError> {
+    async fn read_resource(
+        &mut self,
+        uri: String,
+    ) -> Result<Vec<upstream::ResourceContents>, upstream::UpstreamError> {
         let bridge = &mut self.bridge;
-        if !bridge.grant.resource_prefixes.iter().any(|p| uri.starts_with(p.as_str())) {
+        if !bridge
+            .grant
+            .resource_prefixes
+            .iter()
+            .any(|p| uri.starts_with(p.as_str()))
+        {
             return Err(upstream::UpstreamError::NotPermitted(format!(
                 "resource `{uri}` is outside the prefixes of mapping `{}`; nothing was sent",
                 bridge.grant.mapping
@@ -457,9 +511,7 @@ fn tool_output(result: &Value) -> upstream::ToolOutput {
         .unwrap_or_default();
     upstream::ToolOutput {
         content,
-        structured_json: result
-            .get("structuredContent")
-            .map(|v| v.to_string()),
+        structured_json: result.get("structuredContent").map(|v| v.to_string()),
         is_error: result["isError"].as_bool().unwrap_or(false),
     }
 }
@@ -490,7 +542,8 @@ fn content_block(block: &Value) -> upstream::ContentBlock {
 /// # Errors
 /// Unreadable file or not a WebAssembly component.
 pub fn read_component(path: &std::path::Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading component {}", path.display()))?;
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading component {}", path.display()))?;
     if !bytes.starts_with(b"\0asm") {
         bail!("{} is not a WebAssembly file", path.display());
     }

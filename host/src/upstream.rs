@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use rmcp::ServiceExt as _;
 use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, ReadResourceRequestParams};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
-use rmcp::ServiceExt as _;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -57,7 +57,9 @@ pub enum UpstreamFailure {
 impl std::fmt::Display for UpstreamFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::OutputTooLarge(n) => write!(f, "upstream answer exceeded the output budget of {n} bytes"),
+            Self::OutputTooLarge(n) => {
+                write!(f, "upstream answer exceeded the output budget of {n} bytes")
+            }
             Self::Unavailable(why) => write!(f, "upstream unavailable: {why}"),
             Self::Protocol(msg) => write!(f, "upstream error: {msg}"),
         }
@@ -80,7 +82,11 @@ impl Connection {
     ///
     /// # Errors
     /// The process could not start, or the handshake failed.
-    pub async fn start_stdio(name: &str, server: &StdioServer, max_message_bytes: u64) -> Result<Self> {
+    pub async fn start_stdio(
+        name: &str,
+        server: &StdioServer,
+        max_message_bytes: u64,
+    ) -> Result<Self> {
         let mut cmd = Command::new(&server.command);
         // Cleared environment: only what the connection declares.
         cmd.args(&server.args)
@@ -155,9 +161,11 @@ impl Connection {
 
     /// The server's reported implementation name and version (an observation, not a key).
     pub fn server_info(&self) -> Option<(String, String)> {
-        self.client
-            .peer_info()
-            .and_then(|i| i.server_info.as_ref().map(|s| (s.name.clone(), s.version.clone())))
+        self.client.peer_info().and_then(|i| {
+            i.server_info
+                .as_ref()
+                .map(|s| (s.name.clone(), s.version.clone()))
+        })
     }
 
     /// Sends `tools/call` and returns the result as the JSON the server sent.
@@ -184,9 +192,14 @@ impl Connection {
     ///
     /// # Errors
     /// See [`UpstreamFailure`].
-    pub async fn read_resource(&self, uri: &str, timeout: Duration) -> Result<Value, UpstreamFailure> {
-        let params: ReadResourceRequestParams = serde_json::from_value(serde_json::json!({"uri": uri}))
-            .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?;
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamFailure> {
+        let params: ReadResourceRequestParams =
+            serde_json::from_value(serde_json::json!({"uri": uri}))
+                .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?;
         self.requests.fetch_add(1, Ordering::Relaxed);
         let result = tokio::time::timeout(timeout, self.client.peer().read_resource(params))
             .await
@@ -254,7 +267,10 @@ async fn filter_messages(
             let ok = match scanner.take() {
                 Some(scan) => {
                     discarded.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(limit, "discarded an upstream message larger than the output budget");
+                    tracing::warn!(
+                        limit,
+                        "discarded an upstream message larger than the output budget"
+                    );
                     match scan.id() {
                         Some(id) => {
                             let reply = serde_json::json!({
@@ -383,13 +399,22 @@ mod tests {
 
     #[test]
     fn scanner_finds_only_the_top_level_id() {
-        assert_eq!(scan(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#), Some(json!(7)));
+        assert_eq!(
+            scan(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            Some(json!(7))
+        );
         assert_eq!(
             scan(r#"{"result":{"id":"inner","x":[{"id":1}]},"id": "a,}b" }"#),
             Some(json!("a,}b"))
         );
-        assert_eq!(scan(r#"{"result":{"text":"\"id\":9"},"id":3}"#), Some(json!(3)));
-        assert_eq!(scan(r#"{"method":"notifications/x","params":{"id":5}}"#), None);
+        assert_eq!(
+            scan(r#"{"result":{"text":"\"id\":9"},"id":3}"#),
+            Some(json!(3))
+        );
+        assert_eq!(
+            scan(r#"{"method":"notifications/x","params":{"id":5}}"#),
+            None
+        );
         assert_eq!(scan(r#"{"i\u0064":4}"#), None);
         assert_eq!(scan(r#"{"id":{"nested":1}}"#), None);
         assert_eq!(scan(r#"[{"id":1}]"#), None);
@@ -399,7 +424,10 @@ mod tests {
         let discarded = Arc::new(AtomicU64::new(0));
         let mut out = Vec::new();
         filter_messages(input.as_bytes(), &mut out, limit, discarded.clone()).await;
-        (String::from_utf8(out).unwrap(), discarded.load(Ordering::Relaxed))
+        (
+            String::from_utf8(out).unwrap(),
+            discarded.load(Ordering::Relaxed),
+        )
     }
 
     #[tokio::test]
@@ -411,7 +439,9 @@ mod tests {
     #[tokio::test]
     async fn an_oversized_answer_is_replaced_by_a_budget_error() {
         let big = "x".repeat(10_000);
-        let input = format!("{{\"jsonrpc\":\"2.0\",\"result\":{{\"text\":\"{big}\"}},\"id\":42}}\n{{\"id\":43,\"result\":{{}}}}\n");
+        let input = format!(
+            "{{\"jsonrpc\":\"2.0\",\"result\":{{\"text\":\"{big}\"}},\"id\":42}}\n{{\"id\":43,\"result\":{{}}}}\n"
+        );
         let (out, discarded) = run_filter(&input, 1000).await;
         assert_eq!(discarded, 1);
         assert!(!out.contains("xxxx"), "the payload must not pass");

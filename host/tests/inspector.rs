@@ -26,7 +26,12 @@ fn inspector(config: &std::path::Path, extra: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("inspector printed non-JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "inspector printed non-JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 #[test]
@@ -34,15 +39,29 @@ fn the_inspector_cli_lists_and_calls_through_airlock() {
     let d = Deployment::with_notes().mapping("source-library");
     let config = d.write_config();
     let listed = inspector(&config, &["--method", "tools/list"]);
-    let names: Vec<&str> = listed["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["search_sources", "retrieve_source"]);
 
     let called = inspector(
         &config,
-        &["--method", "tools/call", "--tool-name", "search_sources", "--tool-arg", "query=checkpoint"],
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "search_sources",
+            "--tool-arg",
+            "query=checkpoint",
+        ],
     );
     assert_ne!(called["isError"], Value::Bool(true), "{called}");
-    let reference = called["structuredContent"]["result"][0]["reference"].as_str().unwrap();
+    let reference = called["structuredContent"]["result"][0]["reference"]
+        .as_str()
+        .unwrap();
     assert!(reference.starts_with("ref_"), "{called}");
     assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
 }

@@ -18,32 +18,53 @@ async fn list_search_retrieve_through_the_adapter() {
     assert_eq!(names, ["search_sources", "retrieve_source"]);
     let listing = serde_json::to_string(&tools).unwrap();
     for upstream_only in ["search_notes", "read_note", "export_workspace", "notes://"] {
-        assert!(!listing.contains(upstream_only), "upstream detail `{upstream_only}` leaked into tools/list: {listing}");
+        assert!(
+            !listing.contains(upstream_only),
+            "upstream detail `{upstream_only}` leaked into tools/list: {listing}"
+        );
     }
     let search = tools.iter().find(|t| t.name == "search_sources").unwrap();
     let schema = Value::Object((*search.input_schema).clone());
     assert_eq!(schema["additionalProperties"], false);
     assert_eq!(schema["required"], json!(["query"]));
 
-    let hits = call(&client, "search_sources", json!({"query": "checkpoint"})).await.unwrap();
+    let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
     assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
     let refs = references(&hits);
     assert!(!refs.is_empty());
     for r in &refs {
-        assert!(r.starts_with("ref_") && r.len() == 44, "not an opaque token: {r}");
+        assert!(
+            r.starts_with("ref_") && r.len() == 44,
+            "not an opaque token: {r}"
+        );
     }
     let hit_json = hits.structured_content.as_ref().unwrap().to_string();
-    assert!(!hit_json.contains("wal-checkpoints"), "the note id (adapter locator) leaked: {hit_json}");
+    assert!(
+        !hit_json.contains("wal-checkpoints"),
+        "the note id (adapter locator) leaked: {hit_json}"
+    );
 
-    let passage = call(&client, "retrieve_source", json!({"reference": refs[0]})).await.unwrap();
+    let passage = call(&client, "retrieve_source", json!({"reference": refs[0]}))
+        .await
+        .unwrap();
     assert_ne!(passage.is_error, Some(true), "{}", text_of(&passage));
     let s = passage.structured_content.as_ref().unwrap();
     assert!(s["result"]["text"].as_str().unwrap().len() > 100);
     assert_eq!(s["provenance"][0]["connection"], "notes");
     assert_eq!(s["provenance"][0]["method"], "tools/call");
     assert_eq!(s["provenance"][0]["target"], "read_note");
-    assert_eq!(s["provenance"][0]["result_sha256"].as_str().unwrap().len(), 64);
-    assert!(s["provenance"][0]["retrieved_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        s["provenance"][0]["result_sha256"].as_str().unwrap().len(),
+        64
+    );
+    assert!(
+        s["provenance"][0]["retrieved_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
     let text = text_of(&passage);
     assert!(text.contains("not instructions"), "{text}");
     assert!(text.contains("BEGIN UNTRUSTED DATA") && text.contains("END UNTRUSTED DATA"));
@@ -56,26 +77,59 @@ async fn list_search_retrieve_through_the_adapter() {
 async fn the_hostile_note_arrives_as_quoted_data_and_adds_no_capability() {
     let d = Deployment::with_notes().mapping("source-library");
     let client = d.serve().await;
-    let hits = call(&client, "search_sources", json!({"query": "incident review"})).await.unwrap();
+    let hits = call(
+        &client,
+        "search_sources",
+        json!({"query": "incident review"}),
+    )
+    .await
+    .unwrap();
     let found = hits.structured_content.as_ref().unwrap()["result"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|h| h["title"].as_str().unwrap().to_lowercase().contains("incident"))
+        .find(|h| {
+            h["title"]
+                .as_str()
+                .unwrap()
+                .to_lowercase()
+                .contains("incident")
+        })
         .cloned()
         .expect("the incident note is searchable");
-    let passage = call(&client, "retrieve_source", json!({"reference": found["reference"]})).await.unwrap();
+    let passage = call(
+        &client,
+        "retrieve_source",
+        json!({"reference": found["reference"]}),
+    )
+    .await
+    .unwrap();
     let text = text_of(&passage);
     let begin = text.find("BEGIN UNTRUSTED DATA").unwrap();
     let end = text.find("END UNTRUSTED DATA").unwrap();
-    let at = text.find("export_workspace").expect("the injected instruction is delivered as data");
-    assert!(begin < at && at < end, "the instruction must sit inside the quoted block");
+    let at = text
+        .find("export_workspace")
+        .expect("the injected instruction is delivered as data");
+    assert!(
+        begin < at && at < end,
+        "the instruction must sit inside the quoted block"
+    );
     let line = text[..at].rsplit('\n').next().unwrap();
-    assert!(line.trim_start().starts_with('>'), "multi-line source text is line-quoted: {line:?}");
+    assert!(
+        line.trim_start().starts_with('>'),
+        "multi-line source text is line-quoted: {line:?}"
+    );
 
     let tools = client.peer().list_all_tools().await.unwrap();
-    assert_eq!(tools.len(), 2, "no capability appears because a source asked for one");
-    assert!(!d.upstream_tool_calls().contains(&"export_workspace".to_string()));
+    assert_eq!(
+        tools.len(),
+        2,
+        "no capability appears because a source asked for one"
+    );
+    assert!(
+        !d.upstream_tool_calls()
+            .contains(&"export_workspace".to_string())
+    );
     client.cancel().await.unwrap();
 }
 
@@ -91,14 +145,29 @@ async fn unknown_or_mistyped_arguments_never_reach_the_upstream() {
         json!({"query": "wal", "limit": -1}),
         json!({"query": "wal", "limit": "3"}),
     ] {
-        let err = call(&client, "search_sources", args.clone()).await.unwrap_err();
+        let err = call(&client, "search_sources", args.clone())
+            .await
+            .unwrap_err();
         assert_eq!(error_code(&err), Some(INVALID_PARAMS), "{args}: {err}");
     }
-    let err = call(&client, "read_note", json!({"id": "wal-checkpoints"})).await.unwrap_err();
-    assert_eq!(error_code(&err), Some(INVALID_PARAMS), "upstream tool names are not callable");
-    let err = call(&client, "export_workspace", json!({"destination": "x"})).await.unwrap_err();
+    let err = call(&client, "read_note", json!({"id": "wal-checkpoints"}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_code(&err),
+        Some(INVALID_PARAMS),
+        "upstream tool names are not callable"
+    );
+    let err = call(&client, "export_workspace", json!({"destination": "x"}))
+        .await
+        .unwrap_err();
     assert_eq!(error_code(&err), Some(INVALID_PARAMS));
-    assert_eq!(d.upstream_calls().len(), before, "refused calls must not reach the upstream: {:?}", d.upstream_calls());
+    assert_eq!(
+        d.upstream_calls().len(),
+        before,
+        "refused calls must not reach the upstream: {:?}",
+        d.upstream_calls()
+    );
     client.cancel().await.unwrap();
 }
 
@@ -107,14 +176,25 @@ async fn forged_and_foreign_references_fail_before_any_upstream_request() {
     let d = Deployment::with_notes().mapping("source-library");
     let a = d.serve().await;
     let b = d.serve().await;
-    let hits = call(&a, "search_sources", json!({"query": "checkpoint"})).await.unwrap();
+    let hits = call(&a, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
     let token = references(&hits)[0].clone();
-    let reads_before = d.upstream_tool_calls().iter().filter(|t| *t == "read_note").count();
+    let reads_before = d
+        .upstream_tool_calls()
+        .iter()
+        .filter(|t| *t == "read_note")
+        .count();
 
     // Another session (here: another airlock client) cannot use it.
-    let err = call(&b, "retrieve_source", json!({"reference": token})).await.unwrap_err();
+    let err = call(&b, "retrieve_source", json!({"reference": token}))
+        .await
+        .unwrap_err();
     assert_eq!(error_code(&err), Some(INVALID_PARAMS), "{err}");
-    assert!(err.to_string().contains("not valid in this session"), "{err}");
+    assert!(
+        err.to_string().contains("not valid in this session"),
+        "{err}"
+    );
     // Forged tokens, and the raw locator the adapter used, fail the same way.
     for forged in [
         "ref_0000000000000000000000000000000000000000".to_string(),
@@ -122,14 +202,25 @@ async fn forged_and_foreign_references_fail_before_any_upstream_request() {
         "wal-checkpoints".to_string(),
         "../../etc/passwd".to_string(),
     ] {
-        let err = call(&a, "retrieve_source", json!({"reference": forged})).await.unwrap_err();
+        let err = call(&a, "retrieve_source", json!({"reference": forged}))
+            .await
+            .unwrap_err();
         assert_eq!(error_code(&err), Some(INVALID_PARAMS), "{forged}: {err}");
     }
-    let reads_after = d.upstream_tool_calls().iter().filter(|t| *t == "read_note").count();
-    assert_eq!(reads_after, reads_before, "no read_note may be sent for a bad reference");
+    let reads_after = d
+        .upstream_tool_calls()
+        .iter()
+        .filter(|t| *t == "read_note")
+        .count();
+    assert_eq!(
+        reads_after, reads_before,
+        "no read_note may be sent for a bad reference"
+    );
 
     // The owner still can.
-    let ok = call(&a, "retrieve_source", json!({"reference": token})).await.unwrap();
+    let ok = call(&a, "retrieve_source", json!({"reference": token}))
+        .await
+        .unwrap();
     assert_ne!(ok.is_error, Some(true), "{}", text_of(&ok));
     a.cancel().await.unwrap();
     b.cancel().await.unwrap();
@@ -139,12 +230,18 @@ async fn forged_and_foreign_references_fail_before_any_upstream_request() {
 async fn an_adapter_calling_a_tool_outside_its_mapping_is_refused_and_nothing_is_sent() {
     let d = Deployment::with_notes().mapping("rogue-call");
     let client = d.serve().await;
-    let result = call(&client, "rogue_search", json!({"query": "anything"})).await.unwrap();
+    let result = call(&client, "rogue_search", json!({"query": "anything"}))
+        .await
+        .unwrap();
     assert_eq!(result.is_error, Some(true));
     let text = text_of(&result);
-    assert!(text.contains("not-permitted") || text.contains("not listed"), "{text}");
     assert!(
-        !d.upstream_tool_calls().contains(&"export_workspace".to_string()),
+        text.contains("not-permitted") || text.contains("not listed"),
+        "{text}"
+    );
+    assert!(
+        !d.upstream_tool_calls()
+            .contains(&"export_workspace".to_string()),
         "export_workspace reached the upstream: {:?}",
         d.upstream_calls()
     );
@@ -169,8 +266,15 @@ async fn a_component_whose_digest_differs_from_its_pin_is_refused_naming_both() 
     };
     let (ok, stderr) = d.serve_expecting_failure();
     assert!(!ok, "serve must refuse to start");
-    assert!(stderr.contains(&pinned) && stderr.contains(&actual), "both digests named: {stderr}");
-    assert!(d.upstream_calls().is_empty(), "nothing may reach the upstream: {:?}", d.upstream_calls());
+    assert!(
+        stderr.contains(&pinned) && stderr.contains(&actual),
+        "both digests named: {stderr}"
+    );
+    assert!(
+        d.upstream_calls().is_empty(),
+        "nothing may reach the upstream: {:?}",
+        d.upstream_calls()
+    );
 }
 
 #[tokio::test]
@@ -179,47 +283,99 @@ async fn an_oversized_upstream_result_is_refused_while_reading() {
         t.replace("max_output_bytes = 262144", "max_output_bytes = 8192")
     });
     let client = d.serve().await;
-    let hits = call(&client, "search_sources", json!({"query": "storage engine handbook", "limit": 10})).await.unwrap();
+    let hits = call(
+        &client,
+        "search_sources",
+        json!({"query": "storage engine handbook", "limit": 10}),
+    )
+    .await
+    .unwrap();
     let handbook = hits.structured_content.as_ref().unwrap()["result"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|h| h["title"].as_str().unwrap().to_lowercase().contains("handbook"))
+        .find(|h| {
+            h["title"]
+                .as_str()
+                .unwrap()
+                .to_lowercase()
+                .contains("handbook")
+        })
         .cloned()
         .expect("the long note is searchable");
-    let result = call(&client, "retrieve_source", json!({"reference": handbook["reference"]})).await.unwrap();
+    let result = call(
+        &client,
+        "retrieve_source",
+        json!({"reference": handbook["reference"]}),
+    )
+    .await
+    .unwrap();
     assert_eq!(result.is_error, Some(true), "{}", text_of(&result));
     let text = text_of(&result);
-    assert!(text.contains("8192") || text.contains("budget") || text.contains("too large"), "{text}");
-    assert!(text.len() < 2000, "the oversized body must not pass: {} bytes", text.len());
-    assert!(d.upstream_tool_calls().contains(&"read_note".to_string()), "the request was sent; its answer was refused");
+    assert!(
+        text.contains("8192") || text.contains("budget") || text.contains("too large"),
+        "{text}"
+    );
+    assert!(
+        text.len() < 2000,
+        "the oversized body must not pass: {} bytes",
+        text.len()
+    );
+    assert!(
+        d.upstream_tool_calls().contains(&"read_note".to_string()),
+        "the request was sent; its answer was refused"
+    );
     // The connection survives: a small note still reads.
-    let small = call(&client, "search_sources", json!({"query": "keepalive"})).await.unwrap();
+    let small = call(&client, "search_sources", json!({"query": "keepalive"}))
+        .await
+        .unwrap();
     let r = references(&small)[0].clone();
-    let ok = call(&client, "retrieve_source", json!({"reference": r})).await.unwrap();
+    let ok = call(&client, "retrieve_source", json!({"reference": r}))
+        .await
+        .unwrap();
     assert_ne!(ok.is_error, Some(true), "{}", text_of(&ok));
     client.cancel().await.unwrap();
 }
 
 #[tokio::test]
 async fn an_adapter_that_loops_forever_is_interrupted_and_the_next_call_succeeds() {
-    let d = Deployment::with_notes().mapping("spin-forever").mapping("source-library");
+    let d = Deployment::with_notes()
+        .mapping("spin-forever")
+        .mapping("source-library");
     let client = d.serve().await;
     let started = std::time::Instant::now();
-    let result = call(&client, "spin_search", json!({"query": "spin"})).await.unwrap();
+    let result = call(&client, "spin_search", json!({"query": "spin"}))
+        .await
+        .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(result.is_error, Some(true));
-    assert!(text_of(&result).starts_with("interrupted"), "{}", text_of(&result));
-    assert!(elapsed < std::time::Duration::from_secs(5), "deadline is 1 s, took {elapsed:?}");
-    assert!(d.upstream_tool_calls().is_empty(), "the spinning search never reached the upstream");
+    assert!(
+        text_of(&result).starts_with("interrupted"),
+        "{}",
+        text_of(&result)
+    );
+    assert!(
+        elapsed < std::time::Duration::from_secs(5),
+        "deadline is 1 s, took {elapsed:?}"
+    );
+    assert!(
+        d.upstream_tool_calls().is_empty(),
+        "the spinning search never reached the upstream"
+    );
 
     // The same adapter serves the next calls, in fresh instances, and so does its neighbour.
-    let hits = call(&client, "spin_search", json!({"query": "checkpoint"})).await.unwrap();
+    let hits = call(&client, "spin_search", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
     assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
     let token = references(&hits)[0].clone();
-    let ok = call(&client, "spin_retrieve", json!({"reference": token})).await.unwrap();
+    let ok = call(&client, "spin_retrieve", json!({"reference": token}))
+        .await
+        .unwrap();
     assert_ne!(ok.is_error, Some(true), "{}", text_of(&ok));
-    let hits = call(&client, "search_sources", json!({"query": "keepalive"})).await.unwrap();
+    let hits = call(&client, "search_sources", json!({"query": "keepalive"}))
+        .await
+        .unwrap();
     assert_ne!(hits.is_error, Some(true));
     client.cancel().await.unwrap();
 }

@@ -15,7 +15,8 @@ fn args(v: Value) -> Option<JsonObject> {
 
 async fn host() -> Arc<Host> {
     let config = airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
-    let manifest = std::path::Path::new(airlock::ADAPTER_BUNDLE).join("source-library/mapping.toml");
+    let manifest =
+        std::path::Path::new(airlock::ADAPTER_BUNDLE).join("source-library/mapping.toml");
     Host::start_with(&config, vec![MappingSource::from_file(&manifest).unwrap()])
         .await
         .unwrap()
@@ -26,7 +27,10 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
     let host = host().await;
     let (alice, mallory) = (host.session(), host.session());
     assert_ne!(alice.session_id(), mallory.session_id());
-    let hits = alice.call("search_sources", args(json!({"query": "checkpoint"}))).await.unwrap();
+    let hits = alice
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .unwrap();
     let token = hits.structured_content.unwrap()["result"][0]["reference"]
         .as_str()
         .unwrap()
@@ -38,10 +42,21 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .await
         .unwrap_err();
     assert_eq!(err.code.0, -32602);
-    assert!(err.message.contains("not valid in this session"), "{}", err.message);
-    assert_eq!(host.connections()["notes"].requests_sent(), sent, "no upstream request for a foreign reference");
+    assert!(
+        err.message.contains("not valid in this session"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        host.connections()["notes"].requests_sent(),
+        sent,
+        "no upstream request for a foreign reference"
+    );
 
-    let ok = alice.call("retrieve_source", args(json!({"reference": token}))).await.unwrap();
+    let ok = alice
+        .call("retrieve_source", args(json!({"reference": token})))
+        .await
+        .unwrap();
     assert_ne!(ok.is_error, Some(true));
     assert_eq!(host.connections()["notes"].requests_sent(), sent + 1);
 }
@@ -50,12 +65,18 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
 async fn a_revoked_mapping_closes_its_references() {
     let host = host().await;
     let s = host.session();
-    let hits = s.call("search_sources", args(json!({"query": "checkpoint"}))).await.unwrap();
+    let hits = s
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .unwrap();
     let token = hits.structured_content.unwrap()["result"][0]["reference"]
         .as_str()
         .unwrap()
         .to_string();
     host.references().revoke_mapping("source-library");
-    let err = s.call("retrieve_source", args(json!({"reference": token}))).await.unwrap_err();
+    let err = s
+        .call("retrieve_source", args(json!({"reference": token})))
+        .await
+        .unwrap_err();
     assert_eq!(err.code.0, -32602);
 }

@@ -21,7 +21,10 @@ pub fn bundle() -> PathBuf {
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// `fixtures/npm/node_modules`, which `npm ci --prefix fixtures/npm` installs.
@@ -98,7 +101,10 @@ impl Deployment {
     pub fn write_config(&self) -> PathBuf {
         let mut text = self.connections.clone();
         for m in &self.mappings {
-            text.push_str(&format!("[[mapping]]\nmanifest = {:?}\n", m.display().to_string()));
+            text.push_str(&format!(
+                "[[mapping]]\nmanifest = {:?}\n",
+                m.display().to_string()
+            ));
         }
         let path = self.dir.path().join("airlock.toml");
         std::fs::write(&path, text).unwrap();
@@ -131,7 +137,9 @@ impl Deployment {
         cmd.arg("serve").arg("--config").arg(&config);
         cmd.env("AIRLOCK_LOG", "airlock=debug");
         let transport = TokioChildProcess::new(cmd).expect("spawn airlock serve");
-        ().serve(transport).await.expect("MCP initialize with airlock serve")
+        ().serve(transport)
+            .await
+            .expect("MCP initialize with airlock serve")
     }
 
     /// Runs `airlock serve` expecting it to fail at startup; returns (exit success, stderr).
@@ -144,12 +152,19 @@ impl Deployment {
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 }
 
 /// Calls `name` with JSON object `args`.
-pub async fn call(client: &RunningService<RoleClient, ()>, name: &str, args: Value) -> Result<CallToolResult, ServiceError> {
+pub async fn call(
+    client: &RunningService<RoleClient, ()>,
+    name: &str,
+    args: Value,
+) -> Result<CallToolResult, ServiceError> {
     let mut params = CallToolRequestParams::new(name.to_string());
     params.arguments = Some(match args {
         Value::Object(o) => o,
