@@ -38,6 +38,9 @@ pub struct ServeConfig {
     pub connections: BTreeMap<String, StdioServer>,
     /// Mapping manifest paths, in file order.
     pub mappings: Vec<PathBuf>,
+    /// Where compiled components are cached; `None` compiles on every start. Set by the
+    /// command line (`--cache-dir`), not by the file.
+    pub cache_dir: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -144,8 +147,23 @@ impl ServeConfig {
         Ok(Self {
             connections,
             mappings,
+            cache_dir: None,
         })
     }
+}
+
+/// The default compiled-component cache: `$XDG_CACHE_HOME/airlock/compiled`, else
+/// `$HOME/.cache/airlock/compiled`, else none.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("airlock").join("compiled"))
 }
 
 /// Resolves a configured command to an executable path.

@@ -34,11 +34,13 @@ pub const BUNDLED_COMPONENT: &[u8] = include_bytes!(concat!(
 /// The current executable cannot be located.
 pub fn embedded_config() -> Result<ServeConfig> {
     let exe = std::env::current_exe().context("locating the airlock executable")?;
-    Ok(notes_config(exe))
+    let mut config = notes_config(exe);
+    config.cache_dir = crate::config::default_cache_dir();
+    Ok(config)
 }
 
 /// A serve configuration with one connection, `notes`, running `airlock_exe fixture
-/// notes-server` with an empty environment, in the temporary directory.
+/// notes-server` with an empty environment, in the temporary directory; no compiled cache.
 pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
     let exe = airlock_exe;
     let cwd = std::env::temp_dir();
@@ -55,6 +57,7 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
     ServeConfig {
         connections,
         mappings: vec![],
+        cache_dir: None,
     }
 }
 

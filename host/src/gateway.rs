@@ -120,7 +120,7 @@ impl Host {
         config: &ServeConfig,
         sources: Vec<MappingSource>,
     ) -> Result<Arc<Self>> {
-        let runtime = Runtime::new()?;
+        let runtime = Runtime::with_cache(config.cache_dir.as_deref())?;
         // Each connection's message budget is the largest output budget of the mappings
         // that use it; each mapping also checks its own budget.
         let mut budgets: BTreeMap<String, u64> = BTreeMap::new();

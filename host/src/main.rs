@@ -33,6 +33,13 @@ enum Command {
         /// Serve configuration (TOML): [[connection]] and [[mapping]] entries.
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Cache compiled components here (private folder, mode 0700). Default:
+        /// $XDG_CACHE_HOME/airlock/compiled or ~/.cache/airlock/compiled.
+        #[arg(long, value_name = "DIR", env = "AIRLOCK_CACHE_DIR")]
+        cache_dir: Option<PathBuf>,
+        /// Compile every component at start; read and write no cache.
+        #[arg(long, conflicts_with = "cache_dir")]
+        no_cache: bool,
     },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
@@ -78,9 +85,18 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve { config } => {
+            Command::Serve {
+                config,
+                cache_dir,
+                no_cache,
+            } => {
                 init_logging("airlock=info");
-                serve(config).await
+                let cache_dir = match (no_cache, cache_dir) {
+                    (true, _) => None,
+                    (false, Some(dir)) => Some(dir),
+                    (false, None) => airlock::config::default_cache_dir(),
+                };
+                serve(config, cache_dir).await
             }
             Command::Demo => {
                 init_logging("warn,rmcp=error");
@@ -107,8 +123,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(config_path: PathBuf) -> Result<()> {
-    let config = ServeConfig::load(&config_path)?;
+async fn serve(config_path: PathBuf, cache_dir: Option<PathBuf>) -> Result<()> {
+    let mut config = ServeConfig::load(&config_path)?;
+    config.cache_dir = cache_dir;
     let host = Host::start(&config).await?;
     tracing::info!(
         capabilities = host.capabilities().len(),

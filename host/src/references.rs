@@ -71,14 +71,13 @@ impl References {
         if map.len() >= MAX_LIVE_REFERENCES {
             let now = Instant::now();
             map.retain(|_, b| b.expires > now);
-            if map.len() >= MAX_LIVE_REFERENCES {
-                if let Some(oldest) = map
+            if map.len() >= MAX_LIVE_REFERENCES
+                && let Some(oldest) = map
                     .iter()
                     .min_by_key(|(_, b)| b.expires)
                     .map(|(k, _)| k.clone())
-                {
-                    map.remove(&oldest);
-                }
+            {
+                map.remove(&oldest);
             }
         }
         map.insert(token.clone(), binding);
@@ -168,7 +167,8 @@ mod tests {
             refs.resolve(&t, SessionId(1), "source-library", "artifact-ref"),
             Err(ResolveError::NotValid)
         );
-        let forged = format!("{}0", &t[..t.len() - 1]);
+        let last = if t.ends_with('0') { "1" } else { "0" };
+        let forged = format!("{}{last}", &t[..t.len() - 1]);
         assert_eq!(
             refs.resolve(&forged, SessionId(1), "source-library", "source-ref"),
             Err(ResolveError::NotValid)

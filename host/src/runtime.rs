@@ -48,11 +48,26 @@ pub const GUEST_OUTPUT_BYTES: usize = 64 * 1024;
 /// Most adapter log messages kept per call.
 pub const MAX_LOG_MESSAGES: usize = 64;
 
-/// The shared wasmtime engine and its epoch ticker.
+/// The shared wasmtime engine, its epoch ticker, and the optional compiled-component cache.
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
+    cache: Option<CompiledCache>,
     _ticker: Arc<EpochTicker>,
+}
+
+/// On-disk cache of compiled components, keyed by component sha256 and the engine's
+/// compatibility hash.
+///
+/// Rule: only artifacts this host wrote are deserialized. The cache folder is created
+/// with mode 0700 and refused when it is not owned by this user or is writable by group
+/// or others; entries are written to a temporary file and renamed into place, so a
+/// reader sees a whole artifact or none. A cache entry is used only for bytes whose
+/// sha256 already matched the mapping's pin (the key is that digest).
+#[derive(Clone)]
+pub struct CompiledCache {
+    dir: std::path::PathBuf,
+    engine_key: String,
 }
 
 struct EpochTicker {
@@ -67,11 +82,20 @@ impl Drop for EpochTicker {
 
 impl Runtime {
     /// Creates the engine (component model, epoch interruption) and starts a thread that
-    /// advances the epoch every [`EPOCH_TICK`].
+    /// advances the epoch every [`EPOCH_TICK`]. No compiled-component cache.
     ///
     /// # Errors
     /// wasmtime rejected the configuration.
     pub fn new() -> Result<Self> {
+        Self::with_cache(None)
+    }
+
+    /// Like [`Runtime::new`], caching compiled components in `cache_dir` when given.
+    ///
+    /// # Errors
+    /// wasmtime rejected the configuration, or the cache folder cannot be created or is
+    /// not private to this user.
+    pub fn with_cache(cache_dir: Option<&std::path::Path>) -> Result<Self> {
         let mut config = Config::new();
         config.wasm_component_model(true).epoch_interruption(true);
         let engine = Engine::new(&config)
@@ -91,8 +115,12 @@ impl Runtime {
                 }
             })
             .context("starting the epoch thread")?;
+        let cache = cache_dir
+            .map(|dir| CompiledCache::open(dir, &engine))
+            .transpose()?;
         Ok(Self {
             engine,
+            cache,
             _ticker: Arc::new(EpochTicker { stop }),
         })
     }
@@ -117,8 +145,9 @@ impl Runtime {
     ) -> Result<LoadedAdapter> {
         crate::manifest::verify_pin(manifest, bytes)?;
         let name = &manifest.mapping.name;
-        let component = Component::new(&self.engine, bytes)
-            .map_err(anyhow::Error::from)
+        let started = Instant::now();
+        let component = self
+            .compile(bytes, manifest.pinned_sha256())
             .with_context(|| format!("compiling the component of mapping `{name}`"))?;
         let mut linker: Linker<CallState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
@@ -152,12 +181,81 @@ impl Runtime {
                 })?;
             functions.push((cap.function.clone(), index));
         }
+        tracing::info!(
+            mapping = %name,
+            bytes = bytes.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "component verified, compiled and linked"
+        );
         Ok(LoadedAdapter {
             mapping: name.clone(),
             component_sha256: manifest.pinned_sha256().to_string(),
             limits: manifest.limits,
             pre,
             functions,
+        })
+    }
+}
+
+impl Runtime {
+    /// Compiles `bytes` (whose sha256 is `sha256`, already verified), through the cache
+    /// when one is configured. Cache failures are logged and fall back to compiling.
+    fn compile(&self, bytes: &[u8], sha256: &str) -> Result<Component> {
+        let Some(cache) = &self.cache else {
+            return Component::new(&self.engine, bytes).map_err(anyhow::Error::from);
+        };
+        let path = cache
+            .dir
+            .join(format!("{sha256}-{}.cwasm", cache.engine_key));
+        if path.is_file() {
+            // SAFETY: the file is in a folder private to this user (checked at open) and
+            // was written by `Component::serialize` of an engine with this compatibility
+            // hash; wasmtime also checks version and configuration before loading it.
+            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                Ok(c) => return Ok(c),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "ignoring unusable compiled cache entry: {e}")
+                }
+            }
+        }
+        let component = Component::new(&self.engine, bytes).map_err(anyhow::Error::from)?;
+        let write = || -> Result<()> {
+            let serialized = component.serialize().map_err(anyhow::Error::from)?;
+            let mut tmp = tempfile::NamedTempFile::new_in(&cache.dir)?;
+            std::io::Write::write_all(&mut tmp, &serialized)?;
+            tmp.persist(&path)?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            tracing::warn!(dir = %cache.dir.display(), "could not write the compiled cache: {e:#}");
+        }
+        Ok(component)
+    }
+}
+
+impl CompiledCache {
+    fn open(dir: &std::path::Path, engine: &Engine) -> Result<Self> {
+        use std::hash::{Hash as _, Hasher as _};
+        use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating the compiled-component cache {}", dir.display()))?;
+        let meta = std::fs::metadata(dir)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        if meta.uid() != uid || meta.mode() & 0o022 != 0 {
+            bail!(
+                "compiled-component cache {} must be owned by this user and not writable by group or others (chmod 700 it, or choose another --cache-dir)",
+                dir.display()
+            );
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            engine_key: format!("{:016x}", hasher.finish()),
         })
     }
 }
@@ -548,4 +646,81 @@ pub fn read_component(path: &std::path::Path) -> Result<Vec<u8>> {
         bail!("{} is not a WebAssembly file", path.display());
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn bundled() -> (MappingManifest, Vec<u8>) {
+        let dir = std::path::Path::new(crate::ADAPTER_BUNDLE).join("source-library");
+        let manifest = MappingManifest::load(&dir.join("mapping.toml")).unwrap();
+        let bytes = read_component(&manifest.component_path(&dir)).unwrap();
+        (manifest, bytes)
+    }
+
+    #[test]
+    fn a_cache_folder_others_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = Runtime::with_cache(Some(dir.path()))
+            .err()
+            .expect("must refuse");
+        assert!(
+            err.to_string().contains("not writable by group or others"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_cache_serves_the_second_load_and_survives_a_corrupt_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("compiled");
+        let (manifest, bytes) = bundled();
+        let iface = &manifest.mapping.contract;
+        let runtime = Runtime::with_cache(Some(&cache)).unwrap();
+        runtime.load(&manifest, &bytes, iface).unwrap();
+        let entries: Vec<_> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 1);
+        assert!(
+            entries[0]
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(manifest.pinned_sha256())
+        );
+        assert_eq!(
+            std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        Runtime::with_cache(Some(&cache))
+            .unwrap()
+            .load(&manifest, &bytes, iface)
+            .unwrap();
+        std::fs::write(&entries[0], b"not a compiled component").unwrap();
+        Runtime::with_cache(Some(&cache))
+            .unwrap()
+            .load(&manifest, &bytes, iface)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_component_without_the_contract_export_is_refused() {
+        let (manifest, bytes) = bundled();
+        let err = Runtime::new()
+            .unwrap()
+            .load(
+                &manifest,
+                &bytes,
+                "airlock:contracts/artifact-delivery@0.1.0",
+            )
+            .err()
+            .expect("must refuse");
+        assert!(err.to_string().contains("does not export"), "{err}");
+    }
 }

@@ -13,6 +13,7 @@ fn inspector(config: &std::path::Path, extra: &[&str]) -> Value {
     let mut cmd = std::process::Command::new("node");
     // The CLI reads its own package.json relative to the working directory.
     cmd.current_dir(&modules)
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
         .arg(&cli)
         .arg(&airlock)
         .args(["serve", "--config"])

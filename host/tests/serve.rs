@@ -198,7 +198,11 @@ async fn forged_and_foreign_references_fail_before_any_upstream_request() {
     // Forged tokens, and the raw locator the adapter used, fail the same way.
     for forged in [
         "ref_0000000000000000000000000000000000000000".to_string(),
-        format!("{}0", &token[..token.len() - 1]),
+        {
+            // Same token with its last digit changed.
+            let last = if token.ends_with('0') { "1" } else { "0" };
+            format!("{}{last}", &token[..token.len() - 1])
+        },
         "wal-checkpoints".to_string(),
         "../../etc/passwd".to_string(),
     ] {

@@ -14,6 +14,12 @@ pub fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
 }
 
+/// The compiled-component cache shared by every `airlock serve` the tests start, so each
+/// component compiles once per build rather than once per process.
+pub fn test_cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compiled-cache")
+}
+
 /// The folder of adapters this build compiled and pinned.
 pub fn bundle() -> PathBuf {
     PathBuf::from(airlock::ADAPTER_BUNDLE)
@@ -135,7 +141,8 @@ impl Deployment {
         let config = self.write_config();
         let mut cmd = tokio::process::Command::new(airlock_bin());
         cmd.arg("serve").arg("--config").arg(&config);
-        cmd.env("AIRLOCK_LOG", "airlock=debug");
+        cmd.env("AIRLOCK_LOG", "airlock=info");
+        cmd.env("AIRLOCK_CACHE_DIR", test_cache_dir());
         let transport = TokioChildProcess::new(cmd).expect("spawn airlock serve");
         ().serve(transport)
             .await
@@ -146,6 +153,7 @@ impl Deployment {
     pub fn serve_expecting_failure(&self) -> (bool, String) {
         let config = self.write_config();
         let out = std::process::Command::new(airlock_bin())
+            .env("AIRLOCK_CACHE_DIR", test_cache_dir())
             .arg("serve")
             .arg("--config")
             .arg(&config)
