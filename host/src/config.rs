@@ -79,6 +79,7 @@ impl ServeConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading serve configuration {}", path.display()))?;
+        let path = &std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let base = path
             .parent()
             .map(Path::to_path_buf)
@@ -134,6 +135,9 @@ impl ServeConfig {
             if connections.insert(c.name.clone(), server).is_some() {
                 bail!("connection `{}` is defined twice", c.name);
             }
+        }
+        if raw.mapping.is_empty() {
+            bail!("the configuration defines no [[mapping]]: there would be nothing to serve");
         }
         let mut seen = BTreeSet::new();
         let mut mappings = Vec::new();
@@ -242,6 +246,11 @@ mod tests {
             (
                 "[[mapping]]\nmanifest = \"m.toml\"\n[[mapping]]\nmanifest = \"m.toml\"\n",
                 "twice",
+            ),
+            ("", "no [[mapping]]"),
+            (
+                "[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\n",
+                "no [[mapping]]",
             ),
         ];
         for (text, needle) in cases {

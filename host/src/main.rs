@@ -26,9 +26,23 @@ struct Cli {
 enum Command {
     /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
     ///
-    /// Starts every connection the configuration defines that a mapping uses, loads each
-    /// mapping (refusing any component whose sha256 differs from its pin), then answers
-    /// tools/list and tools/call until stdin closes.
+    /// Loads each mapping (refusing any component whose sha256 differs from its pin),
+    /// starts every connection a mapping uses, then answers tools/list and tools/call
+    /// until stdin closes.
+    #[command(after_help = "\
+Configuration (TOML; relative paths resolve against the file's folder):
+
+  [[connection]]
+  name = \"notes\"
+  command = \"@airlock\"                # a path, a name on PATH, or @airlock (this binary)
+  args = [\"fixture\", \"notes-server\"]  # @airlock fixture notes-server: the bundled notes server
+  # cwd = \".\"  env = { KEY = \"value\" }  (the server's whole environment; default: empty)
+
+  [[mapping]]
+  manifest = \"target/airlock/adapters/source-library/mapping.toml\"
+
+The build writes pinned mappings for the bundled adapters into target/airlock/adapters/.
+See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
     Serve {
         /// Serve configuration (TOML): [[connection]] and [[mapping]] entries.
         #[arg(long, short, value_name = "FILE")]

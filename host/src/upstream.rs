@@ -106,13 +106,20 @@ impl Connection {
         })?;
         let stdout = child.stdout.take().context("child stdout")?;
         let stdin = child.stdin.take().context("child stdin")?;
+        // The last few stderr lines are kept to explain a server that dies at start.
+        let recent: Arc<std::sync::Mutex<std::collections::VecDeque<String>>> = Arc::default();
         if let Some(stderr) = child.stderr.take() {
-            let conn = name.to_string();
+            let (conn, recent) = (name.to_string(), recent.clone());
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     let shown: String = line.chars().take(400).collect();
                     tracing::debug!(connection = %conn, "upstream stderr: {shown}");
+                    let mut recent = recent.lock().unwrap_or_else(|e| e.into_inner());
+                    if recent.len() == 16 {
+                        recent.pop_front();
+                    }
+                    recent.push_back(shown);
                 }
             });
         }
@@ -124,10 +131,33 @@ impl Connection {
             usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
             discarded.clone(),
         ));
-        let client = ()
-            .serve((filtered, stdin))
-            .await
-            .with_context(|| format!("MCP initialize with connection `{name}`"))?;
+        let client = match ().serve((filtered, stdin)).await {
+            Ok(client) => client,
+            Err(e) => {
+                // Give the process a moment to exit and flush its last words.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let status = match child.try_wait() {
+                    Ok(Some(status)) => format!("the server exited ({status})"),
+                    _ => "the server is still running".to_string(),
+                };
+                let last: Vec<String> = recent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
+                let said = if last.is_empty() {
+                    "it wrote nothing to stderr".to_string()
+                } else {
+                    format!("its last stderr lines:\n    {}", last.join("\n    "))
+                };
+                anyhow::bail!(
+                    "MCP initialize with connection `{name}` failed: {e}; {status}; {said}\n(command: {} {})",
+                    server.command.display(),
+                    server.args.join(" ")
+                );
+            }
+        };
         // Never answer from a cache: a stale tools/list or resources/read would hide drift
         // and serve content the server no longer stands behind.
         client
