@@ -18,6 +18,9 @@
 //!
 //! [[mapping]]
 //! manifest = "adapters/source-library/mapping.toml"
+//!
+//! [secrets]                      # named secrets that mappings' env grants may use
+//! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +44,18 @@ pub struct ServeConfig {
     /// Where compiled components are cached; `None` compiles on every start. Set by the
     /// command line (`--cache-dir`), not by the file.
     pub cache_dir: Option<PathBuf>,
+    /// Named secrets, already read.
+    pub secrets: BTreeMap<String, Secret>,
+}
+
+/// A secret value. Its `Debug` output is redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 #[derive(Deserialize)]
@@ -50,6 +65,14 @@ struct RawConfig {
     connection: Vec<RawConnection>,
     #[serde(default)]
     mapping: Vec<RawMapping>,
+    #[serde(default)]
+    secrets: BTreeMap<String, RawSecret>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    env: String,
 }
 
 #[derive(Deserialize)]
@@ -136,6 +159,16 @@ impl ServeConfig {
                 bail!("connection `{}` is defined twice", c.name);
             }
         }
+        let mut secrets = BTreeMap::new();
+        for (name, source) in raw.secrets {
+            let value = std::env::var(&source.env).with_context(|| {
+                format!(
+                    "secret `{name}`: environment variable {} is not set (or not UTF-8)",
+                    source.env
+                )
+            })?;
+            secrets.insert(name, Secret(value));
+        }
         if raw.mapping.is_empty() {
             bail!("the configuration defines no [[mapping]]: there would be nothing to serve");
         }
@@ -152,6 +185,7 @@ impl ServeConfig {
             connections,
             mappings,
             cache_dir: None,
+            secrets,
         })
     }
 }

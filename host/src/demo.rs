@@ -58,6 +58,7 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
         connections,
         mappings: vec![],
         cache_dir: None,
+        secrets: BTreeMap::new(),
     }
 }
 

@@ -157,7 +157,24 @@ impl Host {
                     );
                 }
             }
-            let adapter = runtime.load(&m, &source.component, &contract.interface)?;
+            let mut env = Vec::new();
+            for (key, value) in &m.grants.env {
+                let value = match value {
+                    crate::grants::EnvValue::Value(v) => v.clone(),
+                    crate::grants::EnvValue::Secret { secret } => config
+                        .secrets
+                        .get(secret)
+                        .map(|s| s.0.clone())
+                        .with_context(|| {
+                            format!(
+                                "mapping `{}`: env grant {key} names secret `{secret}`, which the serve configuration's [secrets] does not define",
+                                m.mapping.name
+                            )
+                        })?,
+                };
+                env.push((key.clone(), value));
+            }
+            let adapter = runtime.load_with_env(&m, &source.component, &contract.interface, env)?;
             tracing::info!(mapping = %m.mapping.name, sha256 = %adapter.component_sha256(), "mapping loaded");
             loaded.push((m, contract, adapter));
         }
@@ -328,6 +345,25 @@ impl Gateway {
                         "the adapter did not finish within its {} ms deadline",
                         d.as_millis()
                     ),
+                },
+                CallFailure::MemoryLimit(bytes) => Refusal {
+                    category: "unavailable",
+                    detail: format!(
+                        "the adapter exceeded its memory limit of {} MiB",
+                        bytes >> 20
+                    ),
+                },
+                CallFailure::FuelExhausted => Refusal {
+                    category: "interrupted",
+                    detail: "the adapter used up its instruction budget (fuel)".into(),
+                },
+                CallFailure::OutputFlood(bytes) => Refusal {
+                    category: "unavailable",
+                    detail: format!("the adapter wrote more than its {bytes}-byte output budget"),
+                },
+                CallFailure::ResultTooLarge(bytes) => Refusal {
+                    category: "unavailable",
+                    detail: format!("the adapter's result exceeded its {bytes}-byte budget"),
                 },
                 CallFailure::Trapped(detail) => {
                     tracing::warn!(mapping = %mapping.name, "adapter trapped: {detail}");

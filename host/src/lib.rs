@@ -7,13 +7,15 @@
 //! - [`references`]: opaque handles in place of adapter locators.
 //! - [`runtime`]: wasmtime Engine, per-mapping `InstancePre`, fresh Store per call.
 //! - [`upstream`]: one rmcp client per connection, output budgets while reading.
-//! - [`manifest`] and [`config`]: the reviewed mapping manifests and serve configuration.
+//! - [`manifest`], [`grants`] and [`config`]: reviewed mapping manifests, their grants
+//!   (deny by default), and the serve configuration.
 //! - [`demo`]: the embedded default session that `airlock demo` runs.
 
 pub mod config;
 pub mod contract;
 pub mod demo;
 pub mod gateway;
+pub mod grants;
 pub mod manifest;
 pub mod references;
 pub mod runtime;

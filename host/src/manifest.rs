@@ -4,7 +4,7 @@
 //! Rule: a manifest is read strictly. Unknown keys, a missing component pin, a capability
 //! that names a function the contract lacks, two capabilities with one name, a limit of
 //! zero or above the host ceiling: each is an error that names the file and the key.
-//! Grants are deny by default: this version accepts only an empty `[grants]` table.
+//! Grants are deny by default: see [`crate::grants`] for their accepted forms.
 //!
 //! Accepted form:
 //!
@@ -30,9 +30,12 @@
 //! [grants]                                             # empty: no filesystem, network, env
 //!
 //! [limits]
-//! memory_mib = 64        # default 64, ceiling 1024
-//! deadline_ms = 5000     # default 5000, ceiling 60000
+//! memory_mib = 64            # all memories and tables together; default 64, ceiling 1024
+//! deadline_ms = 5000         # wall clock per call; default 5000, ceiling 60000
 //! max_output_bytes = 262144  # per upstream answer; default 256 KiB, ceiling 16 MiB
+//! max_result_bytes = 1048576 # the adapter's return value as JSON; default 1 MiB, ceiling 16 MiB
+//! max_stdio_bytes = 65536    # captured stdout and stderr, each; default 64 KiB, ceiling 1 MiB
+//! # fuel = 1000000000        # optional instruction budget per call; ceiling 10^12
 //! ```
 
 use std::collections::BTreeSet;
@@ -41,12 +44,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
+use crate::grants::{Grants, GrantsSection};
+
 /// Host-wide ceiling on `limits.memory_mib`.
 pub const MAX_MEMORY_MIB: u64 = 1024;
 /// Host-wide ceiling on `limits.deadline_ms`.
 pub const MAX_DEADLINE_MS: u64 = 60_000;
 /// Host-wide ceiling on `limits.max_output_bytes`.
 pub const MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+/// Host-wide ceiling on `limits.max_result_bytes`.
+pub const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
+/// Host-wide ceiling on `limits.max_stdio_bytes`.
+pub const MAX_STDIO_BYTES: u64 = 1024 * 1024;
+/// Host-wide ceiling on `limits.fuel`.
+pub const MAX_FUEL: u64 = 1_000_000_000_000;
 
 /// A parsed, validated mapping manifest.
 #[derive(Debug, Clone)]
@@ -57,6 +68,10 @@ pub struct MappingManifest {
     pub component: ComponentSection,
     pub upstream: UpstreamSection,
     pub capabilities: Vec<CapabilitySection>,
+    /// The grants as written (for review output).
+    pub grants_section: GrantsSection,
+    /// The grants, validated and resolved against the manifest's folder.
+    pub grants: Grants,
     pub limits: Limits,
 }
 
@@ -113,6 +128,12 @@ pub struct Limits {
     pub deadline_ms: u64,
     /// Largest upstream answer the adapter may receive, in bytes of JSON-RPC message.
     pub max_output_bytes: u64,
+    /// Largest value the adapter may return, in bytes of JSON.
+    pub max_result_bytes: u64,
+    /// Capacity of each captured guest output stream (stdout, stderr), in bytes.
+    pub max_stdio_bytes: u64,
+    /// Instruction budget per call (wasmtime fuel); `None` = only the deadline bounds it.
+    pub fuel: Option<u64>,
 }
 
 impl Default for Limits {
@@ -121,6 +142,9 @@ impl Default for Limits {
             memory_mib: 64,
             deadline_ms: 5_000,
             max_output_bytes: 256 * 1024,
+            max_result_bytes: 1024 * 1024,
+            max_stdio_bytes: 64 * 1024,
+            fuel: None,
         }
     }
 }
@@ -135,7 +159,7 @@ struct RawManifest {
     #[serde(default)]
     capability: Vec<CapabilitySection>,
     #[serde(default)]
-    grants: toml::Table,
+    grants: GrantsSection,
     #[serde(default)]
     limits: Limits,
 }
@@ -155,31 +179,37 @@ impl MappingManifest {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading mapping manifest {}", path.display()))?;
-        Self::parse(&text, &path.display().to_string())
+        Self::parse_in(&text, &path.display().to_string(), path.parent())
     }
 
-    /// Parses and validates manifest `text`; `source` names it in errors.
+    /// Parses and validates manifest `text` that has no folder (relative filesystem
+    /// grants are refused); `source` names it in errors.
     ///
     /// # Errors
     /// TOML syntax, unknown keys, or any rule in the module doc.
     pub fn parse(text: &str, source: &str) -> Result<Self> {
+        Self::parse_in(text, source, None)
+    }
+
+    /// Parses and validates manifest `text` whose relative paths resolve against `base`.
+    ///
+    /// # Errors
+    /// TOML syntax, unknown keys, grants that do not resolve, or any rule in the module doc.
+    pub fn parse_in(text: &str, source: &str, base: Option<&Path>) -> Result<Self> {
         let raw: RawManifest =
             toml::from_str(text).with_context(|| format!("mapping manifest {source}"))?;
+        let grants = Grants::resolve(&raw.grants, base)
+            .with_context(|| format!("mapping manifest {source}: [grants]"))?;
         let m = MappingManifest {
             source: source.to_string(),
             mapping: raw.mapping,
             component: raw.component,
             upstream: raw.upstream,
             capabilities: raw.capability,
+            grants_section: raw.grants,
+            grants,
             limits: raw.limits,
         };
-        if !raw.grants.is_empty() {
-            let keys: Vec<_> = raw.grants.keys().cloned().collect();
-            bail!(
-                "mapping manifest {source}: [grants] asks for {}; this host grants nothing to adapters yet (deny by default)",
-                keys.join(", ")
-            );
-        }
         m.validate()?;
         Ok(m)
     }
@@ -265,6 +295,9 @@ impl MappingManifest {
             ("memory_mib", l.memory_mib, MAX_MEMORY_MIB),
             ("deadline_ms", l.deadline_ms, MAX_DEADLINE_MS),
             ("max_output_bytes", l.max_output_bytes, MAX_OUTPUT_BYTES),
+            ("max_result_bytes", l.max_result_bytes, MAX_RESULT_BYTES),
+            ("max_stdio_bytes", l.max_stdio_bytes, MAX_STDIO_BYTES),
+            ("fuel", l.fuel.unwrap_or(1), MAX_FUEL),
         ] {
             if value == 0 || value > ceiling {
                 bail!(
@@ -349,8 +382,20 @@ deadline_ms = 100
     fn hostile_manifests_are_refused_with_the_key() {
         let cases = [
             (
-                GOOD.replace("[grants]", "[grants]\nnetwork = [\"0.0.0.0/0\"]"),
-                "network",
+                GOOD.replace("[grants]", "[grants]\nnetwork = { tcp_connect = [\"0.0.0.0/0\"] }"),
+                "has no port",
+            ),
+            (
+                GOOD.replace("[grants]", "[grants]\nsuperuser = true"),
+                "unknown field",
+            ),
+            (
+                GOOD.replace("[grants]", "[[grants.filesystem]]\nhost = \"/nonexistent-xyz\"\nguest = \"/d\"\naccess = \"read-only\""),
+                "does not exist",
+            ),
+            (
+                GOOD.replace("deadline_ms = 100", "fuel = 0"),
+                "fuel",
             ),
             (GOOD.replace("sha256 = \"2cf", "sha256 = \"2CF"), "sha256"),
             (

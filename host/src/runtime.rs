@@ -2,10 +2,16 @@
 //! Store per call.
 //!
 //! Rules:
-//! - Deny by default. An adapter's WASI context has no preopened directories, no
-//!   environment variables, no arguments, no sockets (TCP, UDP and name lookup are all
-//!   switched off and every address is refused), and closed stdin. Its stdout and stderr
-//!   are captured into bounded buffers (64 KiB each) and never inherited.
+//! - Deny by default. Without grants an adapter's WASI context has no preopened
+//!   directories, no environment variables, no arguments, no sockets (TCP, UDP and name
+//!   lookup are all switched off and every address is refused), and closed stdin. Its
+//!   stdout and stderr are captured into bounded buffers (`max_stdio_bytes` each) and
+//!   never inherited. Grants ([`crate::grants`]) add exactly what they name: preopens
+//!   with their access, environment variables, and socket uses checked address by
+//!   address in `socket_addr_check`.
+//! - Memory is limited across all of an instance's memories and tables together (one
+//!   budget, [`CallLimiter`]); fuel, when the mapping sets it, bounds instructions; the
+//!   adapter's return value is bounded by `max_result_bytes`.
 //! - A component loads only when its sha256 equals the mapping's pin.
 //! - Each call runs in a new Store with the mapping's memory limit (bytes over all
 //!   memories and tables) and a deadline enforced by epoch interruption: past it the guest
@@ -24,10 +30,11 @@ use sha2::Digest as _;
 use wasmtime::component::{
     Component, ComponentExportIndex, HasSelf, InstancePre, Linker, ResourceTable, Val,
 };
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use crate::grants::{Access, Grants, NetworkPolicy, SocketUse};
 use crate::manifest::{Limits, MappingManifest};
 use crate::upstream::{Connection, UpstreamFailure};
 
@@ -43,8 +50,6 @@ use bindings::airlock::host::{log, upstream};
 
 /// Length of one epoch tick. Deadlines are rounded up to whole ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
-/// Capacity of each captured guest output stream (stdout, stderr), in bytes.
-pub const GUEST_OUTPUT_BYTES: usize = 64 * 1024;
 /// Most adapter log messages kept per call.
 pub const MAX_LOG_MESSAGES: usize = 64;
 
@@ -97,10 +102,34 @@ impl Runtime {
     /// not private to this user.
     pub fn with_cache(cache_dir: Option<&std::path::Path>) -> Result<Self> {
         let mut config = Config::new();
-        config.wasm_component_model(true).epoch_interruption(true);
-        let engine = Engine::new(&config)
-            .map_err(anyhow::Error::from)
-            .context("creating the wasmtime engine")?;
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .consume_fuel(true);
+        let mut pooled = config.clone();
+        let mut pool = wasmtime::PoolingAllocationConfig::new();
+        pool.total_component_instances(256)
+            .total_core_instances(1024)
+            .total_memories(1024)
+            .total_tables(1024)
+            .max_memory_size(
+                usize::try_from(crate::manifest::MAX_MEMORY_MIB << 20).unwrap_or(usize::MAX),
+            );
+        pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+        let engine = match Engine::new(&pooled) {
+            Ok(engine) => {
+                tracing::info!("instance allocator: pooling, copy-on-write memory initialization");
+                engine
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "instance allocator: on-demand (the pooling allocator is unavailable here: {e})"
+                );
+                Engine::new(&config)
+                    .map_err(anyhow::Error::from)
+                    .context("creating the wasmtime engine")?
+            }
+        };
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (weak, flag) = (engine.weak(), stop.clone());
         std::thread::Builder::new()
@@ -142,6 +171,21 @@ impl Runtime {
         manifest: &MappingManifest,
         bytes: &[u8],
         contract_interface: &str,
+    ) -> Result<LoadedAdapter> {
+        self.load_with_env(manifest, bytes, contract_interface, Vec::new())
+    }
+
+    /// Like [`Runtime::load`], giving the adapter the environment `env` (its granted
+    /// variables, with named secrets already resolved).
+    ///
+    /// # Errors
+    /// As [`Runtime::load`].
+    pub fn load_with_env(
+        &self,
+        manifest: &MappingManifest,
+        bytes: &[u8],
+        contract_interface: &str,
+        env: Vec<(String, String)>,
     ) -> Result<LoadedAdapter> {
         crate::manifest::verify_pin(manifest, bytes)?;
         let name = &manifest.mapping.name;
@@ -191,6 +235,8 @@ impl Runtime {
             mapping: name.clone(),
             component_sha256: manifest.pinned_sha256().to_string(),
             limits: manifest.limits,
+            grants: manifest.grants.clone(),
+            env,
             pre,
             functions,
         })
@@ -265,6 +311,8 @@ pub struct LoadedAdapter {
     mapping: String,
     component_sha256: String,
     limits: Limits,
+    grants: Grants,
+    env: Vec<(String, String)>,
     pre: InstancePre<CallState>,
     functions: Vec<(String, ComponentExportIndex)>,
 }
@@ -306,7 +354,15 @@ pub struct Observation {
 pub enum CallFailure {
     /// The deadline passed; the guest was interrupted.
     DeadlineExceeded(Duration),
-    /// The guest trapped (panic, memory limit, stack overflow...). Detail for the log.
+    /// The instance asked for more memory than its limit (bytes) allows.
+    MemoryLimit(u64),
+    /// The instance used up its fuel.
+    FuelExhausted,
+    /// The adapter wrote more than its stdout/stderr budget (bytes).
+    OutputFlood(u64),
+    /// The adapter returned a value larger than its budget (bytes).
+    ResultTooLarge(u64),
+    /// The guest trapped (panic, stack overflow, unreachable...). Detail for the log.
     Trapped(String),
     /// The host failed to instantiate or call (a broken invariant). Detail for the log.
     Host(String),
@@ -331,27 +387,50 @@ impl LoadedAdapter {
     fn new_store(
         &self,
         grant: Arc<UpstreamGrant>,
-    ) -> (Store<CallState>, MemoryOutputPipe, MemoryOutputPipe) {
+        network: NetworkPolicy,
+    ) -> Result<(Store<CallState>, MemoryOutputPipe, MemoryOutputPipe), CallFailure> {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
-        let stdout = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES);
-        let stderr = MemoryOutputPipe::new(GUEST_OUTPUT_BYTES);
+        let stdio = usize::try_from(self.limits.max_stdio_bytes).unwrap_or(usize::MAX);
+        let stdout = MemoryOutputPipe::new(stdio);
+        let stderr = MemoryOutputPipe::new(stdio);
         let mut wasi = WasiCtx::builder();
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
-        let memory_bytes =
-            usize::try_from(self.limits.memory_mib * 1024 * 1024).unwrap_or(usize::MAX);
+            .envs(&self.env);
+        for (host, guest, access) in &self.grants.filesystem {
+            let perms = match access {
+                Access::ReadOnly => wasmtime_wasi::filesystem::FsPerms::ReadOnly,
+                Access::ReadWrite => wasmtime_wasi::filesystem::FsPerms::ReadWrite,
+            };
+            wasi.preopened_dir(host, guest, perms).map_err(|e| {
+                CallFailure::Host(format!("preopening {} at {guest}: {e}", host.display()))
+            })?;
+        }
+        let tcp = network.permits_any_tcp();
+        let udp = network.permits_any_udp();
+        wasi.allow_tcp(tcp)
+            .allow_udp(udp)
+            .allow_ip_name_lookup(self.grants.has_named_hosts());
+        if tcp || udp {
+            let policy = Arc::new(network);
+            let mapping = self.mapping.clone();
+            wasi.socket_addr_check(move |addr, use_| {
+                let use_ = socket_use(use_);
+                let allowed = policy.permits(addr, use_);
+                if !allowed {
+                    tracing::warn!(mapping = %mapping, %addr, ?use_, "socket use refused: not granted");
+                }
+                Box::pin(async move { allowed })
+            });
+        }
         let state = CallState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new()
-                .memory_size(memory_bytes)
-                .table_elements(memory_bytes / 8)
-                .instances(64)
-                .trap_on_grow_failure(false)
-                .build(),
+            limiter: CallLimiter {
+                budget: self.limits.memory_mib * 1024 * 1024,
+                used: 0,
+                exceeded: false,
+            },
             bridge: UpstreamBridge {
                 grant,
                 deadline: Instant::now() + deadline,
@@ -360,11 +439,14 @@ impl LoadedAdapter {
             },
         };
         let mut store = Store::new(self.pre.engine(), state);
-        store.limiter(|s| &mut s.limits);
+        store.limiter(|s| &mut s.limiter);
         let ticks = deadline.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1);
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
         store.epoch_deadline_trap();
-        (store, stdout, stderr)
+        store
+            .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
+            .map_err(|e| CallFailure::Host(format!("setting fuel: {e}")))?;
+        Ok((store, stdout, stderr))
     }
 
     /// Instantiates the adapter in a fresh Store and drops it, calling nothing. This is
@@ -373,9 +455,21 @@ impl LoadedAdapter {
     /// # Errors
     /// Instantiation failed.
     pub async fn instantiate_once(&self, grant: Arc<UpstreamGrant>) -> Result<()> {
-        let (mut store, _, _) = self.new_store(grant);
+        let network = self.network_policy().await;
+        let (mut store, _, _) = self
+            .new_store(grant, network)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         self.pre.instantiate_async(&mut store).await?;
         Ok(())
+    }
+
+    async fn network_policy(&self) -> NetworkPolicy {
+        let g = &self.grants;
+        if g.tcp_connect.is_empty() && g.udp_send.is_empty() && g.tcp_listen.is_empty() {
+            NetworkPolicy::default()
+        } else {
+            g.network_policy().await
+        }
     }
 
     /// The mapping's name.
@@ -397,7 +491,19 @@ impl LoadedAdapter {
         grant: Arc<UpstreamGrant>,
     ) -> CallOutcome {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
-        let (mut store, stdout, stderr) = self.new_store(grant);
+        let network = self.network_policy().await;
+        let (mut store, stdout, stderr) = match self.new_store(grant, network) {
+            Ok(parts) => parts,
+            Err(failure) => {
+                return CallOutcome {
+                    result: Err(failure),
+                    observations: Vec::new(),
+                    logs: Vec::new(),
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                };
+            }
+        };
         let run = async {
             let index = self
                 .functions
@@ -409,21 +515,31 @@ impl LoadedAdapter {
                 .pre
                 .instantiate_async(&mut store)
                 .await
-                .map_err(|e| classify(e, deadline))?;
+                .map_err(|e| self.classify(e, deadline))?;
             let func = instance.get_func(&mut store, index).ok_or_else(|| {
                 CallFailure::Host(format!("export `{function}` is not a function"))
             })?;
             let mut results = vec![Val::Bool(false)];
             func.call_async(&mut store, params, &mut results)
                 .await
-                .map_err(|e| classify(e, deadline))?;
-            Ok(results.pop().unwrap_or(Val::Bool(false)))
+                .map_err(|e| self.classify(e, deadline))?;
+            let result = results.pop().unwrap_or(Val::Bool(false));
+            if val_size(&result) > self.limits.max_result_bytes {
+                return Err(CallFailure::ResultTooLarge(self.limits.max_result_bytes));
+            }
+            Ok(result)
         };
         // Host calls (upstream requests) are not interruptible by epochs; bound the whole
         // call by the same deadline plus one tick of grace.
         let result = match tokio::time::timeout(deadline + EPOCH_TICK * 2, run).await {
             Ok(r) => r,
             Err(_) => Err(CallFailure::DeadlineExceeded(deadline)),
+        };
+        let result = match result {
+            Err(CallFailure::Trapped(_)) if store.data().limiter.exceeded => Err(
+                CallFailure::MemoryLimit(self.limits.memory_mib * 1024 * 1024),
+            ),
+            other => other,
         };
         let observations = std::mem::take(&mut store.data_mut().bridge.observations);
         let logs = std::mem::take(&mut store.data_mut().bridge.logs);
@@ -438,11 +554,114 @@ impl LoadedAdapter {
     }
 }
 
-fn classify(error: wasmtime::Error, deadline: Duration) -> CallFailure {
-    match error.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::Interrupt) => CallFailure::DeadlineExceeded(deadline),
-        Some(trap) => CallFailure::Trapped(format!("{trap}: {error:?}")),
-        None => CallFailure::Trapped(format!("{error:?}")),
+impl LoadedAdapter {
+    fn classify(&self, error: wasmtime::Error, deadline: Duration) -> CallFailure {
+        match error.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => CallFailure::DeadlineExceeded(deadline),
+            Some(wasmtime::Trap::OutOfFuel) => CallFailure::FuelExhausted,
+            Some(trap) => CallFailure::Trapped(format!("{trap}: {error:?}")),
+            None if format!("{error:?}").contains("write beyond capacity") => {
+                CallFailure::OutputFlood(self.limits.max_stdio_bytes)
+            }
+            None => CallFailure::Trapped(format!("{error:?}")),
+        }
+    }
+}
+
+fn socket_use(use_: wasmtime_wasi::sockets::SocketAddrUse) -> SocketUse {
+    use wasmtime_wasi::sockets::SocketAddrUse as U;
+    match use_ {
+        U::TcpBind => SocketUse::TcpBind,
+        U::TcpListen => SocketUse::TcpListen,
+        U::TcpAccept => SocketUse::TcpAccept,
+        U::TcpConnect => SocketUse::TcpConnect,
+        U::UdpBind => SocketUse::UdpBind,
+        U::UdpSend => SocketUse::UdpSend,
+        U::UdpReceive => SocketUse::UdpReceive,
+    }
+}
+
+/// An upper estimate of a value's size as JSON, in bytes.
+fn val_size(val: &Val) -> u64 {
+    match val {
+        Val::String(s) => s.len() as u64 * 2 + 2,
+        Val::List(items) | Val::Tuple(items) | Val::FixedLengthList(items) => {
+            2 + items.iter().map(|v| val_size(v) + 1).sum::<u64>()
+        }
+        Val::Record(fields) => {
+            2 + fields
+                .iter()
+                .map(|(k, v)| k.len() as u64 + 4 + val_size(v))
+                .sum::<u64>()
+        }
+        Val::Variant(name, payload) => {
+            name.len() as u64 + 6 + payload.as_deref().map_or(0, val_size)
+        }
+        Val::Enum(name) => name.len() as u64 + 2,
+        Val::Option(v) => v.as_deref().map_or(4, val_size),
+        Val::Result(Ok(v) | Err(v)) => 8 + v.as_deref().map_or(4, val_size),
+        Val::Flags(names) => 2 + names.iter().map(|n| n.len() as u64 + 3).sum::<u64>(),
+        Val::Map(entries) => {
+            2 + entries
+                .iter()
+                .map(|(k, v)| val_size(k) + val_size(v) + 2)
+                .sum::<u64>()
+        }
+        _ => 24,
+    }
+}
+
+/// The Store's resource limiter: one memory budget for all of an instance's memories and
+/// tables together (a table element counts 8 bytes), at most 16 memories, 64 tables and
+/// 64 instances. wasmtime's `StoreLimits` counts each memory on its own, so a component
+/// with several memories could use its limit once per memory.
+pub struct CallLimiter {
+    budget: u64,
+    used: u64,
+    exceeded: bool,
+}
+
+impl CallLimiter {
+    fn grow(&mut self, current: u64, desired: u64) -> bool {
+        let added = desired.saturating_sub(current);
+        if self.used.saturating_add(added) > self.budget {
+            self.exceeded = true;
+            return false;
+        }
+        self.used += added;
+        true
+    }
+}
+
+impl wasmtime::ResourceLimiter for CallLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(self.grow(current as u64, desired as u64))
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(self.grow(current as u64 * 8, desired as u64 * 8))
+    }
+
+    fn instances(&self) -> usize {
+        64
+    }
+
+    fn tables(&self) -> usize {
+        64
+    }
+
+    fn memories(&self) -> usize {
+        16
     }
 }
 
@@ -450,7 +669,7 @@ fn classify(error: wasmtime::Error, deadline: Duration) -> CallFailure {
 pub struct CallState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limiter: CallLimiter,
     bridge: UpstreamBridge,
 }
 
