@@ -31,6 +31,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("fs-documents", "adapters/fs-documents"),
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
+    ("hostile", "fixtures/adapters/hostile"),
 ];
 
 /// Inputs whose change rebuilds the guests (folders are scanned by cargo).

@@ -10,6 +10,7 @@
 //! - [`manifest`], [`grants`] and [`config`]: reviewed mapping manifests, their grants
 //!   (deny by default), and the serve configuration.
 //! - [`demo`]: the embedded default session that `airlock demo` runs.
+//! - [`review`]: the security reviewer's view of one adapter (`airlock grants`).
 
 pub mod config;
 pub mod contract;
@@ -18,6 +19,7 @@ pub mod gateway;
 pub mod grants;
 pub mod manifest;
 pub mod references;
+pub mod review;
 pub mod runtime;
 pub mod upstream;
 

@@ -55,6 +55,33 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         #[arg(long, conflicts_with = "cache_dir")]
         no_cache: bool,
     },
+    /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
+    /// its component actually has, and a verdict for every import.
+    ///
+    /// Refuses a component whose sha256 differs from the mapping's pin, as the host does.
+    /// Prints no environment or secret value: only variable and secret names.
+    #[command(after_help = "\
+Exit status: 0 when every import is justified (by the host API, the baseline, or a grant);
+2 when an import is FLAGGED (after printing the review; --allow-flagged exits 0 instead);
+1 on an error (unreadable or invalid manifest or component, pin mismatch).
+
+Example:
+  airlock grants target/airlock/adapters/source-library/mapping.toml
+See README.md (\"Reviewing an adapter: `airlock grants`\").")]
+    Grants {
+        /// The mapping manifest, e.g. target/airlock/adapters/source-library/mapping.toml.
+        #[arg(value_name = "MANIFEST")]
+        manifest: PathBuf,
+        /// Print the review as JSON.
+        #[arg(long, conflicts_with = "html")]
+        json: bool,
+        /// Print the review as one self-contained HTML page.
+        #[arg(long)]
+        html: bool,
+        /// Exit 0 even when an import is flagged.
+        #[arg(long)]
+        allow_flagged: bool,
+    },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
     Demo,
@@ -87,6 +114,15 @@ fn init_logging(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let cli_command = match cli.command {
+        Command::Grants {
+            manifest,
+            json,
+            html,
+            allow_flagged,
+        } => return grants(&manifest, json, html, allow_flagged),
+        other => other,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,7 +134,8 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        match cli_command {
+            Command::Grants { .. } => unreachable!("handled before the async runtime starts"),
             Command::Serve {
                 config,
                 cache_dir,
@@ -135,6 +172,42 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `airlock grants`: prints the review; exit status 2 when an import is flagged (unless
+/// `allow_flagged`), 1 on an error.
+fn grants(manifest: &std::path::Path, json: bool, html: bool, allow_flagged: bool) -> ExitCode {
+    let review = match airlock::review::review(manifest) {
+        Ok(review) => review,
+        Err(e) => {
+            eprintln!("airlock: error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let out = if json {
+        review.to_json() + "\n"
+    } else if html {
+        review.to_html()
+    } else {
+        review.to_text()
+    };
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        eprintln!("airlock: error: writing the review: {e}");
+        return ExitCode::FAILURE;
+    }
+    if review.has_flagged() && !allow_flagged {
+        eprintln!(
+            "airlock: {} flagged import(s) in mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
+            review.flagged, review.mapping.name
+        );
+        return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
 }
 
 async fn serve(config_path: PathBuf, cache_dir: Option<PathBuf>) -> Result<()> {

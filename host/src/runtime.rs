@@ -32,6 +32,7 @@ use wasmtime::component::{
 };
 use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::grants::{Access, Grants, NetworkPolicy, SocketUse};
@@ -388,11 +389,12 @@ impl LoadedAdapter {
         &self,
         grant: Arc<UpstreamGrant>,
         network: NetworkPolicy,
-    ) -> Result<(Store<CallState>, MemoryOutputPipe, MemoryOutputPipe), CallFailure> {
+    ) -> Result<(Store<CallState>, BoundedOutput, BoundedOutput), CallFailure> {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
         let stdio = usize::try_from(self.limits.max_stdio_bytes).unwrap_or(usize::MAX);
-        let stdout = MemoryOutputPipe::new(stdio);
-        let stderr = MemoryOutputPipe::new(stdio);
+        let flooded = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stdout = BoundedOutput::new(stdio, flooded.clone());
+        let stderr = BoundedOutput::new(stdio, flooded.clone());
         let mut wasi = WasiCtx::builder();
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
@@ -431,6 +433,7 @@ impl LoadedAdapter {
                 used: 0,
                 exceeded: false,
             },
+            flooded,
             bridge: UpstreamBridge {
                 grant,
                 deadline: Instant::now() + deadline,
@@ -440,9 +443,17 @@ impl LoadedAdapter {
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
-        let ticks = deadline.as_millis().div_ceil(EPOCH_TICK.as_millis()).max(1);
-        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
-        store.epoch_deadline_trap();
+        // Every tick the guest yields to the async executor, so a spinning adapter never
+        // holds a worker thread; past the deadline the next tick traps it.
+        let until = Instant::now() + deadline;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= until {
+                wasmtime::UpdateDeadline::Interrupt
+            } else {
+                wasmtime::UpdateDeadline::Yield(1)
+            })
+        });
         store
             .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
             .map_err(|e| CallFailure::Host(format!("setting fuel: {e}")))?;
@@ -539,6 +550,14 @@ impl LoadedAdapter {
             Err(CallFailure::Trapped(_)) if store.data().limiter.exceeded => Err(
                 CallFailure::MemoryLimit(self.limits.memory_mib * 1024 * 1024),
             ),
+            Err(CallFailure::Trapped(_) | CallFailure::DeadlineExceeded(_))
+                if store
+                    .data()
+                    .flooded
+                    .load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                Err(CallFailure::OutputFlood(self.limits.max_stdio_bytes))
+            }
             other => other,
         };
         let observations = std::mem::take(&mut store.data_mut().bridge.observations);
@@ -560,9 +579,6 @@ impl LoadedAdapter {
             Some(wasmtime::Trap::Interrupt) => CallFailure::DeadlineExceeded(deadline),
             Some(wasmtime::Trap::OutOfFuel) => CallFailure::FuelExhausted,
             Some(trap) => CallFailure::Trapped(format!("{trap}: {error:?}")),
-            None if format!("{error:?}").contains("write beyond capacity") => {
-                CallFailure::OutputFlood(self.limits.max_stdio_bytes)
-            }
             None => CallFailure::Trapped(format!("{error:?}")),
         }
     }
@@ -665,11 +681,89 @@ impl wasmtime::ResourceLimiter for CallLimiter {
     }
 }
 
+/// A captured guest output stream (stdout or stderr) with a byte budget. Writing past the
+/// budget traps the guest and marks the call as an output flood, instead of the stream
+/// quietly closing (which a guest may ignore and spin on).
+#[derive(Clone)]
+pub struct BoundedOutput {
+    pipe: MemoryOutputPipe,
+    capacity: usize,
+    flooded: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BoundedOutput {
+    fn new(capacity: usize, flooded: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Self {
+            pipe: MemoryOutputPipe::new(capacity),
+            capacity,
+            flooded,
+        }
+    }
+
+    /// What the guest wrote, up to the budget.
+    pub fn contents(&self) -> bytes::Bytes {
+        self.pipe.contents()
+    }
+
+    fn remaining(&self) -> usize {
+        self.capacity.saturating_sub(self.pipe.contents().len())
+    }
+
+    fn flood(&self) -> StreamError {
+        self.flooded
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        StreamError::trap("the adapter exceeded its stdout/stderr budget")
+    }
+}
+
+impl wasmtime_wasi::cli::IsTerminal for BoundedOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdoutStream for BoundedOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.pipe.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for BoundedOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for BoundedOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> Result<(), StreamError> {
+        if bytes.len() > self.remaining() {
+            return Err(self.flood());
+        }
+        self.pipe.write(bytes)
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        match self.remaining() {
+            0 => Err(self.flood()),
+            n => Ok(n),
+        }
+    }
+}
+
 /// Per-call Store data.
 pub struct CallState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: CallLimiter,
+    /// Set when the guest tried to write past its stdout/stderr budget.
+    flooded: Arc<std::sync::atomic::AtomicBool>,
     bridge: UpstreamBridge,
 }
 

@@ -1,0 +1,1020 @@
+//! The security reviewer's view of one adapter (`airlock grants MANIFEST`).
+//!
+//! Rule: the review reads what the host would enforce, never what the adapter claims. It
+//! loads the mapping manifest as the host does, refuses a component whose sha256 differs
+//! from the pin (the host's own error, [`crate::manifest::verify_pin`]), decodes the
+//! component's real imports and exports from the binary with wasmtime, and gives every
+//! import a verdict: the host API, the baseline every adapter gets (captured stdio,
+//! clocks, random, granted variables only), a grant that justifies it, or FLAGGED.
+//!
+//! What justifies an import:
+//!
+//! | import | justified by |
+//! |---|---|
+//! | `airlock:host/*` | the host API |
+//! | `wasi:io/*`, `wasi:cli/{stdin,stdout,stderr,exit,terminal-*}`, `wasi:clocks/*`, `wasi:random/*` | baseline |
+//! | `wasi:cli/environment` | baseline: the adapter sees only its granted variables |
+//! | `wasi:filesystem/*` | a `[[grants.filesystem]]` entry |
+//! | `wasi:sockets/{tcp,tcp-create-socket}` | `tcp_connect` or `tcp_listen` |
+//! | `wasi:sockets/{udp,udp-create-socket}` | `udp_send` |
+//! | `wasi:sockets/ip-name-lookup` | a named host in `tcp_connect` or `udp_send` |
+//! | `wasi:sockets/{network,instance-network}` | any network grant |
+//! | `wasi:http/*` | nothing: this host does not link it (FLAGGED) |
+//! | anything else | nothing (FLAGGED) |
+//!
+//! Secret and environment values never appear in a review: only variable names and the
+//! names of the secrets they come from.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use serde::Serialize;
+use wasmtime::component::types::ComponentItem;
+use wasmtime::{Config, Engine};
+
+use crate::grants::{Access, Destination, EnvValue, Grants};
+use crate::manifest::MappingManifest;
+
+/// Placeholder shown where an upstream tool or resource digest will go once the registry
+/// pins them.
+pub const DIGEST_NOT_PINNED: &str = "not pinned yet (registry)";
+
+/// Everything a reviewer needs to accept or refuse one mapping.
+#[derive(Debug, Clone, Serialize)]
+pub struct Review {
+    /// The manifest path, as given.
+    pub manifest: String,
+    /// `[mapping]`.
+    pub mapping: MappingView,
+    /// The component file and its verified digest.
+    pub component: ComponentView,
+    /// The declared grants (names only for the environment).
+    pub grants: GrantsView,
+    /// The limits, defaults applied.
+    pub limits: LimitsView,
+    /// The component's imports, each with a verdict, sorted by name.
+    pub imports: Vec<ImportReview>,
+    /// The component's exports, sorted by name.
+    pub exports: Vec<ExportReview>,
+    /// What the mapping may ask of its upstream server.
+    pub upstream: UpstreamView,
+    /// The capabilities the model sees.
+    pub capabilities: Vec<CapabilityView>,
+    /// How many imports are flagged.
+    pub flagged: usize,
+}
+
+/// `[mapping]` of the reviewed manifest.
+#[derive(Debug, Clone, Serialize)]
+pub struct MappingView {
+    /// Mapping name.
+    pub name: String,
+    /// Contract interface, e.g. `airlock:contracts/source-retrieval@0.1.0`.
+    pub contract: String,
+    /// Connection name in the serve configuration.
+    pub connection: String,
+}
+
+/// The component file.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentView {
+    /// The file as the manifest names it.
+    pub file: String,
+    /// Its sha256, which equals the manifest's pin (verified).
+    pub sha256: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// One filesystem grant.
+#[derive(Debug, Clone, Serialize)]
+pub struct FilesystemView {
+    /// Host folder as written in the manifest.
+    pub host: String,
+    /// Host folder, canonicalized.
+    pub host_resolved: String,
+    /// Guest path.
+    pub guest: String,
+    /// `read-only` or `read-write`.
+    pub access: Access,
+}
+
+/// Network grants, normalized (`Destination` display form).
+#[derive(Debug, Clone, Serialize)]
+pub struct NetworkView {
+    /// TCP connect destinations.
+    pub tcp_connect: Vec<String>,
+    /// UDP send destinations.
+    pub udp_send: Vec<String>,
+    /// TCP listen addresses.
+    pub tcp_listen: Vec<String>,
+}
+
+/// One environment grant: the variable name and where its value comes from, never the
+/// value itself.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnvView {
+    /// Variable name.
+    pub name: String,
+    /// `literal` (a value written in the manifest, not shown) or `secret`.
+    pub source: &'static str,
+    /// The secret's name, for `secret`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+/// The declared grants.
+#[derive(Debug, Clone, Serialize)]
+pub struct GrantsView {
+    /// Preopened folders.
+    pub filesystem: Vec<FilesystemView>,
+    /// Socket destinations.
+    pub network: NetworkView,
+    /// Environment variables (names only).
+    pub env: Vec<EnvView>,
+}
+
+/// `[limits]`, defaults applied.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LimitsView {
+    /// Memory and tables, MiB.
+    pub memory_mib: u64,
+    /// Wall clock per call, ms.
+    pub deadline_ms: u64,
+    /// Largest upstream answer, bytes.
+    pub max_output_bytes: u64,
+    /// Largest adapter result, bytes of JSON.
+    pub max_result_bytes: u64,
+    /// Captured stdout and stderr, bytes each.
+    pub max_stdio_bytes: u64,
+    /// Instruction budget per call, when set.
+    pub fuel: Option<u64>,
+}
+
+/// How an import is justified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// `airlock:host/*`.
+    HostApi,
+    /// What every adapter gets, contained by the host.
+    Baseline,
+    /// Justified by a grant in the mapping.
+    Granted,
+    /// Nothing justifies it.
+    Flagged,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Self::HostApi => "host-api",
+            Self::Baseline => "baseline",
+            Self::Granted => "granted",
+            Self::Flagged => "FLAGGED",
+        }
+    }
+}
+
+/// One import of the component.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImportReview {
+    /// The import name, e.g. `wasi:io/streams@0.2.6`.
+    pub name: String,
+    /// `instance`, `func`, `type`, `resource`, `component`, `module` or `core-func`.
+    pub kind: &'static str,
+    /// What an imported instance declares (functions, types, resources).
+    pub items: Vec<Item>,
+    /// The verdict.
+    pub status: Status,
+    /// Why: what justifies it, or what is missing.
+    pub reason: String,
+}
+
+/// One export of the component.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExportReview {
+    /// The export name.
+    pub name: String,
+    /// Item kind (as for imports).
+    pub kind: &'static str,
+    /// What an exported instance declares.
+    pub items: Vec<Item>,
+    /// What it is to this host.
+    pub note: String,
+}
+
+/// One item an imported or exported instance declares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Item {
+    /// Its name, e.g. `search`.
+    pub name: String,
+    /// Its kind (as for imports).
+    pub kind: &'static str,
+}
+
+/// One upstream tool or resource prefix the mapping may use.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamItem {
+    /// Tool name or URI prefix.
+    pub name: String,
+    /// Pinned digest of the upstream definition; `None` until the registry pins it.
+    pub digest: Option<String>,
+}
+
+/// `[upstream]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamView {
+    /// The connection they are reached on.
+    pub connection: String,
+    /// Tools the adapter may call.
+    pub tools: Vec<UpstreamItem>,
+    /// Resource URI prefixes the adapter may read.
+    pub resources: Vec<UpstreamItem>,
+}
+
+/// One `[[capability]]`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityView {
+    /// The name the model sees.
+    pub name: String,
+    /// The contract function it runs.
+    pub function: String,
+    /// The reviewed description the model sees.
+    pub description: String,
+    /// Whether the component exports that function in the mapping's contract.
+    pub exported: bool,
+}
+
+/// Reviews the mapping at `manifest_path`: loads it, reads and verifies its component,
+/// and decodes the component's imports and exports.
+///
+/// # Errors
+/// An invalid manifest, an unreadable component, a pin mismatch (the host's error,
+/// naming both digests), or bytes that are not a valid component.
+pub fn review(manifest_path: &Path) -> Result<Review> {
+    let manifest = MappingManifest::load(manifest_path)?;
+    let base = manifest_path.parent().unwrap_or(Path::new(""));
+    let component_path = manifest.component_path(base);
+    let bytes = crate::runtime::read_component(&component_path)?;
+    crate::manifest::verify_pin(&manifest, &bytes)?;
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    let engine = Engine::new(&config)
+        .map_err(anyhow::Error::from)
+        .context("creating the wasmtime engine")?;
+    let component = wasmtime::component::Component::new(&engine, &bytes)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("decoding component {}", component_path.display()))?;
+    let ty = component.component_type();
+
+    let mut imports: Vec<ImportReview> = ty
+        .imports(&engine)
+        .map(|(name, ext)| {
+            let (status, reason) = classify(name, &manifest.grants);
+            ImportReview {
+                name: name.to_string(),
+                kind: kind_of(&ext.ty),
+                items: items_of(&engine, &ext.ty),
+                status,
+                reason,
+            }
+        })
+        .collect();
+    imports.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let contract = manifest.mapping.contract.as_str();
+    let mut contract_items = Vec::new();
+    let mut exports: Vec<ExportReview> = ty
+        .exports(&engine)
+        .map(|(name, ext)| {
+            let items = items_of(&engine, &ext.ty);
+            let note = if name == contract {
+                contract_items.clone_from(&items);
+                "the mapping's contract".to_string()
+            } else {
+                "not used by this host".to_string()
+            };
+            ExportReview {
+                name: name.to_string(),
+                kind: kind_of(&ext.ty),
+                items,
+                note,
+            }
+        })
+        .collect();
+    exports.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let flagged = imports
+        .iter()
+        .filter(|i| i.status == Status::Flagged)
+        .count();
+    let pending = |name: &String| UpstreamItem {
+        name: name.clone(),
+        digest: None,
+    };
+    Ok(Review {
+        manifest: manifest_path.display().to_string(),
+        mapping: MappingView {
+            name: manifest.mapping.name.clone(),
+            contract: manifest.mapping.contract.clone(),
+            connection: manifest.mapping.connection.clone(),
+        },
+        component: ComponentView {
+            file: manifest.component.file.display().to_string(),
+            sha256: manifest.pinned_sha256().to_string(),
+            size: bytes.len() as u64,
+        },
+        grants: grants_view(&manifest),
+        limits: LimitsView {
+            memory_mib: manifest.limits.memory_mib,
+            deadline_ms: manifest.limits.deadline_ms,
+            max_output_bytes: manifest.limits.max_output_bytes,
+            max_result_bytes: manifest.limits.max_result_bytes,
+            max_stdio_bytes: manifest.limits.max_stdio_bytes,
+            fuel: manifest.limits.fuel,
+        },
+        imports,
+        exports,
+        upstream: UpstreamView {
+            connection: manifest.mapping.connection.clone(),
+            tools: manifest.upstream.tools.iter().map(pending).collect(),
+            resources: manifest.upstream.resources.iter().map(pending).collect(),
+        },
+        capabilities: manifest
+            .capabilities
+            .iter()
+            .map(|c| CapabilityView {
+                name: c.name.clone(),
+                function: c.function.clone(),
+                description: c.description.clone(),
+                exported: contract_items
+                    .iter()
+                    .any(|i| i.name == c.function && i.kind == "func"),
+            })
+            .collect(),
+        flagged,
+    })
+}
+
+fn grants_view(manifest: &MappingManifest) -> GrantsView {
+    let g = &manifest.grants;
+    let filesystem = manifest
+        .grants_section
+        .filesystem
+        .iter()
+        .zip(&g.filesystem)
+        .map(|(written, (resolved, guest, access))| FilesystemView {
+            host: written.host.display().to_string(),
+            host_resolved: resolved.display().to_string(),
+            guest: guest.clone(),
+            access: *access,
+        })
+        .collect();
+    let shown = |list: &[Destination]| list.iter().map(ToString::to_string).collect();
+    GrantsView {
+        filesystem,
+        network: NetworkView {
+            tcp_connect: shown(&g.tcp_connect),
+            udp_send: shown(&g.udp_send),
+            tcp_listen: shown(&g.tcp_listen),
+        },
+        env: g
+            .env
+            .iter()
+            .map(|(name, value)| match value {
+                EnvValue::Value(_) => EnvView {
+                    name: name.clone(),
+                    source: "literal",
+                    secret: None,
+                },
+                EnvValue::Secret { secret } => EnvView {
+                    name: name.clone(),
+                    source: "secret",
+                    secret: Some(secret.clone()),
+                },
+            })
+            .collect(),
+    }
+}
+
+fn kind_of(item: &ComponentItem) -> &'static str {
+    match item {
+        ComponentItem::ComponentFunc(_) => "func",
+        ComponentItem::CoreFunc(_) => "core-func",
+        ComponentItem::Module(_) => "module",
+        ComponentItem::Component(_) => "component",
+        ComponentItem::ComponentInstance(_) => "instance",
+        ComponentItem::Type(_) => "type",
+        ComponentItem::Resource(_) => "resource",
+    }
+}
+
+fn items_of(engine: &Engine, item: &ComponentItem) -> Vec<Item> {
+    match item {
+        ComponentItem::ComponentInstance(instance) => {
+            let mut items: Vec<Item> = instance
+                .exports(engine)
+                .map(|(name, ext)| Item {
+                    name: name.to_string(),
+                    kind: kind_of(&ext.ty),
+                })
+                .collect();
+            items.sort_by(|a, b| a.name.cmp(&b.name));
+            items
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The names of the functions among `items`, comma-separated.
+fn functions(items: &[Item]) -> String {
+    items
+        .iter()
+        .filter(|i| i.kind == "func")
+        .map(|i| i.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn listed(list: &[Destination]) -> String {
+    list.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The verdict for one import `name` under `grants` (see the module table).
+pub fn classify(name: &str, grants: &Grants) -> (Status, String) {
+    let flagged = |what: &str| {
+        (
+            Status::Flagged,
+            format!("imports {name} but the mapping grants {what}"),
+        )
+    };
+    let unknown = || {
+        (
+            Status::Flagged,
+            format!(
+                "unknown import {name}: neither the host API, the baseline nor a grant justifies it"
+            ),
+        )
+    };
+    let Some((package, rest)) = name.split_once('/') else {
+        return unknown();
+    };
+    let interface = rest.split('@').next().unwrap_or(rest);
+    let baseline = || {
+        (
+            Status::Baseline,
+            "baseline (captured stdio, clocks, random)".to_string(),
+        )
+    };
+    match package {
+        "airlock:host" => (Status::HostApi, "host API".to_string()),
+        "wasi:io" | "wasi:clocks" | "wasi:random" => baseline(),
+        "wasi:cli" => match interface {
+            "stdin" | "stdout" | "stderr" | "exit" => baseline(),
+            t if t.starts_with("terminal-") => baseline(),
+            "environment" => (
+                Status::Baseline,
+                format!(
+                    "baseline: sees only granted variables ({} granted)",
+                    grants.env.len()
+                ),
+            ),
+            _ => unknown(),
+        },
+        "wasi:filesystem" => {
+            if grants.filesystem.is_empty() {
+                flagged("no filesystem access")
+            } else {
+                let folders = grants
+                    .filesystem
+                    .iter()
+                    .map(|(_, guest, access)| {
+                        let access = match access {
+                            Access::ReadOnly => "read-only",
+                            Access::ReadWrite => "read-write",
+                        };
+                        format!("{guest} ({access})")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                (
+                    Status::Granted,
+                    format!(
+                        "{}: {folders}",
+                        plural(
+                            grants.filesystem.len(),
+                            "filesystem grant",
+                            "filesystem grants"
+                        )
+                    ),
+                )
+            }
+        }
+        "wasi:sockets" => match interface {
+            "tcp" | "tcp-create-socket" => {
+                if grants.tcp_connect.is_empty() && grants.tcp_listen.is_empty() {
+                    flagged("no TCP access (tcp_connect or tcp_listen)")
+                } else {
+                    let mut parts = Vec::new();
+                    if !grants.tcp_connect.is_empty() {
+                        parts.push(format!("tcp_connect {}", listed(&grants.tcp_connect)));
+                    }
+                    if !grants.tcp_listen.is_empty() {
+                        parts.push(format!("tcp_listen {}", listed(&grants.tcp_listen)));
+                    }
+                    (Status::Granted, parts.join("; "))
+                }
+            }
+            "udp" | "udp-create-socket" => {
+                if grants.udp_send.is_empty() {
+                    flagged("no UDP access (udp_send)")
+                } else {
+                    (
+                        Status::Granted,
+                        format!("udp_send {}", listed(&grants.udp_send)),
+                    )
+                }
+            }
+            "ip-name-lookup" => {
+                let named: Vec<Destination> = grants
+                    .tcp_connect
+                    .iter()
+                    .chain(&grants.udp_send)
+                    .filter(|d| matches!(d, Destination::Named { .. }))
+                    .cloned()
+                    .collect();
+                if named.is_empty() {
+                    flagged("no named host (name lookup stays off)")
+                } else {
+                    (Status::Granted, format!("named hosts {}", listed(&named)))
+                }
+            }
+            "network" | "instance-network" => {
+                let n = grants.tcp_connect.len() + grants.udp_send.len() + grants.tcp_listen.len();
+                if n == 0 {
+                    flagged("no network access")
+                } else {
+                    (
+                        Status::Granted,
+                        plural(n, "network grant", "network grants"),
+                    )
+                }
+            }
+            _ => unknown(),
+        },
+        "wasi:http" => (
+            Status::Flagged,
+            format!("imports {name} but this host does not link wasi:http"),
+        ),
+        _ => unknown(),
+    }
+}
+
+const DENY: &str = "none (deny by default)";
+
+impl Review {
+    /// Whether any import is flagged.
+    pub fn has_flagged(&self) -> bool {
+        self.flagged > 0
+    }
+
+    /// The review as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing plain owned data cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The review as plain text for a terminal.
+    pub fn to_text(&self) -> String {
+        let mut o = String::new();
+        let w = &mut o;
+        let _ = writeln!(w, "Adapter review: mapping `{}`", self.mapping.name);
+        let _ = writeln!(w, "manifest: {}", self.manifest);
+        let _ = writeln!(w);
+        let _ = writeln!(w, "1. Mapping and component");
+        for (key, value) in self.identity_lines() {
+            let _ = writeln!(w, "  {key:<18}{value}");
+        }
+        let _ = writeln!(w);
+        let _ = writeln!(w, "2. Grants (deny by default) and limits");
+        for (kind, lines) in self.grant_lines() {
+            if lines.is_empty() {
+                let _ = writeln!(w, "  {kind:<18}{DENY}");
+            }
+            for line in lines {
+                let _ = writeln!(w, "  {kind:<18}{line}");
+            }
+        }
+        for (key, value) in self.limit_lines() {
+            let _ = writeln!(w, "  {key:<18}{value}");
+        }
+        let _ = writeln!(w);
+        let _ = writeln!(
+            w,
+            "3. Component imports ({}) and exports ({}), decoded from the binary",
+            self.imports.len(),
+            self.exports.len()
+        );
+        let width = self.imports.iter().map(|i| i.name.len()).max().unwrap_or(0);
+        for i in &self.imports {
+            let _ = writeln!(
+                w,
+                "  import  {:<10}{:<width$}  {}",
+                i.status.label(),
+                i.name,
+                i.reason
+            );
+        }
+        for x in &self.exports {
+            let functions = functions(&x.items);
+            let _ = writeln!(
+                w,
+                "  export  {:<10}{}  {}{}",
+                x.kind,
+                x.name,
+                x.note,
+                if functions.is_empty() {
+                    String::new()
+                } else {
+                    format!("; functions: {functions}")
+                }
+            );
+        }
+        let _ = writeln!(w);
+        let _ = writeln!(w, "4. Verdict: {}", self.verdict());
+        for i in self.imports.iter().filter(|i| i.status == Status::Flagged) {
+            let _ = writeln!(w, "  FLAGGED   {}", i.reason);
+        }
+        let _ = writeln!(w);
+        let _ = writeln!(
+            w,
+            "5. Upstream (connection `{}`) and capabilities",
+            self.upstream.connection
+        );
+        let width = self
+            .upstream
+            .tools
+            .iter()
+            .chain(&self.upstream.resources)
+            .map(|i| i.name.len())
+            .max()
+            .unwrap_or(0);
+        for (kind, list) in [
+            ("tool", &self.upstream.tools),
+            ("resource", &self.upstream.resources),
+        ] {
+            if list.is_empty() {
+                let _ = writeln!(w, "  {kind:<10}{DENY}");
+            }
+            for item in list {
+                let _ = writeln!(
+                    w,
+                    "  {kind:<10}{:<width$}  digest: {}",
+                    item.name,
+                    item.digest.as_deref().unwrap_or(DIGEST_NOT_PINNED)
+                );
+            }
+        }
+        for c in &self.capabilities {
+            let _ = writeln!(
+                w,
+                "  capability {} -> {}{}",
+                c.name,
+                c.function,
+                if c.exported {
+                    ""
+                } else {
+                    " (NOT EXPORTED by the component: the host will refuse to load this mapping)"
+                }
+            );
+            let _ = writeln!(w, "    \"{}\"", c.description);
+        }
+        o
+    }
+
+    /// One sentence: every import justified, or how many are flagged.
+    pub fn verdict(&self) -> String {
+        if self.flagged == 0 {
+            "every import is justified".to_string()
+        } else {
+            format!(
+                "{} FLAGGED: nothing in the mapping justifies {}",
+                plural(self.flagged, "import", "imports"),
+                if self.flagged == 1 { "it" } else { "them" }
+            )
+        }
+    }
+
+    /// The review as one self-contained HTML page (inline style, no external assets,
+    /// every value escaped).
+    pub fn to_html(&self) -> String {
+        let e = escape_html;
+        let mut o = String::new();
+        let w = &mut o;
+        let _ = write!(
+            w,
+            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+             <title>Adapter review: {}</title>\n<style>\n{STYLE}</style>\n</head>\n<body>\n",
+            e(&self.mapping.name)
+        );
+        let _ = writeln!(
+            w,
+            "<h1>Adapter review: <code>{}</code></h1>\n<p class=\"verdict {}\">Verdict: {}.</p>",
+            e(&self.mapping.name),
+            if self.flagged == 0 { "ok" } else { "flagged" },
+            e(&self.verdict())
+        );
+        let flagged: Vec<String> = self
+            .imports
+            .iter()
+            .filter(|i| i.status == Status::Flagged)
+            .map(|i| format!("<li>FLAGGED: {}</li>", e(&i.reason)))
+            .collect();
+        if !flagged.is_empty() {
+            let _ = writeln!(w, "<ul class=\"flagged\">\n{}\n</ul>", flagged.join("\n"));
+        }
+        let _ = writeln!(w, "<h2>Mapping and component</h2>\n<table>");
+        let _ = writeln!(
+            w,
+            "<tr><th>manifest</th><td><code>{}</code></td></tr>",
+            e(&self.manifest)
+        );
+        for (k, v) in self.identity_lines() {
+            let _ = writeln!(w, "<tr><th>{k}</th><td><code>{}</code></td></tr>", e(&v));
+        }
+        let _ = writeln!(w, "</table>\n<h2>Grants (deny by default)</h2>\n<table>");
+        for (kind, lines) in self.grant_lines() {
+            let cell = if lines.is_empty() {
+                format!("<span class=\"deny\">{DENY}</span>")
+            } else {
+                lines
+                    .iter()
+                    .map(|l| format!("<code>{}</code>", e(l)))
+                    .collect::<Vec<_>>()
+                    .join("<br>")
+            };
+            let _ = writeln!(w, "<tr><th>{}</th><td>{cell}</td></tr>", e(kind));
+        }
+        let _ = writeln!(w, "</table>\n<h2>Limits</h2>\n<table>");
+        for (key, value) in self.limit_lines() {
+            let _ = writeln!(w, "<tr><th>{}</th><td>{}</td></tr>", e(key), e(&value));
+        }
+        let _ = writeln!(
+            w,
+            "</table>\n<h2>Imports ({})</h2>\n<table>\n<tr><th>verdict</th><th>import</th><th>why</th><th>functions</th></tr>",
+            self.imports.len()
+        );
+        for i in &self.imports {
+            let class = match i.status {
+                Status::Flagged => "flagged",
+                _ => "ok",
+            };
+            let _ = writeln!(
+                w,
+                "<tr class=\"{class}\"><td>{}</td><td><code>{}</code></td><td>{}</td><td><small>{}</small></td></tr>",
+                e(i.status.label()),
+                e(&i.name),
+                e(&i.reason),
+                e(&functions(&i.items))
+            );
+        }
+        let _ = writeln!(
+            w,
+            "</table>\n<h2>Exports ({})</h2>\n<table>",
+            self.exports.len()
+        );
+        for x in &self.exports {
+            let _ = writeln!(
+                w,
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td><small>{}</small></td></tr>",
+                e(&x.name),
+                e(x.kind),
+                e(&x.note),
+                e(&functions(&x.items))
+            );
+        }
+        let _ = writeln!(
+            w,
+            "</table>\n<h2>Upstream (connection <code>{}</code>)</h2>\n<table>",
+            e(&self.upstream.connection)
+        );
+        for (kind, list) in [
+            ("tool", &self.upstream.tools),
+            ("resource", &self.upstream.resources),
+        ] {
+            if list.is_empty() {
+                let _ = writeln!(
+                    w,
+                    "<tr><th>{kind}</th><td class=\"deny\" colspan=\"2\">{DENY}</td></tr>"
+                );
+            }
+            for item in list {
+                let _ = writeln!(
+                    w,
+                    "<tr><th>{kind}</th><td><code>{}</code></td><td>digest: {}</td></tr>",
+                    e(&item.name),
+                    e(item.digest.as_deref().unwrap_or(DIGEST_NOT_PINNED))
+                );
+            }
+        }
+        let _ = writeln!(
+            w,
+            "</table>\n<h2>Capabilities</h2>\n<table>\n<tr><th>name</th><th>function</th><th>description the model sees</th></tr>"
+        );
+        for c in &self.capabilities {
+            let _ = writeln!(
+                w,
+                "<tr class=\"{}\"><td><code>{}</code></td><td><code>{}</code>{}</td><td>{}</td></tr>",
+                if c.exported { "ok" } else { "flagged" },
+                e(&c.name),
+                e(&c.function),
+                if c.exported {
+                    ""
+                } else {
+                    " (not exported by the component)"
+                },
+                e(&c.description)
+            );
+        }
+        let _ = writeln!(w, "</table>\n</body>\n</html>");
+        o
+    }
+
+    /// (key, value) lines naming the mapping and its verified component.
+    fn identity_lines(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("name", self.mapping.name.clone()),
+            ("contract", self.mapping.contract.clone()),
+            ("connection", self.mapping.connection.clone()),
+            ("component", self.component.file.clone()),
+            (
+                "sha256",
+                format!("{} (matches the pin)", self.component.sha256),
+            ),
+            ("size", format!("{} bytes", self.component.size)),
+        ]
+    }
+
+    /// (grant kind, one line per grant) for every kind, in a fixed order.
+    fn grant_lines(&self) -> Vec<(&'static str, Vec<String>)> {
+        let g = &self.grants;
+        let access = |a: Access| match a {
+            Access::ReadOnly => "read-only",
+            Access::ReadWrite => "read-write",
+        };
+        vec![
+            (
+                "filesystem",
+                g.filesystem
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{} -> {} ({}; host folder {})",
+                            f.host,
+                            f.guest,
+                            access(f.access),
+                            f.host_resolved
+                        )
+                    })
+                    .collect(),
+            ),
+            ("tcp_connect", g.network.tcp_connect.clone()),
+            ("udp_send", g.network.udp_send.clone()),
+            ("tcp_listen", g.network.tcp_listen.clone()),
+            (
+                "env",
+                g.env
+                    .iter()
+                    .map(|v| match &v.secret {
+                        Some(secret) => format!("{} (from secret `{secret}`)", v.name),
+                        None => format!("{} (literal value in the manifest)", v.name),
+                    })
+                    .collect(),
+            ),
+        ]
+    }
+
+    fn limit_lines(&self) -> Vec<(&'static str, String)> {
+        let l = &self.limits;
+        vec![
+            ("memory_mib", l.memory_mib.to_string()),
+            ("deadline_ms", l.deadline_ms.to_string()),
+            ("max_output_bytes", l.max_output_bytes.to_string()),
+            ("max_result_bytes", l.max_result_bytes.to_string()),
+            ("max_stdio_bytes", l.max_stdio_bytes.to_string()),
+            (
+                "fuel",
+                l.fuel.map_or_else(
+                    || "not set (the deadline bounds each call)".to_string(),
+                    |f| f.to_string(),
+                ),
+            ),
+        ]
+    }
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}\n\
+table{border-collapse:collapse;margin-bottom:1em}\n\
+th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}\n\
+tr.flagged td{background:#fde2e1}\n\
+.verdict.flagged{color:#a40000;font-weight:bold}\n\
+.verdict.ok{color:#0a6b0a;font-weight:bold}\n\
+.deny{color:#666}\n";
+
+/// Escapes `text` for HTML element content and quoted attribute values.
+pub fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grants(network: &str) -> Grants {
+        let section: crate::grants::GrantsSection = toml::from_str(network).unwrap();
+        Grants::resolve(&section, None).unwrap()
+    }
+
+    #[test]
+    fn imports_are_justified_only_by_their_grants() {
+        let none = Grants::default();
+        for (name, status) in [
+            ("airlock:host/upstream@0.1.0", Status::HostApi),
+            ("wasi:io/streams@0.2.6", Status::Baseline),
+            ("wasi:cli/terminal-stdout@0.2.6", Status::Baseline),
+            ("wasi:cli/environment@0.2.6", Status::Baseline),
+            ("wasi:clocks/monotonic-clock@0.2.6", Status::Baseline),
+            ("wasi:random/random@0.2.6", Status::Baseline),
+            ("wasi:filesystem/preopens@0.2.6", Status::Flagged),
+            ("wasi:sockets/tcp@0.2.6", Status::Flagged),
+            ("wasi:sockets/udp-create-socket@0.2.6", Status::Flagged),
+            ("wasi:sockets/ip-name-lookup@0.2.6", Status::Flagged),
+            ("wasi:sockets/instance-network@0.2.6", Status::Flagged),
+            ("wasi:http/outgoing-handler@0.2.6", Status::Flagged),
+            ("wasi:cli/run@0.2.6", Status::Flagged),
+            ("evil:backdoor/open", Status::Flagged),
+            ("plain-function", Status::Flagged),
+        ] {
+            assert_eq!(classify(name, &none).0, status, "{name}");
+        }
+        let (_, why) = classify("wasi:filesystem/preopens@0.2.6", &none);
+        assert_eq!(
+            why,
+            "imports wasi:filesystem/preopens@0.2.6 but the mapping grants no filesystem access"
+        );
+
+        let tcp = grants("network = { tcp_connect = [\"api.example.com:443\"] }");
+        assert_eq!(classify("wasi:sockets/tcp@0.2.6", &tcp).0, Status::Granted);
+        assert_eq!(
+            classify("wasi:sockets/ip-name-lookup@0.2.6", &tcp).0,
+            Status::Granted
+        );
+        assert_eq!(
+            classify("wasi:sockets/network@0.2.6", &tcp).0,
+            Status::Granted
+        );
+        assert_eq!(classify("wasi:sockets/udp@0.2.6", &tcp).0, Status::Flagged);
+        let ip_only = grants("network = { udp_send = [\"192.0.2.1:53\"] }");
+        assert_eq!(
+            classify("wasi:sockets/ip-name-lookup@0.2.6", &ip_only).0,
+            Status::Flagged
+        );
+        assert_eq!(
+            classify("wasi:sockets/udp@0.2.6", &ip_only).0,
+            Status::Granted
+        );
+        let env = grants("env = { A = \"1\", B = { secret = \"b\" } }");
+        assert_eq!(
+            classify("wasi:cli/environment@0.2.6", &env).1,
+            "baseline: sees only granted variables (2 granted)"
+        );
+    }
+
+    #[test]
+    fn html_escaping_covers_markup_and_quotes() {
+        assert_eq!(
+            escape_html("<a href=\"x\">&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+}

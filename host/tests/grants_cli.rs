@@ -1,0 +1,288 @@
+//! `airlock grants MANIFEST`: the reviewer's view of one adapter, run as the real binary
+//! on the bundled mappings and on copies pointed at components written here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sha2::Digest as _;
+
+/// The checked-in expectation for the bundled `source-library` mapping.
+const EXPECTED: &str = "tests/expected/grants-source-library.txt";
+
+/// A component that imports `wasi:filesystem/preopens` and exports nothing.
+const FS_IMPORTER: &str = r#"
+(component
+  (import "wasi:filesystem/preopens@0.2.6" (instance
+    (export "get-directories" (func (result (list string))))
+  ))
+)
+"#;
+
+fn bundled(mapping: &str) -> PathBuf {
+    Path::new(airlock::ADAPTER_BUNDLE)
+        .join(mapping)
+        .join("mapping.toml")
+}
+
+fn grants(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .arg("grants")
+        .args(args)
+        .env_remove("AIRLOCK_LOG")
+        .output()
+        .expect("running airlock grants")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+/// Replaces what changes with the component bytes or the checkout: the bundle folder,
+/// the component digest, and its size.
+fn normalise(text: &str) -> String {
+    text.replace(airlock::ADAPTER_BUNDLE, "<bundle>")
+        .lines()
+        .map(|line| {
+            let key = line.split_whitespace().next().unwrap_or_default();
+            match key {
+                "sha256" => "  sha256            <sha256> (matches the pin)".to_string(),
+                "size" => "  size              <size> bytes".to_string(),
+                _ => line.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// A copy of the bundled `source-library` mapping in a temporary folder, pointed at the
+/// component `wat` (component text) and pinned to it; `edit` changes the manifest text.
+fn copied_mapping(wat: &str, edit: impl Fn(String) -> String) -> (tempfile::TempDir, PathBuf) {
+    let bytes = wat::parse_str(wat).expect("component text");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("component.wasm"), &bytes).unwrap();
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+    let original = std::fs::read_to_string(bundled("source-library")).unwrap();
+    let text: String = original
+        .lines()
+        .map(|line| {
+            if line.starts_with("file = ") {
+                "file = \"component.wasm\"".to_string()
+            } else if line.starts_with("sha256 = ") {
+                format!("sha256 = \"{digest}\"")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = dir.path().join("mapping.toml");
+    std::fs::write(&path, edit(text)).unwrap();
+    (dir, path)
+}
+
+const FLAGGED_FS: &str =
+    "imports wasi:filesystem/preopens@0.2.6 but the mapping grants no filesystem access";
+
+#[test]
+fn the_source_library_review_matches_the_checked_in_expectation() {
+    let manifest = bundled("source-library");
+    let out = grants(&[manifest.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = normalise(&stdout(&out));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
+    if std::env::var_os("AIRLOCK_BLESS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        got, expected,
+        "review output changed; if intended, rerun with AIRLOCK_BLESS=1 to update {EXPECTED}"
+    );
+}
+
+#[test]
+fn json_output_parses_and_lists_the_decoded_imports() {
+    for mapping in ["source-library", "fs-documents"] {
+        let manifest = bundled(mapping);
+        let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["mapping"]["name"], mapping);
+        assert_eq!(v["flagged"], 0);
+        let imports = v["imports"].as_array().unwrap();
+        assert!(!imports.is_empty());
+        let upstream = imports
+            .iter()
+            .find(|i| i["name"] == "airlock:host/upstream@0.1.0")
+            .unwrap_or_else(|| panic!("no airlock:host/upstream import: {imports:?}"));
+        assert_eq!(upstream["status"], "host-api");
+        assert_eq!(upstream["kind"], "instance");
+        assert!(
+            imports
+                .iter()
+                .all(|i| i["status"] != "flagged" && i["reason"].is_string())
+        );
+        let contract = v["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "airlock:contracts/source-retrieval@0.1.0")
+            .expect("the contract export");
+        assert_eq!(contract["note"], "the mapping's contract");
+        assert!(
+            v["capabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["exported"] == true)
+        );
+        assert!(v["upstream"]["tools"][0]["digest"].is_null());
+        assert_eq!(v["limits"]["memory_mib"], 64);
+    }
+}
+
+#[test]
+fn an_import_no_grant_justifies_is_flagged_and_fails_the_command() {
+    let (_dir, manifest) = copied_mapping(FS_IMPORTER, |t| t);
+    let manifest = manifest.to_str().unwrap();
+    let out = grants(&[manifest]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}\n{}", stderr(&out));
+    assert!(
+        text.lines()
+            .any(|l| l.contains("FLAGGED") && l.contains(FLAGGED_FS)),
+        "{text}"
+    );
+    assert!(text.contains("4. Verdict: 1 import FLAGGED"), "{text}");
+    assert!(stderr(&out).contains("flagged"), "{}", stderr(&out));
+
+    let allowed = grants(&[manifest, "--allow-flagged"]);
+    assert_eq!(allowed.status.code(), Some(0), "{}", stderr(&allowed));
+    assert!(stdout(&allowed).contains(FLAGGED_FS));
+
+    let json = grants(&[manifest, "--json"]);
+    assert_eq!(json.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["flagged"], 1);
+    assert_eq!(v["imports"][0]["status"], "flagged");
+    assert_eq!(v["imports"][0]["reason"], FLAGGED_FS);
+}
+
+#[test]
+fn a_filesystem_grant_justifies_the_filesystem_import() {
+    let (dir, manifest) = copied_mapping(FS_IMPORTER, |t| {
+        t.replace(
+            "[grants]",
+            "[[grants.filesystem]]\nhost = \"data\"\nguest = \"/data\"\naccess = \"read-only\"",
+        )
+    });
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    let out = grants(&[manifest.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
+    assert!(
+        text.contains(
+            "granted   wasi:filesystem/preopens@0.2.6  1 filesystem grant: /data (read-only)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("filesystem        data -> /data (read-only"));
+    assert!(text.contains("NOT EXPORTED"), "{text}");
+}
+
+#[test]
+fn environment_and_secret_values_are_never_shown() {
+    let (_dir, manifest) = copied_mapping(FS_IMPORTER, |t| {
+        t.replace(
+            "[grants]",
+            "[grants]\nenv = { REGION = \"hunter2-literal\", API_TOKEN = { secret = \"notes-api-token\" } }",
+        )
+    });
+    let manifest = manifest.to_str().unwrap();
+    for format in [None, Some("--json"), Some("--html")] {
+        let mut args = vec![manifest, "--allow-flagged"];
+        args.extend(format);
+        let out = grants(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            !text.contains("hunter2"),
+            "{format:?}: a value leaked\n{text}"
+        );
+        assert!(text.contains("REGION"), "{format:?}");
+        assert!(text.contains("API_TOKEN"), "{format:?}");
+        assert!(text.contains("notes-api-token"), "{format:?}");
+    }
+}
+
+#[test]
+fn a_wrong_pin_is_refused_naming_both_digests() {
+    let bad = "0".repeat(64);
+    let (dir, manifest) = copied_mapping(FS_IMPORTER, |t| {
+        t.lines()
+            .map(|l| {
+                if l.starts_with("sha256 = ") {
+                    format!("sha256 = \"{bad}\"")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    let bytes = std::fs::read(dir.path().join("component.wasm")).unwrap();
+    let actual = hex::encode(sha2::Sha256::digest(&bytes));
+    let out = grants(&[manifest.to_str().unwrap(), "--allow-flagged"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "no review of an unverified component"
+    );
+    let err = stderr(&out);
+    assert!(err.contains("component pin mismatch"), "{err}");
+    assert!(err.contains(&bad), "{err}");
+    assert!(err.contains(&actual), "{err}");
+}
+
+#[test]
+fn html_output_is_one_self_contained_escaped_page() {
+    let hostile = "Find <script>alert(\"x\")</script> & 'more'";
+    let (_dir, manifest) = copied_mapping(FS_IMPORTER, |t| {
+        t.replacen(
+            "description = \"Search the technical notes library.",
+            &format!("description = \"{}", hostile.replace('"', "\\\"")),
+            1,
+        )
+    });
+    let out = grants(&[manifest.to_str().unwrap(), "--html"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let html = stdout(&out);
+    assert!(html.starts_with("<!DOCTYPE html>\n<html"), "{html}");
+    assert!(html.trim_end().ends_with("</html>"));
+    assert_eq!(html.matches("<html").count(), 1);
+    assert_eq!(html.matches("</html>").count(), 1);
+    assert!(html.contains(&format!("FLAGGED: {FLAGGED_FS}")), "{html}");
+    assert!(html.contains("<tr class=\"flagged\">"));
+    assert!(!html.contains("<script"), "unescaped markup:\n{html}");
+    assert!(
+        html.contains(
+            "Find &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;more&#39;"
+        ),
+        "{html}"
+    );
+    for external in ["http://", "https://", "<link", "src=", "@import", "url("] {
+        assert!(!html.contains(external), "external asset `{external}`");
+    }
+}
+
+#[test]
+fn a_missing_manifest_is_an_error() {
+    let out = grants(&["/nonexistent/mapping.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("/nonexistent/mapping.toml"));
+}

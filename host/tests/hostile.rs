@@ -1,0 +1,800 @@
+//! Containment: the `hostile` fixture adapter attacks its sandbox, one attack per test,
+//! through a real `airlock serve`. Each test checks that the attack is contained (the
+//! adapter's own report is an error, or the host stops the call with the right category)
+//! and that the host keeps serving afterwards: the same adapter answers again, in a fresh
+//! instance, and so does its neighbour, `source-library`.
+//!
+//! The adapter reports what happened as one hit titled e.g. `read ok: ...`,
+//! `connected: ...` or `error: <io error kind>: ...` (see
+//! fixtures/adapters/hostile/src/lib.rs).
+
+mod common;
+
+use std::io::Read as _;
+use std::net::{TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rmcp::model::CallToolResult;
+use rmcp::service::{RoleClient, RunningService};
+use serde_json::json;
+
+type Client = RunningService<RoleClient, ()>;
+
+/// Longest any single call may take before the test calls the host hung.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The bundled `hostile` manifest with its empty `[grants]` line replaced by `grants`.
+fn with_grants(manifest: &str, grants: &str) -> String {
+    assert!(
+        manifest.contains("\n[grants]\n"),
+        "the hostile manifest has an empty [grants] line:\n{manifest}"
+    );
+    if grants.is_empty() {
+        return manifest.to_owned();
+    }
+    manifest.replacen("\n[grants]\n", &format!("\n{grants}\n"), 1)
+}
+
+/// A deployment of `hostile` (with `grants`) and `source-library`, both over `notes`.
+fn deploy(d: Deployment, grants: &str) -> Deployment {
+    let grants = grants.to_owned();
+    d.mapping_edited("hostile", move |t| with_grants(&t, &grants))
+        .mapping("source-library")
+}
+
+/// A deployment with no grants at all.
+fn deploy_bare() -> Deployment {
+    deploy(Deployment::with_notes(), "")
+}
+
+/// Runs `hostile_search` with `query` (bounded by [`CALL_TIMEOUT`]).
+async fn attack(client: &Client, query: &str) -> CallToolResult {
+    let result = tokio::time::timeout(
+        CALL_TIMEOUT,
+        call(client, "hostile_search", json!({ "query": query })),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("`{query}`: the host did not answer within {CALL_TIMEOUT:?}"))
+    .unwrap_or_else(|e| panic!("`{query}`: the call failed at the protocol level: {e}"));
+    eprintln!(
+        "hostile_search `{query}` -> is_error={:?}: {}",
+        result.is_error,
+        result
+            .structured_content
+            .as_ref()
+            .map_or_else(|| text_of(&result), |s| s["result"].to_string())
+            .chars()
+            .take(300)
+            .collect::<String>()
+    );
+    result
+}
+
+/// The adapter's one-line report of an attack that returned.
+async fn outcome(client: &Client, query: &str) -> String {
+    let result = attack(client, query).await;
+    assert_ne!(
+        result.is_error,
+        Some(true),
+        "`{query}` was expected to return a report, got a tool error: {}",
+        text_of(&result)
+    );
+    let s = result.structured_content.as_ref().unwrap();
+    let hits = s["result"].as_array().unwrap();
+    assert_eq!(hits.len(), 1, "{s}");
+    hits[0]["title"].as_str().unwrap().to_owned()
+}
+
+/// The host's tool-error text for an attack that the host had to stop.
+async fn stopped(client: &Client, query: &str) -> String {
+    let result = attack(client, query).await;
+    let text = text_of(&result);
+    assert_eq!(
+        result.is_error,
+        Some(true),
+        "`{query}` must end in a tool error, got: {text}"
+    );
+    assert!(
+        text.len() < 2000,
+        "the error is short: {} bytes: {}",
+        text.len(),
+        &text[..200]
+    );
+    text
+}
+
+/// Asserts that an attack's report is an error (the attack was contained).
+fn assert_contained(query: &str, title: &str) {
+    assert!(
+        title.starts_with("error: ") || title.starts_with("bind error: "),
+        "`{query}` was not contained: {title}"
+    );
+}
+
+/// The host still serves: the hostile adapter answers in a fresh instance, and the
+/// neighbouring `source-library` mapping searches the notes server.
+async fn assert_still_serving(client: &Client) {
+    let pong = outcome(client, "ping").await;
+    assert_eq!(pong, "pong");
+    let hits = tokio::time::timeout(
+        CALL_TIMEOUT,
+        call(client, "search_sources", json!({ "query": "checkpoint" })),
+    )
+    .await
+    .expect("search_sources answered in time")
+    .expect("search_sources call");
+    assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
+    assert!(!references(&hits).is_empty(), "{}", text_of(&hits));
+}
+
+/// A folder tree for filesystem attacks, inside the deployment's temporary folder:
+/// `fs/data/inside.txt` (granted), `fs/outside.txt` (not granted) and symlinks in `data`
+/// pointing at it.
+struct Tree {
+    data: PathBuf,
+    outside: PathBuf,
+}
+
+const INSIDE: &str = "inside: the granted folder's content\n";
+const OUTSIDE: &str = "SECRET-OUTSIDE-THE-GRANT\n";
+
+fn tree(root: &Path) -> Tree {
+    let fs_root = root.join("fs");
+    let data = fs_root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("inside.txt"), INSIDE).unwrap();
+    let outside = fs_root.join("outside.txt");
+    std::fs::write(&outside, OUTSIDE).unwrap();
+    std::os::unix::fs::symlink(&outside, data.join("link-out")).unwrap();
+    std::os::unix::fs::symlink("../outside.txt", data.join("link-rel")).unwrap();
+    Tree {
+        data: data.canonicalize().unwrap(),
+        outside,
+    }
+}
+
+fn fs_grant(data: &Path, access: &str) -> String {
+    format!(
+        "[[grants.filesystem]]\nhost = {:?}\nguest = \"/data\"\naccess = \"{access}\"\n",
+        data.display().to_string()
+    )
+}
+
+/// A deployment whose `hostile` mapping is granted `fs/data` at `/data` with `access`.
+fn deploy_fs(access: &str) -> (Deployment, Tree) {
+    let d = Deployment::with_notes();
+    let t = tree(d.dir.path());
+    let grants = fs_grant(&t.data, access);
+    (deploy(d, &grants), t)
+}
+
+// ---------------------------------------------------------------------------------------
+// Filesystem
+
+#[tokio::test]
+async fn fs_dotdot_cannot_leave_the_granted_folder() {
+    let (d, t) = deploy_fs("read-only");
+    assert!(t.outside.is_file());
+    let client = d.serve().await;
+    let title = outcome(&client, "fs-dotdot").await;
+    assert_contained("fs-dotdot", &title);
+    assert!(!title.contains("SECRET"), "{title}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn fs_absolute_host_paths_are_not_visible() {
+    let (d, t) = deploy_fs("read-only");
+    let client = d.serve().await;
+    let title = outcome(&client, "fs-absolute").await;
+    assert_contained("fs-absolute", &title);
+    assert!(!title.contains("root:"), "{title}");
+    // Nor through the granted folder's own host path.
+    let own = format!("fs-read {}", t.data.join("inside.txt").display());
+    let title = outcome(&client, &own).await;
+    assert_contained(&own, &title);
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn fs_symlinks_pointing_outside_the_grant_are_not_followed() {
+    let (d, _t) = deploy_fs("read-write");
+    let client = d.serve().await;
+    for query in ["fs-symlink", "fs-read /data/link-rel"] {
+        let title = outcome(&client, query).await;
+        assert_contained(query, &title);
+        assert!(!title.contains("SECRET"), "{query}: {title}");
+    }
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn fs_a_read_only_grant_is_readable_and_not_writable() {
+    let (d, t) = deploy_fs("read-only");
+    let client = d.serve().await;
+    let title = outcome(&client, "fs-read").await;
+    assert!(INSIDE.len() <= 40);
+    assert_eq!(title, format!("read ok: {}", INSIDE.replace('\n', " ")));
+    let title = outcome(&client, "fs-write").await;
+    assert_contained("fs-write", &title);
+    assert!(
+        !t.data.join("new.txt").exists(),
+        "a read-only grant was written through"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn fs_a_read_write_grant_is_writable_inside_only() {
+    let (d, t) = deploy_fs("read-write");
+    let client = d.serve().await;
+    let title = outcome(&client, "fs-write").await;
+    assert_eq!(title, "write ok");
+    assert_eq!(
+        std::fs::read_to_string(t.data.join("new.txt")).unwrap(),
+        "written by hostile\n"
+    );
+    // Write access does not widen what `..` reaches.
+    let title = outcome(&client, "fs-dotdot").await;
+    assert_contained("fs-dotdot", &title);
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn fs_without_a_grant_nothing_is_visible() {
+    let d = Deployment::with_notes();
+    let _t = tree(d.dir.path());
+    let d = deploy(d, "");
+    let client = d.serve().await;
+    for query in ["fs-read", "fs-absolute", "fs-write"] {
+        let title = outcome(&client, query).await;
+        assert_contained(query, &title);
+    }
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Network
+
+/// A loopback TCP listener that reports, for each connection it accepts, the first bytes
+/// it received.
+struct Listener {
+    port: u16,
+    accepted: mpsc::Receiver<Vec<u8>>,
+}
+
+impl Listener {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, accepted) = mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .unwrap();
+                let mut bytes = Vec::new();
+                let _ = stream.take(64).read_to_end(&mut bytes);
+                if tx.send(bytes).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { port, accepted }
+    }
+
+    /// What the next connection sent, if one arrives within `wait`.
+    fn next(&self, wait: Duration) -> Option<Vec<u8>> {
+        self.accepted.recv_timeout(wait).ok()
+    }
+}
+
+/// A port next to `port` (above it, or below it at the top of the range).
+fn neighbour(port: u16) -> u16 {
+    if port == u16::MAX { port - 1 } else { port + 1 }
+}
+
+#[tokio::test]
+async fn tcp_a_granted_address_is_reachable_and_nothing_else_is() {
+    let granted = Listener::start();
+    let other = Listener::start();
+    let d = deploy(
+        Deployment::with_notes(),
+        &format!(
+            "[grants.network]\ntcp_connect = [\"127.0.0.1:{}\"]\n",
+            granted.port
+        ),
+    );
+    let client = d.serve().await;
+
+    let query = format!("tcp-connect 127.0.0.1:{}", granted.port);
+    let title = outcome(&client, &query).await;
+    assert_eq!(title, format!("connected: 127.0.0.1:{}", granted.port));
+    assert_eq!(
+        granted.next(Duration::from_secs(5)).as_deref(),
+        Some(&b"hostile\n"[..]),
+        "the granted listener received the adapter's bytes"
+    );
+
+    for query in [
+        // The neighbouring port.
+        format!("tcp-connect 127.0.0.1:{}", neighbour(granted.port)),
+        // Another listening port on the same address.
+        format!("tcp-connect 127.0.0.1:{}", other.port),
+        // The same port on another loopback address, and over IPv6.
+        format!("tcp-connect 127.0.0.2:{}", granted.port),
+        format!("tcp-connect [::1]:{}", granted.port),
+        // The granted address by name: no named host is granted, so no lookup.
+        format!("tcp-connect localhost:{}", granted.port),
+        // Cloud metadata.
+        "tcp-connect 169.254.169.254:80".to_string(),
+    ] {
+        let title = outcome(&client, &query).await;
+        assert_contained(&query, &title);
+    }
+    assert_eq!(other.next(Duration::from_millis(500)), None);
+    assert_eq!(granted.next(Duration::from_millis(500)), None);
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn tcp_without_a_grant_every_connection_is_refused() {
+    let listener = Listener::start();
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let query = format!("tcp-connect 127.0.0.1:{}", listener.port);
+    let title = outcome(&client, &query).await;
+    assert_contained(&query, &title);
+    assert_eq!(
+        listener.next(Duration::from_millis(500)),
+        None,
+        "an ungranted connection reached the listener"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn udp_datagrams_reach_only_a_granted_destination() {
+    let granted = UdpSocket::bind("127.0.0.1:0").unwrap();
+    granted
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let granted_port = granted.local_addr().unwrap().port();
+    let other = UdpSocket::bind("127.0.0.1:0").unwrap();
+    other
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let other_port = other.local_addr().unwrap().port();
+
+    // No grant: no UDP at all.
+    {
+        let d = deploy_bare();
+        let client = d.serve().await;
+        let query = format!("udp-send 127.0.0.1:{granted_port}");
+        let title = outcome(&client, &query).await;
+        assert_contained(&query, &title);
+        assert_still_serving(&client).await;
+        client.cancel().await.unwrap();
+    }
+    let mut buf = [0u8; 64];
+    granted
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    assert!(
+        granted.recv_from(&mut buf).is_err(),
+        "an ungranted datagram arrived"
+    );
+
+    // A grant for one destination.
+    let d = deploy(
+        Deployment::with_notes(),
+        &format!("[grants.network]\nudp_send = [\"127.0.0.1:{granted_port}\"]\n"),
+    );
+    let client = d.serve().await;
+    let query = format!("udp-send 127.0.0.1:{other_port}");
+    let title = outcome(&client, &query).await;
+    assert_contained(&query, &title);
+    assert!(
+        other.recv_from(&mut buf).is_err(),
+        "a datagram reached an ungranted port"
+    );
+    let query = format!("udp-send 127.0.0.1:{granted_port}");
+    let title = outcome(&client, &query).await;
+    assert_eq!(title, "sent: 7 bytes");
+    granted
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let (n, _) = granted.recv_from(&mut buf).expect("the granted datagram");
+    assert_eq!(&buf[..n], b"hostile");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn dns_without_a_named_host_grant_fails() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    for query in ["dns localhost", "dns example.com"] {
+        let title = outcome(&client, query).await;
+        assert_contained(query, &title);
+    }
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn dns_connect_a_named_host_resolving_to_loopback_is_refused() {
+    let listener = Listener::start();
+    let d = deploy(
+        Deployment::with_notes(),
+        &format!(
+            "[grants.network]\ntcp_connect = [\"localhost:{}\"]\n",
+            listener.port
+        ),
+    );
+    let client = d.serve().await;
+    let query = format!("dns-connect localhost:{}", listener.port);
+    let title = outcome(&client, &query).await;
+    assert_contained(&query, &title);
+    assert_eq!(
+        listener.next(Duration::from_millis(500)),
+        None,
+        "a name that resolves to loopback reached the loopback listener"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn dns_connect_a_named_host_reaches_loopback_only_when_the_ip_is_granted_too() {
+    let listener = Listener::start();
+    let d = deploy(
+        Deployment::with_notes(),
+        &format!(
+            "[grants.network]\ntcp_connect = [\"localhost:{0}\", \"127.0.0.1:{0}\"]\n",
+            listener.port
+        ),
+    );
+    let client = d.serve().await;
+    let query = format!("dns-connect localhost:{}", listener.port);
+    let title = outcome(&client, &query).await;
+    assert_eq!(title, format!("connected: 127.0.0.1:{}", listener.port));
+    assert_eq!(
+        listener.next(Duration::from_secs(5)).as_deref(),
+        Some(&b"hostile\n"[..])
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Environment
+
+#[tokio::test]
+async fn env_the_host_environment_is_never_inherited_and_grants_are_given() {
+    // The test process (and so `airlock serve`) has HOME and PATH; the adapter must not.
+    assert!(std::env::var_os("PATH").is_some());
+    let d = deploy(
+        Deployment::with_notes(),
+        "[grants.env]\nGREETING = \"hello\"\n",
+    );
+    let client = d.serve().await;
+    assert_eq!(outcome(&client, "env GREETING").await, "set: hello");
+    for query in [
+        "env HOME",
+        "env PATH",
+        "env AIRLOCK_LOG",
+        "env AIRLOCK_CACHE_DIR",
+    ] {
+        let title = outcome(&client, query).await;
+        assert_contained(query, &title);
+    }
+    assert_eq!(outcome(&client, "env-all").await, "vars: GREETING");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Resource exhaustion and traps
+
+#[tokio::test]
+async fn spin_is_interrupted_at_the_deadline() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let started = Instant::now();
+    let text = stopped(&client, "spin").await;
+    let elapsed = started.elapsed();
+    assert!(text.starts_with("interrupted: "), "{text}");
+    assert!(text.contains("2000 ms"), "{text}");
+    assert!(
+        elapsed >= Duration::from_millis(1900) && elapsed < Duration::from_secs(10),
+        "deadline is 2 s, took {elapsed:?}"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn memory_bomb_stops_at_the_memory_limit() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let text = stopped(&client, "memory-bomb").await;
+    assert!(text.starts_with("unavailable: "), "{text}");
+    assert!(text.contains("memory limit"), "{text}");
+    assert!(text.contains("32 MiB"), "{text}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn memory_bomb_that_handles_failure_gets_less_than_its_limit() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let title = outcome(&client, "memory-bomb-graceful").await;
+    let mib: u64 = title
+        .strip_prefix("allocation failed after ")
+        .and_then(|r| r.strip_suffix(" MiB"))
+        .unwrap_or_else(|| panic!("unexpected report: {title}"))
+        .parse()
+        .unwrap();
+    assert!((16..32).contains(&mib), "{title}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn recurse_stack_overflow_traps_and_is_reported_as_unavailable() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let text = stopped(&client, "recurse").await;
+    assert!(text.starts_with("unavailable: "), "{text}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn recurse_native_wasm_stack_overflow_traps_and_is_reported_as_unavailable() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let text = stopped(&client, "recurse-native").await;
+    assert!(text.starts_with("unavailable: "), "{text}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn sleep_blocked_in_the_host_is_interrupted_at_the_deadline() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let started = Instant::now();
+    let text = stopped(&client, "sleep").await;
+    let elapsed = started.elapsed();
+    assert!(text.starts_with("interrupted: "), "{text}");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "deadline is 2 s, took {elapsed:?}"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn tcp_hang_waiting_on_a_silent_peer_is_interrupted_at_the_deadline() {
+    let listener = Listener::start();
+    let d = deploy(
+        Deployment::with_notes(),
+        &format!(
+            "[grants.network]\ntcp_connect = [\"127.0.0.1:{}\"]\n",
+            listener.port
+        ),
+    );
+    let client = d.serve().await;
+    let started = Instant::now();
+    let text = stopped(&client, &format!("tcp-hang 127.0.0.1:{}", listener.port)).await;
+    let elapsed = started.elapsed();
+    assert!(text.starts_with("interrupted: "), "{text}");
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "deadline is 2 s, took {elapsed:?}"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn tcp_listen_without_a_listen_grant_is_refused() {
+    let d = deploy(
+        Deployment::with_notes(),
+        "[grants.network]\ntcp_connect = [\"127.0.0.1:9\"]\n",
+    );
+    let client = d.serve().await;
+    for query in ["tcp-listen 127.0.0.1:0", "tcp-listen 0.0.0.0:0"] {
+        let title = outcome(&client, query).await;
+        assert_contained(query, &title);
+    }
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn fuel_a_spin_is_stopped_by_its_instruction_budget() {
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replacen("memory_mib = 32", "memory_mib = 32\nfuel = 50000000", 1)
+        })
+        .mapping("source-library");
+    let client = d.serve().await;
+    let started = Instant::now();
+    let text = stopped(&client, "spin").await;
+    assert!(text.starts_with("interrupted: "), "{text}");
+    assert!(text.contains("fuel"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1900),
+        "stopped by fuel, not the deadline: {:?}",
+        started.elapsed()
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn stdout_flood_stops_at_the_output_budget() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let started = Instant::now();
+    let text = stopped(&client, "stdout-flood").await;
+    assert!(text.starts_with("unavailable: "), "{text}");
+    assert!(
+        text.contains("65536-byte output budget"),
+        "the flood is named as such: {text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1900),
+        "stopped by the budget, not the deadline: {:?}",
+        started.elapsed()
+    );
+    assert!(!text.contains("flood flood"), "{text}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn stdout_flood_ignoring_write_errors_stops_at_the_output_budget() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let started = Instant::now();
+    let text = stopped(&client, "stdout-flood-quiet").await;
+    assert!(!text.contains("flood flood"), "{text}");
+    assert!(
+        text.starts_with("unavailable: ") && text.contains("65536-byte output budget"),
+        "the flood is named as such: {text} (after {:?})",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1900),
+        "stopped by the budget, not the deadline: {:?}",
+        started.elapsed()
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn huge_result_is_refused_at_the_result_budget() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let text = stopped(&client, "huge-result").await;
+    assert!(text.starts_with("unavailable: "), "{text}");
+    assert!(text.contains("1048576-byte budget"), "{text}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn panic_traps_and_its_message_does_not_reach_the_model() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let text = stopped(&client, "panic").await;
+    assert!(text.starts_with("unavailable: "), "{text}");
+    assert!(!text.contains("on purpose"), "{text}");
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Limits above the host ceilings
+
+#[tokio::test]
+async fn limits_above_the_host_ceilings_refuse_to_start() {
+    for (from, to, key) in [
+        ("memory_mib = 32", "memory_mib = 4096", "memory_mib"),
+        ("deadline_ms = 2000", "deadline_ms = 600000", "deadline_ms"),
+        (
+            "max_result_bytes = 1048576",
+            "max_result_bytes = 1073741824",
+            "max_result_bytes",
+        ),
+        (
+            "max_stdio_bytes = 65536",
+            "max_stdio_bytes = 1073741824",
+            "max_stdio_bytes",
+        ),
+        (
+            "memory_mib = 32",
+            "memory_mib = 32\nfuel = 10000000000000",
+            "fuel",
+        ),
+    ] {
+        let d = Deployment::with_notes()
+            .mapping_edited("hostile", |t| {
+                assert!(t.contains(from), "{t}");
+                t.replacen(from, to, 1)
+            })
+            .mapping("source-library");
+        let (ok, stderr) = d.serve_expecting_failure();
+        assert!(!ok, "serve must refuse `{to}`");
+        assert!(
+            stderr.contains(key) && stderr.contains("host ceiling"),
+            "`{to}`: the refusal names the key and the ceiling: {stderr}"
+        );
+        assert!(
+            d.upstream_calls().is_empty(),
+            "nothing may reach the upstream: {:?}",
+            d.upstream_calls()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Neighbours while an adapter misbehaves
+
+/// While adapters spin (as many as the machine has cores, so that every runtime worker
+/// could be taken), a call to the neighbouring mapping is answered promptly: a spinning
+/// guest must not starve the host.
+#[tokio::test]
+async fn neighbours_are_served_while_adapters_spin() {
+    let d = deploy_bare();
+    let client = std::sync::Arc::new(d.serve().await);
+    // `airlock serve` runs tokio's default multi-thread runtime: one worker per core.
+    let spinners = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut spinning = Vec::new();
+    for _ in 0..spinners {
+        let client = client.clone();
+        spinning.push(tokio::spawn(async move { attack(&client, "spin").await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let hits = tokio::time::timeout(
+        CALL_TIMEOUT,
+        call(&client, "search_sources", json!({ "query": "checkpoint" })),
+    )
+    .await
+    .expect("search_sources answered in time")
+    .expect("search_sources call");
+    let waited = started.elapsed();
+    assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
+    for s in spinning {
+        let result = s.await.unwrap();
+        assert!(
+            text_of(&result).starts_with("interrupted: "),
+            "{}",
+            text_of(&result)
+        );
+    }
+    assert!(
+        waited < Duration::from_millis(1000),
+        "with {spinners} adapters spinning, the neighbour's search waited {waited:?} (deadline 2 s)"
+    );
+}
