@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock::gateway::{Host, MappingSource};
-use airlock::runtime::{Runtime, UpstreamGrant};
+use airlock::runtime::{Allocator, Runtime, UpstreamGrant};
 use rmcp::ServiceExt as _;
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::{RoleClient, RunningService};
@@ -121,7 +121,10 @@ async fn main() {
     cmd.arg("serve")
         .arg("--config")
         .arg(&config)
-        .env("AIRLOCK_LOG", "warn");
+        .env(
+            "AIRLOCK_LOG",
+            std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     let gateway = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let mut params = CallToolRequestParams::new("search_sources");
     params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));
@@ -193,7 +196,7 @@ async fn main() {
     direct.cancel().await.ok();
     gateway.cancel().await.ok();
 
-    // 2. Instantiation from InstancePre, and 3. cold load.
+    // 2. Instantiation from InstancePre (pooling vs on-demand), idle memory, 3. cold load.
     let host = Host::start_with(
         &airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into()),
         vec![MappingSource::from_file(&bundle.join("mapping.toml")).unwrap()],
@@ -214,14 +217,48 @@ async fn main() {
             samples.push(start.elapsed());
         }
     }
-    print(
-        "instantiate from InstancePre (fresh Store)",
-        &stats(samples),
-    );
+    print("instantiate from InstancePre (pooling)", &stats(samples));
 
     let source = MappingSource::from_file(&bundle.join("mapping.toml")).unwrap();
-    let runtime = Runtime::new().unwrap();
     let contract = source.manifest.mapping.contract.clone();
+    let on_demand = Runtime::with_options(None, Allocator::OnDemand).unwrap();
+    let adapter = on_demand
+        .load(&source.manifest, &source.component, &contract)
+        .unwrap();
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let start = Instant::now();
+        adapter.instantiate_once(grant.clone()).await.unwrap();
+        if i >= warmup {
+            samples.push(start.elapsed());
+        }
+    }
+    print("instantiate from InstancePre (on-demand)", &stats(samples));
+
+    // Memory per idle loaded adapter: RSS growth over N more loaded mappings.
+    let idle = 20;
+    let pooled = Runtime::new().unwrap();
+    let _warm = pooled
+        .load(&source.manifest, &source.component, &contract)
+        .unwrap();
+    let before = rss_kib();
+    let loaded: Vec<_> = (0..idle)
+        .map(|_| {
+            pooled
+                .load(&source.manifest, &source.component, &contract)
+                .unwrap()
+        })
+        .collect();
+    let after = rss_kib();
+    println!(
+        "{:<48} {idle} loaded: +{} KiB RSS, {:.0} KiB each (each load compiles its own code)",
+        "idle loaded adapters",
+        after.saturating_sub(before),
+        after.saturating_sub(before) as f64 / f64::from(idle)
+    );
+    drop(loaded);
+
+    let runtime = Runtime::new().unwrap();
     let cold_iters = 10;
     let mut samples = Vec::with_capacity(cold_iters);
     for _ in 0..cold_iters {
@@ -238,4 +275,14 @@ async fn main() {
         ),
         &stats(samples),
     );
+}
+
+/// Resident set size of this process, in KiB (Linux /proc).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }

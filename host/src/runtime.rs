@@ -62,6 +62,15 @@ pub struct Runtime {
     _ticker: Arc<EpochTicker>,
 }
 
+/// How instance memories and tables are allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// A pre-reserved pool with copy-on-write memory initialization (the default).
+    Pooling,
+    /// mmap per instance.
+    OnDemand,
+}
+
 /// On-disk cache of compiled components, keyed by component sha256 and the engine's
 /// compatibility hash.
 ///
@@ -102,6 +111,15 @@ impl Runtime {
     /// wasmtime rejected the configuration, or the cache folder cannot be created or is
     /// not private to this user.
     pub fn with_cache(cache_dir: Option<&std::path::Path>) -> Result<Self> {
+        Self::with_options(cache_dir, Allocator::Pooling)
+    }
+
+    /// Like [`Runtime::with_cache`], choosing the instance allocator. `Pooling` falls back
+    /// to on-demand allocation (with a warning) where the machine cannot reserve the pool.
+    ///
+    /// # Errors
+    /// As [`Runtime::with_cache`].
+    pub fn with_options(cache_dir: Option<&std::path::Path>, allocator: Allocator) -> Result<Self> {
         let mut config = Config::new();
         config
             .wasm_component_model(true)
@@ -117,7 +135,11 @@ impl Runtime {
                 usize::try_from(crate::manifest::MAX_MEMORY_MIB << 20).unwrap_or(usize::MAX),
             );
         pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-        let engine = match Engine::new(&pooled) {
+        let attempt = match allocator {
+            Allocator::Pooling => Engine::new(&pooled),
+            Allocator::OnDemand => Err(wasmtime::format_err!("on-demand allocation was requested")),
+        };
+        let engine = match attempt {
             Ok(engine) => {
                 tracing::info!("instance allocator: pooling, copy-on-write memory initialization");
                 engine
