@@ -118,13 +118,10 @@ async fn main() {
     )
     .unwrap();
     let mut cmd = tokio::process::Command::new(airlock_bin());
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .env(
-            "AIRLOCK_LOG",
-            std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-        );
+    cmd.arg("serve").arg("--config").arg(&config).env(
+        "AIRLOCK_LOG",
+        std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+    );
     let gateway = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let mut params = CallToolRequestParams::new("search_sources");
     params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));

@@ -119,7 +119,7 @@ pub struct CapabilitySection {
 }
 
 /// `[limits]`, with defaults applied.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Linear memory plus tables the instance may grow to, in MiB.

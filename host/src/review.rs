@@ -34,7 +34,7 @@ use wasmtime::component::types::ComponentItem;
 use wasmtime::{Config, Engine};
 
 use crate::grants::{Access, Destination, EnvValue, Grants};
-use crate::manifest::MappingManifest;
+use crate::manifest::{Limits, MappingManifest};
 
 /// Placeholder shown where an upstream tool or resource digest will go once the registry
 /// pins them.
@@ -52,7 +52,7 @@ pub struct Review {
     /// The declared grants (names only for the environment).
     pub grants: GrantsView,
     /// The limits, defaults applied.
-    pub limits: LimitsView,
+    pub limits: Limits,
     /// The component's imports, each with a verdict, sorted by name.
     pub imports: Vec<ImportReview>,
     /// The component's exports, sorted by name.
@@ -133,23 +133,6 @@ pub struct GrantsView {
     pub network: NetworkView,
     /// Environment variables (names only).
     pub env: Vec<EnvView>,
-}
-
-/// `[limits]`, defaults applied.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct LimitsView {
-    /// Memory and tables, MiB.
-    pub memory_mib: u64,
-    /// Wall clock per call, ms.
-    pub deadline_ms: u64,
-    /// Largest upstream answer, bytes.
-    pub max_output_bytes: u64,
-    /// Largest adapter result, bytes of JSON.
-    pub max_result_bytes: u64,
-    /// Captured stdout and stderr, bytes each.
-    pub max_stdio_bytes: u64,
-    /// Instruction budget per call, when set.
-    pub fuel: Option<u64>,
 }
 
 /// How an import is justified.
@@ -327,14 +310,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
             size: bytes.len() as u64,
         },
         grants: grants_view(&manifest),
-        limits: LimitsView {
-            memory_mib: manifest.limits.memory_mib,
-            deadline_ms: manifest.limits.deadline_ms,
-            max_output_bytes: manifest.limits.max_output_bytes,
-            max_result_bytes: manifest.limits.max_result_bytes,
-            max_stdio_bytes: manifest.limits.max_stdio_bytes,
-            fuel: manifest.limits.fuel,
-        },
+        limits: manifest.limits,
         imports,
         exports,
         upstream: UpstreamView {
