@@ -995,6 +995,42 @@ mod tests {
         (manifest, bytes)
     }
 
+    /// Two core instances, each with a 20 MiB memory: each fits a 32 MiB budget alone,
+    /// together they do not. A per-memory limit would let both through.
+    const TWO_MEMORIES: &str = r#"(component
+        (core module $a (memory 320))
+        (core module $b (memory 320))
+        (core instance (instantiate $a))
+        (core instance (instantiate $b)))"#;
+
+    async fn instantiate_with_budget(mib: u64) -> (bool, bool) {
+        let runtime = Runtime::new().unwrap();
+        let bytes = wat::parse_str(TWO_MEMORIES).unwrap();
+        let component = Component::new(runtime.engine(), &bytes).unwrap();
+        let linker: Linker<CallLimiter> = Linker::new(runtime.engine());
+        let mut store = Store::new(
+            runtime.engine(),
+            CallLimiter {
+                budget: mib << 20,
+                used: 0,
+                exceeded: false,
+            },
+        );
+        store.limiter(|l| l);
+        store.set_fuel(u64::MAX).unwrap();
+        let ok = linker
+            .instantiate_async(&mut store, &component)
+            .await
+            .is_ok();
+        (ok, store.data().exceeded)
+    }
+
+    #[tokio::test]
+    async fn the_memory_budget_is_shared_by_all_memories_of_an_instance() {
+        assert_eq!(instantiate_with_budget(32).await, (false, true));
+        assert_eq!(instantiate_with_budget(48).await, (true, false));
+    }
+
     #[test]
     fn a_cache_folder_others_can_write_is_refused() {
         let dir = tempfile::tempdir().unwrap();
