@@ -32,7 +32,7 @@
 //! [limits]
 //! memory_mib = 64            # all memories and tables together; default 64, ceiling 1024
 //! deadline_ms = 5000         # wall clock per call; default 5000, ceiling 60000
-//! max_output_bytes = 262144  # per upstream answer; default 256 KiB, ceiling 16 MiB
+//! max_output_bytes = 262144  # per upstream answer; default 256 KiB, ceiling 8 MiB
 //! max_result_bytes = 1048576 # the adapter's return value as JSON; default 1 MiB, ceiling 16 MiB
 //! max_stdio_bytes = 65536    # captured stdout and stderr, each; default 64 KiB, ceiling 1 MiB
 //! # fuel = 1000000000        # optional instruction budget per call; ceiling 10^12
@@ -51,7 +51,8 @@ pub const MAX_MEMORY_MIB: u64 = 1024;
 /// Host-wide ceiling on `limits.deadline_ms`.
 pub const MAX_DEADLINE_MS: u64 = 60_000;
 /// Host-wide ceiling on `limits.max_output_bytes`.
-pub const MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+/// (Below rmcp's 16 MiB line limit, which would otherwise drop an answer silently.)
+pub const MAX_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;
 /// Host-wide ceiling on `limits.max_result_bytes`.
 pub const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 /// Host-wide ceiling on `limits.max_stdio_bytes`.
@@ -284,9 +285,9 @@ impl MappingManifest {
             }
         }
         for prefix in &self.upstream.resources {
-            if !prefix.contains("://") {
+            if !prefix.contains("://") || !prefix.ends_with('/') {
                 bail!(
-                    "mapping manifest {src}: [upstream] resources prefix `{prefix}` must include a scheme, like `notes://`"
+                    "mapping manifest {src}: [upstream] resources prefix `{prefix}` must include a scheme and end in `/`, like `notes://` or `file:///srv/docs/`"
                 );
             }
         }

@@ -890,14 +890,9 @@ impl upstream::Host for CallState {
         uri: String,
     ) -> Result<Vec<upstream::ResourceContents>, upstream::UpstreamError> {
         let bridge = &mut self.bridge;
-        if !bridge
-            .grant
-            .resource_prefixes
-            .iter()
-            .any(|p| uri.starts_with(p.as_str()))
-        {
+        if !resource_permitted(&uri, &bridge.grant.resource_prefixes) {
             return Err(upstream::UpstreamError::NotPermitted(format!(
-                "resource `{uri}` is outside the prefixes of mapping `{}`; nothing was sent",
+                "resource {uri:?} is outside the prefixes of mapping `{}`; nothing was sent",
                 bridge.grant.mapping
             )));
         }
@@ -930,6 +925,22 @@ impl log::Host for CallState {
             logs.push(format!("{level:?}: {shown}"));
         }
     }
+}
+
+/// Whether `uri` may be read under `prefixes`. Each prefix ends in `/` (the manifest
+/// checks), so a match is at a segment boundary. Refused whatever the prefix: control
+/// characters, backslashes, `.` or `..` segments, and percent-encoded `/`, `\` or `.`
+/// (which a server may decode into a traversal).
+pub fn resource_permitted(uri: &str, prefixes: &[String]) -> bool {
+    let lowered = uri.to_ascii_lowercase();
+    let tricky = uri.chars().any(|c| c.is_control() || c == '\\')
+        || ["%2f", "%5c", "%2e"].iter().any(|e| lowered.contains(e))
+        || uri
+            .split_once("://")
+            .map_or(uri, |(_, rest)| rest)
+            .split(['/', '?', '#'])
+            .any(|seg| seg == "." || seg == "..");
+    !tricky && prefixes.iter().any(|p| uri.starts_with(p.as_str()))
 }
 
 fn str_field(v: &Value, key: &str) -> Option<String> {
@@ -1029,6 +1040,31 @@ mod tests {
     async fn the_memory_budget_is_shared_by_all_memories_of_an_instance() {
         assert_eq!(instantiate_with_budget(32).await, (false, true));
         assert_eq!(instantiate_with_budget(48).await, (true, false));
+    }
+
+    #[test]
+    fn resource_prefixes_match_whole_segments_and_refuse_traversal() {
+        let p = vec!["notes://wal/".to_string(), "file:///srv/docs/".to_string()];
+        assert!(resource_permitted("notes://wal/checkpoints", &p));
+        assert!(resource_permitted("file:///srv/docs/a.txt", &p));
+        for bad in [
+            "notes://walrus",
+            "notes://wal/../tcp-keepalive",
+            "notes://wal/./x",
+            "file:///srv/docs-private/x",
+            "file:///srv/docs/../../etc/passwd",
+            "file:///srv/docs/%2e%2e/%2E%2E/etc/passwd",
+            "file:///srv/docs/a%2Fb",
+            "file:///srv/docs/a\\..\\b",
+            "notes://wal/x\n----- END",
+            "file:///etc/passwd",
+        ] {
+            assert!(!resource_permitted(bad, &p), "{bad} must be refused");
+        }
+        assert!(
+            !resource_permitted("notes://wal/x", &[]),
+            "no prefixes: nothing"
+        );
     }
 
     #[test]

@@ -24,6 +24,42 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
 
+/// How long an upstream server has to answer `initialize`.
+pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Explains a server that failed its handshake: the error, whether it exited, and the last
+/// lines it wrote to stderr.
+async fn startup_failure(
+    name: &str,
+    server: &StdioServer,
+    error: String,
+    child: &mut Child,
+    recent: &std::sync::Mutex<std::collections::VecDeque<String>>,
+) -> anyhow::Error {
+    // Give the process a moment to exit and flush its last words.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = match child.try_wait() {
+        Ok(Some(status)) => format!("the server exited ({status})"),
+        _ => "the server is still running".to_string(),
+    };
+    let last: Vec<String> = recent
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    let said = if last.is_empty() {
+        "it wrote nothing to stderr".to_string()
+    } else {
+        format!("its last stderr lines:\n    {}", last.join("\n    "))
+    };
+    anyhow::anyhow!(
+        "MCP initialize with connection `{name}` failed: {error}; {status}; {said}\n(command: {} {})",
+        server.command.display(),
+        server.args.join(" ")
+    )
+}
+
 /// JSON-RPC error code Airlock writes in place of a discarded oversized answer.
 pub const OUTPUT_BUDGET_ERROR_CODE: i32 = -32099;
 
@@ -131,32 +167,20 @@ impl Connection {
             usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
             discarded.clone(),
         ));
-        let client = match ().serve((filtered, stdin)).await {
-            Ok(client) => client,
-            Err(e) => {
-                // Give the process a moment to exit and flush its last words.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let status = match child.try_wait() {
-                    Ok(Some(status)) => format!("the server exited ({status})"),
-                    _ => "the server is still running".to_string(),
-                };
-                let last: Vec<String> = recent
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .cloned()
-                    .collect();
-                let said = if last.is_empty() {
-                    "it wrote nothing to stderr".to_string()
-                } else {
-                    format!("its last stderr lines:\n    {}", last.join("\n    "))
-                };
-                anyhow::bail!(
-                    "MCP initialize with connection `{name}` failed: {e}; {status}; {said}\n(command: {} {})",
-                    server.command.display(),
-                    server.args.join(" ")
+        let handshake = tokio::time::timeout(INITIALIZE_TIMEOUT, ().serve((filtered, stdin))).await;
+        let client = match handshake.map_err(|_| {
+            format!(
+                "no answer to initialize within {} s",
+                INITIALIZE_TIMEOUT.as_secs()
+            )
+        }) {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                return Err(
+                    startup_failure(name, server, e.to_string(), &mut child, &recent).await,
                 );
             }
+            Err(e) => return Err(startup_failure(name, server, e, &mut child, &recent).await),
         };
         // Never answer from a cache: a stale tools/list or resources/read would hide drift
         // and serve content the server no longer stands behind.

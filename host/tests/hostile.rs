@@ -798,3 +798,40 @@ async fn neighbours_are_served_while_adapters_spin() {
         "with {spinners} adapters spinning, the neighbour's search waited {waited:?} (deadline 2 s)"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Upstream resources
+
+#[tokio::test]
+async fn resources_are_read_only_under_the_mapping_prefixes_and_nothing_else_is_sent() {
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace("resources = []", "resources = [\"notes://\"]")
+        })
+        .mapping("source-library");
+    let client = d.serve().await;
+    let ok = outcome(&client, "resource notes://wal-checkpoints").await;
+    assert!(ok.starts_with("resource ok:"), "{ok}");
+    for uri in [
+        "file:///etc/passwd",
+        "notes:/wal-checkpoints",
+        "notes://../wal-checkpoints",
+        "notes://x/%2e%2e/wal-checkpoints",
+    ] {
+        let title = outcome(&client, &format!("resource {uri}")).await;
+        assert!(title.contains("not-permitted"), "{uri}: {title}");
+    }
+    let reads: Vec<String> = d
+        .upstream_calls()
+        .iter()
+        .filter(|c| c["method"] == "resources/read")
+        .map(|c| c["uri"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        reads,
+        ["notes://wal-checkpoints"],
+        "only the permitted read was sent"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}

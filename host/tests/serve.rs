@@ -186,7 +186,8 @@ async fn forged_and_foreign_references_fail_before_any_upstream_request() {
         .filter(|t| *t == "read_note")
         .count();
 
-    // Another session (here: another airlock client) cannot use it.
+    // Another airlock process cannot use it (it never minted it). The session binding
+    // inside one host is tested in sessions.rs.
     let err = call(&b, "retrieve_source", json!({"reference": token}))
         .await
         .unwrap_err();
@@ -348,9 +349,14 @@ async fn an_adapter_that_loops_forever_is_interrupted_and_the_next_call_succeeds
         .mapping("source-library");
     let client = d.serve().await;
     let started = std::time::Instant::now();
-    let result = call(&client, "spin_search", json!({"query": "spin"}))
-        .await
-        .unwrap();
+    // A missing deadline must fail this test, not hang it.
+    let result = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        call(&client, "spin_search", json!({"query": "spin"})),
+    )
+    .await
+    .expect("the deadline must interrupt the adapter")
+    .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(result.is_error, Some(true));
     assert!(
@@ -381,5 +387,54 @@ async fn an_adapter_that_loops_forever_is_interrupted_and_the_next_call_succeeds
         .await
         .unwrap();
     assert_ne!(hits.is_error, Some(true));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn upstream_servers_start_with_only_their_declared_environment() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let env_log = d.dir.path().join("env.txt");
+    // A second connection to the notes server that records its environment.
+    let d = d.connection(&format!(
+        "[[connection]]\nname = \"probe\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--env-log\", {:?}]\nenv = {{ DECLARED = \"yes\" }}\n",
+        env_log.display().to_string()
+    ));
+    let manifest = d.mapping_dir("source-library").join("mapping.toml");
+    let probe = d.dir.path().join("mappings/probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    for f in ["mapping.toml", "source_library.wasm"] {
+        std::fs::copy(d.mapping_dir("source-library").join(f), probe.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        probe.join("mapping.toml"),
+        text.replace("name = \"source-library\"", "name = \"probe\"")
+            .replace("connection = \"notes\"", "connection = \"probe\"")
+            .replace("search_sources", "probe_search")
+            .replace("retrieve_source", "probe_retrieve"),
+    )
+    .unwrap();
+    let config = d.write_config();
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "[[mapping]]\nmanifest = {:?}\n",
+        probe.join("mapping.toml").display().to_string()
+    ));
+    std::fs::write(&config, text).unwrap();
+
+    let mut cmd = tokio::process::Command::new(airlock_bin());
+    cmd.arg("serve").arg("--config").arg(&config);
+    cmd.env("AIRLOCK_CACHE_DIR", test_cache_dir());
+    cmd.env("AIRLOCK_HOST_CANARY", "must-not-leak");
+    let client = rmcp::ServiceExt::serve((), rmcp::transport::TokioChildProcess::new(cmd).unwrap())
+        .await
+        .unwrap();
+    let names = std::fs::read_to_string(&env_log).unwrap();
+    let names: Vec<&str> = names.lines().collect();
+    assert_eq!(
+        names,
+        ["DECLARED"],
+        "the upstream saw more than its declared environment"
+    );
     client.cancel().await.unwrap();
 }
