@@ -37,6 +37,9 @@ pub const HOST_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/deps/host/host.w
 /// The WIT of `airlock:contracts@0.1.0`, as shipped in `wit/v0.1.0/contracts.wit`.
 pub const CONTRACTS_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/contracts.wit");
 
+/// Longest string the model may pass in any argument, in bytes (UTF-8).
+pub const MAX_STRING_BYTES: usize = 64 * 1024;
+
 /// Suffix that marks a `string` alias as a handle: an opaque reference the host mints.
 pub const HANDLE_SUFFIX: &str = "-ref";
 
@@ -273,7 +276,7 @@ pub fn json_schema(shape: &Shape) -> Value {
         Shape::S64 => int(i64::MIN.into(), i64::MAX.into()),
         Shape::F32 | Shape::F64 => json!({"type": "number"}),
         Shape::Char => json!({"type": "string", "minLength": 1, "maxLength": 1}),
-        Shape::String => json!({"type": "string"}),
+        Shape::String => json!({"type": "string", "maxLength": MAX_STRING_BYTES}),
         Shape::Handle(kind) => json!({
             "type": "string",
             "description": format!("An opaque {kind} handle issued by this server. Pass it back unchanged."),
@@ -440,7 +443,16 @@ fn to_val(
                 _ => fail(path, "expected exactly one character"),
             }
         }
-        Shape::String => Ok(Val::String(expect_str("a string")?.to_string())),
+        Shape::String => {
+            let text = expect_str("a string")?;
+            if text.len() > MAX_STRING_BYTES {
+                return fail(
+                    path,
+                    format!("string is longer than {MAX_STRING_BYTES} bytes"),
+                );
+            }
+            Ok(Val::String(text.to_string()))
+        }
         Shape::Handle(kind) => {
             let token = expect_str("a reference string")?;
             on_handle(kind, token)
@@ -755,6 +767,7 @@ mod tests {
             (json!(["query"]), ""),
             (json!(null), ""),
             (json!({"query": "x", "a/b~c": 1}), "/a~1b~0c"),
+            (json!({"query": "x".repeat(MAX_STRING_BYTES + 1)}), "/query"),
         ];
         for (args, path) in cases {
             let err = json_to_val(&shape, &args, &mut no_handles).unwrap_err();

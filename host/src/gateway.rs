@@ -365,6 +365,12 @@ impl Gateway {
                     category: "unavailable",
                     detail: format!("the adapter's result exceeded its {bytes}-byte budget"),
                 },
+                CallFailure::Busy(n) => Refusal {
+                    category: "rate limited",
+                    detail: format!(
+                        "the adapter already runs its maximum of {n} concurrent calls; try again shortly"
+                    ),
+                },
                 CallFailure::Trapped(detail) => {
                     tracing::warn!(mapping = %mapping.name, "adapter trapped: {detail}");
                     Refusal {

@@ -36,6 +36,8 @@
 //! max_result_bytes = 1048576 # the adapter's return value as JSON; default 1 MiB, ceiling 16 MiB
 //! max_stdio_bytes = 65536    # captured stdout and stderr, each; default 64 KiB, ceiling 1 MiB
 //! # fuel = 1000000000        # optional instruction budget per call; ceiling 10^12
+//! max_concurrent_calls = 8   # instances of this adapter at once; more are refused; ceiling 256
+//! max_upstream_requests = 32 # upstream requests one call may make; ceiling 1024
 //! ```
 
 use std::collections::BTreeSet;
@@ -57,6 +59,10 @@ pub const MAX_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;
 pub const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 /// Host-wide ceiling on `limits.max_stdio_bytes`.
 pub const MAX_STDIO_BYTES: u64 = 1024 * 1024;
+/// Host-wide ceiling on `limits.max_concurrent_calls`.
+pub const MAX_CONCURRENT_CALLS: u64 = 256;
+/// Host-wide ceiling on `limits.max_upstream_requests`.
+pub const MAX_UPSTREAM_REQUESTS: u64 = 1024;
 /// Host-wide ceiling on `limits.fuel`.
 pub const MAX_FUEL: u64 = 1_000_000_000_000;
 
@@ -135,6 +141,10 @@ pub struct Limits {
     pub max_stdio_bytes: u64,
     /// Instruction budget per call (wasmtime fuel); `None` = only the deadline bounds it.
     pub fuel: Option<u64>,
+    /// Calls of this adapter running at once; one more is refused as rate limited.
+    pub max_concurrent_calls: u64,
+    /// Upstream requests (tools/call, resources/read) one call may make.
+    pub max_upstream_requests: u64,
 }
 
 impl Default for Limits {
@@ -146,6 +156,8 @@ impl Default for Limits {
             max_result_bytes: 1024 * 1024,
             max_stdio_bytes: 64 * 1024,
             fuel: None,
+            max_concurrent_calls: 8,
+            max_upstream_requests: 32,
         }
     }
 }
@@ -299,6 +311,16 @@ impl MappingManifest {
             ("max_result_bytes", l.max_result_bytes, MAX_RESULT_BYTES),
             ("max_stdio_bytes", l.max_stdio_bytes, MAX_STDIO_BYTES),
             ("fuel", l.fuel.unwrap_or(1), MAX_FUEL),
+            (
+                "max_concurrent_calls",
+                l.max_concurrent_calls,
+                MAX_CONCURRENT_CALLS,
+            ),
+            (
+                "max_upstream_requests",
+                l.max_upstream_requests,
+                MAX_UPSTREAM_REQUESTS,
+            ),
         ] {
             if value == 0 || value > ceiling {
                 bail!(

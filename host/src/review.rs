@@ -578,20 +578,20 @@ impl Review {
         let _ = writeln!(w);
         let _ = writeln!(w, "1. Mapping and component");
         for (key, value) in self.identity_lines() {
-            let _ = writeln!(w, "  {key:<18}{value}");
+            let _ = writeln!(w, "  {key:<23}{value}");
         }
         let _ = writeln!(w);
         let _ = writeln!(w, "2. Grants (deny by default) and limits");
         for (kind, lines) in self.grant_lines() {
             if lines.is_empty() {
-                let _ = writeln!(w, "  {kind:<18}{DENY}");
+                let _ = writeln!(w, "  {kind:<23}{DENY}");
             }
             for line in lines {
-                let _ = writeln!(w, "  {kind:<18}{line}");
+                let _ = writeln!(w, "  {kind:<23}{line}");
             }
         }
         for (key, value) in self.limit_lines() {
-            let _ = writeln!(w, "  {key:<18}{value}");
+            let _ = writeln!(w, "  {key:<23}{value}");
         }
         let _ = writeln!(w);
         let _ = writeln!(
@@ -887,6 +887,8 @@ impl Review {
             ("max_output_bytes", l.max_output_bytes.to_string()),
             ("max_result_bytes", l.max_result_bytes.to_string()),
             ("max_stdio_bytes", l.max_stdio_bytes.to_string()),
+            ("max_concurrent_calls", l.max_concurrent_calls.to_string()),
+            ("max_upstream_requests", l.max_upstream_requests.to_string()),
             (
                 "fuel",
                 l.fuel.map_or_else(

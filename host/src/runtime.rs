@@ -260,6 +260,9 @@ impl Runtime {
             limits: manifest.limits,
             grants: manifest.grants.clone(),
             env,
+            permits: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(manifest.limits.max_concurrent_calls).unwrap_or(1),
+            )),
             pre,
             functions,
         })
@@ -336,6 +339,7 @@ pub struct LoadedAdapter {
     limits: Limits,
     grants: Grants,
     env: Vec<(String, String)>,
+    permits: Arc<tokio::sync::Semaphore>,
     pre: InstancePre<CallState>,
     functions: Vec<(String, ComponentExportIndex)>,
 }
@@ -385,6 +389,8 @@ pub enum CallFailure {
     OutputFlood(u64),
     /// The adapter returned a value larger than its budget (bytes).
     ResultTooLarge(u64),
+    /// The adapter already runs its maximum number of concurrent calls.
+    Busy(u64),
     /// The guest trapped (panic, stack overflow, unreachable...). Detail for the log.
     Trapped(String),
     /// The host failed to instantiate or call (a broken invariant). Detail for the log.
@@ -461,6 +467,7 @@ impl LoadedAdapter {
                 deadline: Instant::now() + deadline,
                 observations: Vec::new(),
                 logs: Vec::new(),
+                requests_left: self.limits.max_upstream_requests,
             },
         };
         let mut store = Store::new(self.pre.engine(), state);
@@ -524,18 +531,20 @@ impl LoadedAdapter {
         grant: Arc<UpstreamGrant>,
     ) -> CallOutcome {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
+        let failed = |failure| CallOutcome {
+            result: Err(failure),
+            observations: Vec::new(),
+            logs: Vec::new(),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
+            return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
+        };
         let network = self.network_policy().await;
         let (mut store, stdout, stderr) = match self.new_store(grant, network) {
             Ok(parts) => parts,
-            Err(failure) => {
-                return CallOutcome {
-                    result: Err(failure),
-                    observations: Vec::new(),
-                    logs: Vec::new(),
-                    stdout: Vec::new(),
-                    stderr: Vec::new(),
-                };
-            }
+            Err(failure) => return failed(failure),
         };
         let run = async {
             let index = self
@@ -803,9 +812,22 @@ struct UpstreamBridge {
     deadline: Instant,
     observations: Vec<Observation>,
     logs: Vec<String>,
+    /// Upstream requests this call may still make.
+    requests_left: u64,
 }
 
 impl UpstreamBridge {
+    /// Takes one upstream request from the call's budget.
+    fn take_request(&mut self) -> Result<(), upstream::UpstreamError> {
+        if self.requests_left == 0 {
+            return Err(upstream::UpstreamError::NotPermitted(
+                "this call has used up its budget of upstream requests (limits.max_upstream_requests); nothing was sent".into(),
+            ));
+        }
+        self.requests_left -= 1;
+        Ok(())
+    }
+
     fn remaining(&self) -> Result<Duration, upstream::UpstreamError> {
         self.deadline
             .checked_duration_since(Instant::now())
@@ -875,6 +897,7 @@ impl upstream::Host for CallState {
             }
         };
         let timeout = bridge.remaining()?;
+        bridge.take_request()?;
         let result = bridge
             .grant
             .connection
@@ -897,6 +920,7 @@ impl upstream::Host for CallState {
             )));
         }
         let timeout = bridge.remaining()?;
+        bridge.take_request()?;
         let result = bridge
             .grant
             .connection

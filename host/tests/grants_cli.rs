@@ -49,8 +49,8 @@ fn normalise(text: &str) -> String {
         .map(|line| {
             let key = line.split_whitespace().next().unwrap_or_default();
             match key {
-                "sha256" => "  sha256            <sha256> (matches the pin)".to_string(),
-                "size" => "  size              <size> bytes".to_string(),
+                "sha256" => "  sha256                 <sha256> (matches the pin)".to_string(),
+                "size" => "  size                   <size> bytes".to_string(),
                 _ => line.to_string(),
             }
         })

@@ -835,3 +835,48 @@ async fn resources_are_read_only_under_the_mapping_prefixes_and_nothing_else_is_
     assert_still_serving(&client).await;
     client.cancel().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// Per-call and per-adapter budgets
+
+#[tokio::test]
+async fn a_call_may_make_only_its_budget_of_upstream_requests() {
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace("[limits]", "[limits]\nmax_upstream_requests = 3")
+        })
+        .mapping("source-library");
+    let client = d.serve().await;
+    let title = outcome(&client, "many-calls 5").await;
+    assert!(title.starts_with("calls ok: 3;"), "{title}");
+    assert!(title.contains("not-permitted"), "{title}");
+    assert_eq!(
+        d.upstream_tool_calls().len(),
+        3,
+        "only three requests were sent"
+    );
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn calls_past_the_concurrency_limit_are_rate_limited() {
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace("[limits]", "[limits]\nmax_concurrent_calls = 1")
+        })
+        .mapping("source-library");
+    let client = std::sync::Arc::new(d.serve().await);
+    let spinner = {
+        let client = client.clone();
+        tokio::spawn(async move { attack(&client, "spin").await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let refused = attack(&client, "ping").await;
+    assert_eq!(refused.is_error, Some(true));
+    let text = common::text_of(&refused);
+    assert!(text.starts_with("rate limited"), "{text}");
+    let spun = spinner.await.unwrap();
+    assert!(common::text_of(&spun).starts_with("interrupted"));
+    assert_still_serving(&client).await;
+}
