@@ -191,7 +191,7 @@ fn a_filesystem_grant_justifies_the_filesystem_import() {
         ),
         "{text}"
     );
-    assert!(text.contains("filesystem        data -> /data (read-only"));
+    assert!(text.contains("filesystem             data -> /data (read-only"));
     assert!(text.contains("NOT EXPORTED"), "{text}");
 }
 
