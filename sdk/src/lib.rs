@@ -20,8 +20,12 @@
 //! struct MyAdapter;
 //!
 //! impl Guest for MyAdapter {
-//!     fn search(request: SearchRequest) -> Result<Vec<SourceHit>, ContractError> { todo!() }
-//!     fn retrieve(request: RetrieveRequest) -> Result<SourcePassage, ContractError> { todo!() }
+//!     fn search(_request: SearchRequest) -> Result<Vec<SourceHit>, ContractError> {
+//!         Ok(Vec::new()) // call the upstream here; see sdk/README.md for a complete adapter
+//!     }
+//!     fn retrieve(_request: RetrieveRequest) -> Result<SourcePassage, ContractError> {
+//!         Err(ContractError::NotFound)
+//!     }
 //! }
 //!
 //! airlock_sdk::export_source_retrieval!(MyAdapter);
