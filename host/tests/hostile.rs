@@ -106,6 +106,17 @@ async fn stopped(client: &Client, query: &str) -> String {
     text
 }
 
+/// Deploys `hostile` without grants, runs `query` (which the host must stop), checks the
+/// host still serves afterwards, and returns the model-facing error text.
+async fn stopped_bare(query: &str) -> String {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let text = stopped(&client, query).await;
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+    text
+}
+
 /// Asserts that an attack's report is an error (the attack was contained).
 fn assert_contained(query: &str, title: &str) {
     assert!(
@@ -528,14 +539,10 @@ async fn spin_is_interrupted_at_the_deadline() {
 
 #[tokio::test]
 async fn memory_bomb_stops_at_the_memory_limit() {
-    let d = deploy_bare();
-    let client = d.serve().await;
-    let text = stopped(&client, "memory-bomb").await;
+    let text = stopped_bare("memory-bomb").await;
     assert!(text.starts_with("unavailable: "), "{text}");
     assert!(text.contains("memory limit"), "{text}");
     assert!(text.contains("32 MiB"), "{text}");
-    assert_still_serving(&client).await;
-    client.cancel().await.unwrap();
 }
 
 #[tokio::test]
@@ -556,22 +563,14 @@ async fn memory_bomb_that_handles_failure_gets_less_than_its_limit() {
 
 #[tokio::test]
 async fn recurse_stack_overflow_traps_and_is_reported_as_unavailable() {
-    let d = deploy_bare();
-    let client = d.serve().await;
-    let text = stopped(&client, "recurse").await;
+    let text = stopped_bare("recurse").await;
     assert!(text.starts_with("unavailable: "), "{text}");
-    assert_still_serving(&client).await;
-    client.cancel().await.unwrap();
 }
 
 #[tokio::test]
 async fn recurse_native_wasm_stack_overflow_traps_and_is_reported_as_unavailable() {
-    let d = deploy_bare();
-    let client = d.serve().await;
-    let text = stopped(&client, "recurse-native").await;
+    let text = stopped_bare("recurse-native").await;
     assert!(text.starts_with("unavailable: "), "{text}");
-    assert_still_serving(&client).await;
-    client.cancel().await.unwrap();
 }
 
 #[tokio::test]
@@ -693,24 +692,16 @@ async fn stdout_flood_ignoring_write_errors_stops_at_the_output_budget() {
 
 #[tokio::test]
 async fn huge_result_is_refused_at_the_result_budget() {
-    let d = deploy_bare();
-    let client = d.serve().await;
-    let text = stopped(&client, "huge-result").await;
+    let text = stopped_bare("huge-result").await;
     assert!(text.starts_with("unavailable: "), "{text}");
     assert!(text.contains("1048576-byte budget"), "{text}");
-    assert_still_serving(&client).await;
-    client.cancel().await.unwrap();
 }
 
 #[tokio::test]
 async fn panic_traps_and_its_message_does_not_reach_the_model() {
-    let d = deploy_bare();
-    let client = d.serve().await;
-    let text = stopped(&client, "panic").await;
+    let text = stopped_bare("panic").await;
     assert!(text.starts_with("unavailable: "), "{text}");
     assert!(!text.contains("on purpose"), "{text}");
-    assert_still_serving(&client).await;
-    client.cancel().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------
