@@ -15,12 +15,14 @@
 pub mod config;
 pub mod contract;
 pub mod demo;
+pub mod drift;
 pub mod gateway;
 pub mod grants;
 pub mod manifest;
 pub mod references;
 pub mod review;
 pub mod runtime;
+pub mod store;
 pub mod upstream;
 
 /// Folder holding the adapters this build compiled and pinned (one folder per mapping,
