@@ -15,9 +15,16 @@
 //! args = ["fixture", "notes-server"]
 //! cwd = "."                      # default: the configuration file's folder
 //! env = { LANG = "C.UTF-8" }     # the complete environment; default: empty
+//! owner = "platform-team"        # optional; part of the connection's configuration digest
+//! credential_scope = "notes-ro"  # optional reference (never a secret); part of the digest
 //!
 //! [[mapping]]
 //! manifest = "adapters/source-library/mapping.toml"
+//!
+//! mappings_dir = "mappings"      # optional: a watched folder of mappings, one sub-folder
+//!                                # each holding mapping.toml + its component; hot-reloaded
+//! state_dir = "state"            # optional: the store's folder (default: see default_state_dir)
+//! snapshot_interval = "10m"      # optional: re-discover every connection this often
 //!
 //! [secrets]                      # named secrets that mappings' env grants may use
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
@@ -41,6 +48,13 @@ pub struct ServeConfig {
     pub connections: BTreeMap<String, StdioServer>,
     /// Mapping manifest paths, in file order.
     pub mappings: Vec<PathBuf>,
+    /// A watched folder of mappings (`<dir>/<mapping>/mapping.toml`), hot-reloaded.
+    pub mappings_dir: Option<PathBuf>,
+    /// The store's folder, from the file (`state_dir`); the command line may override it.
+    pub state_dir: Option<PathBuf>,
+    /// Re-discover every connection this often (besides start, reconnect and
+    /// `list_changed`); `None` = no interval.
+    pub snapshot_interval: Option<std::time::Duration>,
     /// Where compiled components are cached; `None` compiles on every start. Set by the
     /// command line (`--cache-dir`), not by the file.
     pub cache_dir: Option<PathBuf>,
@@ -67,6 +81,9 @@ struct RawConfig {
     mapping: Vec<RawMapping>,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
+    mappings_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    snapshot_interval: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +102,8 @@ struct RawConnection {
     cwd: Option<PathBuf>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    owner: Option<String>,
+    credential_scope: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -154,6 +173,8 @@ impl ServeConfig {
                 args: c.args,
                 cwd,
                 env: c.env,
+                owner: c.owner,
+                credential_scope: c.credential_scope,
             };
             if connections.insert(c.name.clone(), server).is_some() {
                 bail!("connection `{}` is defined twice", c.name);
@@ -169,9 +190,24 @@ impl ServeConfig {
             })?;
             secrets.insert(name, Secret(value));
         }
-        if raw.mapping.is_empty() {
-            bail!("the configuration defines no [[mapping]]: there would be nothing to serve");
+        let mappings_dir = raw.mappings_dir.map(|d| base.join(d));
+        if raw.mapping.is_empty() && mappings_dir.is_none() {
+            bail!(
+                "the configuration defines no [[mapping]] and no mappings_dir: there would be nothing to serve"
+            );
         }
+        let snapshot_interval = match raw.snapshot_interval {
+            None => None,
+            Some(text) => {
+                let d = humantime::parse_duration(&text).with_context(|| {
+                    format!("snapshot_interval `{text}`: expected a duration such as \"10m\"")
+                })?;
+                if d < std::time::Duration::from_secs(1) {
+                    bail!("snapshot_interval `{text}` is shorter than the minimum of 1s");
+                }
+                Some(d)
+            }
+        };
         let mut seen = BTreeSet::new();
         let mut mappings = Vec::new();
         for m in raw.mapping {
@@ -184,6 +220,9 @@ impl ServeConfig {
         Ok(Self {
             connections,
             mappings,
+            mappings_dir,
+            state_dir: raw.state_dir.map(|d| base.join(d)),
+            snapshot_interval,
             cache_dir: None,
             secrets,
         })
@@ -202,6 +241,20 @@ pub fn default_cache_dir() -> Option<PathBuf> {
                 .map(|h| PathBuf::from(h).join(".cache"))
         })?;
     Some(base.join("airlock").join("compiled"))
+}
+
+/// The default state folder: `$XDG_STATE_HOME/airlock`, else `$HOME/.local/state/airlock`,
+/// else none.
+pub fn default_state_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".local").join("state"))
+        })?;
+    Some(base.join("airlock"))
 }
 
 /// Resolves a configured command to an executable path.
@@ -282,6 +335,14 @@ mod tests {
                 "twice",
             ),
             ("", "no [[mapping]]"),
+            (
+                "mappings_dir = \"m\"\nsnapshot_interval = \"soon\"\n",
+                "snapshot_interval",
+            ),
+            (
+                "mappings_dir = \"m\"\nsnapshot_interval = \"10ms\"\n",
+                "minimum",
+            ),
             (
                 "[[connection]]\nname = \"a\"\ncommand = \"@airlock\"\n",
                 "no [[mapping]]",

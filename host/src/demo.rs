@@ -52,11 +52,16 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
             args: vec!["fixture".into(), "notes-server".into()],
             cwd,
             env: BTreeMap::new(),
+            owner: None,
+            credential_scope: None,
         },
     );
     ServeConfig {
         connections,
         mappings: vec![],
+        mappings_dir: None,
+        state_dir: None,
+        snapshot_interval: None,
         cache_dir: None,
         secrets: BTreeMap::new(),
     }
@@ -67,13 +72,41 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
 /// # Errors
 /// The bundled manifest does not parse (a build defect).
 pub fn embedded_mapping() -> Result<MappingSource> {
-    Ok(MappingSource {
-        manifest: MappingManifest::parse(
-            BUNDLED_MANIFEST,
-            "<bundled source-library/mapping.toml>",
-        )?,
-        component: BUNDLED_COMPONENT.to_vec(),
-    })
+    MappingSource::from_memory(
+        BUNDLED_MANIFEST,
+        "<bundled source-library/mapping.toml>",
+        BUNDLED_COMPONENT.to_vec(),
+    )
+}
+
+/// Approves every loaded mapping against its connection's current snapshot, as reviewer
+/// `reviewer`, and makes the running host pick the approvals up. For the demo, tests and
+/// benchmarks, which start from an empty store; an operator runs `airlock review approve`.
+///
+/// # Errors
+/// A mapping cannot be approved (see [`crate::registry::Registry::approve`]).
+pub async fn approve_all(host: &Host, reviewer: &str) -> Result<()> {
+    let catalog = host.catalog();
+    for mapping in catalog.mappings.values() {
+        let state = &mapping.connection;
+        let snapshot = host
+            .registry()
+            .store()
+            .snapshot(&state.snapshot_digest())?
+            .context("the connection's snapshot is not stored")?;
+        let record = mapping.record();
+        host.registry().approve_tools(
+            &mapping.name,
+            &mapping.tools,
+            &record.manifest_digest,
+            &record.component_sha256,
+            &state.revision,
+            &snapshot,
+            reviewer,
+        )?;
+    }
+    host.sync_with_store().await?;
+    Ok(())
 }
 
 struct Printer<W: std::io::Write> {
@@ -102,12 +135,35 @@ impl<W: std::io::Write> Printer<W> {
 pub async fn run(out: impl std::io::Write) -> Result<()> {
     let mut p = Printer { out, step: 0 };
     p.line("Airlock demo: a model-facing MCP client -> airlock gateway -> source-library adapter (Wasm) -> notes MCP server (child process)")?;
-    let host = Host::start_with(&embedded_config()?, vec![embedded_mapping()?]).await?;
-    let mapping = &host.capabilities()[0].mapping;
+    let state_dir = tempfile::tempdir().context("creating the demo's state folder")?;
+    let mut config = embedded_config()?;
+    config.state_dir = Some(state_dir.path().to_path_buf());
+    let host = Host::start_with(&config, vec![embedded_mapping()?]).await?;
+    let catalog = host.catalog();
+    let mapping = catalog
+        .mappings
+        .get("source-library")
+        .context("the bundled mapping did not load")?
+        .clone();
     p.line(format!(
-        "loaded mapping `{}`: component sha256 {} (matches its pin)",
+        "loaded mapping `{}`: component sha256 {} (matches its pin); state: {}",
         mapping.name,
-        mapping.adapter.component_sha256()
+        mapping.adapter.component_sha256(),
+        mapping.record().state
+    ))?;
+    let conn = &mapping.connection;
+    let catalogue = conn.catalogue();
+    p.line(format!(
+        "connection `notes` is {} (configuration revision {}); its server calls itself {:?}, an observation, not an identity",
+        conn.revision.connection_id,
+        conn.revision.revision,
+        catalogue.server_info.get("name").and_then(Value::as_str).unwrap_or("")
+    ))?;
+    p.line(format!(
+        "discovery snapshot {}: {} tools, {} resources (it grants nothing)",
+        crate::registry::short(&conn.snapshot_digest()),
+        catalogue.tools.len(),
+        catalogue.resources.len()
     ))?;
 
     let (client_io, server_io) = tokio::io::duplex(1 << 20);
@@ -119,6 +175,29 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     });
     let client = ().serve(client_io).await.context("MCP initialize with the gateway")?;
     let peer = client.peer().clone();
+
+    p.step("tools/list before review: an unreviewed mapping offers nothing")?;
+    let before = list_names(&peer, &mut p).await?;
+    if !before.is_empty() {
+        bail!("an unreviewed mapping was offered: {before:?}");
+    }
+    p.line("(none)")?;
+
+    p.step("a reviewer approves the mapping, pinning the upstream tools' digests")?;
+    approve_all(&host, "demo-reviewer").await?;
+    let record = mapping.record();
+    p.line(format!(
+        "mapping `{}` revision {} is {} ({}); pins:",
+        record.name, record.revision, record.state, record.reason
+    ))?;
+    let pins = crate::registry::Pins::from_value(&record.pins);
+    for (tool, d) in &pins.tools {
+        p.line(format!(
+            "  {tool}: schema {}  description {}",
+            crate::registry::short(&d.schema),
+            crate::registry::short(&d.description)
+        ))?;
+    }
 
     p.step("tools/list: what the model is offered")?;
     let offered = list_names(&peer, &mut p).await?;
@@ -185,7 +264,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.line("unchanged; `export_workspace` is unreachable: the mapping does not list it")?;
 
     p.step("refusals happen before anything reaches the upstream server")?;
-    let sent_before: u64 = host.connections().values().map(|c| c.requests_sent()).sum();
+    let sent_before = conn.connection.requests_sent();
     for (name, args) in [
         (
             "retrieve_source",
@@ -205,13 +284,24 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
             Ok(r) => bail!("{name} should have been refused, got {r:?}"),
         }
     }
-    let sent_after: u64 = host.connections().values().map(|c| c.requests_sent()).sum();
+    let sent_after = conn.connection.requests_sent();
     if sent_after != sent_before {
         bail!("a refused call reached the upstream server");
     }
     p.line(format!(
         "upstream requests during the refusals: {}",
         sent_after - sent_before
+    ))?;
+
+    p.step("the trace: hash-chained, append-only")?;
+    let verified = host.registry().store().verify_trace()?;
+    if let Some((seq, why)) = &verified.first_bad {
+        bail!("the trace does not verify at event {seq}: {why}");
+    }
+    p.line(format!(
+        "{} events, chain intact, head {}",
+        verified.events,
+        crate::registry::short(&verified.head)
     ))?;
 
     client.cancel().await.ok();

@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod grants;
 pub mod manifest;
 pub mod references;
+pub mod registry;
 pub mod review;
 pub mod runtime;
 pub mod store;

@@ -397,6 +397,23 @@ pub enum CallFailure {
     Host(String),
 }
 
+impl CallFailure {
+    /// A short stable name for the trace: `deadline`, `memory`, `fuel`, `output-flood`,
+    /// `result-too-large`, `busy`, `trap`, `host`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::DeadlineExceeded(_) => "deadline",
+            Self::MemoryLimit(_) => "memory",
+            Self::FuelExhausted => "fuel",
+            Self::OutputFlood(_) => "output-flood",
+            Self::ResultTooLarge(_) => "result-too-large",
+            Self::Busy(_) => "busy",
+            Self::Trapped(_) => "trap",
+            Self::Host(_) => "host",
+        }
+    }
+}
+
 /// The result of one adapter call.
 pub struct CallOutcome {
     /// The function's return value, or why there is none.

@@ -77,6 +77,11 @@ pub struct StdioServer {
     pub cwd: PathBuf,
     /// The complete environment of the server process.
     pub env: BTreeMap<String, String>,
+    /// Who answers for this connection (free text, part of the configuration digest).
+    pub owner: Option<String>,
+    /// Name of the credential scope the connection runs under (a reference, never a
+    /// secret; part of the configuration digest).
+    pub credential_scope: Option<String>,
 }
 
 /// Why an upstream request did not produce a result.
@@ -105,12 +110,186 @@ impl std::fmt::Display for UpstreamFailure {
 /// One running upstream connection.
 pub struct Connection {
     name: String,
-    max_message_bytes: u64,
+    max_message_bytes: Arc<std::sync::atomic::AtomicUsize>,
     client: RunningService<RoleClient, ()>,
     _child: Child,
     requests: AtomicU64,
     discarded: Arc<AtomicU64>,
+    tap: Arc<Tap>,
+    discovery: tokio::sync::Mutex<()>,
+    first_initialize: std::sync::Mutex<Option<Value>>,
 }
+
+/// The list requests whose raw answers discovery keeps, and `initialize`.
+const CAPTURED_METHODS: [&str; 5] = [
+    "initialize",
+    "tools/list",
+    "resources/list",
+    "resources/templates/list",
+    "prompts/list",
+];
+
+/// The notifications that mean the server's catalogue changed.
+const LIST_CHANGED: [&str; 3] = [
+    "notifications/tools/list_changed",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+];
+
+/// Watches the raw message stream of one connection, both ways.
+///
+/// - While armed (during discovery), it records the ids of outgoing `initialize` and list
+///   requests and keeps the raw `result` object of their answers: typed structs drop
+///   unknown fields, and digests must cover what the server actually sent.
+/// - Always, it counts `notifications/*/list_changed` as they are read, before rmcp sees
+///   them, so a call that follows the notification on the wire already sees the change.
+#[derive(Default)]
+struct Tap {
+    armed: std::sync::atomic::AtomicBool,
+    pending: std::sync::Mutex<BTreeMap<String, &'static str>>,
+    captured: std::sync::Mutex<Vec<(&'static str, Value)>>,
+    list_changed: AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl Tap {
+    fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An outgoing line (client → server).
+    fn outgoing(&self, line: &[u8]) {
+        let Ok(msg) = serde_json::from_slice::<Value>(line) else {
+            return;
+        };
+        let (Some(method), Some(id)) = (msg.get("method").and_then(Value::as_str), msg.get("id"))
+        else {
+            return;
+        };
+        if let Some(m) = CAPTURED_METHODS.iter().find(|m| **m == method) {
+            Self::lock(&self.pending).insert(id.to_string(), m);
+        }
+    }
+
+    /// An incoming line (server → client) that fits the budget.
+    fn incoming(&self, line: &[u8]) {
+        let watching = self.armed.load(Ordering::Acquire);
+        // Notifications are small; only short lines that name list_changed are parsed.
+        let maybe_notice = line.len() < 4096 && contains(line, b"list_changed");
+        if !watching && !maybe_notice {
+            return;
+        }
+        let Ok(mut msg) = serde_json::from_slice::<Value>(line) else {
+            return;
+        };
+        if maybe_notice
+            && msg.get("id").is_none()
+            && msg
+                .get("method")
+                .and_then(Value::as_str)
+                .is_some_and(|m| LIST_CHANGED.contains(&m))
+        {
+            self.list_changed.fetch_add(1, Ordering::AcqRel);
+            self.changed.notify_waiters();
+            return;
+        }
+        if watching {
+            let Some(id) = msg.get("id").map(Value::to_string) else {
+                return;
+            };
+            let Some(method) = Self::lock(&self.pending).remove(&id) else {
+                return;
+            };
+            let result = msg
+                .get_mut("result")
+                .map(Value::take)
+                .unwrap_or(Value::Null);
+            Self::lock(&self.captured).push((method, result));
+        }
+    }
+
+    /// Takes the raw answer captured for `method` (the most recent one).
+    fn take(&self, method: &str) -> Option<Value> {
+        let mut captured = Self::lock(&self.captured);
+        let i = captured.iter().rposition(|(m, _)| *m == method)?;
+        Some(captured.remove(i).1)
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Passes client → server bytes through unchanged; while the tap is armed, also hands
+/// each complete line to it.
+struct TapWriter<W> {
+    inner: W,
+    tap: Arc<Tap>,
+    partial: Vec<u8>,
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for TapWriter<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let poll = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &poll {
+            if this.tap.armed.load(Ordering::Acquire) {
+                this.partial.extend_from_slice(&buf[..*n]);
+                while let Some(end) = this.partial.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = this.partial.drain(..=end).collect();
+                    this.tap.outgoing(&line);
+                }
+                // Requests are small; a runaway partial line is not a request we track.
+                if this.partial.len() > 1 << 20 {
+                    this.partial.clear();
+                }
+            } else if !this.partial.is_empty() {
+                this.partial.clear();
+            }
+        }
+        poll
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// What one discovery received, as raw JSON: the initialize result and every page of
+/// each list the server advertises.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawDiscovery {
+    /// The raw `initialize` result (`serverInfo`, `protocolVersion`, `capabilities`,
+    /// `instructions`).
+    pub initialize: Value,
+    /// Raw tool objects, all pages in order.
+    pub tools: Vec<Value>,
+    /// Raw resource objects.
+    pub resources: Vec<Value>,
+    /// Raw resource template objects.
+    pub resource_templates: Vec<Value>,
+    /// Raw prompt objects.
+    pub prompts: Vec<Value>,
+}
+
+/// Most pages one list may span, and most items one discovery keeps per list.
+pub const MAX_DISCOVERY_PAGES: usize = 1000;
+/// See [`MAX_DISCOVERY_PAGES`].
+pub const MAX_DISCOVERY_ITEMS: usize = 20_000;
 
 impl Connection {
     /// Starts `server`, performs the MCP initialize handshake, and returns the connection.
@@ -160,13 +339,25 @@ impl Connection {
             });
         }
         let discarded = Arc::new(AtomicU64::new(0));
+        let tap = Arc::new(Tap::default());
+        // Armed from the start: the initialize answer is part of the first snapshot.
+        tap.armed.store(true, Ordering::Release);
         let (filtered, ours) = tokio::io::duplex(64 * 1024);
+        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
+            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+        ));
         tokio::spawn(filter_messages(
             stdout,
             ours,
-            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+            limit.clone(),
             discarded.clone(),
+            Some(tap.clone()),
         ));
+        let stdin = TapWriter {
+            inner: stdin,
+            tap: tap.clone(),
+            partial: Vec::new(),
+        };
         let handshake = tokio::time::timeout(INITIALIZE_TIMEOUT, ().serve((filtered, stdin))).await;
         let client = match handshake.map_err(|_| {
             format!(
@@ -190,12 +381,166 @@ impl Connection {
             .await;
         Ok(Self {
             name: name.to_string(),
-            max_message_bytes,
+            max_message_bytes: limit,
             client,
             _child: child,
             requests: AtomicU64::new(0),
             discarded,
+            tap,
+            discovery: tokio::sync::Mutex::new(()),
+            first_initialize: std::sync::Mutex::new(None),
         })
+    }
+
+    /// How many `notifications/*/list_changed` the server has sent so far. Counted as the
+    /// message is read, so it is current before any later answer is handed to a caller.
+    pub fn list_changed_count(&self) -> u64 {
+        self.tap.list_changed.load(Ordering::Acquire)
+    }
+
+    /// Waits until the server sends a `list_changed` notification after `seen` (a value of
+    /// [`Connection::list_changed_count`]).
+    pub async fn list_changed_after(&self, seen: u64) {
+        loop {
+            let notified = self.tap.changed.notified();
+            if self.list_changed_count() > seen {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// True while the rmcp client is running (the server has not closed the connection).
+    pub fn is_open(&self) -> bool {
+        !self.client.is_closed()
+    }
+
+    /// Discovery: the raw initialize result and the full paginated lists of tools,
+    /// resources, resource templates and prompts, as the server sent them. Lists the
+    /// server does not advertise in its capabilities are empty. One discovery runs at a
+    /// time per connection.
+    ///
+    /// # Errors
+    /// A list request failed or timed out (`timeout` per page), a server repeated a cursor,
+    /// or a list exceeded [`MAX_DISCOVERY_PAGES`] / [`MAX_DISCOVERY_ITEMS`].
+    pub async fn discover(&self, timeout: Duration) -> Result<RawDiscovery, UpstreamFailure> {
+        let _one_at_a_time = self.discovery.lock().await;
+        self.tap.armed.store(true, Ordering::Release);
+        let result = self.discover_armed(timeout).await;
+        self.tap.armed.store(false, Ordering::Release);
+        Tap::lock(&self.tap.pending).clear();
+        Tap::lock(&self.tap.captured).clear();
+        result
+    }
+
+    async fn discover_armed(&self, timeout: Duration) -> Result<RawDiscovery, UpstreamFailure> {
+        // The initialize answer was captured at the handshake; keep it for every discovery.
+        let initialize = {
+            let mut first = self.first_initialize.lock().unwrap_or_else(|e| e.into_inner());
+            if first.is_none() {
+                *first = self.tap.take("initialize");
+            }
+            first.clone().ok_or_else(|| {
+                UpstreamFailure::Protocol("the raw initialize answer was not captured".into())
+            })?
+        };
+        let caps = initialize.get("capabilities").cloned().unwrap_or(Value::Null);
+        let has = |key: &str| caps.get(key).is_some_and(|v| !v.is_null());
+        let mut out = RawDiscovery {
+            initialize,
+            tools: vec![],
+            resources: vec![],
+            resource_templates: vec![],
+            prompts: vec![],
+        };
+        if has("tools") {
+            out.tools = self.list_all("tools/list", "tools", timeout).await?;
+        }
+        if has("resources") {
+            out.resources = self.list_all("resources/list", "resources", timeout).await?;
+            out.resource_templates = self
+                .list_all("resources/templates/list", "resourceTemplates", timeout)
+                .await?;
+        }
+        if has("prompts") {
+            out.prompts = self.list_all("prompts/list", "prompts", timeout).await?;
+        }
+        Ok(out)
+    }
+
+    /// Walks every page of one list; returns the raw items.
+    async fn list_all(
+        &self,
+        method: &'static str,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, UpstreamFailure> {
+        let peer = self.client.peer();
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut seen_cursors = std::collections::BTreeSet::new();
+        for _ in 0..MAX_DISCOVERY_PAGES {
+            let params = cursor
+                .clone()
+                .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let call = async {
+                match method {
+                    "tools/list" => peer.list_tools(params).await.map(|_| ()),
+                    "resources/list" => peer.list_resources(params).await.map(|_| ()),
+                    "resources/templates/list" => {
+                        peer.list_resource_templates(params).await.map(|_| ())
+                    }
+                    _ => peer.list_prompts(params).await.map(|_| ()),
+                }
+            };
+            tokio::time::timeout(timeout, call)
+                .await
+                .map_err(|_| self.timed_out(timeout))?
+                .map_err(|e| self.failure(e))?;
+            let raw = self.tap.take(method).ok_or_else(|| {
+                UpstreamFailure::Protocol(format!("the raw {method} answer was not captured"))
+            })?;
+            match raw.get(key) {
+                Some(Value::Array(page)) => items.extend(page.iter().cloned()),
+                _ => {
+                    return Err(UpstreamFailure::Protocol(format!(
+                        "{method} answer has no `{key}` array"
+                    )));
+                }
+            }
+            if items.len() > MAX_DISCOVERY_ITEMS {
+                return Err(UpstreamFailure::Protocol(format!(
+                    "{method} returned more than {MAX_DISCOVERY_ITEMS} items"
+                )));
+            }
+            match raw.get("nextCursor") {
+                None | Some(Value::Null) => return Ok(items),
+                Some(Value::String(next)) => {
+                    if !seen_cursors.insert(next.clone()) {
+                        return Err(UpstreamFailure::Protocol(format!(
+                            "{method} repeated a cursor; the server's pagination loops"
+                        )));
+                    }
+                    cursor = Some(next.clone());
+                }
+                Some(_) => {
+                    return Err(UpstreamFailure::Protocol(format!(
+                        "{method} answer has a nextCursor that is not a string"
+                    )));
+                }
+            }
+        }
+        Err(UpstreamFailure::Protocol(format!(
+            "{method} spans more than {MAX_DISCOVERY_PAGES} pages"
+        )))
+    }
+
+    /// Raises the per-message budget to at least `bytes` (a mapping loaded later may
+    /// need more than the ones loaded at start; each mapping still checks its own).
+    pub fn raise_message_budget(&self, bytes: u64) {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        self.max_message_bytes.fetch_max(bytes, Ordering::AcqRel);
     }
 
     /// The connection's configured name.
@@ -273,7 +618,7 @@ impl Connection {
     fn failure(&self, error: ServiceError) -> UpstreamFailure {
         match error {
             ServiceError::McpError(e) if e.code == ErrorCode(OUTPUT_BUDGET_ERROR_CODE) => {
-                UpstreamFailure::OutputTooLarge(self.max_message_bytes)
+                UpstreamFailure::OutputTooLarge(self.max_message_bytes.load(Ordering::Acquire) as u64)
             }
             ServiceError::McpError(e) => UpstreamFailure::Protocol(e.message.into_owned()),
             other => UpstreamFailure::Unavailable(format!("connection `{}`: {other}", self.name)),
@@ -288,8 +633,9 @@ impl Connection {
 async fn filter_messages(
     from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
-    limit: usize,
+    limit: Arc<std::sync::atomic::AtomicUsize>,
     discarded: Arc<AtomicU64>,
+    tap: Option<Arc<Tap>>,
 ) {
     let mut reader = BufReader::with_capacity(64 * 1024, from);
     let mut line: Vec<u8> = Vec::new();
@@ -304,6 +650,7 @@ async fn filter_messages(
             None => (buf, false),
         };
         let used = chunk.len();
+        let limit = limit.load(Ordering::Acquire);
         match scanner.as_mut() {
             Some(scan) => scan.feed(chunk),
             None if line.len() + used > limit.saturating_add(1) => {
@@ -342,7 +689,12 @@ async fn filter_messages(
                         None => true,
                     }
                 }
-                None => to.write_all(&line).await.is_ok(),
+                None => {
+                    if let Some(tap) = &tap {
+                        tap.incoming(&line);
+                    }
+                    to.write_all(&line).await.is_ok()
+                }
             };
             line.clear();
             if !ok {
@@ -477,7 +829,14 @@ mod tests {
     async fn run_filter(input: &str, limit: usize) -> (String, u64) {
         let discarded = Arc::new(AtomicU64::new(0));
         let mut out = Vec::new();
-        filter_messages(input.as_bytes(), &mut out, limit, discarded.clone()).await;
+        filter_messages(
+            input.as_bytes(),
+            &mut out,
+            Arc::new(std::sync::atomic::AtomicUsize::new(limit)),
+            discarded.clone(),
+            None,
+        )
+        .await;
         (
             String::from_utf8(out).unwrap(),
             discarded.load(Ordering::Relaxed),

@@ -1,0 +1,527 @@
+//! Operator and reviewer commands over the registry: `airlock discover`, `airlock
+//! snapshots`, `airlock review` and `airlock trace`. Each returns a report that prints for
+//! a person by default and as JSON for tools.
+//!
+//! Rules:
+//! - Discovery records a snapshot and shows drift; it changes no mapping's state (a running
+//!   host does that when it sees the same drift).
+//! - An approval pins the digests of a snapshot of the mapping's *current* connection
+//!   revision, verifies the component against the manifest's pin first, and records the
+//!   reviewer and time as a new mapping revision.
+//! - Upstream-supplied text (server names, tool names, descriptions) is printed escaped and
+//!   clipped: it is untrusted.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::config::ServeConfig;
+use crate::drift::{self, Catalogue, Drift};
+use crate::gateway::{MappingSource, mapping_dir_manifests, open_registry};
+use crate::registry::{Pins, Registry, short};
+use crate::store::{MappingRecord, SnapshotSummary, StoredSnapshot, TraceEvent};
+use crate::upstream::Connection;
+
+/// Escapes and clips untrusted text for a terminal.
+pub fn safe(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Formats unix milliseconds as RFC 3339.
+pub fn time(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+        .to_string()
+}
+
+/// The result of `airlock discover`.
+#[derive(Debug, Serialize)]
+pub struct DiscoverReport {
+    /// Configured connection name.
+    pub connection: String,
+    /// Local connection id.
+    pub connection_id: String,
+    /// Configuration revision.
+    pub config_revision: i64,
+    /// Whether this configuration digest was new.
+    pub new_revision: bool,
+    /// The snapshot's digest.
+    pub snapshot: String,
+    /// Whether the snapshot's content was new.
+    pub new_snapshot: bool,
+    /// Reported server name and version (observations).
+    pub server: Value,
+    /// Counts per list.
+    pub counts: Value,
+    /// Drift against the previous snapshot of this connection.
+    pub previous: Option<String>,
+    /// Classified drift against `previous`.
+    pub drift: Vec<Drift>,
+    /// Per mapping bound to this connection: its verdict against this snapshot.
+    pub mappings: Vec<MappingCheck>,
+}
+
+/// One mapping's standing against a snapshot.
+#[derive(Debug, Serialize)]
+pub struct MappingCheck {
+    /// Mapping name.
+    pub mapping: String,
+    /// Its latest revision.
+    pub revision: i64,
+    /// Its recorded state.
+    pub state: String,
+    /// Whether it would serve against this snapshot.
+    pub would_serve: bool,
+    /// Why not, if not.
+    pub reason: Option<String>,
+    /// Meaning-bearing drift on its pinned tools.
+    pub drift: Vec<Drift>,
+}
+
+/// `airlock discover CONNECTION`: starts the connection, takes a snapshot now, and
+/// classifies the drift against the previous snapshot and each mapping's pins.
+///
+/// # Errors
+/// Unknown connection; the server fails to start or to answer discovery; the store fails.
+pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport> {
+    let server = config.connections.get(name).with_context(|| {
+        format!(
+            "the configuration has no connection named `{name}` (it has: {})",
+            config.connections.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    })?;
+    let registry = open_registry(config)?;
+    let rev = registry.identify(name, server)?;
+    let previous = registry.store().latest_snapshot(&rev.connection_id)?;
+    let conn = Connection::start_stdio(name, server, crate::manifest::MAX_OUTPUT_BYTES_CEILING)
+        .await?;
+    let raw = conn
+        .discover(crate::gateway::DISCOVERY_TIMEOUT)
+        .await
+        .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
+    let catalogue = Registry::catalogue(&rev, raw);
+    let observed = registry.record_snapshot(name, &rev, &catalogue)?;
+    let previous_catalogue = previous
+        .as_ref()
+        .and_then(|p| serde_json::from_value::<Catalogue>(p.body.clone()).ok());
+    let drift = previous_catalogue
+        .as_ref()
+        .map(|old| drift::diff(old, &catalogue))
+        .unwrap_or_default();
+    let mut mappings = Vec::new();
+    for record in registry.store().mappings()? {
+        if record.connection_id != rev.connection_id {
+            continue;
+        }
+        let tools: Vec<String> = Pins::from_value(&record.pins).tools.keys().cloned().collect();
+        mappings.push(check(&registry, &record, &tools, &catalogue));
+    }
+    Ok(DiscoverReport {
+        connection: name.to_string(),
+        connection_id: rev.connection_id.clone(),
+        config_revision: rev.revision,
+        new_revision: rev.created,
+        snapshot: observed.digest,
+        new_snapshot: observed.new,
+        server: catalogue.server_info.clone(),
+        counts: counts(&catalogue),
+        previous: previous.map(|p| p.digest),
+        drift,
+        mappings,
+    })
+}
+
+fn check(registry: &Registry, record: &MappingRecord, tools: &[String], catalogue: &Catalogue) -> MappingCheck {
+    // Judge the pins as if the mapping served, so a reviewer sees the drift either way.
+    let mut probe = record.clone();
+    if !probe.state.serves() && probe.snapshot_digest.is_some() {
+        probe.state = crate::store::MappingState::Active;
+    }
+    let verdict = registry.evaluate(&probe, tools, catalogue);
+    let (would_serve, reason, drift) = match verdict {
+        crate::registry::Verdict::Serves => (record.state.serves(), None, vec![]),
+        crate::registry::Verdict::Blocked { reason, drift, .. } => (false, Some(reason), drift),
+    };
+    let reason = if reason.is_none() && !record.state.serves() {
+        Some(format!("state is {}: {}", record.state, record.reason))
+    } else {
+        reason
+    };
+    MappingCheck {
+        mapping: record.name.clone(),
+        revision: record.revision,
+        state: record.state.to_string(),
+        would_serve,
+        reason,
+        drift,
+    }
+}
+
+fn counts(c: &Catalogue) -> Value {
+    json!({
+        "tools": c.tools.len(),
+        "resources": c.resources.len(),
+        "resource_templates": c.resource_templates.len(),
+        "prompts": c.prompts.len(),
+    })
+}
+
+fn server_label(server: &Value) -> String {
+    let name = server.get("name").and_then(Value::as_str).unwrap_or("?");
+    let version = server.get("version").and_then(Value::as_str).unwrap_or("?");
+    format!("{:?} {}", safe(name, 80), safe(version, 40))
+}
+
+impl DiscoverReport {
+    /// For a person.
+    pub fn to_text(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "connection `{}` = {} revision {}{}",
+            self.connection,
+            self.connection_id,
+            self.config_revision,
+            if self.new_revision { " (new configuration revision)" } else { "" }
+        );
+        let _ = writeln!(o, "server reports itself as {} (an observation, not an identity)", server_label(&self.server));
+        let _ = writeln!(
+            o,
+            "snapshot {}{}: {} tools, {} resources, {} resource templates, {} prompts",
+            self.snapshot,
+            if self.new_snapshot { " (new)" } else { " (same content as seen before)" },
+            self.counts["tools"], self.counts["resources"], self.counts["resource_templates"], self.counts["prompts"]
+        );
+        match &self.previous {
+            None => {
+                let _ = writeln!(o, "no earlier snapshot of this connection");
+            }
+            Some(prev) if self.drift.is_empty() => {
+                let _ = writeln!(o, "no drift since snapshot {}", short(prev));
+            }
+            Some(prev) => {
+                let _ = writeln!(o, "drift since snapshot {}:", short(prev));
+                for d in &self.drift {
+                    let _ = writeln!(
+                        o,
+                        "  {} {d}",
+                        if d.change.is_meaning_bearing() { "!" } else { "·" }
+                    );
+                }
+            }
+        }
+        for m in &self.mappings {
+            match (&m.reason, m.would_serve) {
+                (None, true) => {
+                    let _ = writeln!(o, "mapping `{}` (revision {}, {}): pins match", m.mapping, m.revision, m.state);
+                }
+                (reason, _) => {
+                    let _ = writeln!(
+                        o,
+                        "mapping `{}` (revision {}, {}): would not serve: {}",
+                        m.mapping,
+                        m.revision,
+                        m.state,
+                        reason.as_deref().unwrap_or("")
+                    );
+                    for d in &m.drift {
+                        let _ = writeln!(o, "  ! {d}");
+                    }
+                }
+            }
+        }
+        o
+    }
+}
+
+/// `airlock snapshots list`.
+///
+/// # Errors
+/// Unknown connection; the store fails.
+pub fn snapshots_list(registry: &Registry, connection: Option<&str>) -> Result<Vec<SnapshotSummary>> {
+    let id = match connection {
+        None => None,
+        Some(name) => Some(
+            registry
+                .store()
+                .connection(name)?
+                .with_context(|| format!("no connection named `{name}` is recorded"))?
+                .connection_id,
+        ),
+    };
+    registry.store().snapshots(id.as_deref())
+}
+
+/// Text for `airlock snapshots list`.
+pub fn snapshots_text(list: &[SnapshotSummary]) -> String {
+    let mut o = String::new();
+    if list.is_empty() {
+        o.push_str("no snapshots recorded; run `airlock discover CONNECTION`\n");
+    }
+    for s in list {
+        let _ = writeln!(
+            o,
+            "{}  {} rev {}  first {}  last {}  seen {}x",
+            s.digest,
+            s.connection_id,
+            s.config_revision,
+            time(s.first_seen_ms),
+            time(s.last_seen_ms),
+            s.observations
+        );
+    }
+    o
+}
+
+/// `airlock snapshots show`: the snapshot with each item's digests.
+///
+/// # Errors
+/// Unknown or ambiguous digest; the store fails.
+pub fn snapshot_show(registry: &Registry, digest: &str) -> Result<(StoredSnapshot, String)> {
+    let snap = registry
+        .store()
+        .snapshot(digest)?
+        .with_context(|| format!("no snapshot matches `{digest}`"))?;
+    let catalogue: Catalogue =
+        serde_json::from_value(snap.body.clone()).context("the stored snapshot does not parse")?;
+    let mut o = String::new();
+    let _ = writeln!(o, "snapshot {}", snap.digest);
+    let _ = writeln!(o, "connection {} revision {}", snap.connection_id, snap.config_revision);
+    let _ = writeln!(o, "first seen {}, last seen {}, {} observation(s)", time(snap.first_seen_ms), time(snap.last_seen_ms), snap.observations);
+    let _ = writeln!(o, "server {} protocol {}", server_label(&catalogue.server_info), safe(&catalogue.protocol_version, 40));
+    for (label, items, key) in [
+        ("tools", &catalogue.tools, "name"),
+        ("resources", &catalogue.resources, "uri"),
+        ("resource templates", &catalogue.resource_templates, "uriTemplate"),
+        ("prompts", &catalogue.prompts, "name"),
+    ] {
+        let _ = writeln!(o, "{label} ({}):", items.len());
+        for item in items {
+            let d = drift::item_digests(item);
+            let _ = writeln!(
+                o,
+                "  {:<40} schema {}  description {}",
+                safe(item.get(key).and_then(Value::as_str).unwrap_or("?"), 80),
+                short(&d.schema),
+                short(&d.description)
+            );
+        }
+    }
+    Ok((snap, o))
+}
+
+/// `airlock review show`: a mapping's revisions, pins, and drift against its connection's
+/// latest snapshot.
+#[derive(Debug, Serialize)]
+pub struct ReviewShow {
+    /// Latest revision.
+    pub current: MappingRecord,
+    /// Every revision, oldest first.
+    pub revisions: Vec<MappingRecord>,
+    /// The connection's latest snapshot, if any.
+    pub latest_snapshot: Option<String>,
+    /// The check of the pins against it.
+    pub check: Option<MappingCheck>,
+}
+
+/// See [`ReviewShow`].
+///
+/// # Errors
+/// Unknown mapping; the store fails.
+pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
+    let current = registry
+        .store()
+        .mapping(name)?
+        .with_context(|| format!("no mapping named `{name}` is recorded; a host records it when it first loads the manifest"))?;
+    let revisions = registry.store().mapping_revisions(name)?;
+    let latest = registry.store().latest_snapshot(&current.connection_id)?;
+    let check = latest.as_ref().and_then(|s| {
+        let catalogue: Catalogue = serde_json::from_value(s.body.clone()).ok()?;
+        let tools: Vec<String> = Pins::from_value(&current.pins).tools.keys().cloned().collect();
+        Some(check(registry, &current, &tools, &catalogue))
+    });
+    Ok(ReviewShow {
+        current,
+        revisions,
+        latest_snapshot: latest.map(|s| s.digest),
+        check,
+    })
+}
+
+impl ReviewShow {
+    /// For a person.
+    pub fn to_text(&self) -> String {
+        let c = &self.current;
+        let mut o = String::new();
+        let _ = writeln!(o, "mapping `{}` revision {}: {}", c.name, c.revision, c.state);
+        let _ = writeln!(o, "  reason: {}", c.reason);
+        let _ = writeln!(o, "  reviewer: {}", c.reviewer.as_deref().unwrap_or("(none)"));
+        let _ = writeln!(o, "  component sha256 {}", c.component_sha256);
+        let _ = writeln!(o, "  manifest sha256  {}", c.manifest_digest);
+        let _ = writeln!(o, "  connection {} revision {}", c.connection_id, c.config_revision);
+        let _ = writeln!(o, "  pinned snapshot {}", c.snapshot_digest.as_deref().unwrap_or("(none)"));
+        let pins = Pins::from_value(&c.pins);
+        if pins.tools.is_empty() {
+            let _ = writeln!(o, "  pins: none (not reviewed)");
+        }
+        for (tool, d) in &pins.tools {
+            let _ = writeln!(o, "  pin {tool}: schema {} description {}", d.schema, d.description);
+        }
+        match (&self.latest_snapshot, &self.check) {
+            (Some(s), Some(check)) => {
+                let _ = writeln!(o, "against the connection's latest snapshot {}:", short(s));
+                match &check.reason {
+                    None => {
+                        let _ = writeln!(o, "  pins match");
+                    }
+                    Some(r) => {
+                        let _ = writeln!(o, "  {r}");
+                    }
+                }
+                for d in &check.drift {
+                    let _ = writeln!(o, "  ! {d}");
+                }
+            }
+            _ => {
+                let _ = writeln!(o, "no snapshot of its connection yet: run `airlock discover CONNECTION`");
+            }
+        }
+        let _ = writeln!(o, "revisions:");
+        for r in &self.revisions {
+            let _ = writeln!(
+                o,
+                "  {:>3}  {:<16} {}  {}{}",
+                r.revision,
+                r.state.as_str(),
+                time(r.created_ms),
+                r.reason,
+                r.reviewer.as_deref().map(|v| format!(" (reviewer {v})")).unwrap_or_default()
+            );
+        }
+        o
+    }
+}
+
+/// Text for `airlock review list`.
+pub fn review_list_text(list: &[MappingRecord]) -> String {
+    let mut o = String::new();
+    if list.is_empty() {
+        o.push_str("no mappings recorded; a host records each mapping when it first loads it\n");
+    }
+    for r in list {
+        let _ = writeln!(
+            o,
+            "{:<24} rev {:>3}  {:<16} {}  {}",
+            r.name,
+            r.revision,
+            r.state.as_str(),
+            r.connection_id,
+            r.reason
+        );
+    }
+    o
+}
+
+/// Finds the manifest of mapping `name` among the configuration's mappings.
+///
+/// # Errors
+/// No configured manifest declares that mapping; a manifest does not read.
+pub fn find_mapping(config: &ServeConfig, name: &str) -> Result<MappingSource> {
+    let mut paths = config.mappings.clone();
+    if let Some(dir) = &config.mappings_dir {
+        paths.extend(mapping_dir_manifests(dir)?);
+    }
+    let mut seen = Vec::new();
+    for path in paths {
+        let source = MappingSource::from_file(&path)?;
+        if source.manifest.mapping.name == name {
+            return Ok(source);
+        }
+        seen.push(source.manifest.mapping.name);
+    }
+    bail!(
+        "no configured mapping is named `{name}` (configured: {})",
+        seen.join(", ")
+    )
+}
+
+/// `airlock review approve`: verifies the component against its pin, resolves the
+/// connection's current revision, and pins `snapshot` (default: the connection's latest).
+///
+/// # Errors
+/// See [`Registry::approve_tools`]; the component does not match its pin; no snapshot.
+pub fn approve(
+    config: &ServeConfig,
+    name: &str,
+    reviewer: &str,
+    snapshot: Option<&str>,
+) -> Result<MappingRecord> {
+    let source = find_mapping(config, name)?;
+    crate::manifest::verify_pin(&source.manifest, &source.component)?;
+    let registry = open_registry(config)?;
+    let conn_name = &source.manifest.mapping.connection;
+    let server = config
+        .connections
+        .get(conn_name)
+        .with_context(|| format!("mapping `{name}` uses connection `{conn_name}`, which the configuration does not define"))?;
+    let rev = registry.identify(conn_name, server)?;
+    let snap = match snapshot {
+        Some(d) => registry
+            .store()
+            .snapshot(d)?
+            .with_context(|| format!("no snapshot matches `{d}`"))?,
+        None => registry
+            .store()
+            .latest_snapshot(&rev.connection_id)?
+            .with_context(|| format!("connection `{conn_name}` has no snapshot yet: run `airlock discover {conn_name}` and read what it reports first"))?,
+    };
+    registry.approve_tools(
+        name,
+        &source.manifest.upstream.tools,
+        &source.manifest_digest,
+        source.manifest.pinned_sha256(),
+        &rev,
+        &snap,
+        reviewer,
+    )
+}
+
+/// `airlock trace list` text.
+pub fn trace_text(events: &[TraceEvent]) -> String {
+    let mut o = String::new();
+    for e in events {
+        let _ = writeln!(
+            o,
+            "{:>6}  {}  {:<22} {:<24} {}",
+            e.seq,
+            time(e.at_ms),
+            e.kind,
+            safe(&e.subject, 60),
+            safe(&e.payload.to_string(), 160)
+        );
+    }
+    o
+}
+
+/// Opens the registry of a state folder given directly (commands without `--config`).
+///
+/// # Errors
+/// The store cannot be opened.
+pub fn registry_at(state_dir: &Path) -> Result<Registry> {
+    let store = crate::store::SqliteStore::open(state_dir)?;
+    Ok(Registry::new(std::sync::Arc::new(store)))
+}

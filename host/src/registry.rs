@@ -1,0 +1,619 @@
+//! The registry: connection identity, discovery snapshots, mapping pins and lifecycle.
+//!
+//! Rules this module enforces (DESIGN.md §1–§2, §7):
+//! - **A name is not an identity.** Each configured connection gets a locally assigned id
+//!   (`conn-…`). Its configuration revision is the sha256 of the RFC 8785 canonical JSON of
+//!   the transport (command path, the executable's sha256, args, working directory,
+//!   environment variable *names*), the credential scope reference and the owner. A new
+//!   digest is a new revision; a mapping approved against another revision does not serve.
+//!   The server-reported name and version are observations inside a snapshot, never keys.
+//! - **Discovery grants nothing.** A snapshot records what a connection reported; only a
+//!   reviewer's approval (a new mapping revision carrying pins) lets a mapping serve.
+//! - **Pins.** A mapping revision pins connection id + configuration revision + the schema
+//!   and description digest of every upstream tool its manifest lists. A mapping serves only
+//!   in `limited` or `active`, and only while every pin matches the connection's current
+//!   snapshot and the server's reported name is the one the reviewer saw. Anything else
+//!   moves it to `review-required`, from which only a new approval (a new revision) leads
+//!   back to serving.
+//! - **Everything is traced**: revisions, snapshots, drift, state changes, approvals.
+
+use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::Digest as _;
+
+use crate::drift::{self, Catalogue, Change, Drift, ItemDigests, ItemKind};
+use crate::manifest::MappingManifest;
+use crate::store::{
+    ConnectionRevision, MappingRecord, MappingState, NewMappingRevision, SnapshotObservation,
+    StoredSnapshot, Store,
+};
+use crate::upstream::{RawDiscovery, StdioServer};
+
+/// Trace event kinds written by the host. Payloads are digests and safe summaries.
+pub mod events {
+    /// A connection configuration digest seen for the first time.
+    pub const CONNECTION_REVISION: &str = "connection-revision";
+    /// A discovery snapshot was taken.
+    pub const SNAPSHOT_TAKEN: &str = "snapshot-taken";
+    /// Discovery failed.
+    pub const SNAPSHOT_FAILED: &str = "snapshot-failed";
+    /// Meaning-bearing drift on a mapping's pinned tools.
+    pub const DRIFT_FOUND: &str = "drift-found";
+    /// A mapping revision was recorded (first sight, changed manifest, approval).
+    pub const MAPPING_REVISION: &str = "mapping-revision";
+    /// A mapping's lifecycle state changed.
+    pub const MAPPING_STATE: &str = "mapping-state-changed";
+    /// A mapping was loaded into a running host.
+    pub const MAPPING_LOADED: &str = "mapping-loaded";
+    /// A mapping was unloaded from a running host.
+    pub const MAPPING_UNLOADED: &str = "mapping-unloaded";
+    /// A new or changed mapping failed verification; the old revision (if any) serves on.
+    pub const MAPPING_LOAD_FAILED: &str = "mapping-load-failed";
+    /// A call was refused because of the mapping's state or pins.
+    pub const CALL_REFUSED: &str = "call-refused";
+    /// An adapter call was contained (deadline, memory, fuel, output, trap...).
+    pub const CALL_CONTAINED: &str = "call-contained";
+}
+
+/// sha256 (hex) of a file's bytes, streamed.
+///
+/// # Errors
+/// The file cannot be read.
+pub fn file_sha256(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path)
+        .with_context(|| format!("reading {} to compute its sha256", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// The configuration revision of a stdio connection: `(digest, summary)`. The summary is
+/// the canonicalized JSON the digest covers; it holds no environment values.
+///
+/// # Errors
+/// The executable cannot be read.
+pub fn stdio_identity(server: &StdioServer) -> Result<(String, Value)> {
+    let summary = json!({
+        "transport": "stdio",
+        "command": server.command.display().to_string(),
+        "command_sha256": file_sha256(&server.command)?,
+        "args": server.args,
+        "cwd": server.cwd.display().to_string(),
+        "env_names": server.env.keys().collect::<Vec<_>>(),
+        "credential_scope": server.credential_scope,
+        "owner": server.owner,
+    });
+    Ok((drift::canonical_digest(&summary), summary))
+}
+
+/// What a mapping revision pins: per upstream tool, the digests the reviewer approved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pins {
+    /// Upstream tool name → digests.
+    pub tools: BTreeMap<String, ItemDigests>,
+}
+
+impl Pins {
+    /// Reads pins stored with a mapping revision (`null` or `{}` = none).
+    pub fn from_value(value: &Value) -> Self {
+        serde_json::from_value(value.clone()).unwrap_or_default()
+    }
+
+    /// As stored.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// Whether a mapping revision may serve against a connection's current snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Its state serves and every pin matches.
+    Serves,
+    /// Not serving: why (safe text) and the classified drift, if any.
+    Blocked {
+        /// One line for a person.
+        reason: String,
+        /// Classified differences against the pinned snapshot (empty when the reason is
+        /// the state or the configuration revision).
+        drift: Vec<Drift>,
+        /// True when the verdict itself should move a serving mapping to
+        /// `review-required` (pins broken or configuration changed); false when the
+        /// state alone already keeps it from serving.
+        needs_review: bool,
+    },
+}
+
+/// The sha256 (hex) of a mapping manifest's text.
+pub fn manifest_digest(text: &str) -> String {
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// The registry over one [`Store`].
+#[derive(Clone)]
+pub struct Registry {
+    store: Arc<dyn Store>,
+}
+
+impl Registry {
+    /// A registry over `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
+    /// Appends a trace event; a failure to write it is logged, never silently dropped.
+    pub fn trace(&self, kind: &str, subject: &str, payload: Value) {
+        if let Err(e) = self.store.append_trace(kind, subject, &payload) {
+            tracing::error!(kind, subject, "could not append to the trace: {e:#}");
+        }
+    }
+
+    /// Resolves a configured connection to its id and configuration revision, recording a
+    /// new revision when the digest is new.
+    ///
+    /// # Errors
+    /// The executable cannot be hashed; the store fails.
+    pub fn identify(&self, name: &str, server: &StdioServer) -> Result<ConnectionRevision> {
+        let (digest, summary) = stdio_identity(server)
+            .with_context(|| format!("identifying connection `{name}`"))?;
+        let rev = self.store.connection_revision(name, &digest, &summary)?;
+        if rev.created {
+            self.trace(
+                events::CONNECTION_REVISION,
+                name,
+                json!({
+                    "connection_id": rev.connection_id,
+                    "revision": rev.revision,
+                    "config_digest": rev.config_digest,
+                    "command_sha256": summary["command_sha256"],
+                }),
+            );
+        }
+        Ok(rev)
+    }
+
+    /// Builds the catalogue of one discovery.
+    pub fn catalogue(rev: &ConnectionRevision, raw: RawDiscovery) -> Catalogue {
+        let init = &raw.initialize;
+        Catalogue {
+            connection_id: rev.connection_id.clone(),
+            config_digest: rev.config_digest.clone(),
+            server_info: init.get("serverInfo").cloned().unwrap_or(Value::Null),
+            protocol_version: init
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            capabilities: init.get("capabilities").cloned().unwrap_or(Value::Null),
+            instructions: init
+                .get("instructions")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            tools: raw.tools,
+            resources: raw.resources,
+            resource_templates: raw.resource_templates,
+            prompts: raw.prompts,
+        }
+    }
+
+    /// Stores a snapshot (content-addressed) with this observation's time, and traces it.
+    ///
+    /// # Errors
+    /// The catalogue is malformed (duplicate or missing keys); the store fails.
+    pub fn record_snapshot(
+        &self,
+        connection: &str,
+        rev: &ConnectionRevision,
+        catalogue: &Catalogue,
+    ) -> Result<SnapshotObservation> {
+        catalogue
+            .validate()
+            .with_context(|| format!("connection `{connection}` reported a malformed catalogue"))?;
+        let digest = catalogue.digest();
+        let body = serde_json::to_value(catalogue)?;
+        let observed = self
+            .store
+            .put_snapshot(&digest, &rev.connection_id, rev.revision, &body)?;
+        self.trace(
+            events::SNAPSHOT_TAKEN,
+            connection,
+            json!({
+                "connection_id": rev.connection_id,
+                "config_revision": rev.revision,
+                "snapshot": digest,
+                "new": observed.new,
+                "tools": catalogue.tools.len(),
+                "resources": catalogue.resources.len(),
+                "resource_templates": catalogue.resource_templates.len(),
+                "prompts": catalogue.prompts.len(),
+            }),
+        );
+        Ok(observed)
+    }
+
+    /// Records the mapping as loaded from `manifest`: a first sight is a `candidate`
+    /// revision with no pins; a changed manifest (or connection revision) is a new revision.
+    /// Pins carry over for tools the manifest still lists. The new revision keeps serving
+    /// only when the connection revision is the same and every listed tool is pinned;
+    /// otherwise it is `review-required` (or stays `candidate`).
+    ///
+    /// # Errors
+    /// The store fails.
+    pub fn register_mapping(
+        &self,
+        manifest: &MappingManifest,
+        manifest_digest: &str,
+        component_sha256: &str,
+        rev: &ConnectionRevision,
+    ) -> Result<MappingRecord> {
+        let name = &manifest.mapping.name;
+        let latest = self.store.mapping(name)?;
+        let new = match &latest {
+            None => NewMappingRevision {
+                name: name.clone(),
+                manifest_digest: manifest_digest.to_string(),
+                component_sha256: component_sha256.to_string(),
+                connection_id: rev.connection_id.clone(),
+                config_revision: rev.revision,
+                snapshot_digest: None,
+                pins: Pins::default().to_value(),
+                state: MappingState::Candidate,
+                reviewer: None,
+                reason: "first seen; not reviewed".into(),
+            },
+            Some(latest)
+                if latest.manifest_digest == manifest_digest
+                    && latest.connection_id == rev.connection_id
+                    && latest.config_revision == rev.revision =>
+            {
+                return Ok(latest.clone());
+            }
+            Some(latest) => {
+                let old = Pins::from_value(&latest.pins);
+                let mut pins = Pins::default();
+                let mut unpinned = Vec::new();
+                for tool in &manifest.upstream.tools {
+                    match old.tools.get(tool) {
+                        Some(d) => {
+                            pins.tools.insert(tool.clone(), d.clone());
+                        }
+                        None => unpinned.push(tool.clone()),
+                    }
+                }
+                let same_connection = latest.connection_id == rev.connection_id
+                    && latest.config_revision == rev.revision;
+                let (state, reason) = if latest.state == MappingState::Candidate {
+                    (MappingState::Candidate, "manifest changed; not reviewed".to_string())
+                } else if !same_connection {
+                    (
+                        MappingState::ReviewRequired,
+                        format!(
+                            "connection configuration changed (now {} revision {}; approved against {} revision {})",
+                            rev.connection_id,
+                            rev.revision,
+                            latest.connection_id,
+                            latest.config_revision
+                        ),
+                    )
+                } else if !unpinned.is_empty() {
+                    (
+                        MappingState::ReviewRequired,
+                        format!(
+                            "the manifest lists upstream tools no review pinned: {}",
+                            unpinned.join(", ")
+                        ),
+                    )
+                } else if latest.state.serves() {
+                    (latest.state, "manifest changed; pins carried over".to_string())
+                } else {
+                    (
+                        MappingState::ReviewRequired,
+                        format!("manifest changed while {}", latest.state),
+                    )
+                };
+                NewMappingRevision {
+                    name: name.clone(),
+                    manifest_digest: manifest_digest.to_string(),
+                    component_sha256: component_sha256.to_string(),
+                    connection_id: rev.connection_id.clone(),
+                    config_revision: rev.revision,
+                    snapshot_digest: latest.snapshot_digest.clone(),
+                    pins: pins.to_value(),
+                    state,
+                    reviewer: None,
+                    reason,
+                }
+            }
+        };
+        let record = self.store.add_mapping_revision(&new)?;
+        self.trace(
+            events::MAPPING_REVISION,
+            name,
+            json!({
+                "revision": record.revision,
+                "state": record.state,
+                "reason": record.reason,
+                "manifest_digest": record.manifest_digest,
+                "component_sha256": record.component_sha256,
+                "connection_id": record.connection_id,
+                "config_revision": record.config_revision,
+            }),
+        );
+        Ok(record)
+    }
+
+    /// Decides whether `record` may serve with `tools` (the manifest's upstream tools)
+    /// against `current`, the connection's latest snapshot.
+    pub fn evaluate(&self, record: &MappingRecord, tools: &[String], current: &Catalogue) -> Verdict {
+        if !record.state.serves() {
+            return Verdict::Blocked {
+                reason: format!("mapping `{}` is {}: {}", record.name, record.state, record.reason),
+                drift: vec![],
+                needs_review: false,
+            };
+        }
+        if record.connection_id != current.connection_id
+            || record.snapshot_digest.is_none()
+        {
+            return Verdict::Blocked {
+                reason: "the mapping is not bound to this connection".into(),
+                drift: vec![],
+                needs_review: true,
+            };
+        }
+        let pinned_snapshot = record
+            .snapshot_digest
+            .as_deref()
+            .and_then(|d| self.store.snapshot(d).ok().flatten())
+            .and_then(|s| serde_json::from_value::<Catalogue>(s.body).ok());
+        if current.config_digest
+            != pinned_snapshot
+                .as_ref()
+                .map(|c| c.config_digest.as_str())
+                .unwrap_or(current.config_digest.as_str())
+        {
+            return Verdict::Blocked {
+                reason: "the connection's configuration revision changed since review".into(),
+                drift: vec![],
+                needs_review: true,
+            };
+        }
+        let pins = Pins::from_value(&record.pins);
+        let mut broken = Vec::new();
+        for tool in tools {
+            let now = current.tool(tool).map(drift::item_digests);
+            match (pins.tools.get(tool), now) {
+                (Some(pin), Some(now)) if *pin == now => {}
+                _ => broken.push(tool.clone()),
+            }
+        }
+        let mut found = match &pinned_snapshot {
+            Some(old) => drift::diff_tools(old, current, tools)
+                .into_iter()
+                .filter(|d| d.change.is_meaning_bearing())
+                .collect::<Vec<_>>(),
+            None => vec![],
+        };
+        if let Some(old) = &pinned_snapshot {
+            let name = |c: &Catalogue| {
+                c.server_info
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            if name(old) != name(current) {
+                found.push(Drift {
+                    item: ItemKind::Server,
+                    key: String::new(),
+                    change: Change::ServerNameChanged {
+                        from: name(old),
+                        to: name(current),
+                    },
+                });
+            }
+        }
+        if broken.is_empty() && found.is_empty() {
+            return Verdict::Serves;
+        }
+        if found.is_empty() {
+            // Pins broken without a pinned snapshot to explain them.
+            for tool in &broken {
+                found.push(Drift {
+                    item: ItemKind::Tool,
+                    key: tool.clone(),
+                    change: if current.tool(tool).is_some() {
+                        Change::SchemaChanged
+                    } else {
+                        Change::Removed
+                    },
+                });
+            }
+        }
+        let summary: Vec<String> = found.iter().take(5).map(ToString::to_string).collect();
+        Verdict::Blocked {
+            reason: format!("upstream drift on pinned tools: {}", summary.join("; ")),
+            drift: found,
+            needs_review: true,
+        }
+    }
+
+    /// Moves a serving mapping to `review-required` because of `verdict`, tracing the drift
+    /// and the state change. Returns the new record, or `None` when it no longer served.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub fn require_review(
+        &self,
+        record: &MappingRecord,
+        reason: &str,
+        drift: &[Drift],
+        snapshot: &str,
+    ) -> Result<Option<MappingRecord>> {
+        if !drift.is_empty() {
+            self.trace(
+                events::DRIFT_FOUND,
+                &record.name,
+                json!({
+                    "revision": record.revision,
+                    "pinned_snapshot": record.snapshot_digest,
+                    "current_snapshot": snapshot,
+                    "drift": drift,
+                }),
+            );
+        }
+        let changed = self.store.set_mapping_state(
+            &record.name,
+            record.state,
+            MappingState::ReviewRequired,
+            reason,
+        )?;
+        if let Some(new) = &changed {
+            self.trace(
+                events::MAPPING_STATE,
+                &record.name,
+                json!({
+                    "revision": new.revision,
+                    "from": record.state,
+                    "to": new.state,
+                    "reason": reason,
+                }),
+            );
+        }
+        Ok(changed)
+    }
+
+    /// Approves a mapping: records `reviewer`, the time and the pins taken from `snapshot`
+    /// (which must belong to the mapping's connection revision) as a new revision in state
+    /// `active`.
+    ///
+    /// # Errors
+    /// A tool the manifest lists is missing from the snapshot; the snapshot belongs to
+    /// another connection or revision; the mapping is historical; the store fails.
+    #[allow(clippy::too_many_arguments)]
+    pub fn approve_tools(
+        &self,
+        name: &str,
+        tools: &[String],
+        manifest_digest: &str,
+        component_sha256: &str,
+        rev: &ConnectionRevision,
+        snapshot: &StoredSnapshot,
+        reviewer: &str,
+    ) -> Result<MappingRecord> {
+        if reviewer.trim().is_empty() {
+            bail!("an approval needs a reviewer name (--reviewer)");
+        }
+        if snapshot.connection_id != rev.connection_id || snapshot.config_revision != rev.revision
+        {
+            bail!(
+                "snapshot {} belongs to {} revision {}, not to connection `{}` ({} revision {}); run `airlock discover {}` first",
+                short(&snapshot.digest),
+                snapshot.connection_id,
+                snapshot.config_revision,
+                rev.name,
+                rev.connection_id,
+                rev.revision,
+                rev.name
+            );
+        }
+        let catalogue: Catalogue = serde_json::from_value(snapshot.body.clone())
+            .context("the stored snapshot does not parse")?;
+        let mut pins = Pins::default();
+        let mut missing = Vec::new();
+        for tool in tools {
+            match catalogue.tool(tool) {
+                Some(t) => {
+                    pins.tools.insert(tool.clone(), drift::item_digests(t));
+                }
+                None => missing.push(tool.clone()),
+            }
+        }
+        if !missing.is_empty() {
+            bail!(
+                "snapshot {} has no tool named {}; the mapping cannot be approved against it",
+                short(&snapshot.digest),
+                missing.join(", ")
+            );
+        }
+        if let Some(latest) = self.store.mapping(name)?
+            && latest.state == MappingState::Historical
+        {
+            bail!("mapping `{name}` is historical; it cannot be approved again");
+        }
+        let record = self.store.add_mapping_revision(&NewMappingRevision {
+            name: name.to_string(),
+            manifest_digest: manifest_digest.to_string(),
+            component_sha256: component_sha256.to_string(),
+            connection_id: rev.connection_id.clone(),
+            config_revision: rev.revision,
+            snapshot_digest: Some(snapshot.digest.clone()),
+            pins: pins.to_value(),
+            state: MappingState::Active,
+            reviewer: Some(reviewer.to_string()),
+            reason: format!("approved by {reviewer}"),
+        })?;
+        self.trace(
+            events::MAPPING_REVISION,
+            name,
+            json!({
+                "revision": record.revision,
+                "state": record.state,
+                "reviewer": reviewer,
+                "snapshot": snapshot.digest,
+                "pins": record.pins,
+                "manifest_digest": manifest_digest,
+                "component_sha256": component_sha256,
+            }),
+        );
+        Ok(record)
+    }
+
+    /// Moves a mapping to `retiring` (it stops serving new calls).
+    ///
+    /// # Errors
+    /// Unknown mapping, an invalid transition, the store fails.
+    pub fn retire(&self, name: &str, reviewer: &str) -> Result<MappingRecord> {
+        let latest = self
+            .store
+            .mapping(name)?
+            .with_context(|| format!("no mapping named `{name}` is recorded"))?;
+        let reason = format!("retired by {reviewer}");
+        let record = self
+            .store
+            .set_mapping_state(name, latest.state, MappingState::Retiring, &reason)?
+            .with_context(|| format!("mapping `{name}` changed state meanwhile; try again"))?;
+        self.trace(
+            events::MAPPING_STATE,
+            name,
+            json!({"revision": record.revision, "from": latest.state, "to": record.state, "reason": reason}),
+        );
+        Ok(record)
+    }
+}
+
+/// The first 12 characters of a digest, for people.
+pub fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
+}
