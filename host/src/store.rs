@@ -1,1 +1,2101 @@
-//! (in progress)
+//! The state store: connections and their configuration revisions, snapshots, mapping
+//! revisions and the trace, in one embedded SQLite database (`airlock.db`, WAL mode) under
+//! the state directory. Everything else reaches it through the narrow [`Store`] trait, so a
+//! shared PostgreSQL store can be added later without touching callers.
+//!
+//! The rules this module enforces:
+//! - **The trace is append-only and hash-chained.** [`Store`] has no method that updates or
+//!   deletes a trace event, and database triggers refuse `UPDATE`/`DELETE` on the table. Each
+//!   event carries the previous event's hash; [`Store::verify_trace`] recomputes the chain and
+//!   names the first event that was edited, unlinked, removed or reordered.
+//! - **Snapshots are immutable and content-addressed.** A body is stored once per digest and
+//!   never rewritten (a trigger refuses updates); offering a different body, connection or
+//!   configuration revision under an existing digest is an error. Each sighting is recorded
+//!   as its own observation row with its own time.
+//! - **A database this build cannot trust is refused and never modified.** A file that is not
+//!   a SQLite database or fails `PRAGMA quick_check`, a database written by a newer schema
+//!   (`PRAGMA user_version` above [`SCHEMA_VERSION`]), or a SQLite database holding tables
+//!   but no Airlock schema version is checked through a read-only connection *before* the
+//!   journal mode is switched or any migration runs, and opening fails with a message that
+//!   says nothing was changed.
+//!
+//! Accepted forms: a state directory (created with mode 0700 on unix when missing) holding
+//! [`DATABASE_FILE`], or an explicit database file path. A missing or empty file becomes a
+//! new database (created with mode 0600 on unix). Schema upgrades are versioned migrations
+//! driven by `PRAGMA user_version`, each applied in its own transaction.
+//!
+//! Connection settings: WAL journal, `synchronous=NORMAL`, foreign keys on, a 5 s busy
+//! timeout, and write transactions that take the write lock up front (`BEGIN IMMEDIATE`), so
+//! several processes (a running `airlock serve` and `airlock review approve`) can share one
+//! database. Times are unix milliseconds.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow, bail};
+use rusqlite::types::Type;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
+use sha2::{Digest, Sha256};
+
+/// Schema version this build writes and understands (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// File name of the database inside the state directory.
+pub const DATABASE_FILE: &str = "airlock.db";
+
+/// `prev_hash` of the first trace event: 64 zeros.
+const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// How long a statement waits for another connection's lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Shortest snapshot digest prefix accepted by [`Store::snapshot`].
+const MIN_PREFIX: usize = 8;
+
+/// Migration `i` takes the schema from version `i` to version `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 0 → 1: connections, snapshots, mappings, trace.
+    r#"
+CREATE TABLE connections (
+    connection_id TEXT PRIMARY KEY,
+    name          TEXT NOT NULL UNIQUE,
+    first_seen_ms INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE connection_revisions (
+    connection_id TEXT NOT NULL REFERENCES connections (connection_id),
+    revision      INTEGER NOT NULL CHECK (revision >= 1),
+    config_digest TEXT NOT NULL,
+    config        TEXT NOT NULL,
+    created_ms    INTEGER NOT NULL,
+    PRIMARY KEY (connection_id, revision),
+    UNIQUE (connection_id, config_digest)
+) STRICT;
+
+CREATE TABLE snapshots (
+    digest          TEXT PRIMARY KEY,
+    connection_id   TEXT NOT NULL,
+    config_revision INTEGER NOT NULL,
+    body            TEXT NOT NULL,
+    first_seen_ms   INTEGER NOT NULL,
+    FOREIGN KEY (connection_id, config_revision)
+        REFERENCES connection_revisions (connection_id, revision)
+) STRICT;
+CREATE INDEX snapshots_by_connection ON snapshots (connection_id);
+
+CREATE TRIGGER snapshots_are_immutable BEFORE UPDATE ON snapshots
+BEGIN
+    SELECT RAISE(ABORT, 'snapshots are immutable');
+END;
+
+CREATE TABLE snapshot_observations (
+    id             INTEGER PRIMARY KEY,
+    digest         TEXT NOT NULL REFERENCES snapshots (digest),
+    observed_at_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX snapshot_observations_by_digest ON snapshot_observations (digest);
+
+CREATE TABLE mappings (
+    name             TEXT NOT NULL,
+    revision         INTEGER NOT NULL CHECK (revision >= 1),
+    manifest_digest  TEXT NOT NULL,
+    component_sha256 TEXT NOT NULL,
+    connection_id    TEXT NOT NULL,
+    config_revision  INTEGER NOT NULL,
+    snapshot_digest  TEXT,
+    pins             TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN ('candidate', 'fixture-tested', 'limited',
+                         'active', 'degraded', 'review-required', 'retiring', 'historical')),
+    reviewer         TEXT,
+    reason           TEXT NOT NULL,
+    created_ms       INTEGER NOT NULL,
+    state_changed_ms INTEGER NOT NULL,
+    PRIMARY KEY (name, revision)
+) STRICT;
+
+CREATE TABLE trace_events (
+    seq       INTEGER PRIMARY KEY,
+    at_ms     INTEGER NOT NULL,
+    kind      TEXT NOT NULL,
+    subject   TEXT NOT NULL,
+    payload   TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash      TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER trace_events_no_update BEFORE UPDATE ON trace_events
+BEGIN
+    SELECT RAISE(ABORT, 'trace events are append-only');
+END;
+CREATE TRIGGER trace_events_no_delete BEFORE DELETE ON trace_events
+BEGIN
+    SELECT RAISE(ABORT, 'trace events are append-only');
+END;
+"#,
+];
+
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
+
+/// Lifecycle states of a mapping revision (DESIGN.md §2). Only [`Limited`](Self::Limited)
+/// and [`Active`](Self::Active) serve new calls; see [`MappingState::can_become`] for the
+/// allowed transitions.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum MappingState {
+    /// Recorded, not yet tested against fixtures.
+    Candidate,
+    /// Passed its fixtures; does not serve yet.
+    FixtureTested,
+    /// Serves within its limited scope.
+    Limited,
+    /// Serves.
+    Active,
+    /// Temporarily not serving (for example its upstream is failing); may serve again.
+    Degraded,
+    /// Stopped by meaning-bearing drift; never serves again. Approval creates a new revision.
+    ReviewRequired,
+    /// Being withdrawn; only becomes historical.
+    Retiring,
+    /// Final: superseded or withdrawn.
+    Historical,
+}
+
+impl MappingState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [MappingState; 8] = [
+        Self::Candidate,
+        Self::FixtureTested,
+        Self::Limited,
+        Self::Active,
+        Self::Degraded,
+        Self::ReviewRequired,
+        Self::Retiring,
+        Self::Historical,
+    ];
+
+    /// The kebab-case name used in the store, the CLI and trace events
+    /// (`"candidate"`, `"fixture-tested"`, … `"historical"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Candidate => "candidate",
+            Self::FixtureTested => "fixture-tested",
+            Self::Limited => "limited",
+            Self::Active => "active",
+            Self::Degraded => "degraded",
+            Self::ReviewRequired => "review-required",
+            Self::Retiring => "retiring",
+            Self::Historical => "historical",
+        }
+    }
+
+    /// Parses the name produced by [`as_str`](Self::as_str); anything else is `None`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    /// Whether a mapping revision in this state serves new calls: only `limited` and `active`.
+    pub fn serves(self) -> bool {
+        matches!(self, Self::Limited | Self::Active)
+    }
+
+    /// Whether `self → to` is an allowed transition. A state never "becomes" itself;
+    /// `review-required` only moves on to `retiring` or `historical` (approval creates a new
+    /// revision instead); `historical` is final.
+    pub fn can_become(self, to: Self) -> bool {
+        use MappingState::*;
+        match self {
+            Candidate => matches!(
+                to,
+                FixtureTested | Limited | Active | ReviewRequired | Retiring | Historical
+            ),
+            FixtureTested => matches!(
+                to,
+                Limited | Active | ReviewRequired | Retiring | Historical
+            ),
+            Limited => matches!(
+                to,
+                Active | Degraded | ReviewRequired | Retiring | Historical
+            ),
+            Active => matches!(
+                to,
+                Limited | Degraded | ReviewRequired | Retiring | Historical
+            ),
+            Degraded => matches!(
+                to,
+                Active | Limited | ReviewRequired | Retiring | Historical
+            ),
+            ReviewRequired => matches!(to, Retiring | Historical),
+            Retiring => matches!(to, Historical),
+            Historical => false,
+        }
+    }
+}
+
+impl fmt::Display for MappingState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Result of [`Store::connection_revision`]: the connection's local id and the revision
+/// number of the given configuration digest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ConnectionRevision {
+    /// Locally assigned id, `"conn-"` + 12 lowercase hex; stable for the connection name.
+    pub connection_id: String,
+    /// Configured connection name.
+    pub name: String,
+    /// Configuration revision, 1-based.
+    pub revision: i64,
+    /// Digest of the configuration this revision stands for.
+    pub config_digest: String,
+    /// True when this digest was new for the connection (a revision was created now).
+    pub created: bool,
+}
+
+/// A connection with its latest configuration revision.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ConnectionRecord {
+    /// Locally assigned id (`"conn-"` + 12 lowercase hex).
+    pub connection_id: String,
+    /// Configured connection name.
+    pub name: String,
+    /// Latest configuration revision, 1-based.
+    pub revision: i64,
+    /// Digest of the latest configuration.
+    pub config_digest: String,
+    /// Safe JSON summary of the latest configuration (no secrets).
+    pub config: serde_json::Value,
+    /// When the connection name was first seen, unix ms.
+    pub first_seen_ms: u64,
+}
+
+/// Result of [`Store::put_snapshot`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SnapshotObservation {
+    /// The snapshot digest (lowercase hex).
+    pub digest: String,
+    /// True when the body was stored for the first time by this call.
+    pub new: bool,
+    /// Time of this observation, unix ms.
+    pub observed_at_ms: u64,
+}
+
+/// A stored snapshot with its body and observation summary.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StoredSnapshot {
+    /// Content digest (lowercase hex).
+    pub digest: String,
+    /// Connection the snapshot was taken from.
+    pub connection_id: String,
+    /// Configuration revision of that connection at the time.
+    pub config_revision: i64,
+    /// The snapshot body, as stored (canonical JSON parsed back).
+    pub body: serde_json::Value,
+    /// First observation, unix ms.
+    pub first_seen_ms: u64,
+    /// Latest observation, unix ms.
+    pub last_seen_ms: u64,
+    /// Number of observations (at least 1).
+    pub observations: u64,
+}
+
+/// A snapshot without its body, as listed by [`Store::snapshots`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SnapshotSummary {
+    /// Content digest (lowercase hex).
+    pub digest: String,
+    /// Connection the snapshot was taken from.
+    pub connection_id: String,
+    /// Configuration revision of that connection at the time.
+    pub config_revision: i64,
+    /// First observation, unix ms.
+    pub first_seen_ms: u64,
+    /// Latest observation, unix ms.
+    pub last_seen_ms: u64,
+    /// Number of observations (at least 1).
+    pub observations: u64,
+}
+
+/// A mapping revision to record with [`Store::add_mapping_revision`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NewMappingRevision {
+    /// Mapping name.
+    pub name: String,
+    /// sha256 (hex) of the reviewed manifest.
+    pub manifest_digest: String,
+    /// sha256 (hex) of the adapter component.
+    pub component_sha256: String,
+    /// Connection the mapping is bound to.
+    pub connection_id: String,
+    /// Configuration revision of that connection the mapping was reviewed against.
+    pub config_revision: i64,
+    /// Snapshot the pins were taken from, when known.
+    pub snapshot_digest: Option<String>,
+    /// Pinned tool schema/description digests (JSON, shape owned by the pins module).
+    pub pins: serde_json::Value,
+    /// Initial lifecycle state.
+    pub state: MappingState,
+    /// Who approved this revision, when someone did.
+    pub reviewer: Option<String>,
+    /// Why this revision exists, in words.
+    pub reason: String,
+}
+
+/// One stored mapping revision.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MappingRecord {
+    /// Mapping name.
+    pub name: String,
+    /// Revision, 1-based, per name.
+    pub revision: i64,
+    /// sha256 (hex) of the reviewed manifest.
+    pub manifest_digest: String,
+    /// sha256 (hex) of the adapter component.
+    pub component_sha256: String,
+    /// Connection the mapping is bound to.
+    pub connection_id: String,
+    /// Configuration revision of that connection.
+    pub config_revision: i64,
+    /// Snapshot the pins were taken from, when known.
+    pub snapshot_digest: Option<String>,
+    /// Pinned digests (JSON).
+    pub pins: serde_json::Value,
+    /// Current lifecycle state.
+    pub state: MappingState,
+    /// Who approved this revision, when someone did.
+    pub reviewer: Option<String>,
+    /// Reason of the latest state change (or of the revision's creation).
+    pub reason: String,
+    /// When the revision was recorded, unix ms.
+    pub created_ms: u64,
+    /// When the state last changed, unix ms.
+    pub state_changed_ms: u64,
+}
+
+/// One trace event. `hash` is hex sha256 of the RFC 8785 canonical JSON of
+/// `{"seq","at_ms","kind","subject","payload","prev_hash"}`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TraceEvent {
+    /// Position in the trace, starting at 1, without gaps.
+    pub seq: i64,
+    /// When the event was appended, unix ms.
+    pub at_ms: u64,
+    /// Event kind (DESIGN.md vocabulary, e.g. `"mapping.state"`).
+    pub kind: String,
+    /// What the event is about (a mapping name, a connection id, …).
+    pub subject: String,
+    /// Safe summary payload, as stored (canonical JSON parsed back).
+    pub payload: serde_json::Value,
+    /// Hash of the previous event, or 64 zeros for the first.
+    pub prev_hash: String,
+    /// Hash of this event (hex sha256).
+    pub hash: String,
+}
+
+/// Result of [`Store::verify_trace`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TraceVerification {
+    /// Number of events in the trace.
+    pub events: u64,
+    /// Recorded hash of the last event, or 64 zeros for an empty trace.
+    pub head: String,
+    /// The first bad seq and why, in words; `None` when the whole chain verifies.
+    pub first_bad: Option<(i64, String)>,
+}
+
+/// The state store. Object safe; every method is one transaction (or one consistent read).
+pub trait Store: Send + Sync {
+    /// Connection identity. `name` is the configured connection name. First sight of a name
+    /// assigns a local id (`"conn-"` + 12 lowercase hex from the OS random source). A
+    /// `config_digest` not seen before for this connection becomes the next revision (1, 2,
+    /// …); one seen before returns its existing revision with `created = false` (its stored
+    /// config is not replaced). `config` is the safe JSON summary of the configuration.
+    /// Errors: empty name or digest, database failure.
+    fn connection_revision(
+        &self,
+        name: &str,
+        config_digest: &str,
+        config: &serde_json::Value,
+    ) -> anyhow::Result<ConnectionRevision>;
+
+    /// The connection named `name` with its latest revision, or `None` when never seen.
+    fn connection(&self, name: &str) -> anyhow::Result<Option<ConnectionRecord>>;
+
+    /// Every connection with its latest revision, by name.
+    fn connections(&self) -> anyhow::Result<Vec<ConnectionRecord>>;
+
+    /// Content-addressed: the body is stored once per digest; every call records an
+    /// observation row with its own time. Errors: a digest that is not hex; a connection
+    /// revision that does not exist; a digest already stored with a different body,
+    /// connection or configuration revision (snapshots are immutable).
+    fn put_snapshot(
+        &self,
+        digest: &str,
+        connection_id: &str,
+        config_revision: i64,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<SnapshotObservation>;
+
+    /// Full digest or a unique hex prefix of at least 8 characters (case-insensitive).
+    /// `None` when nothing matches. Errors: a prefix that is not hex or shorter than 8
+    /// characters (and not a full digest), or one that matches several snapshots (the error
+    /// names how many).
+    fn snapshot(&self, digest_or_prefix: &str) -> anyhow::Result<Option<StoredSnapshot>>;
+
+    /// The most recently observed snapshot of the connection, or `None`.
+    fn latest_snapshot(&self, connection_id: &str) -> anyhow::Result<Option<StoredSnapshot>>;
+
+    /// Snapshots of one connection (or all), newest `last_seen_ms` first.
+    fn snapshots(&self, connection_id: Option<&str>) -> anyhow::Result<Vec<SnapshotSummary>>;
+
+    /// Latest revision of the mapping, or `None` for an unknown name.
+    fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>>;
+
+    /// Every revision of the mapping, oldest first (empty for an unknown name).
+    fn mapping_revisions(&self, name: &str) -> anyhow::Result<Vec<MappingRecord>>;
+
+    /// The latest revision of each mapping, by name.
+    fn mappings(&self) -> anyhow::Result<Vec<MappingRecord>>;
+
+    /// Inserts revision = previous latest + 1 (1 for a new name). In the same transaction
+    /// the previous latest revision, unless already historical, becomes historical (its
+    /// reason becomes "superseded by revision N"). Errors: empty name, database failure.
+    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord>;
+
+    /// Compare-and-set on the latest revision: `Ok(Some(record))` after the change;
+    /// `Ok(None)` when the latest revision's state is not `expected` (someone else changed
+    /// it); `Err` when `expected → to` is not a valid transition or the mapping does not
+    /// exist.
+    fn set_mapping_state(
+        &self,
+        name: &str,
+        expected: MappingState,
+        to: MappingState,
+        reason: &str,
+    ) -> anyhow::Result<Option<MappingRecord>>;
+
+    /// Appends one event: seq = previous + 1 (starting at 1), at_ms = now, prev_hash =
+    /// previous event's hash or 64 zeros, hash = hex sha256 of the RFC 8785 canonical JSON
+    /// of `{"seq","at_ms","kind","subject","payload","prev_hash"}`. The payload is stored as
+    /// canonical JSON text; the returned event carries it as stored.
+    fn append_trace(
+        &self,
+        kind: &str,
+        subject: &str,
+        payload: &serde_json::Value,
+    ) -> anyhow::Result<TraceEvent>;
+
+    /// Up to `limit` events with seq greater than `after_seq`, in seq order.
+    fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>>;
+
+    /// Recomputes the chain from seq 1: detects an edited field (hash mismatch), a broken
+    /// link (prev_hash differs from the previous event's hash), a missing or reordered event
+    /// (seq gap). Reports the first bad seq and why, in words a reviewer understands.
+    fn verify_trace(&self) -> anyhow::Result<TraceVerification>;
+}
+
+/// [`Store`] on one SQLite database file. One connection per value, behind a mutex; open
+/// one value per process and share it.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Creates `state_dir` (mode 0700 on unix) if missing and opens
+    /// `state_dir/`[`DATABASE_FILE`] with [`open_file`](Self::open_file).
+    pub fn open(state_dir: &Path) -> anyhow::Result<Self> {
+        create_private_dir(state_dir)?;
+        Self::open_file(&state_dir.join(DATABASE_FILE))
+    }
+
+    /// Opens (creating when missing, mode 0600 on unix) the database file at `path`,
+    /// refusing — without modifying it — a file that is not a readable SQLite database,
+    /// fails `PRAGMA quick_check`, was written by a newer schema, or holds tables but no
+    /// Airlock schema version. Then switches to WAL and applies pending migrations.
+    pub fn open_file(path: &Path) -> anyhow::Result<Self> {
+        let shown = path.display();
+        let exists = match std::fs::metadata(path) {
+            Ok(meta) => {
+                if !meta.is_file() {
+                    bail!("state database {shown} is not a file; nothing was changed");
+                }
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(e).with_context(|| format!("state database {shown}")),
+        };
+        if exists {
+            precheck(path)?;
+        } else {
+            create_private_file(path)?;
+        }
+
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut conn = Connection::open_with_flags(path, flags)
+            .with_context(|| format!("opening state database {shown}"))?;
+        configure(&conn).with_context(|| format!("configuring state database {shown}"))?;
+        migrate(&mut conn, path)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock dropped any open transaction, which rolled back,
+        // so the connection is still consistent.
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn context(&self, what: &str) -> String {
+        format!("state database {}: {what}", self.path.display())
+    }
+}
+
+/// Refuses, through a read-only connection, a file this build must not touch.
+fn precheck(path: &Path) -> anyhow::Result<()> {
+    let shown = path.display();
+    let unreadable = |e: &dyn fmt::Display| {
+        anyhow!(
+            "state database {shown} is not a readable SQLite database ({e}); nothing was \
+             changed — move it aside to start a new one"
+        )
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| unreadable(&e))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| unreadable(&e))?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| unreadable(&e))?;
+    if version > SCHEMA_VERSION {
+        bail!(
+            "state database {shown} was written by a newer Airlock (schema {version}; this \
+             build knows up to {SCHEMA_VERSION}); nothing was changed"
+        );
+    }
+    let mut problems = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare("PRAGMA quick_check")
+            .map_err(|e| unreadable(&e))?;
+        let rows = stmt
+            .query_map([], |row| row.get::<_, String>(0))
+            .map_err(|e| unreadable(&e))?;
+        for row in rows {
+            let line = row.map_err(|e| unreadable(&e))?;
+            if line != "ok" {
+                problems.push(line);
+            }
+        }
+    }
+    if !problems.is_empty() {
+        let more = problems.len().saturating_sub(3);
+        problems.truncate(3);
+        let mut message = format!("quick_check: {}", problems.join("; "));
+        if more > 0 {
+            message.push_str(&format!("; and {more} more"));
+        }
+        return Err(unreadable(&message));
+    }
+    if version < 0 {
+        bail!(
+            "state database {shown} has schema version {version}, which no Airlock writes; \
+             nothing was changed — move it aside to start a new one"
+        );
+    }
+    if version == 0 {
+        let objects: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+            .map_err(|e| unreadable(&e))?;
+        if objects > 0 {
+            bail!(
+                "state database {shown} holds tables but no Airlock schema version, so it \
+                 was not written by Airlock; nothing was changed — move it aside to start a \
+                 new one"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "journal_mode=WAL was refused (mode is {mode})"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}
+
+/// Applies migrations from the current `user_version` up to [`SCHEMA_VERSION`], each in its
+/// own `BEGIN IMMEDIATE` transaction that re-reads the version (another process may be
+/// migrating the same file).
+fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
+    let shown = path.display();
+    loop {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .with_context(|| format!("state database {shown}: starting a migration"))?;
+        let version: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+        if version > SCHEMA_VERSION {
+            bail!(
+                "state database {shown} was written by a newer Airlock (schema {version}; \
+                 this build knows up to {SCHEMA_VERSION}); nothing was changed"
+            );
+        }
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        let index = usize::try_from(version)
+            .with_context(|| format!("state database {shown}: schema version {version}"))?;
+        tx.execute_batch(MIGRATIONS[index]).with_context(|| {
+            format!(
+                "state database {shown}: migrating schema {version} → {}",
+                version + 1
+            )
+        })?;
+        tx.pragma_update(None, "user_version", version + 1)?;
+        tx.commit().with_context(|| {
+            format!("state database {shown}: committing schema {}", version + 1)
+        })?;
+    }
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder
+        .create(dir)
+        .with_context(|| format!("creating state directory {}", dir.display()))
+}
+
+fn create_private_file(path: &Path) -> anyhow::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(()),
+        // Another process created it first; the SQLite open that follows checks nothing
+        // more than a fresh file needs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating state database {}", path.display())),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn ms_to_sql(ms: u64) -> anyhow::Result<i64> {
+    i64::try_from(ms).map_err(|_| anyhow!("time {ms} ms is out of range"))
+}
+
+fn get_ms(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+    let value: i64 = row.get(idx)?;
+    u64::try_from(value).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, value))
+}
+
+fn get_json(row: &Row<'_>, idx: usize) -> rusqlite::Result<serde_json::Value> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+}
+
+fn get_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<MappingState> {
+    let text: String = row.get(idx)?;
+    MappingState::parse(&text).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            idx,
+            Type::Text,
+            format!("unknown mapping state {text:?}").into(),
+        )
+    })
+}
+
+fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
+    serde_json_canonicalizer::to_string(value).context("canonicalizing JSON")
+}
+
+fn is_hex(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn new_connection_id() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 6];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow!("reading the OS random source: {e}"))?;
+    Ok(format!("conn-{}", hex::encode(bytes)))
+}
+
+/// Hex sha256 of the canonical JSON of the chained fields of one trace event.
+fn trace_hash(
+    seq: i64,
+    at_ms: u64,
+    kind: &str,
+    subject: &str,
+    payload: &serde_json::Value,
+    prev_hash: &str,
+) -> anyhow::Result<String> {
+    let chained = serde_json::json!({
+        "seq": seq,
+        "at_ms": at_ms,
+        "kind": kind,
+        "subject": subject,
+        "payload": payload,
+        "prev_hash": prev_hash,
+    });
+    let bytes = serde_json_canonicalizer::to_vec(&chained).context("canonicalizing event")?;
+    Ok(hex::encode(Sha256::digest(&bytes)))
+}
+
+const CONNECTION_SELECT: &str = "SELECT c.connection_id, c.name, r.revision, r.config_digest, \
+     r.config, c.first_seen_ms \
+     FROM connections c JOIN connection_revisions r ON r.connection_id = c.connection_id \
+     WHERE r.revision = (SELECT max(revision) FROM connection_revisions \
+                         WHERE connection_id = c.connection_id)";
+
+fn connection_from_row(row: &Row<'_>) -> rusqlite::Result<ConnectionRecord> {
+    Ok(ConnectionRecord {
+        connection_id: row.get(0)?,
+        name: row.get(1)?,
+        revision: row.get(2)?,
+        config_digest: row.get(3)?,
+        config: get_json(row, 4)?,
+        first_seen_ms: get_ms(row, 5)?,
+    })
+}
+
+const SNAPSHOT_SUMMARY_SELECT: &str = "SELECT s.digest, s.connection_id, s.config_revision, \
+     s.first_seen_ms, max(o.observed_at_ms), count(o.id), max(o.id) \
+     FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest";
+
+fn snapshot_summary_from_row(row: &Row<'_>) -> rusqlite::Result<SnapshotSummary> {
+    Ok(SnapshotSummary {
+        digest: row.get(0)?,
+        connection_id: row.get(1)?,
+        config_revision: row.get(2)?,
+        first_seen_ms: get_ms(row, 3)?,
+        last_seen_ms: get_ms(row, 4)?,
+        observations: get_ms(row, 5)?,
+    })
+}
+
+const MAPPING_COLUMNS: &str = "name, revision, manifest_digest, component_sha256, \
+     connection_id, config_revision, snapshot_digest, pins, state, reviewer, reason, \
+     created_ms, state_changed_ms";
+
+fn mapping_from_row(row: &Row<'_>) -> rusqlite::Result<MappingRecord> {
+    Ok(MappingRecord {
+        name: row.get(0)?,
+        revision: row.get(1)?,
+        manifest_digest: row.get(2)?,
+        component_sha256: row.get(3)?,
+        connection_id: row.get(4)?,
+        config_revision: row.get(5)?,
+        snapshot_digest: row.get(6)?,
+        pins: get_json(row, 7)?,
+        state: get_state(row, 8)?,
+        reviewer: row.get(9)?,
+        reason: row.get(10)?,
+        created_ms: get_ms(row, 11)?,
+        state_changed_ms: get_ms(row, 12)?,
+    })
+}
+
+fn latest_mapping(conn: &Connection, name: &str) -> rusqlite::Result<Option<MappingRecord>> {
+    conn.query_row(
+        &format!(
+            "SELECT {MAPPING_COLUMNS} FROM mappings WHERE name = ?1 \
+             ORDER BY revision DESC LIMIT 1"
+        ),
+        params![name],
+        mapping_from_row,
+    )
+    .optional()
+}
+
+const TRACE_COLUMNS: &str = "seq, at_ms, kind, subject, payload, prev_hash, hash";
+
+fn trace_from_row(row: &Row<'_>) -> rusqlite::Result<TraceEvent> {
+    Ok(TraceEvent {
+        seq: row.get(0)?,
+        at_ms: get_ms(row, 1)?,
+        kind: row.get(2)?,
+        subject: row.get(3)?,
+        payload: get_json(row, 4)?,
+        prev_hash: row.get(5)?,
+        hash: row.get(6)?,
+    })
+}
+
+fn load_snapshot(conn: &Connection, digest: &str) -> rusqlite::Result<Option<StoredSnapshot>> {
+    conn.query_row(
+        "SELECT s.digest, s.connection_id, s.config_revision, s.body, s.first_seen_ms, \
+         max(o.observed_at_ms), count(o.id) \
+         FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest \
+         WHERE s.digest = ?1 GROUP BY s.digest",
+        params![digest],
+        |row| {
+            Ok(StoredSnapshot {
+                digest: row.get(0)?,
+                connection_id: row.get(1)?,
+                config_revision: row.get(2)?,
+                body: get_json(row, 3)?,
+                first_seen_ms: get_ms(row, 4)?,
+                last_seen_ms: get_ms(row, 5)?,
+                observations: get_ms(row, 6)?,
+            })
+        },
+    )
+    .optional()
+}
+
+impl Store for SqliteStore {
+    fn connection_revision(
+        &self,
+        name: &str,
+        config_digest: &str,
+        config: &serde_json::Value,
+    ) -> anyhow::Result<ConnectionRevision> {
+        if name.is_empty() {
+            bail!("a connection name must not be empty");
+        }
+        if config_digest.is_empty() {
+            bail!("connection {name:?}: the configuration digest must not be empty");
+        }
+        let config_text = canonical(config)?;
+        let now = ms_to_sql(now_ms())?;
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<ConnectionRevision> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing: Option<String> = tx
+                .query_row(
+                    "SELECT connection_id FROM connections WHERE name = ?1",
+                    params![name],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            let connection_id = match existing {
+                Some(id) => id,
+                None => {
+                    let mut attempts = 0;
+                    loop {
+                        let id = new_connection_id()?;
+                        let inserted = tx.execute(
+                            "INSERT INTO connections (connection_id, name, first_seen_ms) \
+                             VALUES (?1, ?2, ?3) ON CONFLICT (connection_id) DO NOTHING",
+                            params![id, name, now],
+                        )?;
+                        if inserted == 1 {
+                            break id;
+                        }
+                        attempts += 1;
+                        if attempts >= 8 {
+                            bail!("could not draw an unused connection id");
+                        }
+                    }
+                }
+            };
+            let seen: Option<i64> = tx
+                .query_row(
+                    "SELECT revision FROM connection_revisions \
+                     WHERE connection_id = ?1 AND config_digest = ?2",
+                    params![connection_id, config_digest],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            let (revision, created) = match seen {
+                Some(revision) => (revision, false),
+                None => {
+                    let revision: i64 = tx.query_row(
+                        "SELECT coalesce(max(revision), 0) + 1 FROM connection_revisions \
+                         WHERE connection_id = ?1",
+                        params![connection_id],
+                        |row| row.get(0),
+                    )?;
+                    tx.execute(
+                        "INSERT INTO connection_revisions \
+                         (connection_id, revision, config_digest, config, created_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![connection_id, revision, config_digest, config_text, now],
+                    )?;
+                    (revision, true)
+                }
+            };
+            tx.commit()?;
+            Ok(ConnectionRevision {
+                connection_id,
+                name: name.to_owned(),
+                revision,
+                config_digest: config_digest.to_owned(),
+                created,
+            })
+        };
+        run().with_context(|| self.context(&format!("recording connection {name:?}")))
+    }
+
+    fn connection(&self, name: &str) -> anyhow::Result<Option<ConnectionRecord>> {
+        let conn = self.lock();
+        conn.query_row(
+            &format!("{CONNECTION_SELECT} AND c.name = ?1"),
+            params![name],
+            connection_from_row,
+        )
+        .optional()
+        .with_context(|| self.context(&format!("reading connection {name:?}")))
+    }
+
+    fn connections(&self) -> anyhow::Result<Vec<ConnectionRecord>> {
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Vec<ConnectionRecord>> {
+            let mut stmt = conn.prepare(&format!("{CONNECTION_SELECT} ORDER BY c.name"))?;
+            stmt.query_map([], connection_from_row)?.collect()
+        };
+        run().with_context(|| self.context("listing connections"))
+    }
+
+    fn put_snapshot(
+        &self,
+        digest: &str,
+        connection_id: &str,
+        config_revision: i64,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<SnapshotObservation> {
+        if !is_hex(digest) {
+            bail!("snapshot digest {digest:?} is not hex");
+        }
+        let digest = digest.to_ascii_lowercase();
+        let body_text = canonical(body)?;
+        let observed_at_ms = now_ms();
+        let now = ms_to_sql(observed_at_ms)?;
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<SnapshotObservation> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let revision_known: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM connection_revisions \
+                 WHERE connection_id = ?1 AND revision = ?2)",
+                params![connection_id, config_revision],
+                |row| row.get(0),
+            )?;
+            if !revision_known {
+                bail!(
+                    "connection {connection_id:?} has no configuration revision \
+                     {config_revision}"
+                );
+            }
+            let stored: Option<(String, i64, String)> = tx
+                .query_row(
+                    "SELECT connection_id, config_revision, body FROM snapshots \
+                     WHERE digest = ?1",
+                    params![digest],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                )
+                .optional()?;
+            let new = match stored {
+                None => {
+                    tx.execute(
+                        "INSERT INTO snapshots \
+                         (digest, connection_id, config_revision, body, first_seen_ms) \
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![digest, connection_id, config_revision, body_text, now],
+                    )?;
+                    true
+                }
+                Some((stored_connection, stored_revision, stored_body)) => {
+                    if stored_connection != connection_id || stored_revision != config_revision {
+                        bail!(
+                            "snapshot {digest} is already stored for connection \
+                             {stored_connection} revision {stored_revision}, not \
+                             {connection_id} revision {config_revision}; snapshots are \
+                             immutable"
+                        );
+                    }
+                    if stored_body != body_text {
+                        bail!(
+                            "snapshot {digest} is already stored with a different body; \
+                             snapshots are immutable"
+                        );
+                    }
+                    false
+                }
+            };
+            tx.execute(
+                "INSERT INTO snapshot_observations (digest, observed_at_ms) VALUES (?1, ?2)",
+                params![digest, now],
+            )?;
+            tx.commit()?;
+            Ok(SnapshotObservation {
+                digest: digest.clone(),
+                new,
+                observed_at_ms,
+            })
+        };
+        run().with_context(|| self.context(&format!("recording snapshot {digest}")))
+    }
+
+    fn snapshot(&self, digest_or_prefix: &str) -> anyhow::Result<Option<StoredSnapshot>> {
+        if !is_hex(digest_or_prefix) {
+            bail!("snapshot digest or prefix {digest_or_prefix:?} is not hex");
+        }
+        let wanted = digest_or_prefix.to_ascii_lowercase();
+        let conn = self.lock();
+        let run = || -> anyhow::Result<Option<StoredSnapshot>> {
+            if let Some(found) = load_snapshot(&conn, &wanted)? {
+                return Ok(Some(found));
+            }
+            if wanted.len() < MIN_PREFIX {
+                bail!(
+                    "snapshot prefix {wanted} is too short: give at least {MIN_PREFIX} hex \
+                     characters"
+                );
+            }
+            // Hex only, so the pattern holds no GLOB metacharacters.
+            let pattern = format!("{wanted}*");
+            let matches: Vec<String> = {
+                let mut stmt =
+                    conn.prepare("SELECT digest FROM snapshots WHERE digest GLOB ?1 LIMIT 2")?;
+                stmt.query_map(params![pattern], |row| row.get(0))?
+                    .collect::<rusqlite::Result<_>>()?
+            };
+            match matches.as_slice() {
+                [] => Ok(None),
+                [only] => Ok(load_snapshot(&conn, only)?),
+                _ => {
+                    let count: i64 = conn.query_row(
+                        "SELECT count(*) FROM snapshots WHERE digest GLOB ?1",
+                        params![pattern],
+                        |row| row.get(0),
+                    )?;
+                    bail!(
+                        "snapshot prefix {wanted} is ambiguous: it matches {count} snapshots; \
+                         give more characters"
+                    )
+                }
+            }
+        };
+        run().with_context(|| self.context(&format!("reading snapshot {digest_or_prefix}")))
+    }
+
+    fn latest_snapshot(&self, connection_id: &str) -> anyhow::Result<Option<StoredSnapshot>> {
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Option<StoredSnapshot>> {
+            let digest: Option<String> = conn
+                .query_row(
+                    "SELECT o.digest FROM snapshot_observations o \
+                     JOIN snapshots s ON s.digest = o.digest \
+                     WHERE s.connection_id = ?1 ORDER BY o.id DESC LIMIT 1",
+                    params![connection_id],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            match digest {
+                Some(digest) => load_snapshot(&conn, &digest),
+                None => Ok(None),
+            }
+        };
+        run().with_context(|| {
+            self.context(&format!("reading the latest snapshot of {connection_id}"))
+        })
+    }
+
+    fn snapshots(&self, connection_id: Option<&str>) -> anyhow::Result<Vec<SnapshotSummary>> {
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Vec<SnapshotSummary>> {
+            let mut stmt = conn.prepare(&format!(
+                "{SNAPSHOT_SUMMARY_SELECT} WHERE ?1 IS NULL OR s.connection_id = ?1 \
+                 GROUP BY s.digest ORDER BY 5 DESC, 7 DESC"
+            ))?;
+            stmt.query_map(params![connection_id], snapshot_summary_from_row)?
+                .collect()
+        };
+        run().with_context(|| self.context("listing snapshots"))
+    }
+
+    fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>> {
+        let conn = self.lock();
+        latest_mapping(&conn, name)
+            .with_context(|| self.context(&format!("reading mapping {name:?}")))
+    }
+
+    fn mapping_revisions(&self, name: &str) -> anyhow::Result<Vec<MappingRecord>> {
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Vec<MappingRecord>> {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {MAPPING_COLUMNS} FROM mappings WHERE name = ?1 ORDER BY revision"
+            ))?;
+            stmt.query_map(params![name], mapping_from_row)?.collect()
+        };
+        run().with_context(|| self.context(&format!("reading revisions of mapping {name:?}")))
+    }
+
+    fn mappings(&self) -> anyhow::Result<Vec<MappingRecord>> {
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Vec<MappingRecord>> {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {MAPPING_COLUMNS} FROM mappings m \
+                 WHERE revision = (SELECT max(revision) FROM mappings WHERE name = m.name) \
+                 ORDER BY name"
+            ))?;
+            stmt.query_map([], mapping_from_row)?.collect()
+        };
+        run().with_context(|| self.context("listing mappings"))
+    }
+
+    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord> {
+        if new.name.is_empty() {
+            bail!("a mapping name must not be empty");
+        }
+        let pins_text = canonical(&new.pins)?;
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<MappingRecord> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let previous = latest_mapping(&tx, &new.name)?;
+            let revision = previous.as_ref().map_or(1, |p| p.revision + 1);
+            if let Some(previous) = &previous
+                && previous.state != MappingState::Historical
+            {
+                tx.execute(
+                    "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
+                     WHERE name = ?4 AND revision = ?5",
+                    params![
+                        MappingState::Historical.as_str(),
+                        format!("superseded by revision {revision}"),
+                        now,
+                        new.name,
+                        previous.revision
+                    ],
+                )?;
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO mappings ({MAPPING_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)"
+                ),
+                params![
+                    new.name,
+                    revision,
+                    new.manifest_digest,
+                    new.component_sha256,
+                    new.connection_id,
+                    new.config_revision,
+                    new.snapshot_digest,
+                    pins_text,
+                    new.state.as_str(),
+                    new.reviewer,
+                    new.reason,
+                    now
+                ],
+            )?;
+            let pins = serde_json::from_str(&pins_text)?;
+            tx.commit()?;
+            Ok(MappingRecord {
+                name: new.name.clone(),
+                revision,
+                manifest_digest: new.manifest_digest.clone(),
+                component_sha256: new.component_sha256.clone(),
+                connection_id: new.connection_id.clone(),
+                config_revision: new.config_revision,
+                snapshot_digest: new.snapshot_digest.clone(),
+                pins,
+                state: new.state,
+                reviewer: new.reviewer.clone(),
+                reason: new.reason.clone(),
+                created_ms: now_u,
+                state_changed_ms: now_u,
+            })
+        };
+        run().with_context(|| {
+            self.context(&format!("recording a revision of mapping {:?}", new.name))
+        })
+    }
+
+    fn set_mapping_state(
+        &self,
+        name: &str,
+        expected: MappingState,
+        to: MappingState,
+        reason: &str,
+    ) -> anyhow::Result<Option<MappingRecord>> {
+        if !expected.can_become(to) {
+            bail!("mapping {name:?}: {expected} cannot become {to}");
+        }
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<Option<MappingRecord>> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let Some(latest) = latest_mapping(&tx, name)? else {
+                bail!("mapping {name:?} does not exist");
+            };
+            if latest.state != expected {
+                return Ok(None);
+            }
+            tx.execute(
+                "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
+                 WHERE name = ?4 AND revision = ?5",
+                params![to.as_str(), reason, now, name, latest.revision],
+            )?;
+            tx.commit()?;
+            Ok(Some(MappingRecord {
+                state: to,
+                reason: reason.to_owned(),
+                state_changed_ms: now_u,
+                ..latest
+            }))
+        };
+        run().with_context(|| {
+            self.context(&format!("changing the state of mapping {name:?} to {to}"))
+        })
+    }
+
+    fn append_trace(
+        &self,
+        kind: &str,
+        subject: &str,
+        payload: &serde_json::Value,
+    ) -> anyhow::Result<TraceEvent> {
+        let payload_text = canonical(payload)?;
+        // The event carries the payload as stored, so what is returned now hashes the same
+        // as what is read back later.
+        let payload: serde_json::Value =
+            serde_json::from_str(&payload_text).context("re-reading canonical payload")?;
+        let at_ms = now_ms();
+        let at = ms_to_sql(at_ms)?;
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<TraceEvent> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let last: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            let (seq, prev_hash) = match last {
+                Some((seq, hash)) => (seq + 1, hash),
+                None => (1, GENESIS_HASH.to_owned()),
+            };
+            let hash = trace_hash(seq, at_ms, kind, subject, &payload, &prev_hash)?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                ),
+                params![seq, at, kind, subject, payload_text, prev_hash, hash],
+            )?;
+            tx.commit()?;
+            Ok(TraceEvent {
+                seq,
+                at_ms,
+                kind: kind.to_owned(),
+                subject: subject.to_owned(),
+                payload: payload.clone(),
+                prev_hash,
+                hash,
+            })
+        };
+        run().with_context(|| self.context(&format!("appending trace event {kind:?}")))
+    }
+
+    fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Vec<TraceEvent>> {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+            ))?;
+            stmt.query_map(params![after_seq, limit], trace_from_row)?
+                .collect()
+        };
+        run().with_context(|| self.context("reading the trace"))
+    }
+
+    fn verify_trace(&self) -> anyhow::Result<TraceVerification> {
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<TraceVerification> {
+            // One read transaction: a consistent view even while others append.
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let mut stmt = tx.prepare(&format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events ORDER BY seq"
+            ))?;
+            let mut rows = stmt.query([])?;
+            let mut events = 0u64;
+            let mut expected_seq = 1i64;
+            let mut prev = GENESIS_HASH.to_owned();
+            let mut first_bad: Option<(i64, String)> = None;
+            while let Some(row) = rows.next()? {
+                events += 1;
+                let seq: i64 = row.get(0)?;
+                let at: i64 = row.get(1)?;
+                let kind: String = row.get(2)?;
+                let subject: String = row.get(3)?;
+                let payload_text: String = row.get(4)?;
+                let prev_hash: String = row.get(5)?;
+                let hash: String = row.get(6)?;
+                if first_bad.is_none() {
+                    first_bad = check_event(
+                        expected_seq,
+                        &prev,
+                        seq,
+                        at,
+                        &kind,
+                        &subject,
+                        &payload_text,
+                        &prev_hash,
+                        &hash,
+                    )?;
+                }
+                expected_seq = seq.saturating_add(1);
+                prev = hash;
+            }
+            Ok(TraceVerification {
+                events,
+                head: prev,
+                first_bad,
+            })
+        };
+        run().with_context(|| self.context("verifying the trace"))
+    }
+}
+
+/// Checks one stored event against the chain so far; `Some((seq, why))` when it is bad.
+#[allow(clippy::too_many_arguments)] // reason: one column each, read straight from the row
+fn check_event(
+    expected_seq: i64,
+    prev: &str,
+    seq: i64,
+    at: i64,
+    kind: &str,
+    subject: &str,
+    payload_text: &str,
+    prev_hash: &str,
+    hash: &str,
+) -> anyhow::Result<Option<(i64, String)>> {
+    if seq != expected_seq {
+        let why = if expected_seq == 1 {
+            format!(
+                "event {expected_seq} is missing: the trace starts at event {seq} (events \
+                 were deleted or renumbered)"
+            )
+        } else if seq > expected_seq {
+            format!(
+                "event {expected_seq} is missing: event {} is followed by event {seq} \
+                 (events were deleted or renumbered)",
+                expected_seq - 1
+            )
+        } else {
+            format!(
+                "event {seq} is out of order after event {}",
+                expected_seq - 1
+            )
+        };
+        return Ok(Some((expected_seq, why)));
+    }
+    if prev_hash != prev {
+        let why = if seq == 1 {
+            format!(
+                "event 1 does not start the chain: its prev_hash is {prev_hash}, not 64 zeros \
+                 (the chain was altered)"
+            )
+        } else {
+            format!(
+                "event {seq} does not link to event {}: its prev_hash is {prev_hash} but \
+                 event {}'s hash is {prev} (an event was altered, removed or inserted)",
+                seq - 1,
+                seq - 1
+            )
+        };
+        return Ok(Some((seq, why)));
+    }
+    let Ok(at_ms) = u64::try_from(at) else {
+        return Ok(Some((seq, format!("event {seq} has a negative time {at}"))));
+    };
+    let payload: serde_json::Value = match serde_json::from_str(payload_text) {
+        Ok(payload) => payload,
+        Err(e) => {
+            return Ok(Some((
+                seq,
+                format!("event {seq}'s payload is not valid JSON ({e}); it was altered"),
+            )));
+        }
+    };
+    let recomputed = trace_hash(seq, at_ms, kind, subject, &payload, prev_hash)?;
+    if recomputed != hash {
+        return Ok(Some((
+            seq,
+            format!(
+                "event {seq} was altered: its contents (time, kind, subject or payload) no \
+                 longer match its recorded hash"
+            ),
+        )));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn open_temp() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("state")).unwrap();
+        (dir, store)
+    }
+
+    /// A raw connection to the store's file, as an attacker with file access would use.
+    fn raw(store: &SqliteStore) -> Connection {
+        let conn = Connection::open(store.path()).unwrap();
+        conn.busy_timeout(BUSY_TIMEOUT).unwrap();
+        conn
+    }
+
+    fn digest_of(n: u32) -> String {
+        hex::encode(Sha256::digest(n.to_le_bytes()))
+    }
+
+    fn new_mapping(name: &str, state: MappingState) -> NewMappingRevision {
+        NewMappingRevision {
+            name: name.into(),
+            manifest_digest: digest_of(1),
+            component_sha256: digest_of(2),
+            connection_id: "conn-000000000000".into(),
+            config_revision: 1,
+            snapshot_digest: Some(digest_of(3)),
+            pins: json!({"search": {"schema": digest_of(4)}}),
+            state,
+            reviewer: Some("alice".into()),
+            reason: "initial review".into(),
+        }
+    }
+
+    #[test]
+    fn fresh_directory_is_migrated_to_current_schema_in_wal() {
+        let (dir, store) = open_temp();
+        assert_eq!(
+            store.path(),
+            dir.path().join("state").join(DATABASE_FILE).as_path()
+        );
+        let conn = raw(&store);
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let dir_mode = std::fs::metadata(dir.path().join("state"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(dir_mode & 0o077, 0, "state directory is private");
+            let file_mode = std::fs::metadata(store.path())
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(file_mode & 0o077, 0, "database file is private");
+        }
+        assert!(store.connections().unwrap().is_empty());
+        assert!(store.mappings().unwrap().is_empty());
+        let verification = store.verify_trace().unwrap();
+        assert_eq!(verification.events, 0);
+        assert_eq!(verification.head, GENESIS_HASH);
+        assert_eq!(verification.first_bad, None);
+    }
+
+    #[test]
+    fn reopening_keeps_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = {
+            let store = SqliteStore::open(dir.path()).unwrap();
+            store.append_trace("test", "s", &json!({"n": 1})).unwrap();
+            store
+                .connection_revision("notes", "d1", &json!({"command": "notes"}))
+                .unwrap()
+                .connection_id
+        };
+        let store = SqliteStore::open(dir.path()).unwrap();
+        let record = store.connection("notes").unwrap().unwrap();
+        assert_eq!(record.connection_id, id);
+        assert_eq!(record.config, json!({"command": "notes"}));
+        assert_eq!(store.trace(0, 10).unwrap().len(), 1);
+        assert_eq!(store.verify_trace().unwrap().first_bad, None);
+    }
+
+    #[test]
+    fn newer_schema_is_refused_and_file_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DATABASE_FILE);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("CREATE TABLE future (x); PRAGMA user_version = 7;")
+                .unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let err = SqliteStore::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("written by a newer Airlock"), "{err}");
+        assert!(err.contains("schema 7; this build knows up to 1"), "{err}");
+        assert!(err.contains("nothing was changed"), "{err}");
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        assert!(!dir.path().join("airlock.db-wal").exists());
+    }
+
+    #[test]
+    fn garbage_file_is_refused_and_file_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DATABASE_FILE);
+        let garbage: Vec<u8> = b"this is not a database, just some text\n"
+            .iter()
+            .copied()
+            .cycle()
+            .take(8192)
+            .collect();
+        std::fs::write(&path, &garbage).unwrap();
+        let err = SqliteStore::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is not a readable SQLite database"), "{err}");
+        assert!(
+            err.contains("file is not a database"),
+            "sqlite's own words: {err}"
+        );
+        assert!(err.contains("move it aside"), "{err}");
+        assert!(err.contains("nothing was changed"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), garbage);
+        assert!(!dir.path().join("airlock.db-wal").exists());
+    }
+
+    #[test]
+    fn foreign_sqlite_database_is_refused_and_file_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DATABASE_FILE);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("CREATE TABLE photos (id INTEGER PRIMARY KEY, path TEXT);")
+                .unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let err = SqliteStore::open_file(&path).unwrap_err().to_string();
+        assert!(err.contains("not written by Airlock"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+
+    #[test]
+    fn empty_file_becomes_a_new_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.db");
+        std::fs::write(&path, b"").unwrap();
+        let store = SqliteStore::open_file(&path).unwrap();
+        store.append_trace("k", "s", &json!(null)).unwrap();
+    }
+
+    #[test]
+    fn connection_ids_are_stable_and_revisions_follow_digests() {
+        let (_dir, store) = open_temp();
+        let first = store
+            .connection_revision("notes", "digest-a", &json!({"v": 1}))
+            .unwrap();
+        assert!(first.created);
+        assert_eq!(first.revision, 1);
+        assert_eq!(first.name, "notes");
+        let suffix = first.connection_id.strip_prefix("conn-").unwrap();
+        assert_eq!(suffix.len(), 12);
+        assert!(
+            suffix
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
+
+        let again = store
+            .connection_revision("notes", "digest-a", &json!({"v": 1}))
+            .unwrap();
+        assert_eq!(again.connection_id, first.connection_id);
+        assert_eq!(again.revision, 1);
+        assert!(!again.created);
+
+        let second = store
+            .connection_revision("notes", "digest-b", &json!({"v": 2}))
+            .unwrap();
+        assert_eq!(second.connection_id, first.connection_id);
+        assert_eq!(second.revision, 2);
+        assert!(second.created);
+
+        let old = store
+            .connection_revision("notes", "digest-a", &json!({"v": "ignored"}))
+            .unwrap();
+        assert_eq!(old.revision, 1);
+        assert!(!old.created);
+
+        let latest = store.connection("notes").unwrap().unwrap();
+        assert_eq!(latest.revision, 2);
+        assert_eq!(latest.config_digest, "digest-b");
+        assert_eq!(latest.config, json!({"v": 2}));
+        assert!(store.connection("absent").unwrap().is_none());
+        assert!(store.connection_revision("", "d", &json!({})).is_err());
+    }
+
+    #[test]
+    fn two_names_never_share_ids() {
+        let (_dir, store) = open_temp();
+        let mut ids = std::collections::BTreeSet::new();
+        for i in 0..20 {
+            let r = store
+                .connection_revision(&format!("server-{i}"), "same-digest", &json!({}))
+                .unwrap();
+            assert_eq!(r.revision, 1);
+            assert!(ids.insert(r.connection_id));
+        }
+        let listed = store.connections().unwrap();
+        assert_eq!(listed.len(), 20);
+        assert!(listed.windows(2).all(|w| w[0].name < w[1].name));
+    }
+
+    #[test]
+    fn snapshots_are_stored_once_and_observed_each_time() {
+        let (_dir, store) = open_temp();
+        let conn = store.connection_revision("notes", "d", &json!({})).unwrap();
+        let digest = digest_of(10);
+        let body = json!({"tools": [{"name": "search"}], "protocol": "2025-06-18"});
+        let first = store
+            .put_snapshot(&digest, &conn.connection_id, 1, &body)
+            .unwrap();
+        assert!(first.new);
+        let second = store
+            .put_snapshot(&digest, &conn.connection_id, 1, &body)
+            .unwrap();
+        assert!(!second.new);
+        assert!(second.observed_at_ms >= first.observed_at_ms);
+
+        let stored = store.snapshot(&digest).unwrap().unwrap();
+        assert_eq!(stored.body, body);
+        assert_eq!(stored.observations, 2);
+        assert_eq!(stored.first_seen_ms, first.observed_at_ms);
+        assert_eq!(stored.last_seen_ms, second.observed_at_ms);
+
+        let by_prefix = store.snapshot(&digest[..8]).unwrap().unwrap();
+        assert_eq!(by_prefix.digest, digest);
+        let upper = store
+            .snapshot(&digest[..12].to_uppercase())
+            .unwrap()
+            .unwrap();
+        assert_eq!(upper.digest, digest);
+        assert!(store.snapshot(&digest[..7]).is_err(), "prefix too short");
+        assert!(store.snapshot("not-hex!").is_err());
+
+        // Immutable: a different body under the same digest is refused.
+        let err = store
+            .put_snapshot(&digest, &conn.connection_id, 1, &json!({"tools": []}))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("different body"), "{err:#}");
+        // Unknown connection revision is refused.
+        assert!(
+            store
+                .put_snapshot(&digest_of(11), &conn.connection_id, 9, &body)
+                .is_err()
+        );
+        // The trigger refuses rewriting a body even with raw SQL.
+        assert!(
+            raw(&store)
+                .execute("UPDATE snapshots SET body = '{}'", [])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn ambiguous_prefix_names_the_count() {
+        let (_dir, store) = open_temp();
+        let conn = store.connection_revision("notes", "d", &json!({})).unwrap();
+        let a = format!("abcdef01{}", "0".repeat(56));
+        let b = format!("abcdef01{}", "1".repeat(56));
+        let c = format!("abcdef02{}", "2".repeat(56));
+        for (i, d) in [&a, &b, &c].into_iter().enumerate() {
+            store
+                .put_snapshot(d, &conn.connection_id, 1, &json!({"i": i}))
+                .unwrap();
+        }
+        let err = format!("{:#}", store.snapshot("abcdef01").unwrap_err());
+        assert!(err.contains("ambiguous"), "{err}");
+        assert!(err.contains("matches 2 snapshots"), "{err}");
+        let err = format!("{:#}", store.snapshot("abcdef0").unwrap_err());
+        assert!(err.contains("too short"), "{err}");
+        assert_eq!(store.snapshot("abcdef02").unwrap().unwrap().digest, c);
+        assert!(store.snapshot("abcdef03").unwrap().is_none());
+    }
+
+    #[test]
+    fn latest_snapshot_and_listing_follow_observations() {
+        let (_dir, store) = open_temp();
+        let notes = store.connection_revision("notes", "d", &json!({})).unwrap();
+        let other = store.connection_revision("other", "d", &json!({})).unwrap();
+        let (a, b) = (digest_of(20), digest_of(21));
+        store
+            .put_snapshot(&a, &notes.connection_id, 1, &json!({"a": 1}))
+            .unwrap();
+        store
+            .put_snapshot(&b, &notes.connection_id, 1, &json!({"b": 1}))
+            .unwrap();
+        store
+            .put_snapshot(&digest_of(22), &other.connection_id, 1, &json!({"c": 1}))
+            .unwrap();
+        assert_eq!(
+            store
+                .latest_snapshot(&notes.connection_id)
+                .unwrap()
+                .unwrap()
+                .digest,
+            b
+        );
+        // Seeing `a` again makes it the latest.
+        store
+            .put_snapshot(&a, &notes.connection_id, 1, &json!({"a": 1}))
+            .unwrap();
+        assert_eq!(
+            store
+                .latest_snapshot(&notes.connection_id)
+                .unwrap()
+                .unwrap()
+                .digest,
+            a
+        );
+        let listed = store.snapshots(Some(&notes.connection_id)).unwrap();
+        assert_eq!(
+            listed.iter().map(|s| s.digest.as_str()).collect::<Vec<_>>(),
+            [a.as_str(), b.as_str()]
+        );
+        assert_eq!(listed[0].observations, 2);
+        assert_eq!(store.snapshots(None).unwrap().len(), 3);
+        assert!(store.latest_snapshot("conn-unknown").unwrap().is_none());
+    }
+
+    #[test]
+    fn new_mapping_revision_makes_the_previous_historical() {
+        let (_dir, store) = open_temp();
+        let first = store
+            .add_mapping_revision(&new_mapping("library", MappingState::Candidate))
+            .unwrap();
+        assert_eq!(first.revision, 1);
+        let second = store
+            .add_mapping_revision(&new_mapping("library", MappingState::Active))
+            .unwrap();
+        assert_eq!(second.revision, 2);
+        let revisions = store.mapping_revisions("library").unwrap();
+        assert_eq!(revisions.len(), 2);
+        assert_eq!(revisions[0].revision, 1);
+        assert_eq!(revisions[0].state, MappingState::Historical);
+        assert_eq!(revisions[0].reason, "superseded by revision 2");
+        assert_eq!(revisions[1], second);
+        assert_eq!(store.mapping("library").unwrap().unwrap(), second);
+
+        store
+            .add_mapping_revision(&new_mapping("other", MappingState::Limited))
+            .unwrap();
+        let all = store.mappings().unwrap();
+        assert_eq!(
+            all.iter()
+                .map(|m| (m.name.as_str(), m.revision))
+                .collect::<Vec<_>>(),
+            [("library", 2), ("other", 1)]
+        );
+        assert!(store.mapping("absent").unwrap().is_none());
+        assert!(store.mapping_revisions("absent").unwrap().is_empty());
+    }
+
+    #[test]
+    fn set_mapping_state_is_compare_and_set() {
+        let (_dir, store) = open_temp();
+        store
+            .add_mapping_revision(&new_mapping("library", MappingState::Active))
+            .unwrap();
+        let changed = store
+            .set_mapping_state(
+                "library",
+                MappingState::Active,
+                MappingState::ReviewRequired,
+                "tool schema changed",
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(changed.state, MappingState::ReviewRequired);
+        assert_eq!(changed.reason, "tool schema changed");
+        assert_eq!(store.mapping("library").unwrap().unwrap(), changed);
+
+        // Stale expectation: someone else already moved it.
+        let stale = store
+            .set_mapping_state(
+                "library",
+                MappingState::Active,
+                MappingState::Degraded,
+                "upstream failing",
+            )
+            .unwrap();
+        assert_eq!(stale, None);
+        assert_eq!(
+            store.mapping("library").unwrap().unwrap().state,
+            MappingState::ReviewRequired
+        );
+
+        // review-required never serves again.
+        let err = store
+            .set_mapping_state(
+                "library",
+                MappingState::ReviewRequired,
+                MappingState::Active,
+                "approve",
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot become"), "{err}");
+        assert!(
+            store
+                .set_mapping_state("absent", MappingState::Active, MappingState::Degraded, "x")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn transition_table_spot_checks() {
+        use MappingState::*;
+        for state in MappingState::ALL {
+            assert!(!state.can_become(state), "{state} → itself");
+            assert_eq!(MappingState::parse(state.as_str()), Some(state));
+            assert_eq!(serde_json::to_value(state).unwrap(), json!(state.as_str()));
+            assert_eq!(state.to_string(), state.as_str());
+            if state != Historical {
+                assert!(state.can_become(Historical), "{state} → historical");
+            }
+        }
+        assert!(!ReviewRequired.can_become(Active));
+        assert!(!ReviewRequired.can_become(Limited));
+        assert!(ReviewRequired.can_become(Retiring));
+        assert!(!Historical.can_become(Candidate));
+        assert!(!Retiring.can_become(Active));
+        assert!(Candidate.can_become(FixtureTested));
+        assert!(!FixtureTested.can_become(Candidate));
+        assert!(!FixtureTested.can_become(Degraded));
+        assert!(Degraded.can_become(Active));
+        assert!(Active.can_become(Limited));
+        assert!(!Candidate.can_become(Degraded));
+        assert_eq!(
+            MappingState::ALL
+                .into_iter()
+                .filter(|s| s.serves())
+                .collect::<Vec<_>>(),
+            [Limited, Active]
+        );
+        assert_eq!(MappingState::parse("Active"), None);
+        assert_eq!(MappingState::parse("review_required"), None);
+    }
+
+    fn three_events(store: &SqliteStore) -> Vec<TraceEvent> {
+        (1..=3)
+            .map(|i| {
+                store
+                    .append_trace("mapping.state", "library", &json!({"n": i}))
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// What an attacker with write access to the file does first.
+    fn drop_guards(conn: &Connection) {
+        conn.execute_batch(
+            "DROP TRIGGER trace_events_no_update; DROP TRIGGER trace_events_no_delete;",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn trace_chain_verifies() {
+        let (_dir, store) = open_temp();
+        let events = three_events(&store);
+        assert_eq!(events[0].seq, 1);
+        assert_eq!(events[0].prev_hash, GENESIS_HASH);
+        assert_eq!(events[1].prev_hash, events[0].hash);
+        assert_eq!(events[2].prev_hash, events[1].hash);
+        let expected = trace_hash(
+            1,
+            events[0].at_ms,
+            "mapping.state",
+            "library",
+            &json!({"n": 1}),
+            GENESIS_HASH,
+        )
+        .unwrap();
+        assert_eq!(events[0].hash, expected);
+        assert_eq!(store.trace(0, 100).unwrap(), events);
+        assert_eq!(store.trace(1, 1).unwrap(), events[1..2]);
+        let verification = store.verify_trace().unwrap();
+        assert_eq!(verification.events, 3);
+        assert_eq!(verification.head, events[2].hash);
+        assert_eq!(verification.first_bad, None);
+
+        // Raw SQL cannot update or delete while the guards stand.
+        let conn = raw(&store);
+        assert!(
+            conn.execute("UPDATE trace_events SET kind = 'x' WHERE seq = 2", [])
+                .is_err()
+        );
+        assert!(
+            conn.execute("DELETE FROM trace_events WHERE seq = 2", [])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn edited_payload_is_reported() {
+        let (_dir, store) = open_temp();
+        three_events(&store);
+        let conn = raw(&store);
+        drop_guards(&conn);
+        conn.execute(
+            "UPDATE trace_events SET payload = '{\"n\":20}' WHERE seq = 2",
+            [],
+        )
+        .unwrap();
+        let (seq, why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 2);
+        assert!(why.contains("altered"), "{why}");
+    }
+
+    #[test]
+    fn deleted_middle_event_is_reported() {
+        let (_dir, store) = open_temp();
+        three_events(&store);
+        let conn = raw(&store);
+        drop_guards(&conn);
+        conn.execute("DELETE FROM trace_events WHERE seq = 2", [])
+            .unwrap();
+        let verification = store.verify_trace().unwrap();
+        assert_eq!(verification.events, 2);
+        let (seq, why) = verification.first_bad.unwrap();
+        assert_eq!(seq, 2);
+        assert!(why.contains("missing"), "{why}");
+    }
+
+    #[test]
+    fn edited_prev_hash_is_reported() {
+        let (_dir, store) = open_temp();
+        three_events(&store);
+        let conn = raw(&store);
+        drop_guards(&conn);
+        conn.execute(
+            "UPDATE trace_events SET prev_hash = ?1 WHERE seq = 3",
+            params!["ab".repeat(32)],
+        )
+        .unwrap();
+        let (seq, why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 3);
+        assert!(why.contains("does not link to event 2"), "{why}");
+    }
+
+    #[test]
+    fn renumbered_events_are_reported() {
+        let (_dir, store) = open_temp();
+        three_events(&store);
+        let conn = raw(&store);
+        drop_guards(&conn);
+        // Swap events 1 and 2.
+        conn.execute_batch(
+            "UPDATE trace_events SET seq = 100 WHERE seq = 1; \
+             UPDATE trace_events SET seq = 1 WHERE seq = 2; \
+             UPDATE trace_events SET seq = 2 WHERE seq = 100;",
+        )
+        .unwrap();
+        let (seq, _why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 1);
+    }
+
+    #[test]
+    fn hostile_trace_inputs_round_trip() {
+        let (_dir, store) = open_temp();
+        let long = "x".repeat(1 << 20);
+        let cases = [
+            ("it's \"quoted\"; DROP TABLE trace_events; --", "'); --"),
+            ("nul\0inside", "sub\0ject\0"),
+            (long.as_str(), long.as_str()),
+            ("", ""),
+            ("émoji 🚀 \u{202e}rtl", "\u{feff}bom"),
+        ];
+        for (kind, subject) in cases {
+            let payload = json!({"kind": kind, "nested": [subject, 1.5, null, {"\0": true}]});
+            let event = store.append_trace(kind, subject, &payload).unwrap();
+            let read = store.trace(event.seq - 1, 1).unwrap();
+            assert_eq!(read, std::slice::from_ref(&event));
+            assert_eq!(read[0].kind, kind);
+            assert_eq!(read[0].subject, subject);
+            assert_eq!(read[0].payload, payload);
+        }
+        let verification = store.verify_trace().unwrap();
+        assert_eq!(verification.events, cases.len() as u64);
+        assert_eq!(verification.first_bad, None);
+    }
+
+    #[test]
+    fn two_processes_append_to_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SqliteStore::open(dir.path()).unwrap();
+        let b = SqliteStore::open(dir.path()).unwrap();
+        std::thread::scope(|scope| {
+            for (store, who) in [(&a, "a"), (&b, "b")] {
+                scope.spawn(move || {
+                    for i in 0..50 {
+                        store.append_trace("test", who, &json!({"i": i})).unwrap();
+                    }
+                });
+            }
+        });
+        let verification = a.verify_trace().unwrap();
+        assert_eq!(verification.events, 100);
+        assert_eq!(verification.first_bad, None);
+        assert_eq!(b.verify_trace().unwrap(), verification);
+    }
+
+    #[test]
+    fn store_is_object_safe() {
+        let (_dir, store) = open_temp();
+        let shared: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
+        shared.append_trace("k", "s", &json!({})).unwrap();
+    }
+}
