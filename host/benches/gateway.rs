@@ -194,13 +194,16 @@ async fn main() {
     gateway.cancel().await.ok();
 
     // 2. Instantiation from InstancePre (pooling vs on-demand), idle memory, 3. cold load.
+    let state = tempfile::tempdir().unwrap();
+    let mut config = airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
+    config.state_dir = Some(state.path().to_path_buf());
     let host = Host::start_with(
-        &airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into()),
+        &config,
         vec![MappingSource::from_file(&bundle.join("mapping.toml")).unwrap()],
     )
     .await
     .unwrap();
-    let mapping = host.capabilities()[0].mapping.clone();
+    let mapping = host.catalog().mappings["source-library"].clone();
     let grant: Arc<UpstreamGrant> = mapping.grant.clone();
     let mut samples = Vec::with_capacity(iters);
     for i in 0..warmup + iters {

@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
 use crate::gateway::{Host, MappingSource};
-use crate::manifest::MappingManifest;
 use crate::upstream::StdioServer;
 
 /// The bundled adapter's pinned manifest, as the build wrote it.

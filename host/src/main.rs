@@ -18,6 +18,10 @@ use airlock::gateway::Host;
 #[derive(Parser)]
 #[command(name = "airlock", version)]
 struct Cli {
+    /// The store's folder (SQLite database `airlock.db`). Default: the configuration's
+    /// `state_dir`, else $XDG_STATE_HOME/airlock or ~/.local/state/airlock.
+    #[arg(long, global = true, value_name = "DIR", env = "AIRLOCK_STATE_DIR")]
+    state_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,6 +86,49 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
         #[arg(long)]
         allow_flagged: bool,
     },
+    /// Start one connection, take a discovery snapshot now, and print the classified drift
+    /// against the previous snapshot and each mapping's pins.
+    ///
+    /// Records the snapshot (and a new configuration revision, if the connection's
+    /// configuration changed); changes no mapping's state.
+    #[command(after_help = "\
+Example:
+  airlock discover notes --config airlock.example.toml
+Lines marked `!` are meaning-bearing drift; `·` is informational.")]
+    Discover {
+        /// The connection's configured name.
+        #[arg(value_name = "CONNECTION")]
+        connection: String,
+        /// Serve configuration (TOML).
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List or show recorded discovery snapshots.
+    Snapshots {
+        #[command(subcommand)]
+        action: SnapshotsAction,
+    },
+    /// Review mappings: list them, show one (pins, drift, revisions), approve or retire.
+    #[command(after_help = "\
+A mapping serves only when a reviewer approved it against a snapshot of its connection's
+current configuration revision, and only while the pinned tools' digests match.
+
+Example:
+  airlock discover notes --config airlock.example.toml
+  airlock review show source-library
+  airlock review approve source-library --config airlock.example.toml --reviewer alice")]
+    Review {
+        #[command(subcommand)]
+        action: ReviewAction,
+    },
+    /// Read and verify the hash-chained trace.
+    Trace {
+        #[command(subcommand)]
+        action: TraceAction,
+    },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
     Demo,
@@ -90,6 +137,95 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
     Fixture {
         #[command(subcommand)]
         which: Fixture,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotsAction {
+    /// Snapshots, newest first.
+    List {
+        /// Only this connection's (configured name).
+        #[arg(long, value_name = "NAME")]
+        connection: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One snapshot: server, lists, and each item's schema and description digests.
+    Show {
+        /// Full digest or a unique prefix (8+ hex characters).
+        #[arg(value_name = "DIGEST")]
+        digest: String,
+        /// Print the stored snapshot as JSON (the raw catalogue).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReviewAction {
+    /// Every recorded mapping with its latest revision and state.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One mapping: pins, drift against its connection's latest snapshot, revisions.
+    Show {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a mapping: pin its upstream tools' digests from a snapshot as a new
+    /// revision in state `active`, recording the reviewer and time.
+    Approve {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Serve configuration (TOML) that lists the mapping.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Who approves (recorded in the revision and the trace).
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
+        /// The snapshot to pin (digest or prefix). Default: the connection's latest.
+        #[arg(long, value_name = "DIGEST")]
+        snapshot: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retire a mapping: it serves no new calls.
+    Retire {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Who retires it.
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TraceAction {
+    /// Recompute the hash chain; exit status 3 when an event was altered, removed or
+    /// reordered.
+    Verify {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Events, oldest first.
+    List {
+        /// Only events after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// At most this many events.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -114,6 +250,7 @@ fn init_logging(default: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let state_dir = cli.state_dir;
     let cli_command = match cli.command {
         Command::Grants {
             manifest,
@@ -147,10 +284,143 @@ fn main() -> ExitCode {
                     (false, Some(dir)) => Some(dir),
                     (false, None) => airlock::config::default_cache_dir(),
                 };
-                serve(config, cache_dir).await
+                serve(config, cache_dir, state_dir).await
+            }
+            Command::Discover {
+                connection,
+                config,
+                json,
+            } => {
+                init_logging("warn,rmcp=error");
+                let config = load_config(&config, state_dir)?;
+                let report = airlock::operate::discover(&config, &connection).await?;
+                print(if json {
+                    serde_json::to_string_pretty(&report)? + "\n"
+                } else {
+                    report.to_text()
+                })
+            }
+            Command::Snapshots { action } => {
+                init_logging("warn");
+                let registry = registry_for(state_dir)?;
+                match action {
+                    SnapshotsAction::List { connection, json } => {
+                        let list = airlock::operate::snapshots_list(&registry, connection.as_deref())?;
+                        print(if json {
+                            serde_json::to_string_pretty(&list)? + "\n"
+                        } else {
+                            airlock::operate::snapshots_text(&list)
+                        })
+                    }
+                    SnapshotsAction::Show { digest, json } => {
+                        let (snap, text) = airlock::operate::snapshot_show(&registry, &digest)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&snap)? + "\n"
+                        } else {
+                            text
+                        })
+                    }
+                }
+            }
+            Command::Review { action } => {
+                init_logging("warn,rmcp=error");
+                match action {
+                    ReviewAction::List { json } => {
+                        let registry = registry_for(state_dir)?;
+                        let list = registry.store().mappings()?;
+                        print(if json {
+                            serde_json::to_string_pretty(&list)? + "\n"
+                        } else {
+                            airlock::operate::review_list_text(&list)
+                        })
+                    }
+                    ReviewAction::Show { mapping, json } => {
+                        let registry = registry_for(state_dir)?;
+                        let show = airlock::operate::review_show(&registry, &mapping)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&show)? + "\n"
+                        } else {
+                            show.to_text()
+                        })
+                    }
+                    ReviewAction::Approve {
+                        mapping,
+                        config,
+                        reviewer,
+                        snapshot,
+                        json,
+                    } => {
+                        let config = load_config(&config, state_dir)?;
+                        let record = airlock::operate::approve(
+                            &config,
+                            &mapping,
+                            &reviewer,
+                            snapshot.as_deref(),
+                        )?;
+                        print(if json {
+                            serde_json::to_string_pretty(&record)? + "\n"
+                        } else {
+                            format!(
+                                "mapping `{}` revision {} is {}: approved by {} against snapshot {}\n",
+                                record.name,
+                                record.revision,
+                                record.state,
+                                reviewer,
+                                record.snapshot_digest.as_deref().unwrap_or("?")
+                            )
+                        })
+                    }
+                    ReviewAction::Retire { mapping, reviewer } => {
+                        let registry = registry_for(state_dir)?;
+                        let record = registry.retire(&mapping, &reviewer)?;
+                        print(format!(
+                            "mapping `{}` revision {} is {}\n",
+                            record.name, record.revision, record.state
+                        ))
+                    }
+                }
+            }
+            Command::Trace { action } => {
+                init_logging("warn");
+                let registry = registry_for(state_dir)?;
+                match action {
+                    TraceAction::Verify { json } => {
+                        let v = registry.store().verify_trace()?;
+                        let text = if json {
+                            serde_json::to_string_pretty(&v)? + "\n"
+                        } else {
+                            match &v.first_bad {
+                                None => format!(
+                                    "trace intact: {} events, head {}\n",
+                                    v.events, v.head
+                                ),
+                                Some((seq, why)) => format!(
+                                    "trace TAMPERED at event {seq}: {why} ({} events read)\n",
+                                    v.events
+                                ),
+                            }
+                        };
+                        print(text)?;
+                        if v.first_bad.is_some() {
+                            return Err(anyhow::Error::new(Tampered));
+                        }
+                        Ok(())
+                    }
+                    TraceAction::List { after, limit, json } => {
+                        let events = registry.store().trace(after, limit)?;
+                        print(if json {
+                            events
+                                .iter()
+                                .map(|e| serde_json::to_string(e).unwrap_or_default() + "\n")
+                                .collect()
+                        } else {
+                            airlock::operate::trace_text(&events)
+                        })
+                    }
+                }
             }
             Command::Demo => {
-                init_logging("warn,rmcp=error");
+                init_logging("error");
                 airlock::demo::run(std::io::stdout()).await
             }
             Command::Fixture {
@@ -167,6 +437,7 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Tampered>() => ExitCode::from(3),
         Err(e) => {
             eprintln!("airlock: error: {e:#}");
             ExitCode::FAILURE
@@ -210,12 +481,61 @@ fn grants(manifest: &std::path::Path, json: bool, html: bool, allow_flagged: boo
     ExitCode::SUCCESS
 }
 
-async fn serve(config_path: PathBuf, cache_dir: Option<PathBuf>) -> Result<()> {
-    let mut config = ServeConfig::load(&config_path)?;
+/// `trace verify` found tampering (exit status 3).
+#[derive(Debug)]
+struct Tampered;
+
+impl std::fmt::Display for Tampered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the trace does not verify")
+    }
+}
+
+impl std::error::Error for Tampered {}
+
+fn print(text: String) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn load_config(path: &std::path::Path, state_dir: Option<PathBuf>) -> Result<ServeConfig> {
+    let mut config = ServeConfig::load(path)?;
+    if state_dir.is_some() {
+        config.state_dir = state_dir;
+    }
+    Ok(config)
+}
+
+fn registry_for(state_dir: Option<PathBuf>) -> Result<airlock::registry::Registry> {
+    let dir = state_dir
+        .or_else(airlock::config::default_state_dir)
+        .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
+    if !dir.join(airlock::store::DATABASE_FILE).exists() {
+        anyhow::bail!(
+            "no Airlock state in {} (no {}); pass the --state-dir your host uses",
+            dir.display(),
+            airlock::store::DATABASE_FILE
+        );
+    }
+    airlock::operate::registry_at(&dir)
+}
+
+async fn serve(
+    config_path: PathBuf,
+    cache_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+) -> Result<()> {
+    let mut config = load_config(&config_path, state_dir)?;
     config.cache_dir = cache_dir;
     let host = Host::start(&config).await?;
+    airlock::reload::spawn_background(&host)?;
+    let catalog = host.catalog();
     tracing::info!(
-        capabilities = host.capabilities().len(),
+        mappings = catalog.mappings.len(),
+        offered = catalog.offered().count(),
         "serving MCP on stdio"
     );
     let gateway = host.session();

@@ -107,7 +107,7 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
     let registry = open_registry(config)?;
     let rev = registry.identify(name, server)?;
     let previous = registry.store().latest_snapshot(&rev.connection_id)?;
-    let conn = Connection::start_stdio(name, server, crate::manifest::MAX_OUTPUT_BYTES_CEILING)
+    let conn = Connection::start_stdio(name, server, crate::manifest::MAX_OUTPUT_BYTES)
         .await?;
     let raw = conn
         .discover(crate::gateway::DISCOVERY_TIMEOUT)

@@ -235,13 +235,28 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for TapWriter<W> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let this = &mut *self;
+        let armed = this.tap.armed.load(Ordering::Acquire);
+        if armed {
+            // Register request ids BEFORE the bytes reach the server: its answer can be read
+            // on another thread before this write returns. A line seen twice (a retried or
+            // partial write) registers the same id again, which is harmless.
+            let mut start = 0;
+            let mut pending = this.partial.clone();
+            for (i, &b) in buf.iter().enumerate() {
+                if b == b'\n' {
+                    pending.extend_from_slice(&buf[start..=i]);
+                    this.tap.outgoing(&pending);
+                    pending.clear();
+                    start = i + 1;
+                }
+            }
+        }
         let poll = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = &poll {
-            if this.tap.armed.load(Ordering::Acquire) {
+            if armed {
                 this.partial.extend_from_slice(&buf[..*n]);
-                while let Some(end) = this.partial.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = this.partial.drain(..=end).collect();
-                    this.tap.outgoing(&line);
+                if let Some(end) = this.partial.iter().rposition(|&b| b == b'\n') {
+                    this.partial.drain(..=end);
                 }
                 // Requests are small; a runaway partial line is not a request we track.
                 if this.partial.len() > 1 << 20 {

@@ -38,6 +38,7 @@ fn inspector(config: &std::path::Path, extra: &[&str]) -> Value {
 #[test]
 fn the_inspector_cli_lists_and_calls_through_airlock() {
     let d = Deployment::with_notes().mapping("source-library");
+    d.approve_all();
     let config = d.write_config();
     let listed = inspector(&config, &["--method", "tools/list"]);
     let names: Vec<&str> = listed["tools"]

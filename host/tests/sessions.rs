@@ -13,18 +13,22 @@ fn args(v: Value) -> Option<JsonObject> {
     }
 }
 
-async fn host() -> Arc<Host> {
-    let config = airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
+async fn host() -> (Arc<Host>, tempfile::TempDir) {
+    let state = tempfile::tempdir().unwrap();
+    let mut config = airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
+    config.state_dir = Some(state.path().to_path_buf());
     let manifest =
         std::path::Path::new(airlock::ADAPTER_BUNDLE).join("source-library/mapping.toml");
-    Host::start_with(&config, vec![MappingSource::from_file(&manifest).unwrap()])
+    let host = Host::start_with(&config, vec![MappingSource::from_file(&manifest).unwrap()])
         .await
-        .unwrap()
+        .unwrap();
+    airlock::demo::approve_all(&host, "tests").await.unwrap();
+    (host, state)
 }
 
 #[tokio::test]
 async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
-    let host = host().await;
+    let (host, _state) = host().await;
     let (alice, mallory) = (host.session(), host.session());
     assert_ne!(alice.session_id(), mallory.session_id());
     let hits = alice
@@ -35,7 +39,7 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .as_str()
         .unwrap()
         .to_string();
-    let sent = host.connections()["notes"].requests_sent();
+    let sent = host.catalog().mappings["source-library"].connection.connection.requests_sent();
 
     let err = mallory
         .call("retrieve_source", args(json!({"reference": token})))
@@ -48,7 +52,7 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         err.message
     );
     assert_eq!(
-        host.connections()["notes"].requests_sent(),
+        host.catalog().mappings["source-library"].connection.connection.requests_sent(),
         sent,
         "no upstream request for a foreign reference"
     );
@@ -58,12 +62,12 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .await
         .unwrap();
     assert_ne!(ok.is_error, Some(true));
-    assert_eq!(host.connections()["notes"].requests_sent(), sent + 1);
+    assert_eq!(host.catalog().mappings["source-library"].connection.connection.requests_sent(), sent + 1);
 }
 
 #[tokio::test]
 async fn a_revoked_mapping_closes_its_references() {
-    let host = host().await;
+    let (host, _state) = host().await;
     let s = host.session();
     let hits = s
         .call("search_sources", args(json!({"query": "checkpoint"})))

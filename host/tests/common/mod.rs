@@ -50,6 +50,7 @@ pub struct Deployment {
     pub dir: tempfile::TempDir,
     mappings: Vec<PathBuf>,
     connections: String,
+    top: String,
 }
 
 impl Deployment {
@@ -67,7 +68,83 @@ impl Deployment {
             dir,
             mappings: vec![],
             connections,
+            top: String::new(),
         }
+    }
+
+    /// Adds top-level configuration keys (written before any table).
+    pub fn top(mut self, toml: &str) -> Self {
+        self.top.push_str(toml);
+        self
+    }
+
+    /// The deployment's state folder (the store).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Runs the airlock binary with this deployment's state folder and compiled cache.
+    pub fn airlock(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(airlock_bin())
+            .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+            .env("AIRLOCK_STATE_DIR", self.state_dir())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// Like [`Deployment::airlock`], asserting success; returns stdout.
+    pub fn airlock_ok(&self, args: &[&str]) -> String {
+        let out = self.airlock(args);
+        assert!(
+            out.status.success(),
+            "airlock {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Like [`Deployment::airlock_ok`] with `--json`, parsed.
+    pub fn airlock_json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        serde_json::from_str(&self.airlock_ok(&args)).unwrap()
+    }
+
+    /// The mapping manifests of this deployment.
+    pub fn manifests(&self) -> &[PathBuf] {
+        &self.mappings
+    }
+
+    /// Discovers every connection the mappings use and approves every mapping, as a
+    /// reviewer would (`airlock discover`, `airlock review approve`).
+    pub fn approve_all(&self) {
+        let config = self.write_config();
+        let config = config.to_str().unwrap();
+        let mut connections = std::collections::BTreeSet::new();
+        let mut names = Vec::new();
+        for m in &self.mappings {
+            let text = std::fs::read_to_string(m).unwrap();
+            let v: toml::Value = toml::from_str(&text).unwrap();
+            connections.insert(v["mapping"]["connection"].as_str().unwrap().to_string());
+            names.push(v["mapping"]["name"].as_str().unwrap().to_string());
+        }
+        for c in &connections {
+            self.airlock_ok(&["discover", c, "--config", config]);
+        }
+        for n in &names {
+            self.airlock_ok(&["review", "approve", n, "--config", config, "--reviewer", "tests"]);
+        }
+    }
+
+    /// The trace events (all of them), parsed.
+    pub fn trace(&self) -> Vec<Value> {
+        self.airlock_ok(&["trace", "list", "--limit", "100000", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     /// Adds a raw connection block.
@@ -105,7 +182,12 @@ impl Deployment {
 
     /// Writes the serve configuration and returns its path.
     pub fn write_config(&self) -> PathBuf {
-        let mut text = self.connections.clone();
+        let mut text = format!(
+            "state_dir = {:?}\n{}",
+            self.state_dir().display().to_string(),
+            self.top
+        );
+        text.push_str(&self.connections);
         for m in &self.mappings {
             text.push_str(&format!(
                 "[[mapping]]\nmanifest = {:?}\n",
@@ -136,15 +218,28 @@ impl Deployment {
             .collect()
     }
 
-    /// Starts `airlock serve` on this deployment and connects an rmcp client to it.
+    /// Approves every mapping (see [`Deployment::approve_all`]), then starts `airlock
+    /// serve` on this deployment and connects an rmcp client to it.
     pub async fn serve(&self) -> RunningService<RoleClient, ()> {
+        self.approve_all();
+        self.serve_unreviewed().await
+    }
+
+    /// Starts `airlock serve` without approving anything first.
+    pub async fn serve_unreviewed(&self) -> RunningService<RoleClient, ()> {
+        self.serve_with(()).await
+    }
+
+    /// Starts `airlock serve` with client handler `handler` (e.g. a [`Notices`] counter).
+    pub async fn serve_with<H: rmcp::ClientHandler>(&self, handler: H) -> RunningService<RoleClient, H> {
         let config = self.write_config();
         let mut cmd = tokio::process::Command::new(airlock_bin());
         cmd.arg("serve").arg("--config").arg(&config);
         cmd.env("AIRLOCK_LOG", "airlock=info");
         cmd.env("AIRLOCK_CACHE_DIR", test_cache_dir());
         let transport = TokioChildProcess::new(cmd).expect("spawn airlock serve");
-        ().serve(transport)
+        handler
+            .serve(transport)
             .await
             .expect("MCP initialize with airlock serve")
     }
@@ -167,9 +262,41 @@ impl Deployment {
     }
 }
 
+/// A client handler that counts `notifications/tools/list_changed` from the gateway.
+#[derive(Clone, Default)]
+pub struct Notices(pub std::sync::Arc<std::sync::atomic::AtomicUsize>, pub std::sync::Arc<tokio::sync::Notify>);
+
+impl Notices {
+    /// How many list_changed notifications arrived.
+    pub fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits (up to `secs`) until more than `seen` notifications arrived.
+    pub async fn wait_beyond(&self, seen: usize, secs: u64) -> bool {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            let notified = self.1.notified();
+            if self.count() > seen {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.count() > seen;
+            }
+        }
+    }
+}
+
+impl rmcp::ClientHandler for Notices {
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.1.notify_waiters();
+    }
+}
+
 /// Calls `name` with JSON object `args`.
-pub async fn call(
-    client: &RunningService<RoleClient, ()>,
+pub async fn call<H: rmcp::ClientHandler>(
+    client: &RunningService<RoleClient, H>,
     name: &str,
     args: Value,
 ) -> Result<CallToolResult, ServiceError> {
