@@ -460,8 +460,10 @@ impl Host {
             .record_snapshot(&state.name, &state.revision, &catalogue)?;
         state.catalogue.store(Arc::new(catalogue));
         state.snapshot.store(Arc::new(observed.digest));
-        state.seen.store(target, Ordering::Release);
+        // Mappings are judged before the connection counts as current: a call that finds
+        // it current also finds every verdict already applied.
         self.evaluate_connection(state).await;
+        state.seen.store(target, Ordering::Release);
         Ok(())
     }
 

@@ -387,18 +387,6 @@ impl Registry {
             .as_deref()
             .and_then(|d| self.store.snapshot(d).ok().flatten())
             .and_then(|s| serde_json::from_value::<Catalogue>(s.body).ok());
-        if current.config_digest
-            != pinned_snapshot
-                .as_ref()
-                .map(|c| c.config_digest.as_str())
-                .unwrap_or(current.config_digest.as_str())
-        {
-            return Verdict::Blocked {
-                reason: "the connection's configuration revision changed since review".into(),
-                drift: vec![],
-                needs_review: true,
-            };
-        }
         let pins = Pins::from_value(&record.pins);
         let mut broken = Vec::new();
         for tool in tools {
@@ -434,9 +422,6 @@ impl Registry {
                 });
             }
         }
-        if broken.is_empty() && found.is_empty() {
-            return Verdict::Serves;
-        }
         if found.is_empty() {
             // Pins broken without a pinned snapshot to explain them.
             for tool in &broken {
@@ -450,6 +435,19 @@ impl Registry {
                     },
                 });
             }
+        }
+        let config_changed = pinned_snapshot
+            .as_ref()
+            .is_some_and(|c| c.config_digest != current.config_digest);
+        if config_changed {
+            return Verdict::Blocked {
+                reason: "the connection's configuration revision changed since review".into(),
+                drift: found,
+                needs_review: true,
+            };
+        }
+        if broken.is_empty() && found.is_empty() {
+            return Verdict::Serves;
         }
         let summary: Vec<String> = found.iter().take(5).map(ToString::to_string).collect();
         Verdict::Blocked {

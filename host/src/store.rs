@@ -464,7 +464,8 @@ pub trait Store: Send + Sync {
 
     /// Inserts revision = previous latest + 1 (1 for a new name). In the same transaction
     /// the previous latest revision, unless already historical, becomes historical (its
-    /// reason becomes "superseded by revision N"). Errors: empty name, database failure.
+    /// reason gains "; superseded by revision N (was STATE)"). Errors: empty name, database
+    /// failure.
     fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord>;
 
     /// Compare-and-set on the latest revision: `Ok(Some(record))` after the change;
@@ -1200,7 +1201,10 @@ impl Store for SqliteStore {
                      WHERE name = ?4 AND revision = ?5",
                     params![
                         MappingState::Historical.as_str(),
-                        format!("superseded by revision {revision}"),
+                        format!(
+                            "{}; superseded by revision {revision} (was {})",
+                            previous.reason, previous.state
+                        ),
                         now,
                         new.name,
                         previous.revision
@@ -1825,7 +1829,13 @@ mod tests {
         assert_eq!(revisions.len(), 2);
         assert_eq!(revisions[0].revision, 1);
         assert_eq!(revisions[0].state, MappingState::Historical);
-        assert_eq!(revisions[0].reason, "superseded by revision 2");
+        assert!(
+            revisions[0]
+                .reason
+                .ends_with("; superseded by revision 2 (was candidate)"),
+            "{}",
+            revisions[0].reason
+        );
         assert_eq!(revisions[1], second);
         assert_eq!(store.mapping("library").unwrap().unwrap(), second);
 

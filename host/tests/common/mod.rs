@@ -147,17 +147,22 @@ impl Deployment {
             .collect()
     }
 
-    /// Adds a raw connection block.
-    pub fn connection(mut self, toml: &str) -> Self {
-        self.connections.push_str(toml);
+    /// Replaces every connection block with `toml`.
+    pub fn replace_connections(mut self, toml: &str) -> Self {
+        self.connections = toml.to_string();
         self
     }
 
-    /// Copies bundled mapping `name` into the deployment, passing its manifest text
-    /// through `edit`; returns the folder it was copied to.
-    pub fn mapping_edited(mut self, name: &str, edit: impl FnOnce(String) -> String) -> Self {
+    /// Copies bundled mapping `name` into the deployment under folder `as_name`, passing
+    /// its manifest text through `edit`.
+    pub fn mapping_edited_as(
+        mut self,
+        name: &str,
+        as_name: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> Self {
         let from = bundle().join(name);
-        let to = self.dir.path().join("mappings").join(name);
+        let to = self.dir.path().join("mappings").join(as_name);
         std::fs::create_dir_all(&to).unwrap();
         for entry in std::fs::read_dir(&from).unwrap() {
             let entry = entry.unwrap();
@@ -168,6 +173,18 @@ impl Deployment {
         std::fs::write(&manifest, edit(text)).unwrap();
         self.mappings.push(manifest);
         self
+    }
+
+    /// Adds a raw connection block.
+    pub fn connection(mut self, toml: &str) -> Self {
+        self.connections.push_str(toml);
+        self
+    }
+
+    /// Copies bundled mapping `name` into the deployment, passing its manifest text
+    /// through `edit`; returns the folder it was copied to.
+    pub fn mapping_edited(self, name: &str, edit: impl FnOnce(String) -> String) -> Self {
+        self.mapping_edited_as(name, name, edit)
     }
 
     /// Copies bundled mapping `name` unchanged.

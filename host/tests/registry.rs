@@ -1,0 +1,446 @@
+//! The registry against real processes: connection identity, discovery snapshots, drift,
+//! pins and mapping lifecycle, the hash-chained trace, the store's failure modes.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// A deployment whose notes server drifts (`--drift-on-call KIND`) after its first
+/// tools/call.
+fn drifting(kind: &str) -> Deployment {
+    let d = Deployment::with_notes();
+    let log = d.dir.path().join("calls.jsonl");
+    d.replace_connections(&format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}, \"--drift-on-call\", {kind:?}]\n",
+        log.display().to_string()
+    ))
+    .mapping("source-library")
+}
+
+fn refused_as_state_changed(result: &rmcp::model::CallToolResult) -> bool {
+    result.is_error == Some(true) && text_of(result).starts_with("state changed:")
+}
+
+/// Each drift kind, arriving mid-session: the server's list_changed notification makes the
+/// very next call re-check, find the pinned tool changed, refuse with "state changed"
+/// before anything reaches the server, notify the client, and drop the capabilities from
+/// tools/list. The review shows the classified change.
+#[tokio::test]
+async fn each_drift_kind_mid_session_blocks_the_next_call_before_the_server() {
+    let cases = [
+        ("description", "description-changed", "read_note"),
+        ("schema", "type-changed", "read_note"),
+        ("required", "required-property-added", "read_note"),
+        ("annotations", "annotations-changed", "read_note"),
+        ("rename", "possibly-renamed", "fetch_note"),
+        ("remove", "removed", "read_note"),
+    ];
+    for (kind, change, key) in cases {
+        let d = drifting(kind);
+        d.approve_all();
+        let notices = Notices::default();
+        let client = d.serve_with(notices.clone()).await;
+        let tools = client.peer().list_all_tools().await.unwrap();
+        assert_eq!(tools.len(), 2, "{kind}: both capabilities offered before drift");
+
+        // The first call reaches the server, which drifts and notifies before answering.
+        let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
+            .await
+            .unwrap();
+        assert_ne!(hits.is_error, Some(true), "{kind}: {}", text_of(&hits));
+        let reference = references(&hits)[0].clone();
+        assert_eq!(d.upstream_tool_calls(), ["search_notes"], "{kind}");
+
+        // The very next call is refused before it reaches the server.
+        let next = call(&client, "retrieve_source", json!({"reference": reference}))
+            .await
+            .unwrap();
+        assert!(refused_as_state_changed(&next), "{kind}: {}", text_of(&next));
+        assert!(text_of(&next).contains("review-required"), "{kind}: {}", text_of(&next));
+        let again = call(&client, "search_sources", json!({"query": "wal"}))
+            .await
+            .unwrap();
+        assert!(refused_as_state_changed(&again), "{kind}");
+        assert_eq!(
+            d.upstream_tool_calls(),
+            ["search_notes"],
+            "{kind}: a refused call reached the server"
+        );
+
+        // The client was told, and the capabilities left the catalogue.
+        assert!(notices.wait_beyond(0, 10).await, "{kind}: no tools/list_changed");
+        let tools = client.peer().list_all_tools().await.unwrap();
+        assert!(tools.is_empty(), "{kind}: still offered: {tools:?}");
+        client.cancel().await.ok();
+
+        // The store says why, with the classified drift.
+        let show = d.airlock_json(&["review", "show", "source-library"]);
+        assert_eq!(show["current"]["state"], "review-required", "{kind}: {show:#}");
+        let events = d.trace();
+        let found = events
+            .iter()
+            .find(|e| e["kind"] == "drift-found")
+            .unwrap_or_else(|| panic!("{kind}: no drift-found event"));
+        let drift = found["payload"]["drift"].as_array().unwrap();
+        assert!(
+            drift
+                .iter()
+                .any(|d| d["change"] == change && d["key"] == key && d["item"] == "tool"),
+            "{kind}: expected {change} on {key}, got {drift:?}"
+        );
+        if kind == "rename" {
+            // The renamed tool is not followed: the pins name read_note only.
+            assert_eq!(
+                drift.iter().find(|d| d["change"] == "possibly-renamed").unwrap()["from"],
+                "read_note"
+            );
+            assert!(!d.upstream_tool_calls().contains(&"fetch_note".to_string()));
+        }
+        assert!(
+            events.iter().any(|e| e["kind"] == "call-refused"
+                && e["payload"]["state"] == "review-required"),
+            "{kind}: refusal not traced"
+        );
+        assert!(d.airlock_ok(&["trace", "verify"]).contains("intact"));
+    }
+}
+
+/// The server restarts with other arguments and a drifted catalogue: a new configuration
+/// revision, so the mapping needs review before it serves; `discover` shows the drift;
+/// a new approval restores service as a new revision.
+#[tokio::test]
+async fn drift_seen_at_start_requires_review_and_a_new_approval_restores_service() {
+    let d = Deployment::with_notes().mapping("source-library");
+    d.approve_all();
+    let log = d.dir.path().join("calls.jsonl");
+    let d = d.replace_connections(&format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}, \"--drift\", \"description\"]\n",
+        log.display().to_string()
+    ));
+    let client = d.serve_unreviewed().await;
+    assert!(client.peer().list_all_tools().await.unwrap().is_empty());
+    client.cancel().await.ok();
+    let show = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(show["current"]["state"], "review-required");
+    assert!(
+        show["current"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("connection configuration changed"),
+        "{show:#}"
+    );
+    let config = d.write_config();
+    let discovered = d.airlock_json(&["discover", "notes", "--config", config.to_str().unwrap()]);
+    assert_eq!(discovered["config_revision"], 2);
+    // Against the pinned snapshot, the reviewer sees what changed.
+    assert_eq!(discovered["mappings"][0]["would_serve"], false);
+    assert!(
+        discovered["mappings"][0]["drift"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["change"] == "description-changed" && x["key"] == "read_note"),
+        "{discovered:#}"
+    );
+    // A reviewer approves the new catalogue: a new revision that serves.
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "bob",
+    ]);
+    let client = d.serve_unreviewed().await;
+    assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
+    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.ok();
+    let revisions = d.airlock_json(&["review", "show", "source-library"])["revisions"].clone();
+    let states: Vec<&str> = revisions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["historical", "historical", "active"], "{revisions:#}");
+    assert!(
+        revisions[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("(was review-required)"),
+        "{revisions:#}"
+    );
+}
+
+/// Two connections whose servers report the same display name share nothing: separate
+/// ids and snapshots, and an approval for one does not let a mapping on the other serve.
+#[tokio::test]
+async fn a_server_with_the_same_display_name_inherits_nothing() {
+    let d = Deployment::with_notes()
+        .connection(
+            "[[connection]]\nname = \"twin\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--twin\"]\n",
+        )
+        .mapping("source-library")
+        .mapping_edited_as("source-library", "twin-library", |t| {
+            t.replace("name = \"source-library\"", "name = \"twin-library\"")
+                .replace("connection = \"notes\"", "connection = \"twin\"")
+                .replace("name = \"search_sources\"", "name = \"twin_search\"")
+                .replace("name = \"retrieve_source\"", "name = \"twin_retrieve\"")
+        });
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let notes = d.airlock_json(&["discover", "notes", "--config", config]);
+    let twin = d.airlock_json(&["discover", "twin", "--config", config]);
+    assert_eq!(notes["server"]["name"], twin["server"]["name"], "same display name");
+    assert_ne!(notes["connection_id"], twin["connection_id"]);
+    assert_ne!(notes["snapshot"], twin["snapshot"]);
+    d.airlock_ok(&["review", "approve", "source-library", "--config", config, "--reviewer", "alice"]);
+
+    // The twin's mapping cannot borrow the other connection's snapshot...
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "twin-library",
+        "--config",
+        config,
+        "--reviewer",
+        "mallory",
+        "--snapshot",
+        notes["snapshot"].as_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("belongs to"), "{err}");
+
+    // ...and is not offered: it was never approved for its own connection.
+    let client = d.serve_unreviewed().await;
+    let names: Vec<String> = client
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["search_sources", "retrieve_source"]);
+    let r = call(&client, "twin_search", json!({"query": "x"})).await.unwrap();
+    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    client.cancel().await.ok();
+    let show = d.airlock_json(&["review", "show", "twin-library"]);
+    assert_eq!(show["current"]["state"], "candidate");
+}
+
+/// Changing the connection's executable (same path, different bytes) is a new
+/// configuration revision: the mapping moves to review-required and is not offered.
+#[tokio::test]
+async fn changing_the_connection_executable_requires_review() {
+    let d = Deployment::with_notes();
+    let bin = d.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let exe = bin.join("notes-server");
+    std::fs::copy(airlock_bin(), &exe).unwrap();
+    let d = d
+        .replace_connections(&format!(
+            "[[connection]]\nname = \"notes\"\ncommand = {:?}\nargs = [\"fixture\", \"notes-server\"]\n",
+            exe.display().to_string()
+        ))
+        .mapping("source-library");
+    let client = d.serve().await;
+    assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
+    client.cancel().await.ok();
+
+    // Same path, one byte more: a different executable, installed the way an upgrade
+    // is (write beside, rename over).
+    use std::io::Write as _;
+    let next = bin.join("notes-server.new");
+    std::fs::copy(&exe, &next).unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&next)
+        .unwrap()
+        .write_all(b"\0")
+        .unwrap();
+    std::fs::rename(&next, &exe).unwrap();
+    let client = d.serve_unreviewed().await;
+    assert!(client.peer().list_all_tools().await.unwrap().is_empty());
+    let r = call(&client, "search_sources", json!({"query": "x"})).await.unwrap();
+    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    client.cancel().await.ok();
+    let show = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(show["current"]["state"], "review-required");
+    assert_eq!(show["current"]["config_revision"], 2);
+    assert!(
+        d.trace()
+            .iter()
+            .any(|e| e["kind"] == "connection-revision" && e["payload"]["revision"] == 2)
+    );
+}
+
+/// An approval recorded while the host serves is picked up without a restart, and the
+/// client is told the tool list changed; a retirement takes the capabilities away again.
+#[tokio::test]
+async fn approval_and_retirement_reach_a_running_host() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let notices = Notices::default();
+    let client = d.serve_with(notices.clone()).await;
+    assert!(client.peer().list_all_tools().await.unwrap().is_empty());
+    let r = call(&client, "search_sources", json!({"query": "x"})).await.unwrap();
+    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    assert!(d.upstream_tool_calls().is_empty());
+
+    let config = d.write_config();
+    d.airlock_ok(&["review", "approve", "source-library", "--config", config.to_str().unwrap(), "--reviewer", "alice"]);
+    assert!(notices.wait_beyond(0, 10).await, "no tools/list_changed after approval");
+    assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
+    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+
+    let seen = notices.count();
+    d.airlock_ok(&["review", "retire", "source-library", "--reviewer", "alice"]);
+    assert!(notices.wait_beyond(seen, 10).await, "no tools/list_changed after retirement");
+    assert!(client.peer().list_all_tools().await.unwrap().is_empty());
+    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
+    client.cancel().await.ok();
+}
+
+/// Approval needs a snapshot of the current configuration and every listed tool present.
+#[test]
+fn approval_refuses_what_it_cannot_pin() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    // No snapshot yet.
+    let out = d.airlock(&["review", "approve", "source-library", "--config", config, "--reviewer", "a"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("airlock discover notes"));
+    // A snapshot that lacks a listed tool.
+    let log = d.dir.path().join("calls.jsonl");
+    let d = d.replace_connections(&format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--drift\", \"remove\", \"--call-log\", {:?}]\n",
+        log.display().to_string()
+    ));
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+    let out = d.airlock(&["review", "approve", "source-library", "--config", config, "--reviewer", "a"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tool named read_note"));
+    // Empty reviewer, unknown mapping.
+    let out = d.airlock(&["review", "approve", "source-library", "--config", config, "--reviewer", " "]);
+    assert!(!out.status.success());
+    let out = d.airlock(&["review", "approve", "nope", "--config", config, "--reviewer", "a"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no configured mapping is named `nope`"));
+}
+
+/// Snapshots are content-addressed: the same catalogue seen twice is stored once with two
+/// observations; `snapshots show` lists each tool's digests; a paginated server's lists are
+/// complete.
+#[test]
+fn snapshots_are_stored_once_and_pagination_is_followed() {
+    let d = Deployment::with_notes();
+    let log = d.dir.path().join("calls.jsonl");
+    let d = d.replace_connections(&format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--page-size\", \"2\", \"--extra-tools\", \"5\", \"--call-log\", {:?}]\n",
+        log.display().to_string()
+    ))
+    .mapping("source-library");
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let a = d.airlock_json(&["discover", "notes", "--config", config]);
+    let b = d.airlock_json(&["discover", "notes", "--config", config]);
+    assert_eq!(a["snapshot"], b["snapshot"]);
+    assert_eq!(a["new_snapshot"], true);
+    assert_eq!(b["new_snapshot"], false);
+    assert_eq!(a["counts"]["tools"], 8, "3 tools + 5 synthetic over 4 pages");
+    assert_eq!(a["counts"]["resources"], 7);
+    assert_eq!(a["counts"]["prompts"], 1);
+    assert_eq!(a["counts"]["resource_templates"], 1);
+    assert_eq!(b["drift"], json!([]));
+    let list = d.airlock_json(&["snapshots", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["observations"], 2);
+    let digest = a["snapshot"].as_str().unwrap();
+    let shown = d.airlock_ok(&["snapshots", "show", &digest[..10]]);
+    assert!(shown.contains("read_note"), "{shown}");
+    assert!(shown.contains("synthetic_0004"), "{shown}");
+    let raw = d.airlock_json(&["snapshots", "show", digest]);
+    assert_eq!(raw["body"]["tools"].as_array().unwrap().len(), 8);
+    // Pages were requested, as the call log shows.
+    let lists = d
+        .upstream_calls()
+        .iter()
+        .filter(|c| c["method"] == "tools/list")
+        .count();
+    assert_eq!(lists, 8, "4 pages per discovery, 2 discoveries");
+}
+
+/// The trace is tamper-evident: editing one event's payload in the database is caught by
+/// `airlock trace verify`, which names the event and exits 3.
+#[tokio::test]
+async fn trace_verify_catches_an_edited_row() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let client = d.serve().await;
+    call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    client.cancel().await.ok();
+    assert!(d.airlock_ok(&["trace", "verify"]).contains("intact"));
+    let events = d.trace();
+    let victim = events
+        .iter()
+        .find(|e| e["kind"] == "mapping-revision" && e["payload"]["reviewer"] == "tests")
+        .expect("the approval is traced");
+    let seq = victim["seq"].as_i64().unwrap();
+
+    let db = rusqlite::Connection::open(d.state_dir().join("airlock.db")).unwrap();
+    // An attacker with the file drops the append-only triggers first.
+    let triggers: Vec<String> = db
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for t in triggers {
+        db.execute_batch(&format!("DROP TRIGGER \"{t}\"")).unwrap();
+    }
+    let changed = db
+        .execute(
+            "UPDATE trace_events SET payload = replace(payload, '\"tests\"', '\"nobody\"') WHERE seq = ?1",
+            [seq],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+
+    let out = d.airlock(&["trace", "verify"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("TAMPERED at event {seq}")), "{text}");
+    let json = d.airlock(&["trace", "verify", "--json"]);
+    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["first_bad"][0], seq);
+}
+
+/// A corrupt database is refused with a clear error; nothing is overwritten and nothing
+/// reaches the upstream server.
+#[test]
+fn a_corrupt_database_gives_a_clear_error_and_is_left_alone() {
+    let d = Deployment::with_notes().mapping("source-library");
+    std::fs::create_dir_all(d.state_dir()).unwrap();
+    let db = d.state_dir().join("airlock.db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(&db, &garbage).unwrap();
+    let (ok, stderr) = d.serve_expecting_failure();
+    assert!(!ok);
+    assert!(stderr.contains("not a readable SQLite database"), "{stderr}");
+    assert!(stderr.contains("nothing was changed"), "{stderr}");
+    assert_eq!(std::fs::read(&db).unwrap(), garbage);
+    assert!(d.upstream_calls().is_empty(), "{:?}", d.upstream_calls());
+    let out = d.airlock(&["trace", "verify"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a readable SQLite database"));
+}
