@@ -721,8 +721,9 @@ impl Host {
             let name = source.manifest.mapping.name.clone();
             let current = self.catalog.load_full();
             if let Some(old) = current.mappings.get(&name) {
+                let bytes_sha256 = hex::encode(sha2::Sha256::digest(&source.component));
                 if old.manifest_digest == source.manifest_digest
-                    && old.adapter.component_sha256() == source.manifest.pinned_sha256()
+                    && old.adapter.component_sha256() == bytes_sha256
                 {
                     return Ok((name, false));
                 }

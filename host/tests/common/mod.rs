@@ -51,6 +51,7 @@ pub struct Deployment {
     mappings: Vec<PathBuf>,
     connections: String,
     top: String,
+    watched: bool,
 }
 
 impl Deployment {
@@ -69,7 +70,15 @@ impl Deployment {
             mappings: vec![],
             connections,
             top: String::new(),
+            watched: false,
         }
+    }
+
+    /// Serves the mappings from the watched folder `mappings/` (hot reload) instead of
+    /// listing them as `[[mapping]]` entries.
+    pub fn watched(mut self) -> Self {
+        self.watched = true;
+        self
     }
 
     /// Adds top-level configuration keys (written before any table).
@@ -204,8 +213,18 @@ impl Deployment {
             self.state_dir().display().to_string(),
             self.top
         );
+        if self.watched {
+            std::fs::create_dir_all(self.dir.path().join("mappings")).unwrap();
+            text.insert_str(
+                0,
+                &format!(
+                    "mappings_dir = {:?}\n",
+                    self.dir.path().join("mappings").display().to_string()
+                ),
+            );
+        }
         text.push_str(&self.connections);
-        for m in &self.mappings {
+        for m in self.mappings.iter().filter(|_| !self.watched) {
             text.push_str(&format!(
                 "[[mapping]]\nmanifest = {:?}\n",
                 m.display().to_string()
