@@ -220,7 +220,9 @@ pub fn open_registry(config: &ServeConfig) -> Result<Registry> {
         .state_dir
         .clone()
         .or_else(crate::config::default_state_dir)
-        .context("no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration")?;
+        .context(
+            "no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration",
+        )?;
     let store = SqliteStore::open(&dir)?;
     Ok(Registry::new(Arc::new(store)))
 }
@@ -345,9 +347,9 @@ impl Host {
             };
             env.push((key.clone(), value));
         }
-        let adapter =
-            self.runtime
-                .load_with_env(m, &source.component, &contract.interface, env)?;
+        let adapter = self
+            .runtime
+            .load_with_env(m, &source.component, &contract.interface, env)?;
         tracing::info!(mapping = %m.mapping.name, sha256 = %adapter.component_sha256(), "mapping verified");
         Ok(Prepared {
             source,
@@ -437,7 +439,11 @@ impl Host {
     ///
     /// # Errors
     /// Discovery failed; the store failed.
-    pub async fn refresh(self: &Arc<Self>, state: &Arc<ConnectionState>, force: bool) -> Result<()> {
+    pub async fn refresh(
+        self: &Arc<Self>,
+        state: &Arc<ConnectionState>,
+        force: bool,
+    ) -> Result<()> {
         let _one = state.refresh.lock().await;
         let target = state.connection.list_changed_count();
         if !force && target <= state.seen.load(Ordering::Acquire) {
@@ -819,7 +825,8 @@ impl Host {
             tracing::warn!(mapping = %mapping.name, "re-check could not re-discover: {e:#}");
             return Err(Refusal {
                 category: "unavailable",
-                detail: "the upstream connection changed its catalogue and could not be re-checked".into(),
+                detail: "the upstream connection changed its catalogue and could not be re-checked"
+                    .into(),
             });
         }
         let record = mapping.record();

@@ -33,7 +33,9 @@ pub fn safe(text: &str, max: usize) -> String {
             out.push('…');
             break;
         }
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+        if c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        {
             let _ = write!(out, "\\u{{{:x}}}", c as u32);
         } else {
             out.push(c);
@@ -101,14 +103,18 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
     let server = config.connections.get(name).with_context(|| {
         format!(
             "the configuration has no connection named `{name}` (it has: {})",
-            config.connections.keys().cloned().collect::<Vec<_>>().join(", ")
+            config
+                .connections
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })?;
     let registry = open_registry(config)?;
     let rev = registry.identify(name, server)?;
     let previous = registry.store().latest_snapshot(&rev.connection_id)?;
-    let conn = Connection::start_stdio(name, server, crate::manifest::MAX_OUTPUT_BYTES)
-        .await?;
+    let conn = Connection::start_stdio(name, server, crate::manifest::MAX_OUTPUT_BYTES).await?;
     let raw = conn
         .discover(crate::gateway::DISCOVERY_TIMEOUT)
         .await
@@ -127,7 +133,11 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
         if record.connection_id != rev.connection_id {
             continue;
         }
-        let tools: Vec<String> = Pins::from_value(&record.pins).tools.keys().cloned().collect();
+        let tools: Vec<String> = Pins::from_value(&record.pins)
+            .tools
+            .keys()
+            .cloned()
+            .collect();
         mappings.push(check(&registry, &record, &tools, &catalogue));
     }
     Ok(DiscoverReport {
@@ -145,7 +155,12 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
     })
 }
 
-fn check(registry: &Registry, record: &MappingRecord, tools: &[String], catalogue: &Catalogue) -> MappingCheck {
+fn check(
+    registry: &Registry,
+    record: &MappingRecord,
+    tools: &[String],
+    catalogue: &Catalogue,
+) -> MappingCheck {
     // Judge the pins as if the mapping served, so a reviewer sees the drift either way.
     let mut probe = record.clone();
     if !probe.state.serves() && probe.snapshot_digest.is_some() {
@@ -196,15 +211,30 @@ impl DiscoverReport {
             self.connection,
             self.connection_id,
             self.config_revision,
-            if self.new_revision { " (new configuration revision)" } else { "" }
+            if self.new_revision {
+                " (new configuration revision)"
+            } else {
+                ""
+            }
         );
-        let _ = writeln!(o, "server reports itself as {} (an observation, not an identity)", server_label(&self.server));
+        let _ = writeln!(
+            o,
+            "server reports itself as {} (an observation, not an identity)",
+            server_label(&self.server)
+        );
         let _ = writeln!(
             o,
             "snapshot {}{}: {} tools, {} resources, {} resource templates, {} prompts",
             self.snapshot,
-            if self.new_snapshot { " (new)" } else { " (same content as seen before)" },
-            self.counts["tools"], self.counts["resources"], self.counts["resource_templates"], self.counts["prompts"]
+            if self.new_snapshot {
+                " (new)"
+            } else {
+                " (same content as seen before)"
+            },
+            self.counts["tools"],
+            self.counts["resources"],
+            self.counts["resource_templates"],
+            self.counts["prompts"]
         );
         match &self.previous {
             None => {
@@ -219,7 +249,11 @@ impl DiscoverReport {
                     let _ = writeln!(
                         o,
                         "  {} {d}",
-                        if d.change.is_meaning_bearing() { "!" } else { "·" }
+                        if d.change.is_meaning_bearing() {
+                            "!"
+                        } else {
+                            "·"
+                        }
                     );
                 }
             }
@@ -227,7 +261,11 @@ impl DiscoverReport {
         for m in &self.mappings {
             match (&m.reason, m.would_serve) {
                 (None, true) => {
-                    let _ = writeln!(o, "mapping `{}` (revision {}, {}): pins match", m.mapping, m.revision, m.state);
+                    let _ = writeln!(
+                        o,
+                        "mapping `{}` (revision {}, {}): pins match",
+                        m.mapping, m.revision, m.state
+                    );
                 }
                 (reason, _) => {
                     let _ = writeln!(
@@ -252,7 +290,10 @@ impl DiscoverReport {
 ///
 /// # Errors
 /// Unknown connection; the store fails.
-pub fn snapshots_list(registry: &Registry, connection: Option<&str>) -> Result<Vec<SnapshotSummary>> {
+pub fn snapshots_list(
+    registry: &Registry,
+    connection: Option<&str>,
+) -> Result<Vec<SnapshotSummary>> {
     let id = match connection {
         None => None,
         Some(name) => Some(
@@ -300,13 +341,32 @@ pub fn snapshot_show(registry: &Registry, digest: &str) -> Result<(StoredSnapsho
         serde_json::from_value(snap.body.clone()).context("the stored snapshot does not parse")?;
     let mut o = String::new();
     let _ = writeln!(o, "snapshot {}", snap.digest);
-    let _ = writeln!(o, "connection {} revision {}", snap.connection_id, snap.config_revision);
-    let _ = writeln!(o, "first seen {}, last seen {}, {} observation(s)", time(snap.first_seen_ms), time(snap.last_seen_ms), snap.observations);
-    let _ = writeln!(o, "server {} protocol {}", server_label(&catalogue.server_info), safe(&catalogue.protocol_version, 40));
+    let _ = writeln!(
+        o,
+        "connection {} revision {}",
+        snap.connection_id, snap.config_revision
+    );
+    let _ = writeln!(
+        o,
+        "first seen {}, last seen {}, {} observation(s)",
+        time(snap.first_seen_ms),
+        time(snap.last_seen_ms),
+        snap.observations
+    );
+    let _ = writeln!(
+        o,
+        "server {} protocol {}",
+        server_label(&catalogue.server_info),
+        safe(&catalogue.protocol_version, 40)
+    );
     for (label, items, key) in [
         ("tools", &catalogue.tools, "name"),
         ("resources", &catalogue.resources, "uri"),
-        ("resource templates", &catalogue.resource_templates, "uriTemplate"),
+        (
+            "resource templates",
+            &catalogue.resource_templates,
+            "uriTemplate",
+        ),
         ("prompts", &catalogue.prompts, "name"),
     ] {
         let _ = writeln!(o, "{label} ({}):", items.len());
@@ -351,7 +411,11 @@ pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
     let latest = registry.store().latest_snapshot(&current.connection_id)?;
     let check = latest.as_ref().and_then(|s| {
         let catalogue: Catalogue = serde_json::from_value(s.body.clone()).ok()?;
-        let tools: Vec<String> = Pins::from_value(&current.pins).tools.keys().cloned().collect();
+        let tools: Vec<String> = Pins::from_value(&current.pins)
+            .tools
+            .keys()
+            .cloned()
+            .collect();
         Some(check(registry, &current, &tools, &catalogue))
     });
     Ok(ReviewShow {
@@ -367,19 +431,39 @@ impl ReviewShow {
     pub fn to_text(&self) -> String {
         let c = &self.current;
         let mut o = String::new();
-        let _ = writeln!(o, "mapping `{}` revision {}: {}", c.name, c.revision, c.state);
+        let _ = writeln!(
+            o,
+            "mapping `{}` revision {}: {}",
+            c.name, c.revision, c.state
+        );
         let _ = writeln!(o, "  reason: {}", c.reason);
-        let _ = writeln!(o, "  reviewer: {}", c.reviewer.as_deref().unwrap_or("(none)"));
+        let _ = writeln!(
+            o,
+            "  reviewer: {}",
+            c.reviewer.as_deref().unwrap_or("(none)")
+        );
         let _ = writeln!(o, "  component sha256 {}", c.component_sha256);
         let _ = writeln!(o, "  manifest sha256  {}", c.manifest_digest);
-        let _ = writeln!(o, "  connection {} revision {}", c.connection_id, c.config_revision);
-        let _ = writeln!(o, "  pinned snapshot {}", c.snapshot_digest.as_deref().unwrap_or("(none)"));
+        let _ = writeln!(
+            o,
+            "  connection {} revision {}",
+            c.connection_id, c.config_revision
+        );
+        let _ = writeln!(
+            o,
+            "  pinned snapshot {}",
+            c.snapshot_digest.as_deref().unwrap_or("(none)")
+        );
         let pins = Pins::from_value(&c.pins);
         if pins.tools.is_empty() {
             let _ = writeln!(o, "  pins: none (not reviewed)");
         }
         for (tool, d) in &pins.tools {
-            let _ = writeln!(o, "  pin {tool}: schema {} description {}", d.schema, d.description);
+            let _ = writeln!(
+                o,
+                "  pin {tool}: schema {} description {}",
+                d.schema, d.description
+            );
         }
         match (&self.latest_snapshot, &self.check) {
             (Some(s), Some(check)) => {
@@ -397,7 +481,10 @@ impl ReviewShow {
                 }
             }
             _ => {
-                let _ = writeln!(o, "no snapshot of its connection yet: run `airlock discover CONNECTION`");
+                let _ = writeln!(
+                    o,
+                    "no snapshot of its connection yet: run `airlock discover CONNECTION`"
+                );
             }
         }
         let _ = writeln!(o, "revisions:");
@@ -409,7 +496,10 @@ impl ReviewShow {
                 r.state.as_str(),
                 time(r.created_ms),
                 r.reason,
-                r.reviewer.as_deref().map(|v| format!(" (reviewer {v})")).unwrap_or_default()
+                r.reviewer
+                    .as_deref()
+                    .map(|v| format!(" (reviewer {v})"))
+                    .unwrap_or_default()
             );
         }
         o

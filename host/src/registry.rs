@@ -31,7 +31,7 @@ use crate::drift::{self, Catalogue, Change, Drift, ItemDigests, ItemKind};
 use crate::manifest::MappingManifest;
 use crate::store::{
     ConnectionRevision, MappingRecord, MappingState, NewMappingRevision, SnapshotObservation,
-    StoredSnapshot, Store,
+    Store, StoredSnapshot,
 };
 use crate::upstream::{RawDiscovery, StdioServer};
 
@@ -175,8 +175,8 @@ impl Registry {
     /// # Errors
     /// The executable cannot be hashed; the store fails.
     pub fn identify(&self, name: &str, server: &StdioServer) -> Result<ConnectionRevision> {
-        let (digest, summary) = stdio_identity(server)
-            .with_context(|| format!("identifying connection `{name}`"))?;
+        let (digest, summary) =
+            stdio_identity(server).with_context(|| format!("identifying connection `{name}`"))?;
         let rev = self.store.connection_revision(name, &digest, &summary)?;
         if rev.created {
             self.trace(
@@ -304,7 +304,10 @@ impl Registry {
                 let same_connection = latest.connection_id == rev.connection_id
                     && latest.config_revision == rev.revision;
                 let (state, reason) = if latest.state == MappingState::Candidate {
-                    (MappingState::Candidate, "manifest changed; not reviewed".to_string())
+                    (
+                        MappingState::Candidate,
+                        "manifest changed; not reviewed".to_string(),
+                    )
                 } else if !same_connection {
                     (
                         MappingState::ReviewRequired,
@@ -325,7 +328,10 @@ impl Registry {
                         ),
                     )
                 } else if latest.state.serves() {
-                    (latest.state, "manifest changed; pins carried over".to_string())
+                    (
+                        latest.state,
+                        "manifest changed; pins carried over".to_string(),
+                    )
                 } else {
                     (
                         MappingState::ReviewRequired,
@@ -365,17 +371,23 @@ impl Registry {
 
     /// Decides whether `record` may serve with `tools` (the manifest's upstream tools)
     /// against `current`, the connection's latest snapshot.
-    pub fn evaluate(&self, record: &MappingRecord, tools: &[String], current: &Catalogue) -> Verdict {
+    pub fn evaluate(
+        &self,
+        record: &MappingRecord,
+        tools: &[String],
+        current: &Catalogue,
+    ) -> Verdict {
         if !record.state.serves() {
             return Verdict::Blocked {
-                reason: format!("mapping `{}` is {}: {}", record.name, record.state, record.reason),
+                reason: format!(
+                    "mapping `{}` is {}: {}",
+                    record.name, record.state, record.reason
+                ),
                 drift: vec![],
                 needs_review: false,
             };
         }
-        if record.connection_id != current.connection_id
-            || record.snapshot_digest.is_none()
-        {
+        if record.connection_id != current.connection_id || record.snapshot_digest.is_none() {
             return Verdict::Blocked {
                 reason: "the mapping is not bound to this connection".into(),
                 drift: vec![],
@@ -523,8 +535,7 @@ impl Registry {
         if reviewer.trim().is_empty() {
             bail!("an approval needs a reviewer name (--reviewer)");
         }
-        if snapshot.connection_id != rev.connection_id || snapshot.config_revision != rev.revision
-        {
+        if snapshot.connection_id != rev.connection_id || snapshot.config_revision != rev.revision {
             bail!(
                 "snapshot {} belongs to {} revision {}, not to connection `{}` ({} revision {}); run `airlock discover {}` first",
                 short(&snapshot.digest),

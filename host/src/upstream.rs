@@ -451,7 +451,10 @@ impl Connection {
     async fn discover_armed(&self, timeout: Duration) -> Result<RawDiscovery, UpstreamFailure> {
         // The initialize answer was captured at the handshake; keep it for every discovery.
         let initialize = {
-            let mut first = self.first_initialize.lock().unwrap_or_else(|e| e.into_inner());
+            let mut first = self
+                .first_initialize
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if first.is_none() {
                 *first = self.tap.take("initialize");
             }
@@ -459,7 +462,10 @@ impl Connection {
                 UpstreamFailure::Protocol("the raw initialize answer was not captured".into())
             })?
         };
-        let caps = initialize.get("capabilities").cloned().unwrap_or(Value::Null);
+        let caps = initialize
+            .get("capabilities")
+            .cloned()
+            .unwrap_or(Value::Null);
         let has = |key: &str| caps.get(key).is_some_and(|v| !v.is_null());
         let mut out = RawDiscovery {
             initialize,
@@ -472,7 +478,9 @@ impl Connection {
             out.tools = self.list_all("tools/list", "tools", timeout).await?;
         }
         if has("resources") {
-            out.resources = self.list_all("resources/list", "resources", timeout).await?;
+            out.resources = self
+                .list_all("resources/list", "resources", timeout)
+                .await?;
             out.resource_templates = self
                 .list_all("resources/templates/list", "resourceTemplates", timeout)
                 .await?;
@@ -633,7 +641,9 @@ impl Connection {
     fn failure(&self, error: ServiceError) -> UpstreamFailure {
         match error {
             ServiceError::McpError(e) if e.code == ErrorCode(OUTPUT_BUDGET_ERROR_CODE) => {
-                UpstreamFailure::OutputTooLarge(self.max_message_bytes.load(Ordering::Acquire) as u64)
+                UpstreamFailure::OutputTooLarge(
+                    self.max_message_bytes.load(Ordering::Acquire) as u64
+                )
             }
             ServiceError::McpError(e) => UpstreamFailure::Protocol(e.message.into_owned()),
             other => UpstreamFailure::Unavailable(format!("connection `{}`: {other}", self.name)),

@@ -42,7 +42,11 @@ async fn each_drift_kind_mid_session_blocks_the_next_call_before_the_server() {
         let notices = Notices::default();
         let client = d.serve_with(notices.clone()).await;
         let tools = client.peer().list_all_tools().await.unwrap();
-        assert_eq!(tools.len(), 2, "{kind}: both capabilities offered before drift");
+        assert_eq!(
+            tools.len(),
+            2,
+            "{kind}: both capabilities offered before drift"
+        );
 
         // The first call reaches the server, which drifts and notifies before answering.
         let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
@@ -56,8 +60,16 @@ async fn each_drift_kind_mid_session_blocks_the_next_call_before_the_server() {
         let next = call(&client, "retrieve_source", json!({"reference": reference}))
             .await
             .unwrap();
-        assert!(refused_as_state_changed(&next), "{kind}: {}", text_of(&next));
-        assert!(text_of(&next).contains("review-required"), "{kind}: {}", text_of(&next));
+        assert!(
+            refused_as_state_changed(&next),
+            "{kind}: {}",
+            text_of(&next)
+        );
+        assert!(
+            text_of(&next).contains("review-required"),
+            "{kind}: {}",
+            text_of(&next)
+        );
         let again = call(&client, "search_sources", json!({"query": "wal"}))
             .await
             .unwrap();
@@ -69,14 +81,20 @@ async fn each_drift_kind_mid_session_blocks_the_next_call_before_the_server() {
         );
 
         // The client was told, and the capabilities left the catalogue.
-        assert!(notices.wait_beyond(0, 10).await, "{kind}: no tools/list_changed");
+        assert!(
+            notices.wait_beyond(0, 10).await,
+            "{kind}: no tools/list_changed"
+        );
         let tools = client.peer().list_all_tools().await.unwrap();
         assert!(tools.is_empty(), "{kind}: still offered: {tools:?}");
         client.cancel().await.ok();
 
         // The store says why, with the classified drift.
         let show = d.airlock_json(&["review", "show", "source-library"]);
-        assert_eq!(show["current"]["state"], "review-required", "{kind}: {show:#}");
+        assert_eq!(
+            show["current"]["state"], "review-required",
+            "{kind}: {show:#}"
+        );
         let events = d.trace();
         let found = events
             .iter()
@@ -92,14 +110,18 @@ async fn each_drift_kind_mid_session_blocks_the_next_call_before_the_server() {
         if kind == "rename" {
             // The renamed tool is not followed: the pins name read_note only.
             assert_eq!(
-                drift.iter().find(|d| d["change"] == "possibly-renamed").unwrap()["from"],
+                drift
+                    .iter()
+                    .find(|d| d["change"] == "possibly-renamed")
+                    .unwrap()["from"],
                 "read_note"
             );
             assert!(!d.upstream_tool_calls().contains(&"fetch_note".to_string()));
         }
         assert!(
-            events.iter().any(|e| e["kind"] == "call-refused"
-                && e["payload"]["state"] == "review-required"),
+            events
+                .iter()
+                .any(|e| e["kind"] == "call-refused" && e["payload"]["state"] == "review-required"),
             "{kind}: refusal not traced"
         );
         assert!(d.airlock_ok(&["trace", "verify"]).contains("intact"));
@@ -155,7 +177,9 @@ async fn drift_seen_at_start_requires_review_and_a_new_approval_restores_service
     ]);
     let client = d.serve_unreviewed().await;
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
-    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
     client.cancel().await.ok();
     let revisions = d.airlock_json(&["review", "show", "source-library"])["revisions"].clone();
@@ -165,7 +189,11 @@ async fn drift_seen_at_start_requires_review_and_a_new_approval_restores_service
         .iter()
         .map(|r| r["state"].as_str().unwrap())
         .collect();
-    assert_eq!(states, ["historical", "historical", "active"], "{revisions:#}");
+    assert_eq!(
+        states,
+        ["historical", "historical", "active"],
+        "{revisions:#}"
+    );
     assert!(
         revisions[1]["reason"]
             .as_str()
@@ -194,10 +222,21 @@ async fn a_server_with_the_same_display_name_inherits_nothing() {
     let config = config.to_str().unwrap();
     let notes = d.airlock_json(&["discover", "notes", "--config", config]);
     let twin = d.airlock_json(&["discover", "twin", "--config", config]);
-    assert_eq!(notes["server"]["name"], twin["server"]["name"], "same display name");
+    assert_eq!(
+        notes["server"]["name"], twin["server"]["name"],
+        "same display name"
+    );
     assert_ne!(notes["connection_id"], twin["connection_id"]);
     assert_ne!(notes["snapshot"], twin["snapshot"]);
-    d.airlock_ok(&["review", "approve", "source-library", "--config", config, "--reviewer", "alice"]);
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
 
     // The twin's mapping cannot borrow the other connection's snapshot...
     let out = d.airlock(&[
@@ -226,7 +265,9 @@ async fn a_server_with_the_same_display_name_inherits_nothing() {
         .map(|t| t.name.to_string())
         .collect();
     assert_eq!(names, ["search_sources", "retrieve_source"]);
-    let r = call(&client, "twin_search", json!({"query": "x"})).await.unwrap();
+    let r = call(&client, "twin_search", json!({"query": "x"}))
+        .await
+        .unwrap();
     assert!(refused_as_state_changed(&r), "{}", text_of(&r));
     client.cancel().await.ok();
     let show = d.airlock_json(&["review", "show", "twin-library"]);
@@ -266,7 +307,9 @@ async fn changing_the_connection_executable_requires_review() {
     std::fs::rename(&next, &exe).unwrap();
     let client = d.serve_unreviewed().await;
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
-    let r = call(&client, "search_sources", json!({"query": "x"})).await.unwrap();
+    let r = call(&client, "search_sources", json!({"query": "x"}))
+        .await
+        .unwrap();
     assert!(refused_as_state_changed(&r), "{}", text_of(&r));
     client.cancel().await.ok();
     let show = d.airlock_json(&["review", "show", "source-library"]);
@@ -287,22 +330,42 @@ async fn approval_and_retirement_reach_a_running_host() {
     let notices = Notices::default();
     let client = d.serve_with(notices.clone()).await;
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
-    let r = call(&client, "search_sources", json!({"query": "x"})).await.unwrap();
+    let r = call(&client, "search_sources", json!({"query": "x"}))
+        .await
+        .unwrap();
     assert!(refused_as_state_changed(&r), "{}", text_of(&r));
     assert!(d.upstream_tool_calls().is_empty());
 
     let config = d.write_config();
-    d.airlock_ok(&["review", "approve", "source-library", "--config", config.to_str().unwrap(), "--reviewer", "alice"]);
-    assert!(notices.wait_beyond(0, 10).await, "no tools/list_changed after approval");
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "alice",
+    ]);
+    assert!(
+        notices.wait_beyond(0, 10).await,
+        "no tools/list_changed after approval"
+    );
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
-    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
 
     let seen = notices.count();
     d.airlock_ok(&["review", "retire", "source-library", "--reviewer", "alice"]);
-    assert!(notices.wait_beyond(seen, 10).await, "no tools/list_changed after retirement");
+    assert!(
+        notices.wait_beyond(seen, 10).await,
+        "no tools/list_changed after retirement"
+    );
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
-    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     assert!(refused_as_state_changed(&r), "{}", text_of(&r));
     assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
     client.cancel().await.ok();
@@ -315,7 +378,15 @@ fn approval_refuses_what_it_cannot_pin() {
     let config = d.write_config();
     let config = config.to_str().unwrap();
     // No snapshot yet.
-    let out = d.airlock(&["review", "approve", "source-library", "--config", config, "--reviewer", "a"]);
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "a",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("airlock discover notes"));
     // A snapshot that lacks a listed tool.
@@ -327,13 +398,37 @@ fn approval_refuses_what_it_cannot_pin() {
     let config = d.write_config();
     let config = config.to_str().unwrap();
     d.airlock_ok(&["discover", "notes", "--config", config]);
-    let out = d.airlock(&["review", "approve", "source-library", "--config", config, "--reviewer", "a"]);
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "a",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no tool named read_note"));
     // Empty reviewer, unknown mapping.
-    let out = d.airlock(&["review", "approve", "source-library", "--config", config, "--reviewer", " "]);
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        " ",
+    ]);
     assert!(!out.status.success());
-    let out = d.airlock(&["review", "approve", "nope", "--config", config, "--reviewer", "a"]);
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "nope",
+        "--config",
+        config,
+        "--reviewer",
+        "a",
+    ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no configured mapping is named `nope`"));
 }
 
@@ -356,7 +451,10 @@ fn snapshots_are_stored_once_and_pagination_is_followed() {
     assert_eq!(a["snapshot"], b["snapshot"]);
     assert_eq!(a["new_snapshot"], true);
     assert_eq!(b["new_snapshot"], false);
-    assert_eq!(a["counts"]["tools"], 8, "3 tools + 5 synthetic over 4 pages");
+    assert_eq!(
+        a["counts"]["tools"], 8,
+        "3 tools + 5 synthetic over 4 pages"
+    );
     assert_eq!(a["counts"]["resources"], 7);
     assert_eq!(a["counts"]["prompts"], 1);
     assert_eq!(a["counts"]["resource_templates"], 1);
@@ -385,7 +483,9 @@ fn snapshots_are_stored_once_and_pagination_is_followed() {
 async fn trace_verify_catches_an_edited_row() {
     let d = Deployment::with_notes().mapping("source-library");
     let client = d.serve().await;
-    call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     client.cancel().await.ok();
     assert!(d.airlock_ok(&["trace", "verify"]).contains("intact"));
     let events = d.trace();
@@ -436,7 +536,10 @@ fn a_corrupt_database_gives_a_clear_error_and_is_left_alone() {
     std::fs::write(&db, &garbage).unwrap();
     let (ok, stderr) = d.serve_expecting_failure();
     assert!(!ok);
-    assert!(stderr.contains("not a readable SQLite database"), "{stderr}");
+    assert!(
+        stderr.contains("not a readable SQLite database"),
+        "{stderr}"
+    );
     assert!(stderr.contains("nothing was changed"), "{stderr}");
     assert_eq!(std::fs::read(&db).unwrap(), garbage);
     assert!(d.upstream_calls().is_empty(), "{:?}", d.upstream_calls());

@@ -54,7 +54,10 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
     // A reviewed change: a new local description (a new manifest digest, same pins).
     let manifest = d.mapping_dir("source-library").join("mapping.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    let changed = text.replace("Search the technical notes library.", "Search the notes (revised).");
+    let changed = text.replace(
+        "Search the technical notes library.",
+        "Search the notes (revised).",
+    );
     assert_ne!(text, changed);
     let landed = Instant::now();
     replace_file(&manifest, changed.as_bytes());
@@ -67,7 +70,10 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
         }) {
             break landed.elapsed();
         }
-        assert!(landed.elapsed() < Duration::from_secs(10), "the new revision never served");
+        assert!(
+            landed.elapsed() < Duration::from_secs(10),
+            "the new revision never served"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -86,8 +92,15 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
     let show = d.airlock_json(&["review", "show", "source-library"]);
     assert_eq!(show["current"]["state"], "active", "{show:#}");
     assert_eq!(show["current"]["revision"], 2);
-    assert!(show["current"]["reason"].as_str().unwrap().contains("pins carried over"));
-    let r = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    assert!(
+        show["current"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("pins carried over")
+    );
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     assert_ne!(r.is_error, Some(true));
 }
 
@@ -95,7 +108,9 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
 async fn a_digest_mismatched_component_is_refused_and_the_old_revision_keeps_serving() {
     let d = Deployment::with_notes().mapping("source-library").watched();
     let client = d.serve().await;
-    let before = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    let before = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     assert_ne!(before.is_error, Some(true));
     // Another component's bytes under the pinned file name.
     let component = d.mapping_dir("source-library").join("source_library.wasm");
@@ -106,7 +121,9 @@ async fn a_digest_mismatched_component_is_refused_and_the_old_revision_keeps_ser
     assert!(error.contains("sha256"), "{error}");
     // Still offered, still served by the old revision.
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
-    let after = call(&client, "search_sources", json!({"query": "wal"})).await.unwrap();
+    let after = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
     assert_ne!(after.is_error, Some(true), "{}", text_of(&after));
     assert_eq!(
         d.airlock_json(&["review", "show", "source-library"])["current"]["revision"],
@@ -122,30 +139,50 @@ async fn removing_a_mapping_closes_its_capabilities_and_references() {
     let notices = Notices::default();
     d.approve_all();
     let client = d.serve_with(notices.clone()).await;
-    let hits = call(&client, "search_sources", json!({"query": "checkpoint"})).await.unwrap();
+    let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
     let reference = references(&hits)[0].clone();
 
     let folder = d.mapping_dir("source-library");
     let parked = d.dir.path().join("parked");
     std::fs::rename(&folder, &parked).unwrap();
-    assert!(notices.wait_beyond(0, 10).await, "no tools/list_changed on removal");
+    assert!(
+        notices.wait_beyond(0, 10).await,
+        "no tools/list_changed on removal"
+    );
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
     let gone = call(&client, "retrieve_source", json!({"reference": reference})).await;
-    assert_eq!(gone.as_ref().err().and_then(error_code), Some(-32602), "{gone:?}");
+    assert_eq!(
+        gone.as_ref().err().and_then(error_code),
+        Some(-32602),
+        "{gone:?}"
+    );
     wait_for_event(&d, "mapping-unloaded").await;
 
     // Back again: the capability returns, but a reference minted before removal does not.
     let seen = notices.count();
     std::fs::rename(&parked, &folder).unwrap();
-    assert!(notices.wait_beyond(seen, 10).await, "no tools/list_changed on return");
+    assert!(
+        notices.wait_beyond(seen, 10).await,
+        "no tools/list_changed on return"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while client.peer().list_all_tools().await.unwrap().len() != 2 {
         assert!(Instant::now() < deadline, "the mapping did not come back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let stale = call(&client, "retrieve_source", json!({"reference": reference})).await;
-    assert_eq!(stale.as_ref().err().and_then(error_code), Some(-32602), "{stale:?}");
-    assert_eq!(d.upstream_tool_calls(), ["search_notes"], "nothing after removal reached the server");
+    assert_eq!(
+        stale.as_ref().err().and_then(error_code),
+        Some(-32602),
+        "{stale:?}"
+    );
+    assert_eq!(
+        d.upstream_tool_calls(),
+        ["search_notes"],
+        "nothing after removal reached the server"
+    );
     client.cancel().await.ok();
 }
 
@@ -161,11 +198,22 @@ async fn a_new_mapping_dropped_into_the_folder_loads_unreviewed_until_approved()
     let to = d.dir.path().join("mappings").join("source-library");
     std::fs::rename(&from, &to).unwrap();
     wait_for_event(&d, "mapping-loaded").await;
-    assert!(client.peer().list_all_tools().await.unwrap().is_empty(), "unreviewed: not offered");
+    assert!(
+        client.peer().list_all_tools().await.unwrap().is_empty(),
+        "unreviewed: not offered"
+    );
     let config = d.write_config();
     d.airlock_ok(&["discover", "notes", "--config", config.to_str().unwrap()]);
     let seen = notices.count();
-    d.airlock_ok(&["review", "approve", "source-library", "--config", config.to_str().unwrap(), "--reviewer", "alice"]);
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "alice",
+    ]);
     assert!(notices.wait_beyond(seen, 10).await);
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
     client.cancel().await.ok();

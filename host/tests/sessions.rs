@@ -39,7 +39,10 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .as_str()
         .unwrap()
         .to_string();
-    let sent = host.catalog().mappings["source-library"].connection.connection.requests_sent();
+    let sent = host.catalog().mappings["source-library"]
+        .connection
+        .connection
+        .requests_sent();
 
     let err = mallory
         .call("retrieve_source", args(json!({"reference": token})))
@@ -52,7 +55,10 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         err.message
     );
     assert_eq!(
-        host.catalog().mappings["source-library"].connection.connection.requests_sent(),
+        host.catalog().mappings["source-library"]
+            .connection
+            .connection
+            .requests_sent(),
         sent,
         "no upstream request for a foreign reference"
     );
@@ -62,7 +68,13 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .await
         .unwrap();
     assert_ne!(ok.is_error, Some(true));
-    assert_eq!(host.catalog().mappings["source-library"].connection.connection.requests_sent(), sent + 1);
+    assert_eq!(
+        host.catalog().mappings["source-library"]
+            .connection
+            .connection
+            .requests_sent(),
+        sent + 1
+    );
 }
 
 #[tokio::test]

@@ -144,7 +144,15 @@ impl Deployment {
             self.airlock_ok(&["discover", c, "--config", config]);
         }
         for n in &names {
-            self.airlock_ok(&["review", "approve", n, "--config", config, "--reviewer", "tests"]);
+            self.airlock_ok(&[
+                "review",
+                "approve",
+                n,
+                "--config",
+                config,
+                "--reviewer",
+                "tests",
+            ]);
         }
     }
 
@@ -267,7 +275,10 @@ impl Deployment {
     }
 
     /// Starts `airlock serve` with client handler `handler` (e.g. a [`Notices`] counter).
-    pub async fn serve_with<H: rmcp::ClientHandler>(&self, handler: H) -> RunningService<RoleClient, H> {
+    pub async fn serve_with<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+    ) -> RunningService<RoleClient, H> {
         let config = self.write_config();
         let mut cmd = tokio::process::Command::new(airlock_bin());
         cmd.arg("serve").arg("--config").arg(&config);
@@ -300,7 +311,10 @@ impl Deployment {
 
 /// A client handler that counts `notifications/tools/list_changed` from the gateway.
 #[derive(Clone, Default)]
-pub struct Notices(pub std::sync::Arc<std::sync::atomic::AtomicUsize>, pub std::sync::Arc<tokio::sync::Notify>);
+pub struct Notices(
+    pub std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub std::sync::Arc<tokio::sync::Notify>,
+);
 
 impl Notices {
     /// How many list_changed notifications arrived.
