@@ -22,9 +22,11 @@
 //! loopback, private, link-local (including the 169.254.169.254 cloud metadata service),
 //! unique-local, multicast or unspecified address is refused unless that address is also
 //! granted explicitly, by IP or CIDR. Name lookup inside the adapter is switched on only
-//! when at least one named host is granted.
+//! when at least one named host is granted, and then resolves only the granted names
+//! (any other name fails with `access-denied` before a query is made; IP literals are
+//! returned as given). Every address is checked again when a socket uses it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
@@ -422,6 +424,21 @@ impl Grants {
             tcp_listen,
             env: section.env.clone(),
         })
+    }
+
+    /// The granted host names (lowercase, no trailing dot): the only names an adapter may
+    /// resolve.
+    pub fn named_hosts(&self) -> BTreeSet<String> {
+        self.tcp_connect
+            .iter()
+            .chain(&self.udp_send)
+            .filter_map(|d| match d {
+                Destination::Named { host, .. } => {
+                    Some(host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase())
+                }
+                Destination::Network { .. } => None,
+            })
+            .collect()
     }
 
     /// Whether any named host is granted (name lookup is enabled only then).

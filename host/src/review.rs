@@ -531,7 +531,10 @@ pub fn classify(name: &str, grants: &Grants) -> (Status, String) {
                 if named.is_empty() {
                     flagged("no named host (name lookup stays off)")
                 } else {
-                    (Status::Granted, format!("named hosts {}", listed(&named)))
+                    (
+                        Status::Granted,
+                        format!("named hosts {} (only these names resolve)", listed(&named)),
+                    )
                 }
             }
             "network" | "instance-network" => {

@@ -220,6 +220,7 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)
             .context("linking WASI")?;
+        restrict_name_lookup(&mut linker)?;
         bindings::AdapterHost::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(anyhow::Error::from)
             .context("linking airlock:host")?;
@@ -256,6 +257,7 @@ impl Runtime {
         );
         Ok(LoadedAdapter {
             mapping: name.clone(),
+            dns_names: Arc::new(manifest.grants.named_hosts()),
             component_sha256: manifest.pinned_sha256().to_string(),
             limits: manifest.limits,
             grants: manifest.grants.clone(),
@@ -335,6 +337,7 @@ impl CompiledCache {
 /// A mapping's compiled, linked adapter, ready for per-call instantiation.
 pub struct LoadedAdapter {
     mapping: String,
+    dns_names: Arc<BTreeSet<String>>,
     component_sha256: String,
     limits: Limits,
     grants: Grants,
@@ -414,6 +417,60 @@ impl CallFailure {
     }
 }
 
+/// The WIT package version of `wasi:sockets` that wasmtime-wasi links (imports of any
+/// 0.2.x resolve to it).
+const WASI_SOCKETS_IP_NAME_LOOKUP: &str = "wasi:sockets/ip-name-lookup@0.2.12";
+
+/// Replaces wasmtime-wasi's `resolve-addresses` with one that resolves only the names the
+/// mapping grants (`tcp_connect` / `udp_send` named hosts). Any other name fails with
+/// `access-denied` before a DNS query is made; IP literals are returned as given (no query),
+/// and every address is still checked at connect time.
+fn restrict_name_lookup(linker: &mut Linker<CallState>) -> Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::bindings::sockets::ip_name_lookup::{Host as _, ResolveAddressStream};
+    use wasmtime_wasi::p2::bindings::sockets::network::{ErrorCode, Network};
+    use wasmtime_wasi::sockets::WasiSocketsView as _;
+    linker.allow_shadowing(true);
+    linker
+        .instance(WASI_SOCKETS_IP_NAME_LOOKUP)
+        .map_err(anyhow::Error::from)?
+        .func_wrap(
+            "resolve-addresses",
+            |mut store: wasmtime::StoreContextMut<'_, CallState>,
+             (network, name): (Resource<Network>, String)|
+             -> wasmtime::Result<(Result<Resource<ResolveAddressStream>, ErrorCode>,)> {
+                if !name_lookup_permitted(&store.data().dns_names, &name) {
+                    tracing::warn!(name = %name.chars().take(253).collect::<String>(), "name lookup refused: the name is not a granted host");
+                    return Ok((Err(ErrorCode::AccessDenied),));
+                }
+                let mut view = store.data_mut().sockets();
+                match view.resolve_addresses(network, name) {
+                    Ok(stream) => Ok((Ok(stream),)),
+                    Err(e) => Ok((Err(e.downcast()?),)),
+                }
+            },
+        )
+        .map_err(anyhow::Error::from)
+        .context("linking the restricted wasi:sockets/ip-name-lookup")?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// Whether `name` may be looked up: an IP literal (no query is made), or a granted name
+/// (ASCII case-insensitive, one trailing dot ignored).
+pub fn name_lookup_permitted(granted: &BTreeSet<String>, name: &str) -> bool {
+    if name.parse::<std::net::IpAddr>().is_ok()
+        || name
+            .strip_prefix('[')
+            .and_then(|n| n.strip_suffix(']'))
+            .is_some_and(|n| n.parse::<std::net::Ipv6Addr>().is_ok())
+    {
+        return true;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    !name.is_empty() && granted.contains(&name)
+}
+
 /// The result of one adapter call.
 pub struct CallOutcome {
     /// The function's return value, or why there is none.
@@ -473,6 +530,7 @@ impl LoadedAdapter {
         let state = CallState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
+            dns_names: self.dns_names.clone(),
             limiter: CallLimiter {
                 budget: self.limits.memory_mib * 1024 * 1024,
                 used: 0,
@@ -809,6 +867,8 @@ impl OutputStream for BoundedOutput {
 pub struct CallState {
     wasi: WasiCtx,
     table: ResourceTable,
+    /// Names the adapter may resolve (its granted named hosts, lowercase, no trailing dot).
+    dns_names: Arc<BTreeSet<String>>,
     limiter: CallLimiter,
     /// Set when the guest tried to write past its stdout/stderr budget.
     flooded: Arc<std::sync::atomic::AtomicBool>,
@@ -1038,6 +1098,35 @@ pub fn read_component(path: &std::path::Path) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_granted_names_and_ip_literals_may_be_looked_up() {
+        let granted: BTreeSet<String> = ["api.example.com".to_string()].into();
+        for ok in [
+            "api.example.com",
+            "API.Example.COM",
+            "api.example.com.",
+            "127.0.0.1",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(name_lookup_permitted(&granted, ok), "{ok}");
+        }
+        for refused in [
+            "",
+            ".",
+            "example.com",
+            "x.api.example.com",
+            "api.example.com..",
+            "api.example.com\0",
+            "api.example.com evil.com",
+            "аpi.example.com",
+            "169.254.169.254.nip.io",
+        ] {
+            assert!(!name_lookup_permitted(&granted, refused), "{refused:?}");
+        }
+        assert!(!name_lookup_permitted(&BTreeSet::new(), "localhost"));
+    }
     use std::os::unix::fs::PermissionsExt as _;
 
     fn bundled() -> (MappingManifest, Vec<u8>) {

@@ -107,14 +107,33 @@ async fn stopped(client: &Client, query: &str) -> String {
 }
 
 /// Deploys `hostile` without grants, runs `query` (which the host must stop), checks the
-/// host still serves afterwards, and returns the model-facing error text.
+/// host still serves afterwards and recorded the containment in the trace, and returns the
+/// model-facing error text.
 async fn stopped_bare(query: &str) -> String {
     let d = deploy_bare();
     let client = d.serve().await;
     let text = stopped(&client, query).await;
     assert_still_serving(&client).await;
     client.cancel().await.unwrap();
+    assert_traced_containment(&d, query);
     text
+}
+
+/// The trace holds a `call-contained` event for the hostile mapping, and still verifies.
+fn assert_traced_containment(d: &Deployment, query: &str) {
+    let events = d.trace();
+    let contained: Vec<_> = events
+        .iter()
+        .filter(|e| e["kind"] == "call-contained" && e["subject"] == "hostile")
+        .collect();
+    assert_eq!(contained.len(), 1, "`{query}`: {events:#?}");
+    assert!(contained[0]["payload"]["failure"].is_string());
+    assert!(
+        !contained[0]["payload"].to_string().contains(query),
+        "the trace keeps no payloads: {}",
+        contained[0]["payload"]
+    );
+    assert!(d.airlock_ok(&["trace", "verify"]).contains("intact"));
 }
 
 /// Asserts that an attack's report is an error (the attack was contained).
@@ -445,6 +464,33 @@ async fn dns_without_a_named_host_grant_fails() {
     client.cancel().await.unwrap();
 }
 
+/// Granting one named host lets the adapter resolve that name only; every other name is
+/// refused before any DNS query (wasmtime-wasi alone would resolve any name once lookup is
+/// on).
+#[tokio::test]
+async fn dns_only_granted_names_resolve() {
+    let d = deploy(
+        Deployment::with_notes(),
+        "[grants.network]\ntcp_connect = [\"localhost:9\"]\n",
+    );
+    let client = d.serve().await;
+    for query in ["dns localhost", "dns LocalHost", "dns 127.0.0.1"] {
+        let title = outcome(&client, query).await;
+        assert!(title.starts_with("resolved: "), "`{query}`: {title}");
+    }
+    for query in [
+        "dns example.com",
+        "dns localhost.example",
+        "dns ip6-localhost",
+        "dns metadata.google.internal",
+    ] {
+        let title = outcome(&client, query).await;
+        assert_contained(query, &title);
+    }
+    assert_still_serving(&client).await;
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn dns_connect_a_named_host_resolving_to_loopback_is_refused() {
     let listener = Listener::start();
@@ -535,6 +581,13 @@ async fn spin_is_interrupted_at_the_deadline() {
     );
     assert_still_serving(&client).await;
     client.cancel().await.unwrap();
+    assert_traced_containment(&d, "spin");
+    let events = d.trace();
+    let e = events
+        .iter()
+        .find(|e| e["kind"] == "call-contained")
+        .unwrap();
+    assert_eq!(e["payload"]["failure"], "deadline");
 }
 
 #[tokio::test]
