@@ -121,6 +121,19 @@ impl std::error::Error for ConvertError {}
 /// (`airlock:contracts/<name>@<version>`).
 ///
 /// # Errors
+/// The host-defined effect class of a contract (DESIGN.md §2): `read` for contracts that
+/// only retrieve, `local transformation`, `external effect`; `unknown` for a contract this
+/// host does not classify.
+pub fn effect_class(contract: &str) -> &'static str {
+    let interface = contract.split('@').next().unwrap_or(contract);
+    match interface.rsplit('/').next().unwrap_or("") {
+        "source-retrieval" | "link-check" => "read",
+        "preview-render" => "local transformation",
+        "artifact-delivery" => "external effect",
+        _ => "unknown",
+    }
+}
+
 /// Unknown interface, or a contract that uses a type contracts may not use.
 pub fn load_contract(interface: &str) -> Result<Contract> {
     let mut resolve = Resolve::new();

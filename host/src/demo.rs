@@ -95,10 +95,13 @@ pub async fn approve_all(host: &Host, reviewer: &str) -> Result<()> {
             .context("the connection's snapshot is not stored")?;
         let record = mapping.record();
         host.registry().approve_tools(
-            &mapping.name,
-            &mapping.tools,
-            &record.manifest_digest,
-            &record.component_sha256,
+            &crate::registry::MappingIdentity {
+                name: &mapping.name,
+                tools: &mapping.tools,
+                manifest_digest: &record.manifest_digest,
+                manifest_text: record.manifest_text.as_deref(),
+                component_sha256: &record.component_sha256,
+            },
             &state.revision,
             &snapshot,
             reviewer,

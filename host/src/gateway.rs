@@ -170,6 +170,8 @@ pub struct MappingSource {
     pub manifest: MappingManifest,
     /// sha256 (hex) of the manifest's text.
     pub manifest_digest: String,
+    /// The manifest's text.
+    pub text: String,
     /// Where it was read from, if from a file.
     pub path: Option<PathBuf>,
     /// The component bytes (verified against the pin when loaded).
@@ -192,6 +194,7 @@ impl MappingSource {
         Ok(Self {
             manifest,
             manifest_digest: crate::registry::manifest_digest(&text),
+            text,
             path: Some(path.to_path_buf()),
             component,
         })
@@ -205,6 +208,7 @@ impl MappingSource {
         Ok(Self {
             manifest: MappingManifest::parse(text, source)?,
             manifest_digest: crate::registry::manifest_digest(text),
+            text: text.to_string(),
             path: None,
             component,
         })
@@ -530,6 +534,7 @@ impl Host {
             .await?;
         let mut record = self.registry.register_mapping(
             m,
+            Some(&p.source.text),
             &p.source.manifest_digest,
             p.adapter.component_sha256(),
             &state.revision,

@@ -65,6 +65,10 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
     /// Refuses a component whose sha256 differs from the mapping's pin, as the host does.
     /// Prints no environment or secret value: only variable and secret names.
     #[command(after_help = "\
+With --state-dir (or AIRLOCK_STATE_DIR), the review also shows the registry's record: the
+mapping's revision and state, each upstream tool's pinned schema and description digests
+with the server's own hints, and the contract's effect class.
+
 Exit status: 0 when every import is justified (by the host API, the baseline, or a grant);
 2 when an import is FLAGGED (after printing the review; --allow-flagged exits 0 instead);
 1 on an error (unreadable or invalid manifest or component, pin mismatch).
@@ -85,6 +89,10 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
         /// Exit 0 even when an import is flagged.
         #[arg(long)]
         allow_flagged: bool,
+        /// Also show what changed since this earlier revision of the mapping (pins,
+        /// component, connection, and every grant and limit). Needs the store.
+        #[arg(long, value_name = "REV")]
+        diff: Option<i64>,
     },
     /// Start one connection, take a discovery snapshot now, and print the classified drift
     /// against the previous snapshot and each mapping's pins.
@@ -257,7 +265,8 @@ fn main() -> ExitCode {
             json,
             html,
             allow_flagged,
-        } => return grants(&manifest, json, html, allow_flagged),
+            diff,
+        } => return grants(&manifest, json, html, allow_flagged, diff, state_dir),
         other => other,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -447,8 +456,22 @@ fn main() -> ExitCode {
 
 /// `airlock grants`: prints the review; exit status 2 when an import is flagged (unless
 /// `allow_flagged`), 1 on an error.
-fn grants(manifest: &std::path::Path, json: bool, html: bool, allow_flagged: bool) -> ExitCode {
-    let review = match airlock::review::review(manifest) {
+fn grants(
+    manifest: &std::path::Path,
+    json: bool,
+    html: bool,
+    allow_flagged: bool,
+    diff: Option<i64>,
+    state_dir: Option<PathBuf>,
+) -> ExitCode {
+    let review = airlock::review::review(manifest).and_then(|mut review| {
+        if state_dir.is_some() || diff.is_some() {
+            let registry = registry_for(state_dir)?;
+            airlock::review::add_registry(&mut review, manifest, &registry, diff)?;
+        }
+        Ok(review)
+    });
+    let review = match review {
         Ok(review) => review,
         Err(e) => {
             eprintln!("airlock: error: {e:#}");

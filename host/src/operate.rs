@@ -580,10 +580,13 @@ pub fn approve(
             .with_context(|| format!("connection `{conn_name}` has no snapshot yet: run `airlock discover {conn_name}` and read what it reports first"))?,
     };
     registry.approve_tools(
-        name,
-        &source.manifest.upstream.tools,
-        &source.manifest_digest,
-        source.manifest.pinned_sha256(),
+        &crate::registry::MappingIdentity {
+            name,
+            tools: &source.manifest.upstream.tools,
+            manifest_digest: &source.manifest_digest,
+            manifest_text: Some(&source.text),
+            component_sha256: source.manifest.pinned_sha256(),
+        },
         &rev,
         &snap,
         reviewer,

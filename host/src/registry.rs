@@ -145,6 +145,22 @@ pub fn manifest_digest(text: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
+/// What an approval binds from the mapping side: its name, the upstream tools its
+/// manifest lists, and the exact manifest and component.
+#[derive(Debug, Clone)]
+pub struct MappingIdentity<'a> {
+    /// Mapping name.
+    pub name: &'a str,
+    /// Upstream tools the manifest lists (each is pinned).
+    pub tools: &'a [String],
+    /// sha256 of the manifest text.
+    pub manifest_digest: &'a str,
+    /// The manifest text, kept with the revision.
+    pub manifest_text: Option<&'a str>,
+    /// The component's sha256 (already verified against the pin).
+    pub component_sha256: &'a str,
+}
+
 /// The registry over one [`Store`].
 #[derive(Clone)]
 pub struct Registry {
@@ -263,6 +279,7 @@ impl Registry {
     pub fn register_mapping(
         &self,
         manifest: &MappingManifest,
+        manifest_text: Option<&str>,
         manifest_digest: &str,
         component_sha256: &str,
         rev: &ConnectionRevision,
@@ -281,6 +298,7 @@ impl Registry {
                 state: MappingState::Candidate,
                 reviewer: None,
                 reason: "first seen; not reviewed".into(),
+                manifest_text: manifest_text.map(str::to_string),
             },
             Some(latest)
                 if latest.manifest_digest == manifest_digest
@@ -349,6 +367,7 @@ impl Registry {
                     state,
                     reviewer: None,
                     reason,
+                    manifest_text: manifest_text.map(str::to_string),
                 }
             }
         };
@@ -521,17 +540,20 @@ impl Registry {
     /// # Errors
     /// A tool the manifest lists is missing from the snapshot; the snapshot belongs to
     /// another connection or revision; the mapping is historical; the store fails.
-    #[allow(clippy::too_many_arguments)]
     pub fn approve_tools(
         &self,
-        name: &str,
-        tools: &[String],
-        manifest_digest: &str,
-        component_sha256: &str,
+        mapping: &MappingIdentity<'_>,
         rev: &ConnectionRevision,
         snapshot: &StoredSnapshot,
         reviewer: &str,
     ) -> Result<MappingRecord> {
+        let MappingIdentity {
+            name,
+            tools,
+            manifest_digest,
+            manifest_text,
+            component_sha256,
+        } = *mapping;
         if reviewer.trim().is_empty() {
             bail!("an approval needs a reviewer name (--reviewer)");
         }
@@ -582,6 +604,7 @@ impl Registry {
             state: MappingState::Active,
             reviewer: Some(reviewer.to_string()),
             reason: format!("approved by {reviewer}"),
+            manifest_text: manifest_text.map(str::to_string),
         })?;
         self.trace(
             events::MAPPING_REVISION,

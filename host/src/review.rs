@@ -38,7 +38,11 @@ use crate::manifest::{Limits, MappingManifest};
 
 /// Placeholder shown where an upstream tool or resource digest will go once the registry
 /// pins them.
-pub const DIGEST_NOT_PINNED: &str = "not pinned yet (registry)";
+pub const DIGEST_NOT_PINNED: &str =
+    "not pinned (no review recorded; pass --state-dir to read the store)";
+/// What the review says of a resource URI prefix: reads are checked against the prefix, not
+/// pinned by digest (resource contents change by nature).
+pub const RESOURCE_PREFIX_NOTE: &str = "URI prefix: every read is checked against it";
 
 /// Everything a reviewer needs to accept or refuse one mapping.
 #[derive(Debug, Clone, Serialize)]
@@ -63,6 +67,12 @@ pub struct Review {
     pub capabilities: Vec<CapabilityView>,
     /// How many imports are flagged.
     pub flagged: usize,
+    /// The registry's record of this mapping (with `--state-dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryView>,
+    /// Changes since an earlier revision (`--diff REV`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<RevisionDiff>,
 }
 
 /// `[mapping]` of the reviewed manifest.
@@ -202,8 +212,73 @@ pub struct Item {
 pub struct UpstreamItem {
     /// Tool name or URI prefix.
     pub name: String,
-    /// Pinned digest of the upstream definition; `None` until the registry pins it.
+    /// Pinned schema digest of the upstream definition; `None` until a reviewer pins it.
     pub digest: Option<String>,
+    /// Pinned description digest (title + description).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description_digest: Option<String>,
+    /// The server's own annotations in the pinned snapshot (`readOnlyHint`, ...): hints
+    /// from an untrusted server, shown for the reviewer, never relied on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_hints: Option<String>,
+}
+
+impl UpstreamItem {
+    fn pin_text(&self, kind: &str) -> String {
+        if kind == "resource" {
+            return RESOURCE_PREFIX_NOTE.to_string();
+        }
+        match &self.digest {
+            None => format!("digest: {DIGEST_NOT_PINNED}"),
+            Some(schema) => {
+                let mut t = format!("digest: schema {}", crate::registry::short(schema));
+                if let Some(d) = &self.description_digest {
+                    t.push_str(&format!(" description {}", crate::registry::short(d)));
+                }
+                if let Some(h) = &self.server_hints {
+                    t.push_str(&format!(" (server hints, untrusted: {h})"));
+                }
+                t
+            }
+        }
+    }
+}
+
+/// The mapping's record in the registry, when a store is given.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegistryView {
+    /// The latest mapping revision.
+    pub revision: i64,
+    /// Its lifecycle state.
+    pub state: String,
+    /// Why it is in that state.
+    pub reason: String,
+    /// Who approved it, if anyone.
+    pub reviewer: Option<String>,
+    /// When the revision was recorded (RFC 3339).
+    pub recorded: String,
+    /// The connection id and configuration revision it is bound to.
+    pub connection_id: String,
+    /// Configuration revision.
+    pub config_revision: i64,
+    /// The snapshot its pins come from.
+    pub snapshot: Option<String>,
+    /// The contract's effect class (host-defined): `read`, ...
+    pub effect_class: String,
+    /// Whether the manifest under review is the one the revision recorded.
+    pub manifest_matches: bool,
+}
+
+/// What changed between an earlier mapping revision and the manifest under review (with
+/// the latest revision's pins).
+#[derive(Debug, Clone, Serialize)]
+pub struct RevisionDiff {
+    /// The earlier revision.
+    pub from: i64,
+    /// The latest revision.
+    pub to: i64,
+    /// One line per change: `+ key = value`, `- key = value`, `~ key: old -> new`.
+    pub changes: Vec<String>,
 }
 
 /// `[upstream]`.
@@ -296,6 +371,8 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
     let pending = |name: &String| UpstreamItem {
         name: name.clone(),
         digest: None,
+        description_digest: None,
+        server_hints: None,
     };
     Ok(Review {
         manifest: manifest_path.display().to_string(),
@@ -331,7 +408,224 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
             })
             .collect(),
         flagged,
+        registry: None,
+        diff: None,
     })
+}
+
+/// Adds the registry's view of the mapping: its latest revision and state, the pinned
+/// digests of each upstream tool with the server's own hints from the pinned snapshot,
+/// the contract's effect class, and (with `diff_from`) the changes since that revision.
+///
+/// # Errors
+/// The mapping is not recorded; `diff_from` names no revision of it; the store fails.
+pub fn add_registry(
+    review: &mut Review,
+    manifest_path: &Path,
+    registry: &crate::registry::Registry,
+    diff_from: Option<i64>,
+) -> Result<()> {
+    let name = &review.mapping.name;
+    let store = registry.store();
+    let record = store.mapping(name)?.with_context(|| {
+        format!("the store has no record of mapping `{name}`; a host records it when it first loads the manifest")
+    })?;
+    let text = std::fs::read_to_string(manifest_path)?;
+    let digest = crate::registry::manifest_digest(&text);
+    let pins = crate::registry::Pins::from_value(&record.pins);
+    let snapshot = record
+        .snapshot_digest
+        .as_deref()
+        .and_then(|d| store.snapshot(d).ok().flatten())
+        .and_then(|s| serde_json::from_value::<crate::drift::Catalogue>(s.body).ok());
+    for item in &mut review.upstream.tools {
+        if let Some(pin) = pins.tools.get(&item.name) {
+            item.digest = Some(pin.schema.clone());
+            item.description_digest = Some(pin.description.clone());
+            item.server_hints = snapshot
+                .as_ref()
+                .and_then(|c| c.tool(&item.name))
+                .map(server_hints);
+        }
+    }
+    review.registry = Some(RegistryView {
+        revision: record.revision,
+        state: record.state.to_string(),
+        reason: record.reason.clone(),
+        reviewer: record.reviewer.clone(),
+        recorded: crate::operate::time(record.created_ms),
+        connection_id: record.connection_id.clone(),
+        config_revision: record.config_revision,
+        snapshot: record.snapshot_digest.clone(),
+        effect_class: crate::contract::effect_class(&review.mapping.contract).to_string(),
+        manifest_matches: record.manifest_digest == digest,
+    });
+    if let Some(from) = diff_from {
+        let old = store
+            .mapping_revisions(name)?
+            .into_iter()
+            .find(|r| r.revision == from)
+            .with_context(|| format!("mapping `{name}` has no revision {from}"))?;
+        review.diff = Some(RevisionDiff {
+            from,
+            to: record.revision,
+            changes: revision_changes(&old, &record, &text),
+        });
+    }
+    Ok(())
+}
+
+/// The server's annotations as words, e.g. `read-only, idempotent`.
+fn server_hints(tool: &serde_json::Value) -> String {
+    let a = &tool["annotations"];
+    let mut words = Vec::new();
+    for (key, yes, no) in [
+        ("readOnlyHint", "read-only", "may write"),
+        ("destructiveHint", "destructive", "not destructive"),
+        ("idempotentHint", "idempotent", "not idempotent"),
+        ("openWorldHint", "open world", "closed world"),
+    ] {
+        match a.get(key).and_then(serde_json::Value::as_bool) {
+            Some(true) => words.push(yes),
+            Some(false) => words.push(no),
+            None => {}
+        }
+    }
+    if words.is_empty() {
+        "none".to_string()
+    } else {
+        words.join(", ")
+    }
+}
+
+/// Flattens a TOML document into `path = value` lines.
+fn flatten_toml(
+    prefix: &str,
+    value: &toml::Value,
+    out: &mut std::collections::BTreeMap<String, String>,
+) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten_toml(&p, v, out);
+            }
+        }
+        toml::Value::Array(items) if items.iter().all(|i| i.is_table()) && !items.is_empty() => {
+            for (i, v) in items.iter().enumerate() {
+                flatten_toml(&format!("{prefix}[{i}]"), v, out);
+            }
+        }
+        other => {
+            out.insert(
+                prefix.to_string(),
+                serde_json::to_string(other).unwrap_or_default(),
+            );
+        }
+    }
+}
+
+/// The changes from revision `old` to the manifest text under review and the latest
+/// revision `new` (pins, component, connection, state, and every manifest key).
+fn revision_changes(
+    old: &crate::store::MappingRecord,
+    new: &crate::store::MappingRecord,
+    text: &str,
+) -> Vec<String> {
+    let mut changes = Vec::new();
+    let mut field = |key: &str, a: String, b: String| {
+        if a != b {
+            changes.push(format!("~ {key}: {a} -> {b}"));
+        }
+    };
+    field(
+        "component sha256",
+        old.component_sha256.clone(),
+        new.component_sha256.clone(),
+    );
+    field(
+        "connection",
+        format!("{} revision {}", old.connection_id, old.config_revision),
+        format!("{} revision {}", new.connection_id, new.config_revision),
+    );
+    field(
+        "reviewer",
+        old.reviewer.clone().unwrap_or_else(|| "(none)".into()),
+        new.reviewer.clone().unwrap_or_else(|| "(none)".into()),
+    );
+    let (a, b) = (
+        crate::registry::Pins::from_value(&old.pins).tools,
+        crate::registry::Pins::from_value(&new.pins).tools,
+    );
+    for (tool, pin) in &b {
+        match a.get(tool) {
+            None => changes.push(format!(
+                "+ pin {tool}: schema {}",
+                crate::registry::short(&pin.schema)
+            )),
+            Some(p) if p != pin => {
+                if p.schema != pin.schema {
+                    changes.push(format!(
+                        "~ pin {tool} schema: {} -> {}",
+                        crate::registry::short(&p.schema),
+                        crate::registry::short(&pin.schema)
+                    ));
+                }
+                if p.description != pin.description {
+                    changes.push(format!(
+                        "~ pin {tool} description: {} -> {}",
+                        crate::registry::short(&p.description),
+                        crate::registry::short(&pin.description)
+                    ));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    for tool in a.keys().filter(|t| !b.contains_key(*t)) {
+        changes.push(format!("- pin {tool}"));
+    }
+    match (
+        old.manifest_text.as_deref(),
+        toml::from_str::<toml::Value>(text),
+    ) {
+        (Some(old_text), Ok(now)) => match toml::from_str::<toml::Value>(old_text) {
+            Ok(before) => {
+                let (mut x, mut y) = (
+                    std::collections::BTreeMap::new(),
+                    std::collections::BTreeMap::new(),
+                );
+                flatten_toml("", &before, &mut x);
+                flatten_toml("", &now, &mut y);
+                for (k, v) in &y {
+                    match x.get(k) {
+                        None => changes.push(format!("+ {k} = {v}")),
+                        Some(o) if o != v => changes.push(format!("~ {k}: {o} -> {v}")),
+                        Some(_) => {}
+                    }
+                }
+                for (k, v) in &x {
+                    if !y.contains_key(k) {
+                        changes.push(format!("- {k} = {v}"));
+                    }
+                }
+            }
+            Err(_) => changes.push(format!(
+                "! revision {}'s manifest text does not parse",
+                old.revision
+            )),
+        },
+        (None, _) => changes.push(format!(
+            "! revision {} recorded no manifest text; grants and limits cannot be compared",
+            old.revision
+        )),
+        (_, Err(_)) => changes.push("! the manifest under review does not parse".into()),
+    }
+    changes
 }
 
 fn grants_view(manifest: &MappingManifest) -> GrantsView {
@@ -560,6 +854,37 @@ pub fn classify(name: &str, grants: &Grants) -> (Status, String) {
 
 const DENY: &str = "none (deny by default)";
 
+impl RegistryView {
+    fn lines(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("revision", self.revision.to_string()),
+            ("state", format!("{} ({})", self.state, self.reason)),
+            (
+                "reviewer",
+                self.reviewer.clone().unwrap_or_else(|| "(none)".into()),
+            ),
+            ("recorded", self.recorded.clone()),
+            (
+                "connection",
+                format!("{} revision {}", self.connection_id, self.config_revision),
+            ),
+            (
+                "pinned snapshot",
+                self.snapshot.clone().unwrap_or_else(|| "(none)".into()),
+            ),
+            ("effect class", self.effect_class.clone()),
+            (
+                "manifest",
+                if self.manifest_matches {
+                    "the one this revision recorded".to_string()
+                } else {
+                    "DIFFERS from the one this revision recorded".to_string()
+                },
+            ),
+        ]
+    }
+}
+
 impl Review {
     /// Whether any import is flagged.
     pub fn has_flagged(&self) -> bool {
@@ -657,9 +982,9 @@ impl Review {
             for item in list {
                 let _ = writeln!(
                     w,
-                    "  {kind:<10}{:<width$}  digest: {}",
+                    "  {kind:<10}{:<width$}  {}",
                     item.name,
-                    item.digest.as_deref().unwrap_or(DIGEST_NOT_PINNED)
+                    item.pin_text(kind)
                 );
             }
         }
@@ -676,6 +1001,23 @@ impl Review {
                 }
             );
             let _ = writeln!(w, "    \"{}\"", c.description);
+        }
+        if let Some(r) = &self.registry {
+            let _ = writeln!(w);
+            let _ = writeln!(w, "6. Registry");
+            for (key, value) in r.lines() {
+                let _ = writeln!(w, "  {key:<23}{value}");
+            }
+        }
+        if let Some(d) = &self.diff {
+            let _ = writeln!(w);
+            let _ = writeln!(w, "7. Changes since revision {} (latest: {})", d.from, d.to);
+            if d.changes.is_empty() {
+                let _ = writeln!(w, "  (none)");
+            }
+            for c in &d.changes {
+                let _ = writeln!(w, "  {c}");
+            }
         }
         o
     }
@@ -799,9 +1141,9 @@ impl Review {
             for item in list {
                 let _ = writeln!(
                     w,
-                    "<tr><th>{kind}</th><td><code>{}</code></td><td>digest: {}</td></tr>",
+                    "<tr><th>{kind}</th><td><code>{}</code></td><td>{}</td></tr>",
                     e(&item.name),
-                    e(item.digest.as_deref().unwrap_or(DIGEST_NOT_PINNED))
+                    e(&item.pin_text(kind))
                 );
             }
         }
@@ -823,6 +1165,22 @@ impl Review {
                 },
                 e(&c.description)
             );
+        }
+        if let Some(r) = &self.registry {
+            let _ = writeln!(w, "</table>\n<h2>Registry</h2>\n<table>");
+            for (key, value) in r.lines() {
+                let _ = writeln!(w, "<tr><th>{}</th><td>{}</td></tr>", e(key), e(&value));
+            }
+        }
+        if let Some(d) = &self.diff {
+            let _ = writeln!(
+                w,
+                "</table>\n<h2>Changes since revision {} (latest: {})</h2>\n<table>",
+                d.from, d.to
+            );
+            for c in &d.changes {
+                let _ = writeln!(w, "<tr><td><code>{}</code></td></tr>", e(c));
+            }
         }
         let _ = writeln!(w, "</table>\n</body>\n</html>");
         o

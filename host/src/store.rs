@@ -40,7 +40,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 use sha2::{Digest, Sha256};
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -133,6 +133,11 @@ CREATE TRIGGER trace_events_no_delete BEFORE DELETE ON trace_events
 BEGIN
     SELECT RAISE(ABORT, 'trace events are append-only');
 END;
+"#,
+    // 1 → 2: each mapping revision keeps the manifest text it was recorded from, so a
+    // reviewer can diff grants and limits between revisions (`airlock grants --diff`).
+    r#"
+ALTER TABLE mappings ADD COLUMN manifest_text TEXT;
 "#,
 ];
 
@@ -344,6 +349,9 @@ pub struct NewMappingRevision {
     pub reviewer: Option<String>,
     /// Why this revision exists, in words.
     pub reason: String,
+    /// The manifest text this revision was recorded from (kept for diffs between
+    /// revisions; it holds secret names, never secret values).
+    pub manifest_text: Option<String>,
 }
 
 /// One stored mapping revision.
@@ -373,6 +381,10 @@ pub struct MappingRecord {
     pub reason: String,
     /// When the revision was recorded, unix ms.
     pub created_ms: u64,
+    /// The manifest text this revision was recorded from (`None` for revisions recorded
+    /// before schema 2 or without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_text: Option<String>,
     /// When the state last changed, unix ms.
     pub state_changed_ms: u64,
 }
@@ -822,7 +834,7 @@ fn snapshot_summary_from_row(row: &Row<'_>) -> rusqlite::Result<SnapshotSummary>
 
 const MAPPING_COLUMNS: &str = "name, revision, manifest_digest, component_sha256, \
      connection_id, config_revision, snapshot_digest, pins, state, reviewer, reason, \
-     created_ms, state_changed_ms";
+     created_ms, state_changed_ms, manifest_text";
 
 fn mapping_from_row(row: &Row<'_>) -> rusqlite::Result<MappingRecord> {
     Ok(MappingRecord {
@@ -839,6 +851,7 @@ fn mapping_from_row(row: &Row<'_>) -> rusqlite::Result<MappingRecord> {
         reason: row.get(10)?,
         created_ms: get_ms(row, 11)?,
         state_changed_ms: get_ms(row, 12)?,
+        manifest_text: row.get(13)?,
     })
 }
 
@@ -1214,7 +1227,7 @@ impl Store for SqliteStore {
             tx.execute(
                 &format!(
                     "INSERT INTO mappings ({MAPPING_COLUMNS}) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13)"
                 ),
                 params![
                     new.name,
@@ -1228,7 +1241,8 @@ impl Store for SqliteStore {
                     new.state.as_str(),
                     new.reviewer,
                     new.reason,
-                    now
+                    now,
+                    new.manifest_text
                 ],
             )?;
             let pins = serde_json::from_str(&pins_text)?;
@@ -1247,6 +1261,7 @@ impl Store for SqliteStore {
                 reason: new.reason.clone(),
                 created_ms: now_u,
                 state_changed_ms: now_u,
+                manifest_text: new.manifest_text.clone(),
             })
         };
         run().with_context(|| {
@@ -1498,6 +1513,43 @@ mod tests {
         hex::encode(Sha256::digest(n.to_le_bytes()))
     }
 
+    #[test]
+    fn a_schema_1_database_is_migrated_in_place_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DATABASE_FILE);
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute_batch(
+                "INSERT INTO mappings (name, revision, manifest_digest, component_sha256, \
+                 connection_id, config_revision, snapshot_digest, pins, state, reviewer, \
+                 reason, created_ms, state_changed_ms) VALUES ('old', 1, 'm', 'c', \
+                 'conn-000000000000', 1, NULL, '{}', 'active', 'alice', 'approved', 1, 1); \
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open_file(&path).unwrap();
+        let old = store.mapping("old").unwrap().unwrap();
+        assert_eq!(old.state, MappingState::Active);
+        assert_eq!(old.reviewer.as_deref(), Some("alice"));
+        assert_eq!(old.manifest_text, None);
+        let mut next = new_mapping("old", MappingState::Active);
+        next.manifest_text = Some("[mapping]\nname = \"old\"\n".into());
+        let rec = store.add_mapping_revision(&next).unwrap();
+        assert_eq!(rec.revision, 2);
+        assert_eq!(
+            store.mapping("old").unwrap().unwrap().manifest_text,
+            next.manifest_text
+        );
+        drop(store);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+
     fn new_mapping(name: &str, state: MappingState) -> NewMappingRevision {
         NewMappingRevision {
             name: name.into(),
@@ -1510,6 +1562,7 @@ mod tests {
             state,
             reviewer: Some("alice".into()),
             reason: "initial review".into(),
+            manifest_text: None,
         }
     }
 
@@ -1582,7 +1635,12 @@ mod tests {
         let before = std::fs::read(&path).unwrap();
         let err = SqliteStore::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("written by a newer Airlock"), "{err}");
-        assert!(err.contains("schema 7; this build knows up to 1"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "schema 7; this build knows up to {SCHEMA_VERSION}"
+            )),
+            "{err}"
+        );
         assert!(err.contains("nothing was changed"), "{err}");
         assert!(err.contains(&path.display().to_string()), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), before);

@@ -29,6 +29,7 @@ fn grants(args: &[&str]) -> Output {
         .arg("grants")
         .args(args)
         .env_remove("AIRLOCK_LOG")
+        .env_remove("AIRLOCK_STATE_DIR")
         .output()
         .expect("running airlock grants")
 }

@@ -547,3 +547,66 @@ fn a_corrupt_database_gives_a_clear_error_and_is_left_alone() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a readable SQLite database"));
 }
+
+/// `airlock grants` with the store: each upstream tool's pinned digests and the server's
+/// hints, the contract's effect class, and `--diff REV` listing what changed since an
+/// earlier revision (a raised limit, new pins).
+#[test]
+fn grants_shows_pins_effect_class_and_changes_since_a_revision() {
+    let d = Deployment::with_notes().mapping("source-library");
+    d.approve_all();
+    let manifest = d.manifests()[0].clone();
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("memory_mib = 64", "memory_mib = 96"),
+    )
+    .unwrap();
+    let config = d.write_config();
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "bob",
+    ]);
+    let m = manifest.to_str().unwrap();
+    let out = d.airlock_ok(&["grants", m, "--diff", "1"]);
+    assert!(out.contains("6. Registry"), "{out}");
+    assert!(out.contains("effect class           read"), "{out}");
+    assert!(
+        out.contains("state                  active (approved by bob)"),
+        "{out}"
+    );
+    assert!(out.contains("(server hints, untrusted: read-only"), "{out}");
+    assert!(!out.contains("not pinned"), "{out}");
+    assert!(
+        out.contains("7. Changes since revision 1 (latest: 2)"),
+        "{out}"
+    );
+    assert!(out.contains("~ limits.memory_mib: 64 -> 96"), "{out}");
+    assert!(out.contains("~ reviewer: tests -> bob"), "{out}");
+    let json = d.airlock_json(&["grants", m]);
+    assert_eq!(json["registry"]["revision"], 2);
+    assert_eq!(json["registry"]["manifest_matches"], true);
+    let pinned = json["upstream"]["tools"][0]["digest"].as_str().unwrap();
+    assert_eq!(pinned.len(), 64);
+    // The manifest edited after review no longer matches the recorded revision.
+    std::fs::write(
+        &manifest,
+        text.replace("memory_mib = 64", "memory_mib = 128"),
+    )
+    .unwrap();
+    let json = d.airlock_json(&["grants", m]);
+    assert_eq!(json["registry"]["manifest_matches"], false);
+    let html = d.airlock_ok(&["grants", m, "--html", "--diff", "1"]);
+    assert!(
+        html.contains("<h2>Registry</h2>") && html.contains("memory_mib"),
+        "{html}"
+    );
+    let out = d.airlock(&["grants", m, "--diff", "9"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no revision 9"));
+}
