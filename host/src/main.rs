@@ -31,8 +31,9 @@ enum Command {
     /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
     ///
     /// Loads each mapping (refusing any component whose sha256 differs from its pin),
-    /// starts every connection a mapping uses, then answers tools/list and tools/call
-    /// until stdin closes.
+    /// starts every connection a mapping uses and snapshots its catalogue, offers the
+    /// mappings whose pins match, then answers tools/list and tools/call until stdin
+    /// closes.
     #[command(after_help = "\
 Configuration (TOML; relative paths resolve against the file's folder):
 
@@ -45,6 +46,11 @@ Configuration (TOML; relative paths resolve against the file's folder):
   [[mapping]]
   manifest = \"target/airlock/adapters/source-library/mapping.toml\"
 
+  # Top-level keys (before any table): mappings_dir = \"mappings\" (watched, hot-reloaded),
+  # state_dir = \"state\", snapshot_interval = \"10m\".
+
+A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
+then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
 The build writes pinned mappings for the bundled adapters into target/airlock/adapters/.
 See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
     Serve {
