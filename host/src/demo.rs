@@ -295,6 +295,9 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
         sent_after - sent_before
     ))?;
 
+    p.step("drift: the upstream server changes a pinned tool's description mid-session")?;
+    drift_scene(&mut p, state_dir.path()).await?;
+
     p.step("the trace: hash-chained, append-only")?;
     let verified = host.registry().store().verify_trace()?;
     if let Some((seq, why)) = &verified.first_bad {
@@ -310,6 +313,80 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     server.abort();
     p.line("\ndone. `airlock serve --config FILE` runs the same gateway over stdio for a real MCP client.")?;
     p.out.flush()?;
+    Ok(())
+}
+
+/// A second host on its own connection, whose notes server rewrites `read_note`'s
+/// description (with an injected instruction) after its first call and announces it with
+/// `notifications/tools/list_changed`.
+async fn drift_scene<W: std::io::Write>(p: &mut Printer<W>, state: &std::path::Path) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the airlock executable")?;
+    let mut config = notes_config(exe);
+    config.cache_dir = crate::config::default_cache_dir();
+    config.state_dir = Some(state.join("drift"));
+    let call_log = state.join("drift-calls.jsonl");
+    if let Some(server) = config.connections.get_mut("notes") {
+        server.args.extend([
+            "--drift-on-call".to_string(),
+            "description".to_string(),
+            "--call-log".to_string(),
+            call_log.display().to_string(),
+        ]);
+    }
+    let tool_calls = || {
+        std::fs::read_to_string(&call_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"tools/call\""))
+            .count()
+    };
+    let host = Host::start_with(&config, vec![embedded_mapping()?]).await?;
+    approve_all(&host, "demo-reviewer").await?;
+    let gateway = host.session();
+    let mapping = host
+        .catalog()
+        .mappings
+        .get("source-library")
+        .context("the bundled mapping did not load")?
+        .clone();
+    let args = |v: Value| match v {
+        Value::Object(o) => Some(o),
+        _ => None,
+    };
+    let hits = gateway
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if hits.is_error == Some(true) {
+        bail!("the first call failed: {}", result_text(&hits));
+    }
+    let reference = first_reference(&hits)?;
+    p.line("search_sources: ok (the server answered, then changed read_note and sent tools/list_changed)")?;
+    let sent = tool_calls();
+    let refused = gateway
+        .call("retrieve_source", args(json!({"reference": reference})))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if refused.is_error != Some(true) {
+        bail!("a call on a drifted tool was not refused");
+    }
+    p.line(format!("retrieve_source: {}", result_text(&refused)))?;
+    let record = mapping.record();
+    p.line(format!(
+        "mapping `{}` is now {}: {}",
+        record.name, record.state, record.reason
+    ))?;
+    let reached = tool_calls() - sent;
+    if reached != 0 {
+        bail!("the refused call reached the server");
+    }
+    p.line(format!(
+        "tools/call requests the server received for the refused call: {reached} (the re-check only re-read its catalogue)"
+    ))?;
+    p.line(format!(
+        "offered now: {} capabilities; a reviewer must approve the new description first",
+        host.catalog().offered().count()
+    ))?;
     Ok(())
 }
 
