@@ -343,6 +343,7 @@ async fn drift_scene<W: std::io::Write>(p: &mut Printer<W>, state: &std::path::P
     let host = Host::start_with(&config, vec![embedded_mapping()?]).await?;
     approve_all(&host, "demo-reviewer").await?;
     let gateway = host.session();
+    gateway.list();
     let mapping = host
         .catalog()
         .mappings

@@ -162,6 +162,16 @@ pub struct Host {
     next_session: AtomicU64,
     sessions: std::sync::Mutex<Vec<Peer<RoleServer>>>,
     reload: tokio::sync::Mutex<()>,
+    /// Changed manifests waiting for approval while their reviewed revision serves.
+    staged: std::sync::Mutex<BTreeMap<String, (Arc<ActiveMapping>, Vec<Capability>)>>,
+}
+
+/// The outcome of binding a mapping.
+enum Bound {
+    /// Bound to its recorded revision: swap it in.
+    Loaded(Arc<ActiveMapping>, Vec<Capability>),
+    /// An unreviewed change while a reviewed revision serves: keep it aside.
+    Staged(Arc<ActiveMapping>, Vec<Capability>),
 }
 
 /// A mapping to load: its manifest and the component bytes it pins.
@@ -290,6 +300,7 @@ impl Host {
             next_session: AtomicU64::new(1),
             sessions: std::sync::Mutex::new(Vec::new()),
             reload: tokio::sync::Mutex::new(()),
+            staged: std::sync::Mutex::new(BTreeMap::new()),
         });
         // Verify pins, compile and link every mapping before any upstream process starts:
         // a refused component never causes upstream traffic.
@@ -303,8 +314,10 @@ impl Host {
         }
         let mut catalog = Catalog::default();
         for p in prepared {
-            let mapping = host.bind(p).await?;
-            catalog = catalog_with(&catalog, &[], mapping)?;
+            match host.bind(p, false).await? {
+                Bound::Loaded(m, caps) => catalog = catalog_with(&catalog, &[], (m, caps))?,
+                Bound::Staged(..) => unreachable!("nothing is staged at start"),
+            }
         }
         host.catalog.store(Arc::new(catalog));
         Ok(host)
@@ -525,20 +538,47 @@ impl Host {
     }
 
     /// Binds a prepared mapping to its connection: registers the revision, evaluates its
-    /// pins against the connection's snapshot, and builds its capabilities.
-    async fn bind(self: &Arc<Self>, p: Prepared) -> Result<(Arc<ActiveMapping>, Vec<Capability>)> {
+    /// pins against the connection's snapshot, and builds its capabilities. With `stage`
+    /// (a reviewed revision of this mapping serves here), an unreviewed manifest is bound
+    /// but marked staged: the caller keeps it aside instead of swapping it in.
+    async fn bind(self: &Arc<Self>, p: Prepared, stage: bool) -> Result<Bound> {
         let m = &p.source.manifest;
         let name = m.mapping.name.clone();
         let state = self
             .connection(&m.mapping.connection, m.limits.max_output_bytes)
             .await?;
-        let mut record = self.registry.register_mapping(
+        let registration = self.registry.register_mapping(
             m,
             Some(&p.source.text),
             &p.source.manifest_digest,
             p.adapter.component_sha256(),
             &state.revision,
+            stage,
         )?;
+        let mut record = match registration {
+            crate::registry::Registration::Recorded(record) => record,
+            crate::registry::Registration::Staged { reason } => {
+                tracing::warn!(mapping = %name, "changed manifest staged; the reviewed revision keeps serving until this one is approved: {reason}");
+                let staged = MappingRecord {
+                    name: name.clone(),
+                    revision: 0,
+                    manifest_digest: p.source.manifest_digest.clone(),
+                    component_sha256: p.adapter.component_sha256().to_string(),
+                    connection_id: state.revision.connection_id.clone(),
+                    config_revision: state.revision.revision,
+                    snapshot_digest: None,
+                    pins: Value::Null,
+                    state: crate::store::MappingState::Candidate,
+                    reviewer: None,
+                    reason: format!("staged, not reviewed: {reason}"),
+                    created_ms: 0,
+                    state_changed_ms: 0,
+                    manifest_text: None,
+                };
+                let (mapping, caps) = self.assemble(p, state, staged)?;
+                return Ok(Bound::Staged(mapping, caps));
+            }
+        };
         match self
             .registry
             .evaluate(&record, &m.upstream.tools, &state.catalogue())
@@ -580,6 +620,19 @@ impl Host {
                 "connection_id": state.revision.connection_id,
             }),
         );
+        let (mapping, caps) = self.assemble(p, state, record)?;
+        Ok(Bound::Loaded(mapping, caps))
+    }
+
+    /// Builds the loaded mapping and its capabilities.
+    fn assemble(
+        &self,
+        p: Prepared,
+        state: Arc<ConnectionState>,
+        record: MappingRecord,
+    ) -> Result<(Arc<ActiveMapping>, Vec<Capability>)> {
+        let m = &p.source.manifest;
+        let name = m.mapping.name.clone();
         let grant = Arc::new(UpstreamGrant {
             mapping: name.clone(),
             connection: state.connection.clone(),
@@ -618,6 +671,7 @@ impl Host {
         Gateway {
             host: self.clone(),
             session: SessionId(self.next_session.fetch_add(1, Ordering::Relaxed)),
+            known: Arc::default(),
         }
     }
 
@@ -670,14 +724,22 @@ impl Host {
     }
 
     /// Re-reads every loaded mapping's record from the store (an approval or retirement
-    /// made by `airlock review` while this host runs) and re-evaluates it. Returns true when
-    /// the offered catalog changed.
+    /// made by `airlock review` while this host runs) and applies it. Returns true when the
+    /// offered catalog changed. Rules:
+    /// - the latest revision binds the loaded manifest: its state and pins decide;
+    /// - it binds a staged manifest and serves: the staged mapping is swapped in;
+    /// - it binds another manifest and serves (approved ahead of deployment): the loaded
+    ///   revision keeps serving until that manifest arrives;
+    /// - it binds another manifest and does not serve (retired, review-required...): the
+    ///   loaded revision stops serving too.
     ///
     /// # Errors
     /// The store fails.
     pub async fn sync_with_store(&self) -> Result<bool> {
+        let _one = self.reload.lock().await;
         let catalog = self.catalog.load_full();
         let mut changed = false;
+        let mut next: Option<Catalog> = None;
         for mapping in catalog.mappings.values() {
             let Some(latest) = self.registry.store().mapping(&mapping.name)? else {
                 continue;
@@ -686,11 +748,78 @@ impl Host {
             if latest.revision == current.revision && latest.state == current.state {
                 continue;
             }
+            let was = mapping.serves();
             if latest.manifest_digest != mapping.manifest_digest {
-                // A revision for another manifest: the reload path handles it.
+                let staged = {
+                    let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+                    match staged.get(&mapping.name) {
+                        Some((m, _))
+                            if m.manifest_digest == latest.manifest_digest
+                                && latest.state.serves() =>
+                        {
+                            staged.remove(&mapping.name)
+                        }
+                        _ => None,
+                    }
+                };
+                if let Some((staged, caps)) = staged {
+                    let verdict = self.registry.evaluate(
+                        &latest,
+                        &staged.tools,
+                        &staged.connection.catalogue(),
+                    );
+                    let mut record = latest;
+                    if let Verdict::Blocked {
+                        reason,
+                        drift,
+                        needs_review: true,
+                    } = verdict
+                        && let Some(new) = self.registry.require_review(
+                            &record,
+                            &reason,
+                            &drift,
+                            &staged.connection.snapshot_digest(),
+                        )?
+                    {
+                        record = new;
+                    }
+                    tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "approved staged manifest swapped in");
+                    self.registry.trace(
+                        crate::registry::events::MAPPING_LOADED,
+                        &mapping.name,
+                        json!({
+                            "revision": record.revision,
+                            "state": record.state,
+                            "component_sha256": staged.adapter.component_sha256(),
+                            "manifest_digest": staged.manifest_digest,
+                            "connection_id": staged.connection.revision.connection_id,
+                        }),
+                    );
+                    staged.record.store(Arc::new(record));
+                    let base = next.take().unwrap_or_else(|| catalog_with_all(&catalog));
+                    next = Some(catalog_with(
+                        &base,
+                        &[mapping.name.as_str()],
+                        (staged, caps),
+                    )?);
+                    changed = true;
+                    continue;
+                }
+                if latest.state.serves() {
+                    // Approved ahead of deployment: serve on until the manifest arrives.
+                    continue;
+                }
+                let mut local = (*current).clone();
+                local.state = latest.state;
+                local.reason = format!(
+                    "revision {} ({}) superseded this one: {}",
+                    latest.revision, latest.state, latest.reason
+                );
+                tracing::info!(mapping = %mapping.name, revision = latest.revision, state = %latest.state, "a later revision stops this one");
+                mapping.record.store(Arc::new(local));
+                changed |= was != mapping.serves();
                 continue;
             }
-            let was = mapping.serves();
             let verdict =
                 self.registry
                     .evaluate(&latest, &mapping.tools, &mapping.connection.catalogue());
@@ -712,6 +841,9 @@ impl Host {
             tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "mapping record changed in the store");
             mapping.record.store(Arc::new(record));
             changed |= was != mapping.serves();
+        }
+        if let Some(next) = next {
+            self.catalog.store(Arc::new(next));
         }
         if changed {
             self.notify_tools_changed().await;
@@ -753,11 +885,26 @@ impl Host {
             let prepared = tokio::task::spawn_blocking(move || host.prepare(source))
                 .await
                 .context("the compile task failed")??;
-            let bound = self.bind(prepared).await?;
-            let current = self.catalog.load_full();
-            let next = catalog_with(&current, &[name.as_str()], bound)?;
-            self.catalog.store(Arc::new(next));
-            Ok((name, true))
+            let serving = current.mappings.get(&name).is_some_and(|m| m.serves());
+            match self.bind(prepared, serving).await? {
+                Bound::Loaded(mapping, caps) => {
+                    self.staged
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&name);
+                    let current = self.catalog.load_full();
+                    let next = catalog_with(&current, &[name.as_str()], (mapping, caps))?;
+                    self.catalog.store(Arc::new(next));
+                    Ok((name, true))
+                }
+                Bound::Staged(mapping, caps) => {
+                    self.staged
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name.clone(), (mapping, caps));
+                    Ok((name, false))
+                }
+            }
         }
         .await;
         match result {
@@ -784,6 +931,10 @@ impl Host {
     /// minted for it is revoked. Calls already running finish.
     pub async fn unload_mapping(&self, name: &str) -> bool {
         let _one = self.reload.lock().await;
+        self.staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
         let current = self.catalog.load_full();
         let Some(old) = current.mappings.get(name).cloned() else {
             return false;
@@ -866,6 +1017,18 @@ impl Capability {
     }
 }
 
+/// A shallow copy of `current`.
+fn catalog_with_all(current: &Catalog) -> Catalog {
+    Catalog {
+        capabilities: current
+            .capabilities
+            .iter()
+            .map(Capability::clone_shallow)
+            .collect(),
+        mappings: current.mappings.clone(),
+    }
+}
+
 /// `current` without the mappings named in `replace`, plus `added`.
 ///
 /// # Errors
@@ -939,6 +1102,11 @@ fn capability_input_schema(function: &ContractFunction) -> Result<JsonObject> {
 pub struct Gateway {
     host: Arc<Host>,
     session: SessionId,
+    /// Capability names this session has been offered (listed, or called while they
+    /// served). A capability that does not serve now is "unknown" to a session that never
+    /// saw it, and "state changed" to one that did (DESIGN.md §5.2: no hint of what exists
+    /// elsewhere).
+    known: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 /// A tool-call failure toward the model: category plus safe detail.
@@ -951,6 +1119,26 @@ impl Gateway {
     /// The session's id.
     pub fn session_id(&self) -> SessionId {
         self.session
+    }
+
+    /// The capabilities offered to this session now (`tools/list` without the transport);
+    /// the session remembers them as seen.
+    pub fn list(&self) -> Vec<Tool> {
+        let catalog = self.host.catalog.load_full();
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(catalog.offered().map(|c| c.name.clone()));
+        catalog
+            .offered()
+            .map(|c| {
+                Tool::new(
+                    c.name.clone(),
+                    c.description.clone(),
+                    c.input_schema.clone(),
+                )
+            })
+            .collect()
     }
 
     /// Runs capability `name` with `arguments` for this session. This is `tools/call`
@@ -967,7 +1155,16 @@ impl Gateway {
         // The catalog this call runs under: a reload swaps in a new one, this call keeps its
         // own (and its mapping revision) to the end.
         let catalog = self.host.catalog.load_full();
-        let Some(cap) = catalog.capability(name) else {
+        let known = |n: &str| {
+            self.known
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(n)
+        };
+        let Some(cap) = catalog
+            .capability(name)
+            .filter(|c| c.mapping.serves() || known(&c.name))
+        else {
             return Err(McpError::invalid_params(
                 format!("unknown tool `{name}`"),
                 None,
@@ -1008,6 +1205,10 @@ impl Gateway {
                 refusal.category, refusal.detail
             ))]));
         }
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cap.name.clone());
         let outcome = mapping
             .adapter
             .call(&cap.function.name, &[param], mapping.grant.clone())
@@ -1301,18 +1502,7 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let catalog = self.host.catalog.load_full();
-        let tools = catalog
-            .offered()
-            .map(|c| {
-                Tool::new(
-                    c.name.clone(),
-                    c.description.clone(),
-                    c.input_schema.clone(),
-                )
-            })
-            .collect();
-        Ok(ListToolsResult::with_all_items(tools))
+        Ok(ListToolsResult::with_all_items(self.list()))
     }
 
     async fn call_tool(

@@ -206,6 +206,11 @@ enum ReviewAction {
         /// The snapshot to pin (digest or prefix). Default: the connection's latest.
         #[arg(long, value_name = "DIGEST")]
         snapshot: Option<String>,
+        /// Approve this manifest file (its component beside it) instead of the one the
+        /// configuration lists: review a change before deploying it into a watched
+        /// mappings folder, so it serves the moment it lands.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -363,6 +368,7 @@ fn main() -> ExitCode {
                         config,
                         reviewer,
                         snapshot,
+                        manifest,
                         json,
                     } => {
                         let config = load_config(&config, state_dir)?;
@@ -371,6 +377,7 @@ fn main() -> ExitCode {
                             &mapping,
                             &reviewer,
                             snapshot.as_deref(),
+                            manifest.as_deref(),
                         )?;
                         print(if json {
                             serde_json::to_string_pretty(&record)? + "\n"

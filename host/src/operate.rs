@@ -551,6 +551,8 @@ pub fn find_mapping(config: &ServeConfig, name: &str) -> Result<MappingSource> {
 
 /// `airlock review approve`: verifies the component against its pin, resolves the
 /// connection's current revision, and pins `snapshot` (default: the connection's latest).
+/// `manifest` approves a manifest outside the configuration (staged for deployment: a host
+/// loads it without review once it lands in its mappings folder).
 ///
 /// # Errors
 /// See [`Registry::approve_tools`]; the component does not match its pin; no snapshot.
@@ -559,8 +561,22 @@ pub fn approve(
     name: &str,
     reviewer: &str,
     snapshot: Option<&str>,
+    manifest: Option<&Path>,
 ) -> Result<MappingRecord> {
-    let source = find_mapping(config, name)?;
+    let source = match manifest {
+        None => find_mapping(config, name)?,
+        Some(path) => {
+            let source = MappingSource::from_file(path)?;
+            if source.manifest.mapping.name != name {
+                bail!(
+                    "{} declares mapping `{}`, not `{name}`",
+                    path.display(),
+                    source.manifest.mapping.name
+                );
+            }
+            source
+        }
+    };
     crate::manifest::verify_pin(&source.manifest, &source.component)?;
     let registry = open_registry(config)?;
     let conn_name = &source.manifest.mapping.connection;

@@ -53,6 +53,8 @@ pub mod events {
     pub const MAPPING_LOADED: &str = "mapping-loaded";
     /// A mapping was unloaded from a running host.
     pub const MAPPING_UNLOADED: &str = "mapping-unloaded";
+    /// A changed manifest arrived while a reviewed revision serves; it waits for approval.
+    pub const MAPPING_STAGED: &str = "mapping-staged";
     /// A new or changed mapping failed verification; the old revision (if any) serves on.
     pub const MAPPING_LOAD_FAILED: &str = "mapping-load-failed";
     /// A call was refused because of the mapping's state or pins.
@@ -119,6 +121,20 @@ impl Pins {
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
+}
+
+/// What loading a manifest recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Registration {
+    /// The mapping revision that binds this manifest (new or existing).
+    Recorded(MappingRecord),
+    /// The manifest differs from the serving revision and no review covers it: nothing
+    /// was recorded; the serving revision keeps serving until a reviewer approves this
+    /// manifest.
+    Staged {
+        /// Why it is not the serving revision.
+        reason: String,
+    },
 }
 
 /// Whether a mapping revision may serve against a connection's current snapshot.
@@ -268,11 +284,15 @@ impl Registry {
         Ok(observed)
     }
 
-    /// Records the mapping as loaded from `manifest`: a first sight is a `candidate`
-    /// revision with no pins; a changed manifest (or connection revision) is a new revision.
-    /// Pins carry over for tools the manifest still lists. The new revision keeps serving
-    /// only when the connection revision is the same and every listed tool is pinned;
-    /// otherwise it is `review-required` (or stays `candidate`).
+    /// Records the mapping as loaded from `manifest`. A revision binds exactly one manifest
+    /// digest and one connection revision, so:
+    /// - first sight: a `candidate` revision with no pins;
+    /// - the latest revision binds this manifest and connection revision: that revision
+    ///   (its state decides whether it serves);
+    /// - anything else is unreviewed. With `stage`, nothing is written and the caller keeps
+    ///   the revision it serves ([`Registration::Staged`]); without, a new revision is
+    ///   recorded as `review-required` (`candidate` if it never was reviewed), carrying the
+    ///   pins of the tools the manifest still lists so a reviewer sees the drift.
     ///
     /// # Errors
     /// The store fails.
@@ -283,7 +303,8 @@ impl Registry {
         manifest_digest: &str,
         component_sha256: &str,
         rev: &ConnectionRevision,
-    ) -> Result<MappingRecord> {
+        stage: bool,
+    ) -> Result<Registration> {
         let name = &manifest.mapping.name;
         let latest = self.store.mapping(name)?;
         let new = match &latest {
@@ -305,56 +326,52 @@ impl Registry {
                     && latest.connection_id == rev.connection_id
                     && latest.config_revision == rev.revision =>
             {
-                return Ok(latest.clone());
+                return Ok(Registration::Recorded(latest.clone()));
             }
             Some(latest) => {
-                let old = Pins::from_value(&latest.pins);
-                let mut pins = Pins::default();
-                let mut unpinned = Vec::new();
-                for tool in &manifest.upstream.tools {
-                    match old.tools.get(tool) {
-                        Some(d) => {
-                            pins.tools.insert(tool.clone(), d.clone());
-                        }
-                        None => unpinned.push(tool.clone()),
-                    }
-                }
-                let same_connection = latest.connection_id == rev.connection_id
-                    && latest.config_revision == rev.revision;
-                let (state, reason) = if latest.state == MappingState::Candidate {
-                    (
-                        MappingState::Candidate,
-                        "manifest changed; not reviewed".to_string(),
-                    )
-                } else if !same_connection {
-                    (
-                        MappingState::ReviewRequired,
-                        format!(
-                            "connection configuration changed (now {} revision {}; approved against {} revision {})",
-                            rev.connection_id,
-                            rev.revision,
-                            latest.connection_id,
-                            latest.config_revision
-                        ),
-                    )
-                } else if !unpinned.is_empty() {
-                    (
-                        MappingState::ReviewRequired,
-                        format!(
-                            "the manifest lists upstream tools no review pinned: {}",
-                            unpinned.join(", ")
-                        ),
-                    )
-                } else if latest.state.serves() {
-                    (
-                        latest.state,
-                        "manifest changed; pins carried over".to_string(),
+                let reason = if latest.connection_id != rev.connection_id
+                    || latest.config_revision != rev.revision
+                {
+                    format!(
+                        "connection configuration changed (now {} revision {}; revision {} was bound to {} revision {})",
+                        rev.connection_id,
+                        rev.revision,
+                        latest.revision,
+                        latest.connection_id,
+                        latest.config_revision
                     )
                 } else {
-                    (
-                        MappingState::ReviewRequired,
-                        format!("manifest changed while {}", latest.state),
+                    format!(
+                        "manifest changed (sha256 {}; revision {} reviewed {})",
+                        short(manifest_digest),
+                        latest.revision,
+                        short(&latest.manifest_digest)
                     )
+                };
+                if stage {
+                    self.trace(
+                        events::MAPPING_STAGED,
+                        name,
+                        json!({
+                            "manifest_digest": manifest_digest,
+                            "component_sha256": component_sha256,
+                            "serving_revision": latest.revision,
+                            "reason": reason,
+                        }),
+                    );
+                    return Ok(Registration::Staged { reason });
+                }
+                let old = Pins::from_value(&latest.pins);
+                let mut pins = Pins::default();
+                for tool in &manifest.upstream.tools {
+                    if let Some(d) = old.tools.get(tool) {
+                        pins.tools.insert(tool.clone(), d.clone());
+                    }
+                }
+                let state = if latest.state == MappingState::Candidate {
+                    MappingState::Candidate
+                } else {
+                    MappingState::ReviewRequired
                 };
                 NewMappingRevision {
                     name: name.clone(),
@@ -385,7 +402,7 @@ impl Registry {
                 "config_revision": record.config_revision,
             }),
         );
-        Ok(record)
+        Ok(Registration::Recorded(record))
     }
 
     /// Decides whether `record` may serve with `tools` (the manifest's upstream tools)

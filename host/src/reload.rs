@@ -25,7 +25,7 @@ use crate::gateway::{Host, mapping_dir_manifests};
 /// How long the mappings folder must be quiet before a reload reads it.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 /// How often the host re-reads mapping records from the store.
-pub const STORE_POLL: Duration = Duration::from_millis(500);
+pub const STORE_POLL: Duration = Duration::from_millis(200);
 
 /// Starts the background work of a serving host: the store poll and, when the
 /// configuration names a mappings folder, its watcher.

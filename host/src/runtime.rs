@@ -538,6 +538,7 @@ impl LoadedAdapter {
             },
             flooded,
             bridge: UpstreamBridge {
+                changes_at_start: grant.connection.list_changed_count(),
                 grant,
                 deadline: Instant::now() + deadline,
                 observations: Vec::new(),
@@ -891,11 +892,20 @@ struct UpstreamBridge {
     logs: Vec<String>,
     /// Upstream requests this call may still make.
     requests_left: u64,
+    /// The connection's list_changed count when the call started (after the re-check).
+    changes_at_start: u64,
 }
 
 impl UpstreamBridge {
     /// Takes one upstream request from the call's budget.
     fn take_request(&mut self) -> Result<(), upstream::UpstreamError> {
+        // The re-check covered the catalogue as it was when the call started. If the
+        // server announced a change since, nothing more goes out on the old verdict.
+        if self.grant.connection.list_changed_count() != self.changes_at_start {
+            return Err(upstream::UpstreamError::Unavailable(
+                "the upstream catalogue changed during this call; nothing was sent".into(),
+            ));
+        }
         if self.requests_left == 0 {
             return Err(upstream::UpstreamError::NotPermitted(
                 "this call has used up its budget of upstream requests (limits.max_upstream_requests); nothing was sent".into(),

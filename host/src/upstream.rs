@@ -174,26 +174,35 @@ impl Tap {
     /// An incoming line (server → client) that fits the budget.
     fn incoming(&self, line: &[u8]) {
         let watching = self.armed.load(Ordering::Acquire);
-        // Notifications are small; only short lines that name list_changed are parsed.
-        let maybe_notice = line.len() < 4096 && contains(line, b"list_changed");
-        if !watching && !maybe_notice {
-            return;
+        // Decode the envelope of EVERY message the way rmcp will (JSON escapes and any
+        // size included): a byte search for `list_changed` misses `list\u005fchanged` and
+        // padded notifications, which rmcp still accepts. `IgnoredAny` skips the payload
+        // without building it.
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(borrow, default)]
+            method: Option<std::borrow::Cow<'a, str>>,
+            #[serde(default)]
+            id: Option<serde::de::IgnoredAny>,
         }
-        let Ok(mut msg) = serde_json::from_slice::<Value>(line) else {
-            return;
-        };
-        if maybe_notice
-            && msg.get("id").is_none()
-            && msg
-                .get("method")
-                .and_then(Value::as_str)
+        if let Ok(head) = serde_json::from_slice::<Envelope<'_>>(line)
+            && head.id.is_none()
+            && head
+                .method
+                .as_deref()
                 .is_some_and(|m| LIST_CHANGED.contains(&m))
         {
             self.list_changed.fetch_add(1, Ordering::AcqRel);
             self.changed.notify_waiters();
             return;
         }
-        if watching {
+        if !watching {
+            return;
+        }
+        let Ok(mut msg) = serde_json::from_slice::<Value>(line) else {
+            return;
+        };
+        {
             let Some(id) = msg.get("id").map(Value::to_string) else {
                 return;
             };
@@ -214,10 +223,6 @@ impl Tap {
         let i = captured.iter().rposition(|(m, _)| *m == method)?;
         Some(captured.remove(i).1)
     }
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Passes client → server bytes through unchanged; while the tap is armed, also hands

@@ -265,10 +265,9 @@ async fn a_server_with_the_same_display_name_inherits_nothing() {
         .map(|t| t.name.to_string())
         .collect();
     assert_eq!(names, ["search_sources", "retrieve_source"]);
-    let r = call(&client, "twin_search", json!({"query": "x"}))
-        .await
-        .unwrap();
-    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    // Never offered to this session: unknown, with no hint that it exists.
+    let r = call(&client, "twin_search", json!({"query": "x"})).await;
+    assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");
     client.cancel().await.ok();
     let show = d.airlock_json(&["review", "show", "twin-library"]);
     assert_eq!(show["current"]["state"], "candidate");
@@ -307,10 +306,9 @@ async fn changing_the_connection_executable_requires_review() {
     std::fs::rename(&next, &exe).unwrap();
     let client = d.serve_unreviewed().await;
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
-    let r = call(&client, "search_sources", json!({"query": "x"}))
-        .await
-        .unwrap();
-    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    // Never offered to this session: unknown, with no hint that it exists.
+    let r = call(&client, "search_sources", json!({"query": "x"})).await;
+    assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");
     client.cancel().await.ok();
     let show = d.airlock_json(&["review", "show", "source-library"]);
     assert_eq!(show["current"]["state"], "review-required");
@@ -330,10 +328,9 @@ async fn approval_and_retirement_reach_a_running_host() {
     let notices = Notices::default();
     let client = d.serve_with(notices.clone()).await;
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
-    let r = call(&client, "search_sources", json!({"query": "x"}))
-        .await
-        .unwrap();
-    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    // Never offered to this session: unknown, with no hint that it exists.
+    let r = call(&client, "search_sources", json!({"query": "x"})).await;
+    assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");
     assert!(d.upstream_tool_calls().is_empty());
 
     let config = d.write_config();
@@ -609,4 +606,70 @@ fn grants_shows_pins_effect_class_and_changes_since_a_revision() {
     let out = d.airlock(&["grants", m, "--diff", "9"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no revision 9"));
+}
+
+/// `snapshot_interval` re-discovers on a timer even when the server never announces a
+/// change; an unchanged catalogue is one stored snapshot with several observations.
+#[tokio::test]
+async fn the_snapshot_interval_re_discovers_on_a_timer() {
+    let d = Deployment::with_notes()
+        .top("snapshot_interval = \"1s\"\n")
+        .mapping("source-library");
+    let client = d.serve().await;
+    tokio::time::sleep(std::time::Duration::from_millis(2600)).await;
+    client.cancel().await.ok();
+    let taken = d
+        .trace()
+        .iter()
+        .filter(|e| e["kind"] == "snapshot-taken" && e["subject"] == "notes")
+        .count();
+    // discover (approval) + start + at least two ticks.
+    assert!(taken >= 4, "{taken} snapshots");
+    let list = d.airlock_json(&["snapshots", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list:#}");
+    assert!(list[0]["observations"].as_u64().unwrap() >= 4);
+}
+
+/// A revision approved for another manifest does not keep a host serving the old one when
+/// it is retired: the latest revision's state reaches a host that still runs the old
+/// manifest (a static `[[mapping]]`, no reload).
+#[tokio::test]
+async fn retiring_a_later_revision_stops_a_host_running_an_earlier_manifest() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let notices = Notices::default();
+    d.approve_all();
+    let client = d.serve_with(notices.clone()).await;
+    assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
+    let manifest = d.manifests()[0].clone();
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("memory_mib = 64", "memory_mib = 65"),
+    )
+    .unwrap();
+    let config = d.write_config();
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "a",
+    ]);
+    // Approved ahead of deployment: the running (earlier) manifest serves on.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    d.airlock_ok(&["review", "retire", "source-library", "--reviewer", "a"]);
+    assert!(notices.wait_beyond(0, 10).await, "no tools/list_changed");
+    assert!(client.peer().list_all_tools().await.unwrap().is_empty());
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
+    assert!(refused_as_state_changed(&r), "{}", text_of(&r));
+    assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
+    client.cancel().await.ok();
 }

@@ -51,7 +51,8 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
         }));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // A reviewed change: a new local description (a new manifest digest, same pins).
+    // A reviewed change: a new local description (a new manifest digest, same pins),
+    // approved from a staging copy before it is deployed.
     let manifest = d.mapping_dir("source-library").join("mapping.toml");
     let text = std::fs::read_to_string(&manifest).unwrap();
     let changed = text.replace(
@@ -59,6 +60,40 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
         "Search the notes (revised).",
     );
     assert_ne!(text, changed);
+    let staging = d.dir.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::copy(
+        d.mapping_dir("source-library").join("source_library.wasm"),
+        staging.join("source_library.wasm"),
+    )
+    .unwrap();
+    std::fs::write(staging.join("mapping.toml"), &changed).unwrap();
+    let config = d.write_config();
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "alice",
+        "--manifest",
+        staging.join("mapping.toml").to_str().unwrap(),
+    ]);
+    // Approved ahead of deployment: the running revision keeps serving meanwhile.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        client
+            .peer()
+            .list_all_tools()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t
+                .description
+                .as_deref()
+                .is_some_and(|d| d.starts_with("Search the technical notes library.")))
+    );
     let landed = Instant::now();
     replace_file(&manifest, changed.as_bytes());
     let swapped = loop {
@@ -88,16 +123,11 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
     );
     assert_eq!(failed.load(Ordering::SeqCst), 0);
     assert!(ok.load(Ordering::SeqCst) > 10);
-    // The new revision carried the pins over and serves.
+    // The approved revision serves.
     let show = d.airlock_json(&["review", "show", "source-library"]);
     assert_eq!(show["current"]["state"], "active", "{show:#}");
     assert_eq!(show["current"]["revision"], 2);
-    assert!(
-        show["current"]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("pins carried over")
-    );
+    assert_eq!(show["current"]["reviewer"], "alice");
     let r = call(&client, "search_sources", json!({"query": "wal"}))
         .await
         .unwrap();
@@ -216,5 +246,94 @@ async fn a_new_mapping_dropped_into_the_folder_loads_unreviewed_until_approved()
     ]);
     assert!(notices.wait_beyond(seen, 10).await);
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
+    client.cancel().await.ok();
+}
+
+/// A changed manifest dropped in without review (here: another component with a folder
+/// grant and new capability names) is staged: the reviewed revision keeps serving, the
+/// new capabilities are not offered, nothing is recorded as a revision; once a reviewer
+/// approves it, it is swapped in.
+#[tokio::test]
+async fn an_unreviewed_change_is_staged_while_the_reviewed_revision_serves() {
+    let d = Deployment::with_notes().mapping("source-library").watched();
+    let notices = Notices::default();
+    d.approve_all();
+    let client = d.serve_with(notices.clone()).await;
+    let names = |tools: Vec<rmcp::model::Tool>| -> Vec<String> {
+        tools.into_iter().map(|t| t.name.to_string()).collect()
+    };
+    assert_eq!(
+        names(client.peer().list_all_tools().await.unwrap()),
+        ["search_sources", "retrieve_source"]
+    );
+    let secret = d.dir.path().join("secret");
+    std::fs::create_dir_all(&secret).unwrap();
+    std::fs::write(secret.join("key.txt"), "TOP-SECRET").unwrap();
+    let manifest = d.mapping_dir("source-library").join("mapping.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let swapped = text
+        .replace("name = \"search_sources\"", "name = \"search_everything\"")
+        .replace(
+            "[grants]",
+            &format!(
+                "[[grants.filesystem]]\nhost = {:?}\nguest = \"/data\"\naccess = \"read-write\"",
+                secret.display().to_string()
+            ),
+        );
+    replace_file(&manifest, swapped.as_bytes());
+    let event = wait_for_event(&d, "mapping-staged").await;
+    assert_eq!(event["payload"]["serving_revision"], 1);
+    // The reviewed revision still serves; the new names are not offered or callable.
+    assert_eq!(
+        names(client.peer().list_all_tools().await.unwrap()),
+        ["search_sources", "retrieve_source"]
+    );
+    let r = call(&client, "search_everything", json!({"query": "x"})).await;
+    assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    let show = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(
+        show["current"]["revision"], 1,
+        "nothing recorded for the staged manifest"
+    );
+    assert_eq!(show["current"]["state"], "active");
+
+    // A reviewer approves what is in the folder: it is swapped in.
+    let seen = notices.count();
+    let config = d.write_config();
+    d.airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config.to_str().unwrap(),
+        "--reviewer",
+        "alice",
+    ]);
+    assert!(
+        notices.wait_beyond(seen, 10).await,
+        "no tools/list_changed after approval"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = names(client.peer().list_all_tools().await.unwrap());
+        if now == ["retrieve_source", "search_everything"]
+            || now == ["search_everything", "retrieve_source"]
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the approved staged manifest never served: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = call(&client, "search_everything", json!({"query": "wal"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
     client.cancel().await.ok();
 }
