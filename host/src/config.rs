@@ -17,6 +17,8 @@
 //! env = { LANG = "C.UTF-8" }     # the complete environment; default: empty
 //! owner = "platform-team"        # optional; part of the connection's configuration digest
 //! credential_scope = "notes-ro"  # optional reference (never a secret); part of the digest
+//! identity_files = ["lib/server-helpers.js"]  # optional: more files whose contents are
+//!                                # part of the connection's identity (see registry)
 //!
 //! [[mapping]]
 //! manifest = "adapters/source-library/mapping.toml"
@@ -24,7 +26,8 @@
 //! mappings_dir = "mappings"      # optional: a watched folder of mappings, one sub-folder
 //!                                # each holding mapping.toml + its component; hot-reloaded
 //! state_dir = "state"            # optional: the store's folder (default: see default_state_dir)
-//! snapshot_interval = "10m"      # optional: re-discover every connection this often
+//! snapshot_interval = "10m"      # re-discover every connection this often (default 10m;
+//!                                # "off" = only on start and list_changed)
 //!
 //! [secrets]                      # named secrets that mappings' env grants may use
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
@@ -37,6 +40,11 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::upstream::StdioServer;
+
+/// How often a serving host re-discovers each connection when the configuration does not
+/// say (`snapshot_interval`): servers that change without announcing `list_changed` are
+/// caught within this time.
+pub const DEFAULT_SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The command value that means "this airlock executable".
 pub const SELF_COMMAND: &str = "@airlock";
@@ -52,8 +60,8 @@ pub struct ServeConfig {
     pub mappings_dir: Option<PathBuf>,
     /// The store's folder, from the file (`state_dir`); the command line may override it.
     pub state_dir: Option<PathBuf>,
-    /// Re-discover every connection this often (besides start, reconnect and
-    /// `list_changed`); `None` = no interval.
+    /// Re-discover every connection this often (besides start and `list_changed`);
+    /// default [`DEFAULT_SNAPSHOT_INTERVAL`], `None` = off.
     pub snapshot_interval: Option<std::time::Duration>,
     /// Where compiled components are cached; `None` compiles on every start. Set by the
     /// command line (`--cache-dir`), not by the file.
@@ -104,6 +112,8 @@ struct RawConnection {
     env: BTreeMap<String, String>,
     owner: Option<String>,
     credential_scope: Option<String>,
+    #[serde(default)]
+    identity_files: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -175,6 +185,7 @@ impl ServeConfig {
                 env: c.env,
                 owner: c.owner,
                 credential_scope: c.credential_scope,
+                identity_files: c.identity_files.iter().map(|f| base.join(f)).collect(),
             };
             if connections.insert(c.name.clone(), server).is_some() {
                 bail!("connection `{}` is defined twice", c.name);
@@ -197,10 +208,13 @@ impl ServeConfig {
             );
         }
         let snapshot_interval = match raw.snapshot_interval {
-            None => None,
+            None => Some(DEFAULT_SNAPSHOT_INTERVAL),
+            Some(text) if text == "off" => None,
             Some(text) => {
                 let d = humantime::parse_duration(&text).with_context(|| {
-                    format!("snapshot_interval `{text}`: expected a duration such as \"10m\"")
+                    format!(
+                        "snapshot_interval `{text}`: expected a duration such as \"10m\", or \"off\""
+                    )
                 })?;
                 if d < std::time::Duration::from_secs(1) {
                     bail!("snapshot_interval `{text}` is shorter than the minimum of 1s");

@@ -53,6 +53,7 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
             env: BTreeMap::new(),
             owner: None,
             credential_scope: None,
+            identity_files: vec![],
         },
     );
     ServeConfig {

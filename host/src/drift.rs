@@ -802,6 +802,22 @@ fn as_text(value: Option<&Value>) -> String {
     }
 }
 
+/// Invisible, format and bidi-control characters that can make untrusted text look like
+/// something else on a terminal (soft hyphen, zero-width and joiner characters, line and
+/// paragraph separators, bidi embeddings, overrides and isolates, BOM).
+pub fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
+}
+
 /// Untrusted text made safe for one line of a message: control, invisible and bidi-override
 /// characters, backticks and backslashes escaped; clipped to [`SHOWN_CHARS`] characters.
 fn shown(text: &str) -> String {
@@ -815,13 +831,7 @@ fn shown(text: &str) -> String {
             '`' => out.push_str("\\`"),
             '\\' => out.push_str("\\\\"),
             c if c.is_control() => out.extend(c.escape_debug()),
-            '\u{00AD}'
-            | '\u{061C}'
-            | '\u{180E}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{2069}'
-            | '\u{FEFF}' => out.extend(c.escape_unicode()),
+            c if is_invisible(c) => out.extend(c.escape_unicode()),
             c => out.push(c),
         }
     }

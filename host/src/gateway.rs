@@ -91,6 +91,8 @@ pub struct ConnectionState {
     snapshot: ArcSwap<String>,
     /// `list_changed` notifications the current catalogue already covers.
     seen: AtomicU64,
+    /// False after a re-discovery failed, until one succeeds: calls are refused meanwhile.
+    healthy: std::sync::atomic::AtomicBool,
     refresh: tokio::sync::Mutex<()>,
 }
 
@@ -105,9 +107,11 @@ impl ConnectionState {
         self.snapshot.load_full()
     }
 
-    /// True when the server announced a change the current snapshot does not cover.
+    /// True when the server announced a change the current snapshot does not cover, or
+    /// the last re-discovery failed.
     pub fn is_stale(&self) -> bool {
         self.connection.list_changed_count() > self.seen.load(Ordering::Acquire)
+            || !self.healthy.load(Ordering::Acquire)
     }
 }
 
@@ -146,6 +150,9 @@ impl Catalog {
         self.capabilities.iter().find(|c| c.name == name)
     }
 }
+
+/// Shortest time between two background re-discoveries of one connection.
+pub const MIN_REDISCOVERY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long discovery may wait for each list page.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -399,7 +406,9 @@ impl Host {
             .await
             .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
         let catalogue = Registry::catalogue(&revision, raw);
-        let observed = self.registry.record_snapshot(name, &revision, &catalogue)?;
+        let observed = self
+            .registry
+            .record_snapshot(name, &revision, &catalogue, None)?;
         tracing::info!(connection = %name, snapshot = %crate::registry::short(&observed.digest), tools = catalogue.tools.len(), "snapshot taken");
         let state = Arc::new(ConnectionState {
             name: name.to_string(),
@@ -408,6 +417,7 @@ impl Host {
             catalogue: ArcSwap::from_pointee(catalogue),
             snapshot: ArcSwap::from_pointee(observed.digest),
             seen: AtomicU64::new(seen),
+            healthy: std::sync::atomic::AtomicBool::new(true),
             refresh: tokio::sync::Mutex::new(()),
         });
         connections.insert(name.to_string(), state.clone());
@@ -441,7 +451,13 @@ impl Host {
                 };
                 if let Err(e) = h.refresh(&s, forced).await {
                     tracing::warn!(connection = %s.name, "re-discovery failed: {e:#}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                drop(h);
+                if !forced {
+                    // At most one announced re-discovery per interval in the background: a
+                    // server flooding list_changed costs itself, not the store (calls
+                    // still re-check first).
+                    tokio::time::sleep(MIN_REDISCOVERY_INTERVAL).await;
                 }
                 if !conn.is_open() {
                     tracing::warn!(connection = %s.name, "upstream connection closed");
@@ -463,12 +479,14 @@ impl Host {
     ) -> Result<()> {
         let _one = state.refresh.lock().await;
         let target = state.connection.list_changed_count();
-        if !force && target <= state.seen.load(Ordering::Acquire) {
+        if !force && !state.is_stale() {
             return Ok(());
         }
         let raw = match state.connection.discover(DISCOVERY_TIMEOUT).await {
             Ok(raw) => raw,
             Err(e) => {
+                // Until a discovery succeeds, nothing on this connection is current.
+                state.healthy.store(false, Ordering::Release);
                 self.registry.trace(
                     crate::registry::events::SNAPSHOT_FAILED,
                     &state.name,
@@ -478,15 +496,26 @@ impl Host {
             }
         };
         let catalogue = Registry::catalogue(&state.revision, raw);
-        let observed = self
-            .registry
-            .record_snapshot(&state.name, &state.revision, &catalogue)?;
+        let previous = state.snapshot_digest();
+        let observed = match self.registry.record_snapshot(
+            &state.name,
+            &state.revision,
+            &catalogue,
+            Some(previous.as_str()),
+        ) {
+            Ok(o) => o,
+            Err(e) => {
+                state.healthy.store(false, Ordering::Release);
+                return Err(e);
+            }
+        };
         state.catalogue.store(Arc::new(catalogue));
         state.snapshot.store(Arc::new(observed.digest));
         // Mappings are judged before the connection counts as current: a call that finds
         // it current also finds every verdict already applied.
         self.evaluate_connection(state).await;
         state.seen.store(target, Ordering::Release);
+        state.healthy.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -975,15 +1004,26 @@ impl Host {
     /// mapping must still serve under its pins.
     async fn recheck(self: &Arc<Self>, mapping: &ActiveMapping) -> Result<(), Refusal> {
         let state = &mapping.connection;
-        if state.is_stale()
-            && let Err(e) = self.refresh(state, false).await
-        {
-            tracing::warn!(mapping = %mapping.name, "re-check could not re-discover: {e:#}");
-            return Err(Refusal {
-                category: "unavailable",
-                detail: "the upstream connection changed its catalogue and could not be re-checked"
-                    .into(),
-            });
+        if state.is_stale() {
+            // Bounded by the call's own deadline: a slow server cannot hold calls longer.
+            let deadline = Duration::from_millis(mapping.adapter.limits().deadline_ms);
+            let refreshed = tokio::time::timeout(deadline, self.refresh(state, false)).await;
+            let failure = match refreshed {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("{e:#}")),
+                Err(_) => Some(format!(
+                    "re-discovery took longer than the call's {} ms deadline",
+                    deadline.as_millis()
+                )),
+            };
+            if let Some(why) = failure {
+                tracing::warn!(mapping = %mapping.name, "re-check could not re-discover: {why}");
+                return Err(Refusal {
+                    category: "unavailable",
+                    detail: "the upstream connection's catalogue could not be re-checked; try again later"
+                        .into(),
+                });
+            }
         }
         let record = mapping.record();
         if !record.state.serves() {

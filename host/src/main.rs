@@ -461,7 +461,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Tampered>() => ExitCode::from(3),
         Err(e) => {
-            eprintln!("airlock: error: {e:#}");
+            // Error chains can quote a server's words (its stderr, its JSON-RPC errors):
+            // never let them drive the terminal.
+            eprintln!(
+                "airlock: error: {}",
+                airlock::operate::safe_lines(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }

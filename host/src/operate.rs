@@ -33,15 +33,22 @@ pub fn safe(text: &str, max: usize) -> String {
             out.push('…');
             break;
         }
-        if c.is_control()
-            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-        {
+        if c.is_control() || drift::is_invisible(c) {
             let _ = write!(out, "\\u{{{:x}}}", c as u32);
         } else {
             out.push(c);
         }
     }
     out
+}
+
+/// Escapes untrusted text that may span lines (error chains quoting a server's stderr):
+/// keeps newlines, escapes every other control, bidi and invisible format character.
+pub fn safe_lines(text: &str) -> String {
+    text.split('\n')
+        .map(|line| safe(line, usize::MAX))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Formats unix milliseconds as RFC 3339.
@@ -120,7 +127,7 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
         .await
         .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
     let catalogue = Registry::catalogue(&rev, raw);
-    let observed = registry.record_snapshot(name, &rev, &catalogue)?;
+    let observed = registry.record_snapshot(name, &rev, &catalogue, None)?;
     let previous_catalogue = previous
         .as_ref()
         .and_then(|p| serde_json::from_value::<Catalogue>(p.body.clone()).ok());
@@ -257,6 +264,13 @@ impl DiscoverReport {
                     );
                 }
             }
+        }
+        if !self.mappings.is_empty() {
+            let _ = writeln!(
+                o,
+                "to pin exactly this snapshot: airlock review approve MAPPING --config FILE --reviewer NAME --snapshot {}",
+                self.snapshot
+            );
         }
         for m in &self.mappings {
             match (&m.reason, m.would_serve) {

@@ -3,8 +3,11 @@
 //! Rules this module enforces (DESIGN.md §1–§2, §7):
 //! - **A name is not an identity.** Each configured connection gets a locally assigned id
 //!   (`conn-…`). Its configuration revision is the sha256 of the RFC 8785 canonical JSON of
-//!   the transport (command path, the executable's sha256, args, working directory,
-//!   environment variable *names*), the credential scope reference and the owner. A new
+//!   the transport (command path, the executable's sha256, the sha256 of the first
+//!   non-option argument when it names a file — an interpreter's script — and of any
+//!   `identity_files`, args,
+//!   working directory, environment variable names and the sha256 of each value), the
+//!   credential scope reference and the owner. A new
 //!   digest is a new revision; a mapping approved against another revision does not serve.
 //!   The server-reported name and version are observations inside a snapshot, never keys.
 //! - **Discovery grants nothing.** A snapshot records what a connection reported; only a
@@ -85,18 +88,51 @@ pub fn file_sha256(path: &Path) -> Result<String> {
 }
 
 /// The configuration revision of a stdio connection: `(digest, summary)`. The summary is
-/// the canonicalized JSON the digest covers; it holds no environment values.
+/// the canonicalized JSON the digest covers; environment values appear only as sha256.
+/// Not covered (say so in reviews): modules an interpreter loads besides its script unless
+/// listed in `identity_files`, and the executable being swapped between hashing and start.
 ///
 /// # Errors
-/// The executable cannot be read.
+/// The executable, the script or an identity file cannot be read.
 pub fn stdio_identity(server: &StdioServer) -> Result<(String, Value)> {
+    // An interpreter's script is code too: when the first argument that is not an option
+    // names a file (against the working directory), it is hashed with the executable.
+    let script = server
+        .args
+        .iter()
+        .find(|a| !a.starts_with('-'))
+        .map(|a| (a.clone(), server.cwd.join(a)))
+        .filter(|(_, path)| path.is_file());
+    let script = match script {
+        Some((arg, path)) => json!({"arg": arg, "sha256": file_sha256(&path)?}),
+        None => Value::Null,
+    };
+    let mut files = serde_json::Map::new();
+    for f in &server.identity_files {
+        files.insert(f.display().to_string(), Value::String(file_sha256(f)?));
+    }
+    // Values change behaviour as much as names do; the configuration holds them in the
+    // clear already, the digest summary keeps only their hashes.
+    let env: serde_json::Map<String, Value> = server
+        .env
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                Value::String(hex::encode(sha2::Sha256::digest(v.as_bytes()))),
+            )
+        })
+        .collect();
     let summary = json!({
         "transport": "stdio",
         "command": server.command.display().to_string(),
         "command_sha256": file_sha256(&server.command)?,
+        "script": script,
+        "identity_files": files,
         "args": server.args,
         "cwd": server.cwd.display().to_string(),
         "env_names": server.env.keys().collect::<Vec<_>>(),
+        "env_value_sha256": env,
         "credential_scope": server.credential_scope,
         "owner": server.owner,
     });
@@ -249,7 +285,9 @@ impl Registry {
         }
     }
 
-    /// Stores a snapshot (content-addressed) with this observation's time, and traces it.
+    /// Stores a snapshot (content-addressed) with this observation's time, and traces it
+    /// unless its digest equals `previous` (the last snapshot this host took of the
+    /// connection).
     ///
     /// # Errors
     /// The catalogue is malformed (duplicate or missing keys); the store fails.
@@ -258,6 +296,7 @@ impl Registry {
         connection: &str,
         rev: &ConnectionRevision,
         catalogue: &Catalogue,
+        previous: Option<&str>,
     ) -> Result<SnapshotObservation> {
         catalogue
             .validate()
@@ -267,6 +306,11 @@ impl Registry {
         let observed = self
             .store
             .put_snapshot(&digest, &rev.connection_id, rev.revision, &body)?;
+        if previous == Some(digest.as_str()) {
+            // Unchanged since this host's last snapshot: the observation row records it;
+            // the trace records changes, not repetitions.
+            return Ok(observed);
+        }
         self.trace(
             events::SNAPSHOT_TAKEN,
             connection,

@@ -593,6 +593,11 @@ impl LoadedAdapter {
         &self.mapping
     }
 
+    /// The mapping's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The sha256 of the loaded component.
     pub fn component_sha256(&self) -> &str {
         &self.component_sha256

@@ -82,6 +82,9 @@ pub struct StdioServer {
     /// Name of the credential scope the connection runs under (a reference, never a
     /// secret; part of the configuration digest).
     pub credential_scope: Option<String>,
+    /// More files whose contents are part of the connection's identity (the modules an
+    /// interpreter loads besides its script, a configuration file the server reads).
+    pub identity_files: Vec<PathBuf>,
 }
 
 /// Why an upstream request did not produce a result.
@@ -854,6 +857,38 @@ mod tests {
         assert_eq!(scan(r#"{"i\u0064":4}"#), None);
         assert_eq!(scan(r#"{"id":{"nested":1}}"#), None);
         assert_eq!(scan(r#"[{"id":1}]"#), None);
+    }
+
+    #[test]
+    fn list_changed_is_counted_however_it_is_spelled_or_padded() {
+        let tap = Tap::default();
+        let padding = "x".repeat(10_000);
+        for line in [
+            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#.to_string(),
+            r#"{"jsonrpc":"2.0","method":"notifications/tools/list\u005fchanged"}"#.to_string(),
+            format!(
+                r#"{{"jsonrpc":"2.0","params":{{"_meta":{{"pad":"{padding}"}}}},"method":"notifications/prompts/list_changed"}}"#
+            ),
+            r#"{"method":"notifications/resources/list_changed","jsonrpc":"2.0"}"#.to_string(),
+        ] {
+            let before = tap.list_changed.load(Ordering::Acquire);
+            tap.incoming(line.as_bytes());
+            assert_eq!(
+                tap.list_changed.load(Ordering::Acquire),
+                before + 1,
+                "{line:.120}"
+            );
+        }
+        // Not notifications of a change: a request, an answer, another method, garbage.
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"notifications/tools/list_changed"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"result":{"method":"notifications/tools/list_changed"}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"list_changed"}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed""#,
+        ] {
+            tap.incoming(line.as_bytes());
+        }
+        assert_eq!(tap.list_changed.load(Ordering::Acquire), 4);
     }
 
     async fn run_filter(input: &str, limit: usize) -> (String, u64) {

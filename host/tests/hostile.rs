@@ -924,3 +924,27 @@ async fn calls_past_the_concurrency_limit_are_rate_limited() {
     assert!(common::text_of(&spun).starts_with("interrupted"));
     assert_still_serving(&client).await;
 }
+
+/// A call already running when the server announces a catalogue change sends nothing more
+/// upstream: its verdict covered the catalogue as it was when it started.
+#[tokio::test]
+async fn a_running_call_sends_nothing_upstream_after_the_server_announces_a_change() {
+    let d = Deployment::with_notes();
+    let log = d.dir.path().join("calls.jsonl");
+    let d = d
+        .replace_connections(&format!(
+            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}, \"--drift-on-call\", \"description\"]\n",
+            log.display().to_string()
+        ))
+        .mapping("hostile");
+    let client = d.serve().await;
+    let title = outcome(&client, "many-calls 5").await;
+    assert!(title.starts_with("calls ok: 1;"), "{title}");
+    assert!(title.contains("catalogue changed"), "{title}");
+    assert_eq!(
+        d.upstream_tool_calls().len(),
+        1,
+        "nothing was sent after the notification"
+    );
+    client.cancel().await.unwrap();
+}

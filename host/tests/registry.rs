@@ -616,18 +616,19 @@ async fn the_snapshot_interval_re_discovers_on_a_timer() {
         .top("snapshot_interval = \"1s\"\n")
         .mapping("source-library");
     let client = d.serve().await;
-    tokio::time::sleep(std::time::Duration::from_millis(2600)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(3300)).await;
     client.cancel().await.ok();
+    let list = d.airlock_json(&["snapshots", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list:#}");
+    // discover (approval) + start + at least two ticks, one stored body.
+    assert!(list[0]["observations"].as_u64().unwrap() >= 4, "{list:#}");
+    // The trace records changes, not repetitions: one snapshot-taken per process start.
     let taken = d
         .trace()
         .iter()
         .filter(|e| e["kind"] == "snapshot-taken" && e["subject"] == "notes")
         .count();
-    // discover (approval) + start + at least two ticks.
-    assert!(taken >= 4, "{taken} snapshots");
-    let list = d.airlock_json(&["snapshots", "list"]);
-    assert_eq!(list.as_array().unwrap().len(), 1, "{list:#}");
-    assert!(list[0]["observations"].as_u64().unwrap() >= 4);
+    assert_eq!(taken, 2, "discover + serve start");
 }
 
 /// A revision approved for another manifest does not keep a host serving the old one when
@@ -672,4 +673,51 @@ async fn retiring_a_later_revision_stops_a_host_running_an_earlier_manifest() {
     assert!(refused_as_state_changed(&r), "{}", text_of(&r));
     assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
     client.cancel().await.ok();
+}
+
+/// An interpreter's script and the environment's values are part of the connection's
+/// identity: changing either is a new configuration revision, so mappings need review.
+#[test]
+fn an_interpreter_script_or_an_env_value_change_is_a_new_revision() {
+    let d = Deployment::with_notes();
+    let script = d.dir.path().join("notes.sh");
+    let body = format!(
+        "exec {:?} fixture notes-server \"$@\"\n",
+        airlock_bin().display().to_string()
+    );
+    std::fs::write(&script, &body).unwrap();
+    let connection = |value: &str| {
+        format!(
+            "[[connection]]\nname = \"notes\"\ncommand = \"sh\"\nargs = [{:?}]\nenv = {{ MODE = {value:?} }}\n",
+            script.display().to_string()
+        )
+    };
+    let d = d
+        .replace_connections(&connection("a"))
+        .mapping("source-library");
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let first = d.airlock_json(&["discover", "notes", "--config", config]);
+    assert_eq!(first["config_revision"], 1);
+    let same = d.airlock_json(&["discover", "notes", "--config", config]);
+    assert_eq!(same["config_revision"], 1, "nothing changed");
+    std::fs::write(&script, format!("# patched\n{body}")).unwrap();
+    let patched = d.airlock_json(&["discover", "notes", "--config", config]);
+    assert_eq!(patched["config_revision"], 2, "the script changed");
+    let d = d.replace_connections(&connection("b"));
+    let config = d.write_config();
+    let changed = d.airlock_json(&["discover", "notes", "--config", config.to_str().unwrap()]);
+    assert_eq!(
+        changed["config_revision"], 3,
+        "an environment value changed"
+    );
+    let revision = d
+        .trace()
+        .into_iter()
+        .rfind(|e| e["kind"] == "connection-revision")
+        .unwrap();
+    assert!(
+        !revision.to_string().contains("\"b\""),
+        "no env value in the trace"
+    );
 }
