@@ -170,8 +170,11 @@ pub struct Host {
     sessions: std::sync::Mutex<Vec<Peer<RoleServer>>>,
     reload: tokio::sync::Mutex<()>,
     /// Changed manifests waiting for approval while their reviewed revision serves.
-    staged: std::sync::Mutex<BTreeMap<String, (Arc<ActiveMapping>, Vec<Capability>)>>,
+    staged: std::sync::Mutex<BTreeMap<String, LoadedMapping>>,
 }
+
+/// A bound mapping and its capabilities.
+type LoadedMapping = (Arc<ActiveMapping>, Vec<Capability>);
 
 /// The outcome of binding a mapping.
 enum Bound {
@@ -585,7 +588,7 @@ impl Host {
             stage,
         )?;
         let mut record = match registration {
-            crate::registry::Registration::Recorded(record) => record,
+            crate::registry::Registration::Recorded(record) => *record,
             crate::registry::Registration::Staged { reason } => {
                 tracing::warn!(mapping = %name, "changed manifest staged; the reviewed revision keeps serving until this one is approved: {reason}");
                 let staged = MappingRecord {

@@ -163,7 +163,7 @@ impl Pins {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Registration {
     /// The mapping revision that binds this manifest (new or existing).
-    Recorded(MappingRecord),
+    Recorded(Box<MappingRecord>),
     /// The manifest differs from the serving revision and no review covers it: nothing
     /// was recorded; the serving revision keeps serving until a reviewer approves this
     /// manifest.
@@ -370,7 +370,7 @@ impl Registry {
                     && latest.connection_id == rev.connection_id
                     && latest.config_revision == rev.revision =>
             {
-                return Ok(Registration::Recorded(latest.clone()));
+                return Ok(Registration::Recorded(Box::new(latest.clone())));
             }
             Some(latest) => {
                 let reason = if latest.connection_id != rev.connection_id
@@ -446,7 +446,7 @@ impl Registry {
                 "config_revision": record.config_revision,
             }),
         );
-        Ok(Registration::Recorded(record))
+        Ok(Registration::Recorded(Box::new(record)))
     }
 
     /// Decides whether `record` may serve with `tools` (the manifest's upstream tools)
