@@ -795,26 +795,12 @@ impl Host {
                     }
                 };
                 if let Some((staged, caps)) = staged {
-                    let verdict = self.registry.evaluate(
-                        &latest,
+                    let record = self.registry.judge(
+                        latest,
                         &staged.tools,
                         &staged.connection.catalogue(),
-                    );
-                    let mut record = latest;
-                    if let Verdict::Blocked {
-                        reason,
-                        drift,
-                        needs_review: true,
-                    } = verdict
-                        && let Some(new) = self.registry.require_review(
-                            &record,
-                            &reason,
-                            &drift,
-                            &staged.connection.snapshot_digest(),
-                        )?
-                    {
-                        record = new;
-                    }
+                        &staged.connection.snapshot_digest(),
+                    )?;
                     tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "approved staged manifest swapped in");
                     self.registry.trace(
                         crate::registry::events::MAPPING_LOADED,
@@ -852,24 +838,12 @@ impl Host {
                 changed |= was != mapping.serves();
                 continue;
             }
-            let verdict =
-                self.registry
-                    .evaluate(&latest, &mapping.tools, &mapping.connection.catalogue());
-            let mut record = latest;
-            if let Verdict::Blocked {
-                reason,
-                drift,
-                needs_review: true,
-            } = verdict
-                && let Some(new) = self.registry.require_review(
-                    &record,
-                    &reason,
-                    &drift,
-                    &mapping.connection.snapshot_digest(),
-                )?
-            {
-                record = new;
-            }
+            let record = self.registry.judge(
+                latest,
+                &mapping.tools,
+                &mapping.connection.catalogue(),
+                &mapping.connection.snapshot_digest(),
+            )?;
             tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "mapping record changed in the store");
             mapping.record.store(Arc::new(record));
             changed |= was != mapping.serves();

@@ -549,6 +549,31 @@ impl Registry {
         }
     }
 
+    /// Judges `record` against `current` (see [`Registry::evaluate`]) and, when its pins
+    /// broke or its configuration changed, records the move to `review-required`. Returns
+    /// the record as it stands afterwards.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub fn judge(
+        &self,
+        record: MappingRecord,
+        tools: &[String],
+        current: &Catalogue,
+        snapshot: &str,
+    ) -> Result<MappingRecord> {
+        if let Verdict::Blocked {
+            reason,
+            drift,
+            needs_review: true,
+        } = self.evaluate(&record, tools, current)
+            && let Some(new) = self.require_review(&record, &reason, &drift, snapshot)?
+        {
+            return Ok(new);
+        }
+        Ok(record)
+    }
+
     /// Moves a serving mapping to `review-required` because of `verdict`, tracing the drift
     /// and the state change. Returns the new record, or `None` when it no longer served.
     ///

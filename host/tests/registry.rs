@@ -166,15 +166,7 @@ async fn drift_seen_at_start_requires_review_and_a_new_approval_restores_service
         "{discovered:#}"
     );
     // A reviewer approves the new catalogue: a new revision that serves.
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
-        "bob",
-    ]);
+    d.approve("source-library", "bob", &[]);
     let client = d.serve_unreviewed().await;
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
     let r = call(&client, "search_sources", json!({"query": "wal"}))
@@ -228,15 +220,7 @@ async fn a_server_with_the_same_display_name_inherits_nothing() {
     );
     assert_ne!(notes["connection_id"], twin["connection_id"]);
     assert_ne!(notes["snapshot"], twin["snapshot"]);
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
+    d.approve("source-library", "alice", &[]);
 
     // The twin's mapping cannot borrow the other connection's snapshot...
     let out = d.airlock(&[
@@ -333,16 +317,7 @@ async fn approval_and_retirement_reach_a_running_host() {
     assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");
     assert!(d.upstream_tool_calls().is_empty());
 
-    let config = d.write_config();
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
-        "alice",
-    ]);
+    d.approve("source-library", "alice", &[]);
     assert!(
         notices.wait_beyond(0, 10).await,
         "no tools/list_changed after approval"
@@ -559,16 +534,7 @@ fn grants_shows_pins_effect_class_and_changes_since_a_revision() {
         text.replace("memory_mib = 64", "memory_mib = 96"),
     )
     .unwrap();
-    let config = d.write_config();
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
-        "bob",
-    ]);
+    d.approve("source-library", "bob", &[]);
     let m = manifest.to_str().unwrap();
     let out = d.airlock_ok(&["grants", m, "--diff", "1"]);
     assert!(out.contains("6. Registry"), "{out}");
@@ -648,16 +614,7 @@ async fn retiring_a_later_revision_stops_a_host_running_an_earlier_manifest() {
         text.replace("memory_mib = 64", "memory_mib = 65"),
     )
     .unwrap();
-    let config = d.write_config();
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
-        "a",
-    ]);
+    d.approve("source-library", "a", &[]);
     // Approved ahead of deployment: the running (earlier) manifest serves on.
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     let r = call(&client, "search_sources", json!({"query": "wal"}))

@@ -68,18 +68,11 @@ async fn a_changed_mapping_swaps_in_while_clients_call_with_zero_failed_calls() 
     )
     .unwrap();
     std::fs::write(staging.join("mapping.toml"), &changed).unwrap();
-    let config = d.write_config();
-    d.airlock_ok(&[
-        "review",
-        "approve",
+    d.approve(
         "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
         "alice",
-        "--manifest",
-        staging.join("mapping.toml").to_str().unwrap(),
-    ]);
+        &["--manifest", staging.join("mapping.toml").to_str().unwrap()],
+    );
     // Approved ahead of deployment: the running revision keeps serving meanwhile.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
@@ -235,15 +228,7 @@ async fn a_new_mapping_dropped_into_the_folder_loads_unreviewed_until_approved()
     let config = d.write_config();
     d.airlock_ok(&["discover", "notes", "--config", config.to_str().unwrap()]);
     let seen = notices.count();
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
-        "alice",
-    ]);
+    d.approve("source-library", "alice", &[]);
     assert!(notices.wait_beyond(seen, 10).await);
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
     client.cancel().await.ok();
@@ -303,16 +288,7 @@ async fn an_unreviewed_change_is_staged_while_the_reviewed_revision_serves() {
 
     // A reviewer approves what is in the folder: it is swapped in.
     let seen = notices.count();
-    let config = d.write_config();
-    d.airlock_ok(&[
-        "review",
-        "approve",
-        "source-library",
-        "--config",
-        config.to_str().unwrap(),
-        "--reviewer",
-        "alice",
-    ]);
+    d.approve("source-library", "alice", &[]);
     assert!(
         notices.wait_beyond(seen, 10).await,
         "no tools/list_changed after approval"

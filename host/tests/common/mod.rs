@@ -156,6 +156,23 @@ impl Deployment {
         }
     }
 
+    /// `airlock review approve MAPPING --reviewer REVIEWER` on this deployment's
+    /// configuration, with `extra` arguments; asserts success.
+    pub fn approve(&self, mapping: &str, reviewer: &str, extra: &[&str]) -> String {
+        let config = self.write_config();
+        let mut args = vec![
+            "review",
+            "approve",
+            mapping,
+            "--config",
+            config.to_str().unwrap(),
+            "--reviewer",
+            reviewer,
+        ];
+        args.extend_from_slice(extra);
+        self.airlock_ok(&args)
+    }
+
     /// The trace events (all of them), parsed.
     pub fn trace(&self) -> Vec<Value> {
         self.airlock_ok(&["trace", "list", "--limit", "100000", "--json"])
