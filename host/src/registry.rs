@@ -139,12 +139,28 @@ pub fn stdio_identity(server: &StdioServer) -> Result<(String, Value)> {
     Ok((drift::canonical_digest(&summary), summary))
 }
 
-/// What a mapping revision pins: per upstream tool, the digests the reviewer approved.
+/// What a mapping revision pins: per upstream tool, the digests the reviewer approved, and
+/// the configuration digest and server name of the snapshot they came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pins {
     /// Upstream tool name → digests.
     pub tools: BTreeMap<String, ItemDigests>,
+    /// The connection configuration digest the snapshot was taken under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_digest: Option<String>,
+    /// The server's reported name in that snapshot (an observation; a change is drift).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+}
+
+/// The server's reported name in a catalogue (`""` when absent).
+fn server_name(c: &Catalogue) -> String {
+    c.server_info
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
 }
 
 impl Pins {
@@ -406,7 +422,11 @@ impl Registry {
                     return Ok(Registration::Staged { reason });
                 }
                 let old = Pins::from_value(&latest.pins);
-                let mut pins = Pins::default();
+                let mut pins = Pins {
+                    config_digest: old.config_digest.clone(),
+                    server_name: old.server_name.clone(),
+                    ..Pins::default()
+                };
                 for tool in &manifest.upstream.tools {
                     if let Some(d) = old.tools.get(tool) {
                         pins.tools.insert(tool.clone(), d.clone());
@@ -474,11 +494,6 @@ impl Registry {
                 needs_review: true,
             };
         }
-        let pinned_snapshot = record
-            .snapshot_digest
-            .as_deref()
-            .and_then(|d| self.store.snapshot(d).ok().flatten())
-            .and_then(|s| serde_json::from_value::<Catalogue>(s.body).ok());
         let pins = Pins::from_value(&record.pins);
         let mut broken = Vec::new();
         for tool in tools {
@@ -488,6 +503,19 @@ impl Registry {
                 _ => broken.push(tool.clone()),
             }
         }
+        // Fast path: every pin matches, on the same configuration and the same server
+        // name. The pinned snapshot is read (and diffed) only to explain a mismatch.
+        if broken.is_empty()
+            && pins.config_digest.as_deref() == Some(current.config_digest.as_str())
+            && pins.server_name.as_deref() == Some(server_name(current).as_str())
+        {
+            return Verdict::Serves;
+        }
+        let pinned_snapshot = record
+            .snapshot_digest
+            .as_deref()
+            .and_then(|d| self.store.snapshot(d).ok().flatten())
+            .and_then(|s| serde_json::from_value::<Catalogue>(s.body).ok());
         let mut found = match &pinned_snapshot {
             Some(old) => drift::diff_tools(old, current, tools)
                 .into_iter()
@@ -496,13 +524,7 @@ impl Registry {
             None => vec![],
         };
         if let Some(old) = &pinned_snapshot {
-            let name = |c: &Catalogue| {
-                c.server_info
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            };
+            let name = server_name;
             if name(old) != name(current) {
                 found.push(Drift {
                     item: ItemKind::Server,
@@ -657,7 +679,11 @@ impl Registry {
         }
         let catalogue: Catalogue = serde_json::from_value(snapshot.body.clone())
             .context("the stored snapshot does not parse")?;
-        let mut pins = Pins::default();
+        let mut pins = Pins {
+            config_digest: Some(catalogue.config_digest.clone()),
+            server_name: Some(server_name(&catalogue)),
+            ..Pins::default()
+        };
         let mut missing = Vec::new();
         for tool in tools {
             match catalogue.tool(tool) {

@@ -22,7 +22,8 @@ use anyhow::{Context as _, Result};
 
 use crate::gateway::{Host, mapping_dir_manifests};
 
-/// How long the mappings folder must be quiet before a reload reads it.
+/// How long the mappings folder must be quiet before a reload reads it (own debounce over
+/// notify's raw events, which lets reads be told apart from changes).
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 /// How often the host re-reads mapping records from the store.
 pub const STORE_POLL: Duration = Duration::from_millis(200);
@@ -54,26 +55,31 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
 /// # Errors
 /// The folder cannot be watched.
 pub fn watch_mappings(host: &Arc<Host>, dir: PathBuf) -> Result<()> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut debouncer = notify_debouncer_mini::new_debouncer(DEBOUNCE, move |events| {
-        let _ = tx.send(events);
+    use notify::Watcher as _;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match event {
+            // Reads are not changes: the reload's own reads of the folder must not start
+            // another reload.
+            Ok(e) if !changes_content(&e.kind) => {}
+            Ok(_) => {
+                let _ = tx.send(());
+            }
+            Err(e) => tracing::warn!("mappings folder watcher: {e}"),
+        }
     })
     .context("starting the mappings folder watcher")?;
-    debouncer
-        .watcher()
+    watcher
         .watch(&dir, notify::RecursiveMode::Recursive)
         .with_context(|| format!("watching the mappings folder {}", dir.display()))?;
     tracing::info!(folder = %dir.display(), "watching the mappings folder for reviewed mappings");
     let weak = Arc::downgrade(host);
     tokio::spawn(async move {
-        // The debouncer stops when dropped; it lives as long as this task.
-        let _debouncer = debouncer;
-        while let Some(events) = rx.recv().await {
-            if let Err(errors) = events {
-                tracing::warn!("mappings folder watcher: {errors:?}");
-            }
-            // Coalesce whatever else already arrived.
-            while rx.try_recv().is_ok() {}
+        // The watcher stops when dropped; it lives as long as this task.
+        let _watcher = watcher;
+        while rx.recv().await.is_some() {
+            // Debounce: wait until the folder has been quiet for DEBOUNCE.
+            while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
             let Some(host) = weak.upgrade() else { return };
             reconcile(&host, &dir).await;
         }
@@ -81,9 +87,22 @@ pub fn watch_mappings(host: &Arc<Host>, dir: PathBuf) -> Result<()> {
     Ok(())
 }
 
+/// Whether a filesystem event can change what a mapping folder holds (creations, writes,
+/// renames, removals, permission changes), as opposed to reads and access-time updates.
+fn changes_content(kind: &notify::EventKind) -> bool {
+    use notify::EventKind;
+    use notify::event::{MetadataKind, ModifyKind};
+    match kind {
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
+        _ => true,
+    }
+}
+
 /// Makes the host's mappings from `dir` match the folder: loads new and changed ones,
 /// unloads removed ones. Failures are logged and traced; they never unload what serves.
 pub async fn reconcile(host: &Arc<Host>, dir: &Path) {
+    tracing::debug!(folder = %dir.display(), "reconciling the mappings folder");
     let manifests = match mapping_dir_manifests(dir) {
         Ok(m) => m,
         Err(e) => {

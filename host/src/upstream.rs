@@ -309,6 +309,9 @@ pub struct RawDiscovery {
     pub prompts: Vec<Value>,
 }
 
+/// Largest message accepted while discovery runs (bytes): a whole page of tools/list.
+pub const DISCOVERY_MESSAGE_BYTES: usize = crate::manifest::MAX_OUTPUT_BYTES as usize;
+
 /// Most pages one list may span, and most items one discovery keeps per list.
 pub const MAX_DISCOVERY_PAGES: usize = 1000;
 /// See [`MAX_DISCOVERY_PAGES`].
@@ -684,6 +687,12 @@ async fn filter_messages(
         };
         let used = chunk.len();
         let limit = limit.load(Ordering::Acquire);
+        // Discovery answers (a full tools/list page) may be larger than any tool result a
+        // mapping accepts; while discovery runs, the ceiling applies instead.
+        let limit = match &tap {
+            Some(tap) if tap.armed.load(Ordering::Acquire) => limit.max(DISCOVERY_MESSAGE_BYTES),
+            _ => limit,
+        };
         match scanner.as_mut() {
             Some(scan) => scan.feed(chunk),
             None if line.len() + used > limit.saturating_add(1) => {

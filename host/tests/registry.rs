@@ -678,3 +678,29 @@ fn an_interpreter_script_or_an_env_value_change_is_a_new_revision() {
         "no env value in the trace"
     );
 }
+
+/// A 500-tool catalogue in one page (about 400 KiB) is discovered even though the mapping
+/// accepts at most 256 KiB per tool result: discovery has its own ceiling, and the pins of
+/// the two tools the mapping uses are checked without reading the whole catalogue again.
+#[tokio::test]
+async fn a_large_catalogue_in_one_page_is_discovered_and_served() {
+    let d = Deployment::with_notes();
+    let log = d.dir.path().join("calls.jsonl");
+    let d = d
+        .replace_connections(&format!(
+            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--extra-tools\", \"497\", \"--call-log\", {:?}]\n",
+            log.display().to_string()
+        ))
+        .mapping("source-library");
+    let client = d.serve().await;
+    assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
+    let r = call(&client, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.ok();
+    let list = d.airlock_json(&["snapshots", "list"]);
+    let digest = list[0]["digest"].as_str().unwrap();
+    let raw = d.airlock_json(&["snapshots", "show", digest]);
+    assert_eq!(raw["body"]["tools"].as_array().unwrap().len(), 500);
+}
