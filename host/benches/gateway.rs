@@ -5,16 +5,29 @@
 //!    source-library component → the same server, `retrieve_source`), in one run.
 //! 2. Per-call instantiation of the adapter from its cached `InstancePre`.
 //! 3. Component cold load: pin check, compile, link, `InstancePre`.
+//! 4. Hot swap of a watched mapping under concurrent callers: from the rename of a changed
+//!    manifest to the moment the host's catalog offers the new revision, and the calls that
+//!    failed meanwhile.
+//! 5. Snapshot and diff of a 500-tool server: discovery, catalogue + digests, drift diff,
+//!    and the store write.
 //!
 //! Prints p50 / p99 / mean per measurement and the added latency and ratio.
-//! `AIRLOCK_BENCH_ITERS` sets the sample count (default 2000).
+//! `AIRLOCK_BENCH_ITERS` sets the sample count (default 2000); `AIRLOCK_BENCH_SWAPS` the
+//! number of hot swaps per variant (default 20); `AIRLOCK_BENCH_SNAPSHOTS` the number of
+//! discoveries of the 500-tool server (default 20). `AIRLOCK_BENCH_LOG` is the log filter
+//! of the `airlock serve` child and, when set, of the in-process host (to stderr).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use airlock::gateway::{Host, MappingSource};
+use airlock::drift::{self, Catalogue};
+use airlock::gateway::{DISCOVERY_TIMEOUT, Host, MappingSource};
+use airlock::registry::Registry;
 use airlock::runtime::{Allocator, Runtime, UpstreamGrant};
+use airlock::store::SqliteStore;
+use airlock::upstream::{Connection, StdioServer};
 use rmcp::ServiceExt as _;
 use rmcp::model::{CallToolRequestParams, JsonObject};
 use rmcp::service::{RoleClient, RunningService};
@@ -25,6 +38,8 @@ struct Stats {
     p50: Duration,
     p99: Duration,
     mean: Duration,
+    min: Duration,
+    max: Duration,
     n: usize,
 }
 
@@ -35,6 +50,8 @@ fn stats(mut samples: Vec<Duration>) -> Stats {
         p50: samples[n / 2],
         p99: samples[(n * 99 / 100).min(n - 1)],
         mean: samples.iter().sum::<Duration>() / n as u32,
+        min: samples[0],
+        max: samples[n - 1],
         n,
     }
 }
@@ -93,6 +110,13 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let warmup = (iters / 10).max(20);
+    // In-process sections (4, 5) log to stderr under the same filter as `airlock serve`.
+    if let Ok(filter) = std::env::var("AIRLOCK_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let bundle = Path::new(airlock::ADAPTER_BUNDLE).join("source-library");
     println!(
         "airlock benchmarks ({} build, {iters} samples each)\n",
@@ -117,11 +141,41 @@ async fn main() {
         ),
     )
     .unwrap();
+    // Own store, reviewed first: an unreviewed mapping is loaded but not offered.
+    let state_dir = dir.path().join("state");
+    let airlock_ok = |args: &[&str]| {
+        let out = std::process::Command::new(airlock_bin())
+            .env("AIRLOCK_STATE_DIR", &state_dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "airlock {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let config_arg = config.to_str().unwrap();
+    airlock_ok(&["discover", "notes", "--config", config_arg]);
+    airlock_ok(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config_arg,
+        "--reviewer",
+        "bench",
+    ]);
     let mut cmd = tokio::process::Command::new(airlock_bin());
-    cmd.arg("serve").arg("--config").arg(&config).env(
-        "AIRLOCK_LOG",
-        std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-    );
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("AIRLOCK_STATE_DIR", &state_dir)
+        .env("AIRLOCK_CACHE_DIR", dir.path().join("compiled"))
+        .env(
+            "AIRLOCK_LOG",
+            std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     let gateway = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let mut params = CallToolRequestParams::new("search_sources");
     params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));
@@ -275,6 +329,382 @@ async fn main() {
         ),
         &stats(samples),
     );
+
+    // 4. Hot swap under concurrent callers.
+    let swaps: usize = env_count("AIRLOCK_BENCH_SWAPS", 20);
+    let callers = 4;
+    println!(
+        "\nhot swap of a watched mapping ({swaps} swaps per variant, {callers} concurrent callers of search_sources)"
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let cached = Some(cache.path().join("compiled"));
+    let variants: [(&str, Option<PathBuf>, bool, usize); 4] = [
+        (
+            "watched folder, compiled cache (as airlock serve)",
+            cached.clone(),
+            true,
+            0,
+        ),
+        ("watched folder, no compiled cache", None, true, 0),
+        (
+            "Host::load_mapping_file called directly (no watcher), compiled cache",
+            cached.clone(),
+            false,
+            0,
+        ),
+        (
+            "same, the connection's server lists 500 tools (paged by 50)",
+            cached.clone(),
+            false,
+            497,
+        ),
+    ];
+    for (name, cache_dir, watched, extra_tools) in variants {
+        let run = hot_swap(cache_dir, watched, extra_tools, swaps, callers).await;
+        println!("{name}");
+        print_ms("  rename → offered", &run.swaps);
+        println!(
+            "{:<48} {} ok, {} failed; mapping at revision {} ({})",
+            "  calls during the swaps", run.ok, run.failed, run.revision, run.state
+        );
+        let (kib, cpu) = run.idle;
+        println!(
+            "{:<48} {kib:.0} KiB/s read, {cpu:.1} ms CPU per s (whole bench process)",
+            "  then idle 2 s (no change, no calls)"
+        );
+    }
+    // Two pieces of the reload work, measured alone.
+    println!("pieces of the reload work, alone");
+    let cached = Runtime::with_cache(Some(&cache.path().join("compiled"))).unwrap();
+    let (mut read, mut load) = (Vec::new(), Vec::new());
+    for _ in 0..swaps {
+        let start = Instant::now();
+        let s = MappingSource::from_file(&bundle.join("mapping.toml")).unwrap();
+        read.push(start.elapsed());
+        std::hint::black_box(s);
+        let start = Instant::now();
+        cached
+            .load(&source.manifest, &source.component, &contract)
+            .unwrap();
+        load.push(start.elapsed());
+    }
+    print_ms("  read manifest + component (MappingSource)", &stats(read));
+    print_ms("  Runtime::load from the compiled cache", &stats(load));
+
+    // 5. Snapshot and diff of a 500-tool server.
+    snapshot_and_diff(env_count("AIRLOCK_BENCH_SNAPSHOTS", 20)).await;
+}
+
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn print_ms(name: &str, s: &Stats) {
+    println!(
+        "{name:<48} n={:<6} p50 {:>9.2} ms   p99 {:>9.2} ms   min {:>8.2} ms   max {:>8.2} ms",
+        s.n,
+        ms(s.p50),
+        ms(s.p99),
+        ms(s.min),
+        ms(s.max)
+    );
+}
+
+/// The description of `search_sources` in the bundled manifest, which each swap replaces.
+const SEARCH_DESCRIPTION: &str = "Search the technical notes library.";
+
+struct SwapRun {
+    swaps: Stats,
+    ok: usize,
+    failed: usize,
+    revision: i64,
+    state: String,
+    /// Bytes read (KiB/s) and CPU time (ms/s) of this process afterwards, while nothing
+    /// changes and nobody calls.
+    idle: (f64, f64),
+}
+
+/// Starts a host on a mappings folder holding a copy of the bundled `source-library`,
+/// approves it, starts `callers` sessions calling `search_sources` in a loop, then `swaps`
+/// times rewrites the manifest with a new capability description (write beside, rename
+/// over) and measures from the rename until the host's catalog offers the new description
+/// (polled every 1 ms). With `watched`, the folder watcher picks the change up; without,
+/// the bench calls `Host::load_mapping_file` itself right after the rename. The notes
+/// server lists `extra_tools` synthetic tools besides its own three.
+async fn hot_swap(
+    cache_dir: Option<PathBuf>,
+    watched: bool,
+    extra_tools: usize,
+    swaps: usize,
+    callers: usize,
+) -> SwapRun {
+    let dir = tempfile::tempdir().unwrap();
+    let mappings = dir.path().join("mappings");
+    let folder = mappings.join("source-library");
+    std::fs::create_dir_all(&folder).unwrap();
+    let bundle = Path::new(airlock::ADAPTER_BUNDLE).join("source-library");
+    for entry in std::fs::read_dir(&bundle).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), folder.join(entry.file_name())).unwrap();
+        }
+    }
+    let manifest = folder.join("mapping.toml");
+    let original = std::fs::read_to_string(&manifest).unwrap();
+    assert!(original.contains(SEARCH_DESCRIPTION));
+    let mut config = airlock::demo::notes_config(airlock_bin());
+    config.mappings_dir = Some(mappings.clone());
+    config.state_dir = Some(dir.path().join("state"));
+    config.cache_dir = cache_dir;
+    if extra_tools > 0 {
+        let notes = config.connections.get_mut("notes").unwrap();
+        // Paged: one 500-tool page (412 KiB) exceeds the mapping's 256 KiB output budget,
+        // which also bounds the connection's discovery messages.
+        let extra = extra_tools.to_string();
+        notes
+            .args
+            .extend(["--extra-tools", &extra, "--page-size", "50"].map(String::from));
+    }
+    let host = Host::start(&config).await.unwrap();
+    airlock::demo::approve_all(&host, "bench").await.unwrap();
+    assert_eq!(
+        host.catalog().offered().count(),
+        2,
+        "the mapping does not serve"
+    );
+    if watched {
+        airlock::reload::watch_mappings(&host, mappings.clone()).unwrap();
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut workers = Vec::new();
+    for _ in 0..callers {
+        let gateway = host.session();
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let arguments = args(json!({"query": "checkpoint", "limit": 3}));
+                match gateway.call("search_sources", Some(arguments)).await {
+                    Ok(r) if r.is_error != Some(true) => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (ok0, failed0) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+
+    let incoming = manifest.with_extension("incoming");
+    let mut samples = Vec::with_capacity(swaps);
+    for k in 1..=swaps {
+        let description = format!("Search the technical notes library (bench revision {k}).");
+        let text = original.replace(SEARCH_DESCRIPTION, &description);
+        std::fs::write(&incoming, &text).unwrap();
+        let start = Instant::now();
+        std::fs::rename(&incoming, &manifest).unwrap();
+        if !watched {
+            host.load_mapping_file(&manifest).await.unwrap();
+        }
+        loop {
+            if host
+                .catalog()
+                .offered()
+                .any(|c| c.description.starts_with(&description))
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "revision {k} was never offered"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        samples.push(start.elapsed());
+        // Let the debouncer's trailing batch pass before the next change; the uneven gap
+        // keeps the changes from falling into step with any periodic work of the host.
+        let gap = 200 + (k as u64 * 37) % 53;
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+    }
+
+    let (ok1, failed1) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    // Then idle: no change, no calls. What the process still reads and burns.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (read0, cpu0, t0) = (read_bytes(), cpu_time(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let idle = (
+        (read_bytes() - read0) as f64 / 1024.0 / secs,
+        ms(cpu_time() - cpu0) / secs,
+    );
+    let record = host.catalog().mappings["source-library"].record();
+    SwapRun {
+        swaps: stats(samples),
+        ok: ok1 - ok0,
+        failed: failed1 - failed0,
+        revision: record.revision,
+        state: record.state.to_string(),
+        idle,
+    }
+}
+
+/// Bytes this process has read through read(2) and friends (Linux /proc).
+fn read_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU time of this process, all threads.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes one rusage into the zeroed value we pass.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Discovery, catalogue digests, drift diff and the store write for the notes fixture
+/// server with 497 synthetic tools (500 in all), `n` samples each.
+async fn snapshot_and_diff(n: usize) {
+    println!("\nsnapshot and diff of a 500-tool server ({n} samples each)");
+    let base = airlock::demo::notes_config(airlock_bin()).connections["notes"].clone();
+    let server = |extra: &[&str]| -> StdioServer {
+        let mut s = base.clone();
+        s.args.extend(
+            ["--extra-tools", "497"]
+                .iter()
+                .chain(extra)
+                .map(|a| a.to_string()),
+        );
+        s
+    };
+    let (plain, drifted, paged) = (
+        server(&[]),
+        server(&["--drift", "schema"]),
+        server(&["--page-size", "50"]),
+    );
+    let budget = 64 << 20;
+    let state = tempfile::tempdir().unwrap();
+    let registry = Registry::new(Arc::new(SqliteStore::open(state.path()).unwrap()));
+
+    let rev_d = registry.identify("notes", &drifted).unwrap();
+    let conn_d = Connection::start_stdio("notes", &drifted, budget)
+        .await
+        .unwrap();
+    let drifted_catalogue =
+        Registry::catalogue(&rev_d, conn_d.discover(DISCOVERY_TIMEOUT).await.unwrap());
+
+    let rev = registry.identify("notes", &plain).unwrap();
+    let conn = Connection::start_stdio("notes", &plain, budget)
+        .await
+        .unwrap();
+    let first = Registry::catalogue(&rev, conn.discover(DISCOVERY_TIMEOUT).await.unwrap());
+    assert_eq!(first.tools.len(), 500);
+    let tools_bytes = serde_json::to_vec(&first.tools).unwrap().len();
+
+    let (mut discover, mut digests, mut diffs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut whole, mut items_only) = (Vec::new(), Vec::new());
+    let mut drifts = Vec::new();
+    for _ in 0..n {
+        let start = Instant::now();
+        let raw = conn.discover(DISCOVERY_TIMEOUT).await.unwrap();
+        discover.push(start.elapsed());
+        let start = Instant::now();
+        let catalogue = Registry::catalogue(&rev, raw);
+        let digest = catalogue.digest();
+        let built = start.elapsed();
+        let items: Vec<_> = catalogue.tools.iter().map(drift::item_digests).collect();
+        let total = start.elapsed();
+        digests.push(total);
+        whole.push(built);
+        items_only.push(total - built);
+        assert_eq!(digest, first.digest(), "the fixture's catalogue is stable");
+        std::hint::black_box(items);
+        let start = Instant::now();
+        drifts = drift::diff(&catalogue, &drifted_catalogue);
+        diffs.push(start.elapsed());
+    }
+    drop(conn);
+
+    let rev_p = registry.identify("notes", &paged).unwrap();
+    let conn_p = Connection::start_stdio("notes", &paged, budget)
+        .await
+        .unwrap();
+    let mut paged_discover = Vec::new();
+    for i in 0..=n {
+        let start = Instant::now();
+        let raw = conn_p.discover(DISCOVERY_TIMEOUT).await.unwrap();
+        if i > 0 {
+            paged_discover.push(start.elapsed());
+        }
+        assert_eq!(raw.tools.len(), 500);
+    }
+    std::hint::black_box(rev_p);
+
+    // Store writes: a new snapshot into a fresh store, then the same snapshot again
+    // (already stored: one more observation).
+    let (mut new_write, mut repeat_write) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new(Arc::new(SqliteStore::open(dir.path()).unwrap()));
+        let rev = registry.identify("notes", &plain).unwrap();
+        let catalogue = Catalogue {
+            connection_id: rev.connection_id.clone(),
+            config_digest: rev.config_digest.clone(),
+            ..first.clone()
+        };
+        let start = Instant::now();
+        let observed = registry.record_snapshot("notes", &rev, &catalogue).unwrap();
+        new_write.push(start.elapsed());
+        assert!(observed.new);
+        let start = Instant::now();
+        let again = registry.record_snapshot("notes", &rev, &catalogue).unwrap();
+        repeat_write.push(start.elapsed());
+        assert!(!again.new);
+    }
+
+    print_ms(
+        &format!(
+            "discover() 500 tools, one page ({} KiB)",
+            tools_bytes / 1024
+        ),
+        &stats(discover),
+    );
+    print_ms(
+        "discover() 500 tools, --page-size 50 (10 pages)",
+        &stats(paged_discover),
+    );
+    print_ms("Catalogue + digest() + 500 item_digests", &stats(digests));
+    print_ms("  of which Catalogue + digest()", &stats(whole));
+    print_ms("  of which 500 item_digests", &stats(items_only));
+    print_ms("drift::diff(plain, --drift schema)", &stats(diffs));
+    print_ms(
+        "record_snapshot, new (fresh SqliteStore)",
+        &stats(new_write),
+    );
+    print_ms("record_snapshot, already stored", &stats(repeat_write));
+    println!("  {} drift entries:", drifts.len());
+    for d in &drifts {
+        println!("    {d}");
+    }
 }
 
 /// Resident set size of this process, in KiB (Linux /proc).
