@@ -432,6 +432,33 @@ struct SwapRun {
     idle: (f64, f64),
 }
 
+/// Records an approval of `source-library` with manifest `text` against the connection's
+/// current snapshot.
+fn approve_text(host: &Host, text: &str) {
+    let mapping = host.catalog().mappings["source-library"].clone();
+    let state = &mapping.connection;
+    let snapshot = host
+        .registry()
+        .store()
+        .snapshot(&state.snapshot_digest())
+        .unwrap()
+        .unwrap();
+    host.registry()
+        .approve_tools(
+            &airlock::registry::MappingIdentity {
+                name: "source-library",
+                tools: &mapping.tools,
+                manifest_digest: &airlock::registry::manifest_digest(text),
+                manifest_text: Some(text),
+                component_sha256: mapping.adapter.component_sha256(),
+            },
+            &state.revision,
+            &snapshot,
+            "bench",
+        )
+        .unwrap();
+}
+
 /// Starts a host on a mappings folder holding a copy of the bundled `source-library`,
 /// approves it, starts `callers` sessions calling `search_sources` in a loop, then `swaps`
 /// times rewrites the manifest with a new capability description (write beside, rename
@@ -466,8 +493,7 @@ async fn hot_swap(
     config.cache_dir = cache_dir;
     if extra_tools > 0 {
         let notes = config.connections.get_mut("notes").unwrap();
-        // Paged: one 500-tool page (412 KiB) exceeds the mapping's 256 KiB output budget,
-        // which also bounds the connection's discovery messages.
+        // Paged by 50, as large servers commonly do (one 412 KiB page works too).
         let extra = extra_tools.to_string();
         notes
             .args
@@ -509,6 +535,9 @@ async fn hot_swap(
         let description = format!("Search the technical notes library (bench revision {k}).");
         let text = original.replace(SEARCH_DESCRIPTION, &description);
         std::fs::write(&incoming, &text).unwrap();
+        // Reviewed ahead of deployment (as `airlock review approve --manifest` does): a
+        // revision binds one exact manifest, so an unapproved one would only be staged.
+        approve_text(&host, &text);
         let start = Instant::now();
         std::fs::rename(&incoming, &manifest).unwrap();
         if !watched {
@@ -672,11 +701,15 @@ async fn snapshot_and_diff(n: usize) {
             ..first.clone()
         };
         let start = Instant::now();
-        let observed = registry.record_snapshot("notes", &rev, &catalogue).unwrap();
+        let observed = registry
+            .record_snapshot("notes", &rev, &catalogue, None)
+            .unwrap();
         new_write.push(start.elapsed());
         assert!(observed.new);
         let start = Instant::now();
-        let again = registry.record_snapshot("notes", &rev, &catalogue).unwrap();
+        let again = registry
+            .record_snapshot("notes", &rev, &catalogue, None)
+            .unwrap();
         repeat_write.push(start.elapsed());
         assert!(!again.new);
     }

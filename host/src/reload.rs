@@ -92,11 +92,10 @@ pub fn watch_mappings(host: &Arc<Host>, dir: PathBuf) -> Result<()> {
 fn changes_content(kind: &notify::EventKind) -> bool {
     use notify::EventKind;
     use notify::event::{MetadataKind, ModifyKind};
-    match kind {
-        EventKind::Access(_) => false,
-        EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime)) => false,
-        _ => true,
-    }
+    !matches!(
+        kind,
+        EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(MetadataKind::AccessTime))
+    )
 }
 
 /// Makes the host's mappings from `dir` match the folder: loads new and changed ones,
