@@ -299,7 +299,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.step("drift: the upstream server changes a pinned tool's description mid-session")?;
     drift_scene(&mut p, state_dir.path()).await?;
 
-    p.step("the trace: hash-chained, append-only")?;
+    p.step("the trace of the first host: hash-chained, append-only")?;
     let verified = host.registry().store().verify_trace()?;
     if let Some((seq, why)) = &verified.first_bad {
         bail!("the trace does not verify at event {seq}: {why}");

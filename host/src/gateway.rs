@@ -637,7 +637,7 @@ impl Host {
                     mapping = %name,
                     revision = record.revision,
                     state = %record.state,
-                    "mapping loaded but not offered: {reason}. Review it: `airlock review show {name}`, then `airlock review approve {name} --reviewer NAME`"
+                    "mapping loaded but not offered: {reason}. Review it: `airlock discover {connection} --config FILE`, `airlock review show {name}`, then `airlock review approve {name} --config FILE --reviewer NAME`", connection = m.mapping.connection
                 );
             }
         }

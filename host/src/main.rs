@@ -18,8 +18,9 @@ use airlock::gateway::Host;
 #[derive(Parser)]
 #[command(name = "airlock", version)]
 struct Cli {
-    /// The store's folder (SQLite database `airlock.db`). Default: the configuration's
-    /// `state_dir`, else $XDG_STATE_HOME/airlock or ~/.local/state/airlock.
+    /// The store's folder (SQLite database `airlock.db`). This flag (or AIRLOCK_STATE_DIR)
+    /// overrides the configuration's `state_dir`; without either, $XDG_STATE_HOME/airlock
+    /// or ~/.local/state/airlock.
     #[arg(long, global = true, value_name = "DIR", env = "AIRLOCK_STATE_DIR")]
     state_dir: Option<PathBuf>,
     #[command(subcommand)]
@@ -222,6 +223,9 @@ enum ReviewAction {
         /// Who retires it.
         #[arg(long, value_name = "NAME")]
         reviewer: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -392,13 +396,21 @@ fn main() -> ExitCode {
                             )
                         })
                     }
-                    ReviewAction::Retire { mapping, reviewer } => {
+                    ReviewAction::Retire {
+                        mapping,
+                        reviewer,
+                        json,
+                    } => {
                         let registry = registry_for(state_dir)?;
                         let record = registry.retire(&mapping, &reviewer)?;
-                        print(format!(
-                            "mapping `{}` revision {} is {}\n",
-                            record.name, record.revision, record.state
-                        ))
+                        print(if json {
+                            serde_json::to_string_pretty(&record)? + "\n"
+                        } else {
+                            format!(
+                                "mapping `{}` revision {} is {}\n",
+                                record.name, record.revision, record.state
+                            )
+                        })
                     }
                 }
             }
@@ -576,7 +588,7 @@ async fn serve(
     let catalog = host.catalog();
     tracing::info!(
         mappings = catalog.mappings.len(),
-        offered = catalog.offered().count(),
+        capabilities_offered = catalog.offered().count(),
         "serving MCP on stdio"
     );
     let gateway = host.session();

@@ -325,7 +325,7 @@ pub fn snapshots_list(
 pub fn snapshots_text(list: &[SnapshotSummary]) -> String {
     let mut o = String::new();
     if list.is_empty() {
-        o.push_str("no snapshots recorded; run `airlock discover CONNECTION`\n");
+        o.push_str("no snapshots recorded; run `airlock discover CONNECTION --config FILE`\n");
     }
     for s in list {
         let _ = writeln!(
@@ -420,7 +420,17 @@ pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
     let current = registry
         .store()
         .mapping(name)?
-        .with_context(|| format!("no mapping named `{name}` is recorded; a host records it when it first loads the manifest"))?;
+        .with_context(|| {
+            let known: Vec<String> = registry
+                .store()
+                .mappings()
+                .map(|l| l.into_iter().map(|r| r.name).collect())
+                .unwrap_or_default();
+            format!(
+                "no mapping named `{name}` is recorded (recorded: {}); a mapping is recorded when a host loads it or a reviewer approves it",
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            )
+        })?;
     let revisions = registry.store().mapping_revisions(name)?;
     let latest = registry.store().latest_snapshot(&current.connection_id)?;
     let check = latest.as_ref().and_then(|s| {
@@ -497,7 +507,7 @@ impl ReviewShow {
             _ => {
                 let _ = writeln!(
                     o,
-                    "no snapshot of its connection yet: run `airlock discover CONNECTION`"
+                    "no snapshot of its connection yet: run `airlock discover CONNECTION --config FILE`"
                 );
             }
         }
@@ -607,7 +617,7 @@ pub fn approve(
         None => registry
             .store()
             .latest_snapshot(&rev.connection_id)?
-            .with_context(|| format!("connection `{conn_name}` has no snapshot yet: run `airlock discover {conn_name}` and read what it reports first"))?,
+            .with_context(|| format!("connection `{conn_name}` has no snapshot yet: run `airlock discover {conn_name} --config FILE` and read what it reports first"))?,
     };
     registry.approve_tools(
         &crate::registry::MappingIdentity {

@@ -388,12 +388,23 @@ impl Registry {
             {
                 return Ok(Registration::Recorded(Box::new(latest.clone())));
             }
+            Some(latest)
+                if latest.state.serves()
+                    && latest.connection_id == rev.connection_id
+                    && latest.config_revision == rev.revision
+                    && let Some(prior) =
+                        self.serving_until_deployed(name, manifest_digest, rev)? =>
+            {
+                // Approved ahead of deployment: the revision of the manifest that is still
+                // deployed serves on until the approved one lands.
+                return Ok(Registration::Recorded(Box::new(prior)));
+            }
             Some(latest) => {
                 let reason = if latest.connection_id != rev.connection_id
                     || latest.config_revision != rev.revision
                 {
                     format!(
-                        "connection configuration changed (now {} revision {}; revision {} was bound to {} revision {})",
+                        "connection configuration changed: its executable, script, args, working directory or environment differ (now {} revision {}; revision {} was bound to {} revision {}); `airlock discover` shows the new catalogue",
                         rev.connection_id,
                         rev.revision,
                         latest.revision,
@@ -402,7 +413,7 @@ impl Registry {
                     )
                 } else {
                     format!(
-                        "manifest changed (sha256 {}; revision {} reviewed {})",
+                        "manifest changed (sha256 {}; revision {} binds {})",
                         short(manifest_digest),
                         latest.revision,
                         short(&latest.manifest_digest)
@@ -467,6 +478,33 @@ impl Registry {
             }),
         );
         Ok(Registration::Recorded(Box::new(record)))
+    }
+
+    /// The newest revision that binds `manifest_digest` on `rev` and was serving when a
+    /// later approval (of another manifest, not deployed yet) superseded it; returned with
+    /// its serving state restored, for a host to serve until the approved manifest lands.
+    fn serving_until_deployed(
+        &self,
+        name: &str,
+        manifest_digest: &str,
+        rev: &ConnectionRevision,
+    ) -> Result<Option<MappingRecord>> {
+        let revisions = self.store.mapping_revisions(name)?;
+        let Some(prior) = revisions.into_iter().rev().find(|r| {
+            r.manifest_digest == manifest_digest
+                && r.connection_id == rev.connection_id
+                && r.config_revision == rev.revision
+        }) else {
+            return Ok(None);
+        };
+        Ok(prior.superseded_while_serving().map(|state| MappingRecord {
+            state,
+            reason: format!(
+                "{}; serving until the manifest approved later is deployed",
+                prior.reason
+            ),
+            ..prior
+        }))
     }
 
     /// Decides whether `record` may serve with `tools` (the manifest's upstream tools)
@@ -663,11 +701,11 @@ impl Registry {
             component_sha256,
         } = *mapping;
         if reviewer.trim().is_empty() {
-            bail!("an approval needs a reviewer name (--reviewer)");
+            bail!("--reviewer is empty: an approval records who approved it (is $USER set?)");
         }
         if snapshot.connection_id != rev.connection_id || snapshot.config_revision != rev.revision {
             bail!(
-                "snapshot {} belongs to {} revision {}, not to connection `{}` ({} revision {}); run `airlock discover {}` first",
+                "snapshot {} belongs to {} revision {}, not to connection `{}` ({} revision {}); run `airlock discover {} --config FILE` first",
                 short(&snapshot.digest),
                 snapshot.connection_id,
                 snapshot.config_revision,

@@ -389,6 +389,19 @@ pub struct MappingRecord {
     pub state_changed_ms: u64,
 }
 
+impl MappingRecord {
+    /// For a historical revision: the serving state (`active` or `limited`) it had when a
+    /// later revision superseded it, as [`Store::add_mapping_revision`] wrote it into the
+    /// reason; `None` if it did not serve then or is not historical.
+    pub fn superseded_while_serving(&self) -> Option<MappingState> {
+        if self.state != MappingState::Historical {
+            return None;
+        }
+        let was = self.reason.rsplit_once("(was ")?.1.strip_suffix(')')?;
+        MappingState::parse(was).filter(|s| s.serves())
+    }
+}
+
 /// One trace event. `hash` is hex sha256 of the RFC 8785 canonical JSON of
 /// `{"seq","at_ms","kind","subject","payload","prev_hash"}`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -14,6 +14,7 @@ fn inspector(config: &std::path::Path, extra: &[&str]) -> Value {
     // The CLI reads its own package.json relative to the working directory.
     cmd.current_dir(&modules)
         .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env_remove("AIRLOCK_STATE_DIR")
         .arg(&cli)
         .arg(&airlock)
         .args(["serve", "--config"])

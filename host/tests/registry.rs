@@ -704,3 +704,56 @@ async fn a_large_catalogue_in_one_page_is_discovered_and_served() {
     let raw = d.airlock_json(&["snapshots", "show", digest]);
     assert_eq!(raw["body"]["tools"].as_array().unwrap().len(), 500);
 }
+
+/// Approved ahead of deployment, across a restart: a host started before the approved
+/// manifest is deployed serves the reviewed one it has (no review-required revision is
+/// written), and serves the approved one once it lands.
+#[tokio::test]
+async fn an_approval_ahead_of_deployment_survives_a_restart() {
+    let d = Deployment::with_notes().mapping("source-library");
+    d.approve_all();
+    let manifest = d.manifests()[0].clone();
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let next = text.replace(
+        "Search the technical notes library.",
+        "Search the notes (next).",
+    );
+    let staging = d.dir.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::copy(
+        manifest.with_file_name("source_library.wasm"),
+        staging.join("source_library.wasm"),
+    )
+    .unwrap();
+    std::fs::write(staging.join("mapping.toml"), &next).unwrap();
+    d.approve(
+        "source-library",
+        "alice",
+        &["--manifest", staging.join("mapping.toml").to_str().unwrap()],
+    );
+    let client = d.serve_unreviewed().await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 2, "the deployed, reviewed manifest serves on");
+    assert!(tools.iter().any(|t| {
+        t.description
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("Search the technical notes library.")
+    }));
+    client.cancel().await.ok();
+    std::fs::write(&manifest, &next).unwrap();
+    let client = d.serve_unreviewed().await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    assert!(
+        tools.iter().any(|t| t
+            .description
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("Search the notes (next).")),
+        "{tools:?}"
+    );
+    client.cancel().await.ok();
+    let show = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(show["revisions"].as_array().unwrap().len(), 2, "{show:#}");
+    assert_eq!(show["current"]["state"], "active");
+}

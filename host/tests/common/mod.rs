@@ -301,6 +301,8 @@ impl Deployment {
         cmd.arg("serve").arg("--config").arg(&config);
         cmd.env("AIRLOCK_LOG", "airlock=info");
         cmd.env("AIRLOCK_CACHE_DIR", test_cache_dir());
+        // The variable overrides the configuration's state_dir: never inherit the caller's.
+        cmd.env("AIRLOCK_STATE_DIR", self.state_dir());
         let transport = TokioChildProcess::new(cmd).expect("spawn airlock serve");
         handler
             .serve(transport)
@@ -313,6 +315,7 @@ impl Deployment {
         let config = self.write_config();
         let out = std::process::Command::new(airlock_bin())
             .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+            .env("AIRLOCK_STATE_DIR", self.state_dir())
             .arg("serve")
             .arg("--config")
             .arg(&config)
