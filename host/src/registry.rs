@@ -554,29 +554,36 @@ impl Registry {
             .as_deref()
             .and_then(|d| self.store.snapshot(d).ok().flatten())
             .and_then(|s| serde_json::from_value::<Catalogue>(s.body).ok());
-        let mut found = match &pinned_snapshot {
+        // Classify against the pinned snapshot when it can be read; the pins alone still
+        // say which tools broke and whether the server's name changed.
+        let mut found: Vec<Drift> = match &pinned_snapshot {
             Some(old) => drift::diff_tools(old, current, tools)
                 .into_iter()
+                .chain(drift::diff_server(old, current))
                 .filter(|d| d.change.is_meaning_bearing())
-                .collect::<Vec<_>>(),
+                .collect(),
             None => vec![],
         };
-        if let Some(old) = &pinned_snapshot {
-            let name = server_name;
-            if name(old) != name(current) {
-                found.push(Drift {
-                    item: ItemKind::Server,
-                    key: String::new(),
-                    change: Change::ServerNameChanged {
-                        from: name(old),
-                        to: name(current),
-                    },
-                });
-            }
+        let now_name = server_name(current);
+        if let Some(pinned_name) = &pins.server_name
+            && *pinned_name != now_name
+            && !found.iter().any(|d| d.item == ItemKind::Server)
+        {
+            found.push(Drift {
+                item: ItemKind::Server,
+                key: String::new(),
+                change: Change::ServerNameChanged {
+                    from: pinned_name.clone(),
+                    to: now_name,
+                },
+            });
         }
-        if found.is_empty() {
-            // Pins broken without a pinned snapshot to explain them.
-            for tool in &broken {
+        for tool in &broken {
+            let explained = found.iter().any(|d| {
+                d.key == *tool
+                    || matches!(&d.change, Change::PossiblyRenamed { from } if from == tool)
+            });
+            if !explained {
                 found.push(Drift {
                     item: ItemKind::Tool,
                     key: tool.clone(),
@@ -588,10 +595,11 @@ impl Registry {
                 });
             }
         }
-        let config_changed = pinned_snapshot
-            .as_ref()
-            .is_some_and(|c| c.config_digest != current.config_digest);
-        if config_changed {
+        let pinned_config = pins
+            .config_digest
+            .as_deref()
+            .or(pinned_snapshot.as_ref().map(|c| c.config_digest.as_str()));
+        if pinned_config.is_some_and(|d| d != current.config_digest) {
             return Verdict::Blocked {
                 reason: "the connection's configuration revision changed since review".into(),
                 drift: found,

@@ -930,12 +930,8 @@ async fn calls_past_the_concurrency_limit_are_rate_limited() {
 #[tokio::test]
 async fn a_running_call_sends_nothing_upstream_after_the_server_announces_a_change() {
     let d = Deployment::with_notes();
-    let log = d.dir.path().join("calls.jsonl");
     let d = d
-        .replace_connections(&format!(
-            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}, \"--drift-on-call\", \"description\"]\n",
-            log.display().to_string()
-        ))
+        .notes_args(&["--drift-on-call", "description"])
         .mapping("hostile");
     let client = d.serve().await;
     let title = outcome(&client, "many-calls 5").await;

@@ -10,12 +10,8 @@ use serde_json::{Value, json};
 /// tools/call.
 fn drifting(kind: &str) -> Deployment {
     let d = Deployment::with_notes();
-    let log = d.dir.path().join("calls.jsonl");
-    d.replace_connections(&format!(
-        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}, \"--drift-on-call\", {kind:?}]\n",
-        log.display().to_string()
-    ))
-    .mapping("source-library")
+    d.notes_args(&["--drift-on-call", kind])
+        .mapping("source-library")
 }
 
 fn refused_as_state_changed(result: &rmcp::model::CallToolResult) -> bool {
@@ -135,11 +131,7 @@ async fn each_drift_kind_mid_session_blocks_the_next_call_before_the_server() {
 async fn drift_seen_at_start_requires_review_and_a_new_approval_restores_service() {
     let d = Deployment::with_notes().mapping("source-library");
     d.approve_all();
-    let log = d.dir.path().join("calls.jsonl");
-    let d = d.replace_connections(&format!(
-        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}, \"--drift\", \"description\"]\n",
-        log.display().to_string()
-    ));
+    let d = d.notes_args(&["--drift", "description"]);
     let client = d.serve_unreviewed().await;
     assert!(client.peer().list_all_tools().await.unwrap().is_empty());
     client.cancel().await.ok();
@@ -362,11 +354,7 @@ fn approval_refuses_what_it_cannot_pin() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("airlock discover notes"));
     // A snapshot that lacks a listed tool.
-    let log = d.dir.path().join("calls.jsonl");
-    let d = d.replace_connections(&format!(
-        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--drift\", \"remove\", \"--call-log\", {:?}]\n",
-        log.display().to_string()
-    ));
+    let d = d.notes_args(&["--drift", "remove"]);
     let config = d.write_config();
     let config = config.to_str().unwrap();
     d.airlock_ok(&["discover", "notes", "--config", config]);
@@ -410,12 +398,9 @@ fn approval_refuses_what_it_cannot_pin() {
 #[test]
 fn snapshots_are_stored_once_and_pagination_is_followed() {
     let d = Deployment::with_notes();
-    let log = d.dir.path().join("calls.jsonl");
-    let d = d.replace_connections(&format!(
-        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--page-size\", \"2\", \"--extra-tools\", \"5\", \"--call-log\", {:?}]\n",
-        log.display().to_string()
-    ))
-    .mapping("source-library");
+    let d = d
+        .notes_args(&["--page-size", "2", "--extra-tools", "5"])
+        .mapping("source-library");
     let config = d.write_config();
     let config = config.to_str().unwrap();
     let a = d.airlock_json(&["discover", "notes", "--config", config]);
@@ -685,12 +670,8 @@ fn an_interpreter_script_or_an_env_value_change_is_a_new_revision() {
 #[tokio::test]
 async fn a_large_catalogue_in_one_page_is_discovered_and_served() {
     let d = Deployment::with_notes();
-    let log = d.dir.path().join("calls.jsonl");
     let d = d
-        .replace_connections(&format!(
-            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--extra-tools\", \"497\", \"--call-log\", {:?}]\n",
-            log.display().to_string()
-        ))
+        .notes_args(&["--extra-tools", "497"])
         .mapping("source-library");
     let client = d.serve().await;
     assert_eq!(client.peer().list_all_tools().await.unwrap().len(), 2);
@@ -756,4 +737,57 @@ async fn an_approval_ahead_of_deployment_survives_a_restart() {
     let show = d.airlock_json(&["review", "show", "source-library"]);
     assert_eq!(show["revisions"].as_array().unwrap().len(), 2, "{show:#}");
     assert_eq!(show["current"]["state"], "active");
+}
+
+/// A server that announces a change and then cannot list its tools: until a discovery
+/// succeeds nothing on that connection is current, so calls are refused as unavailable
+/// before they reach the server (the mapping's state is not changed: nothing drifted).
+#[tokio::test]
+async fn a_failed_re_discovery_refuses_calls_until_one_succeeds() {
+    let d = drifting("unlistable");
+    let client = d.serve().await;
+    let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
+    assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
+    for _ in 0..2 {
+        let r = call(&client, "search_sources", json!({"query": "wal"}))
+            .await
+            .unwrap();
+        assert_eq!(r.is_error, Some(true));
+        assert!(text_of(&r).starts_with("unavailable:"), "{}", text_of(&r));
+    }
+    assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
+    client.cancel().await.ok();
+    let show = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(show["current"]["state"], "active");
+    assert!(d.trace().iter().any(|e| e["kind"] == "snapshot-failed"));
+}
+
+/// A server that changes without announcing it is caught by the interval re-discovery:
+/// a silent description drift moves the mapping to review-required, and a silent failure
+/// to list refuses calls until a discovery succeeds. Neither reaches the server again.
+#[tokio::test]
+async fn silent_changes_are_caught_by_the_interval() {
+    for (kind, refusal) in [
+        ("description", "state changed:"),
+        ("unlistable", "unavailable:"),
+    ] {
+        let d = Deployment::with_notes()
+            .top("snapshot_interval = \"1s\"\n")
+            .notes_args(&["--drift-on-call", kind, "--silent"])
+            .mapping("source-library");
+        let client = d.serve().await;
+        let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
+            .await
+            .unwrap();
+        assert_ne!(hits.is_error, Some(true), "{kind}: {}", text_of(&hits));
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        let r = call(&client, "search_sources", json!({"query": "wal"}))
+            .await
+            .unwrap();
+        assert!(text_of(&r).starts_with(refusal), "{kind}: {}", text_of(&r));
+        assert_eq!(d.upstream_tool_calls(), ["search_notes"], "{kind}");
+        client.cancel().await.ok();
+    }
 }

@@ -59,19 +59,31 @@ impl Deployment {
     /// request it receives to `calls.jsonl`.
     pub fn with_notes() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("calls.jsonl");
-        std::fs::write(&log, "").unwrap();
-        let connections = format!(
-            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}]\n",
-            log.display().to_string()
-        );
+        std::fs::write(dir.path().join("calls.jsonl"), "").unwrap();
         Self {
             dir,
             mappings: vec![],
-            connections,
+            connections: String::new(),
             top: String::new(),
             watched: false,
         }
+        .notes_args(&[])
+    }
+
+    /// Replaces every connection with the notes fixture server as `notes`, logging to
+    /// `calls.jsonl`, with `extra` server arguments (e.g. `["--drift-on-call", "schema"]`).
+    pub fn notes_args(self, extra: &[&str]) -> Self {
+        let log = self.dir.path().join("calls.jsonl");
+        let mut args = vec![
+            "fixture".to_string(),
+            "notes-server".to_string(),
+            "--call-log".to_string(),
+            log.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let connection =
+            format!("[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = {args:?}\n");
+        self.replace_connections(&connection)
     }
 
     /// Serves the mappings from the watched folder `mappings/` (hot reload) instead of
