@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use airlock::drift::{self, Catalogue};
-use airlock::gateway::{DISCOVERY_TIMEOUT, Host, MappingSource};
 use airlock::registry::Registry;
+use airlock::registry::drift::{self, Catalogue};
+use airlock::registry::live::{DISCOVERY_TIMEOUT, Host, MappingSource};
 use airlock::runtime::{Allocator, Runtime, UpstreamGrant};
 use airlock::store::SqliteStore;
 use airlock::upstream::{Connection, StdioServer};
@@ -249,7 +249,7 @@ async fn main() {
 
     // 2. Instantiation from InstancePre (pooling vs on-demand), idle memory, 3. cold load.
     let state = tempfile::tempdir().unwrap();
-    let mut config = airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
+    let mut config = airlock::cli::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
     config.state_dir = Some(state.path().to_path_buf());
     let host = Host::start_with(
         &config,
@@ -487,7 +487,7 @@ async fn hot_swap(
     let manifest = folder.join("mapping.toml");
     let original = std::fs::read_to_string(&manifest).unwrap();
     assert!(original.contains(SEARCH_DESCRIPTION));
-    let mut config = airlock::demo::notes_config(airlock_bin());
+    let mut config = airlock::cli::demo::notes_config(airlock_bin());
     config.mappings_dir = Some(mappings.clone());
     config.state_dir = Some(dir.path().join("state"));
     config.cache_dir = cache_dir;
@@ -500,14 +500,16 @@ async fn hot_swap(
             .extend(["--extra-tools", &extra, "--page-size", "50"].map(String::from));
     }
     let host = Host::start(&config).await.unwrap();
-    airlock::demo::approve_all(&host, "bench").await.unwrap();
+    airlock::cli::demo::approve_all(&host, "bench")
+        .await
+        .unwrap();
     assert_eq!(
         host.catalog().offered().count(),
         2,
         "the mapping does not serve"
     );
     if watched {
-        airlock::reload::watch_mappings(&host, mappings.clone()).unwrap();
+        airlock::registry::reload::watch_mappings(&host, mappings.clone()).unwrap();
     }
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -614,7 +616,7 @@ fn cpu_time() -> Duration {
 /// server with 497 synthetic tools (500 in all), `n` samples each.
 async fn snapshot_and_diff(n: usize) {
     println!("\nsnapshot and diff of a 500-tool server ({n} samples each)");
-    let base = airlock::demo::notes_config(airlock_bin()).connections["notes"].clone();
+    let base = airlock::cli::demo::notes_config(airlock_bin()).connections["notes"].clone();
     let server = |extra: &[&str]| -> StdioServer {
         let mut s = base.clone();
         s.args.extend(

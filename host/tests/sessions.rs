@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use airlock::gateway::{Host, MappingSource};
+use airlock::registry::live::{Host, MappingSource};
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 
@@ -15,14 +15,16 @@ fn args(v: Value) -> Option<JsonObject> {
 
 async fn host() -> (Arc<Host>, tempfile::TempDir) {
     let state = tempfile::tempdir().unwrap();
-    let mut config = airlock::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
+    let mut config = airlock::cli::demo::notes_config(env!("CARGO_BIN_EXE_airlock").into());
     config.state_dir = Some(state.path().to_path_buf());
     let manifest =
         std::path::Path::new(airlock::ADAPTER_BUNDLE).join("source-library/mapping.toml");
     let host = Host::start_with(&config, vec![MappingSource::from_file(&manifest).unwrap()])
         .await
         .unwrap();
-    airlock::demo::approve_all(&host, "tests").await.unwrap();
+    airlock::cli::demo::approve_all(&host, "tests")
+        .await
+        .unwrap();
     (host, state)
 }
 

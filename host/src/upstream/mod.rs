@@ -310,7 +310,7 @@ pub struct RawDiscovery {
 }
 
 /// Largest message accepted while discovery runs (bytes): a whole page of tools/list.
-pub const DISCOVERY_MESSAGE_BYTES: usize = crate::manifest::MAX_OUTPUT_BYTES as usize;
+pub const DISCOVERY_MESSAGE_BYTES: usize = crate::registry::manifest::MAX_OUTPUT_BYTES as usize;
 
 /// Most pages one list may span, and most items one discovery keeps per list.
 pub const MAX_DISCOVERY_PAGES: usize = 1000;

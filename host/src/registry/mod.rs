@@ -20,6 +20,11 @@
 //!   back to serving.
 //! - **Everything is traced**: revisions, snapshots, drift, state changes, approvals.
 
+pub mod drift;
+pub mod live;
+pub mod manifest;
+pub mod reload;
+
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::Path;
@@ -30,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
-use crate::drift::{self, Catalogue, Change, Drift, ItemDigests, ItemKind};
-use crate::manifest::MappingManifest;
+use crate::registry::drift::{Catalogue, Change, Drift, ItemDigests, ItemKind};
+use crate::registry::manifest::MappingManifest;
 use crate::store::{
     ConnectionRevision, MappingRecord, MappingState, NewMappingRevision, SnapshotObservation,
     Store, StoredSnapshot,

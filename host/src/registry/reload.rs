@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use crate::gateway::{Host, mapping_dir_manifests};
+use crate::registry::live::{Host, mapping_dir_manifests};
 
 /// How long the mappings folder must be quiet before a reload reads it (own debounce over
 /// notify's raw events, which lets reads be told apart from changes).

@@ -4,7 +4,7 @@
 //! Rule: a manifest is read strictly. Unknown keys, a missing component pin, a capability
 //! that names a function the contract lacks, two capabilities with one name, a limit of
 //! zero or above the host ceiling: each is an error that names the file and the key.
-//! Grants are deny by default: see [`crate::grants`] for their accepted forms.
+//! Grants are deny by default: see [`crate::runtime::grants`] for their accepted forms.
 //!
 //! Accepted form:
 //!
@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
-use crate::grants::{Grants, GrantsSection};
+use crate::runtime::grants::{Grants, GrantsSection};
 
 /// Host-wide ceiling on `limits.memory_mib`.
 pub const MAX_MEMORY_MIB: u64 = 1024;

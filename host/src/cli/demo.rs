@@ -12,7 +12,7 @@ use rmcp::service::{Peer, RoleClient};
 use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
-use crate::gateway::{Host, MappingSource};
+use crate::registry::live::{Host, MappingSource};
 use crate::upstream::StdioServer;
 
 /// The bundled adapter's pinned manifest, as the build wrote it.

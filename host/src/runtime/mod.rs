@@ -6,7 +6,7 @@
 //!   directories, no environment variables, no arguments, no sockets (TCP, UDP and name
 //!   lookup are all switched off and every address is refused), and closed stdin. Its
 //!   stdout and stderr are captured into bounded buffers (`max_stdio_bytes` each) and
-//!   never inherited. Grants ([`crate::grants`]) add exactly what they name: preopens
+//!   never inherited. Grants ([`crate::runtime::grants`]) add exactly what they name: preopens
 //!   with their access, environment variables, and socket uses checked address by
 //!   address in `socket_addr_check`.
 //! - Memory is limited across all of an instance's memories and tables together (one
@@ -19,6 +19,8 @@
 //! - The adapter's `airlock:host/upstream` import reaches only the tools and resource
 //!   prefixes its mapping lists, on its mapping's connection. Anything else returns
 //!   `not-permitted` to the adapter and is never sent.
+
+pub mod grants;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -35,8 +37,8 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::grants::{Access, Grants, NetworkPolicy, SocketUse};
-use crate::manifest::{Limits, MappingManifest};
+use crate::registry::manifest::{Limits, MappingManifest};
+use crate::runtime::grants::{Access, Grants, NetworkPolicy, SocketUse};
 use crate::upstream::{Connection, UpstreamFailure};
 
 mod bindings {
@@ -132,7 +134,8 @@ impl Runtime {
             .total_memories(1024)
             .total_tables(1024)
             .max_memory_size(
-                usize::try_from(crate::manifest::MAX_MEMORY_MIB << 20).unwrap_or(usize::MAX),
+                usize::try_from(crate::registry::manifest::MAX_MEMORY_MIB << 20)
+                    .unwrap_or(usize::MAX),
             );
         pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         let attempt = match allocator {
@@ -210,7 +213,7 @@ impl Runtime {
         contract_interface: &str,
         env: Vec<(String, String)>,
     ) -> Result<LoadedAdapter> {
-        crate::manifest::verify_pin(manifest, bytes)?;
+        crate::registry::manifest::verify_pin(manifest, bytes)?;
         let name = &manifest.mapping.name;
         let started = Instant::now();
         let component = self

@@ -19,8 +19,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
-use crate::drift::{self, Catalogue, Drift};
-use crate::gateway::{MappingSource, mapping_dir_manifests, open_registry};
+use crate::registry::drift::{self, Catalogue, Drift};
+use crate::registry::live::{MappingSource, mapping_dir_manifests, open_registry};
 use crate::registry::{Pins, Registry, short};
 use crate::store::{MappingRecord, SnapshotSummary, StoredSnapshot, TraceEvent};
 use crate::upstream::Connection;
@@ -121,9 +121,10 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
     let registry = open_registry(config)?;
     let rev = registry.identify(name, server)?;
     let previous = registry.store().latest_snapshot(&rev.connection_id)?;
-    let conn = Connection::start_stdio(name, server, crate::manifest::MAX_OUTPUT_BYTES).await?;
+    let conn =
+        Connection::start_stdio(name, server, crate::registry::manifest::MAX_OUTPUT_BYTES).await?;
     let raw = conn
-        .discover(crate::gateway::DISCOVERY_TIMEOUT)
+        .discover(crate::registry::live::DISCOVERY_TIMEOUT)
         .await
         .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
     let catalogue = Registry::catalogue(&rev, raw);
@@ -601,7 +602,7 @@ pub fn approve(
             source
         }
     };
-    crate::manifest::verify_pin(&source.manifest, &source.component)?;
+    crate::registry::manifest::verify_pin(&source.manifest, &source.component)?;
     let registry = open_registry(config)?;
     let conn_name = &source.manifest.mapping.connection;
     let server = config

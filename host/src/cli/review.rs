@@ -2,7 +2,7 @@
 //!
 //! Rule: the review reads what the host would enforce, never what the adapter claims. It
 //! loads the mapping manifest as the host does, refuses a component whose sha256 differs
-//! from the pin (the host's own error, [`crate::manifest::verify_pin`]), decodes the
+//! from the pin (the host's own error, [`crate::registry::manifest::verify_pin`]), decodes the
 //! component's real imports and exports from the binary with wasmtime, and gives every
 //! import a verdict: the host API, the baseline every adapter gets (captured stdio,
 //! clocks, random, granted variables only), a grant that justifies it, or FLAGGED.
@@ -33,8 +33,8 @@ use serde::Serialize;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::{Config, Engine};
 
-use crate::grants::{Access, Destination, EnvValue, Grants};
-use crate::manifest::{Limits, MappingManifest};
+use crate::registry::manifest::{Limits, MappingManifest};
+use crate::runtime::grants::{Access, Destination, EnvValue, Grants};
 
 /// Placeholder shown where an upstream tool or resource digest will go once the registry
 /// pins them.
@@ -316,7 +316,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
     let base = manifest_path.parent().unwrap_or(Path::new(""));
     let component_path = manifest.component_path(base);
     let bytes = crate::runtime::read_component(&component_path)?;
-    crate::manifest::verify_pin(&manifest, &bytes)?;
+    crate::registry::manifest::verify_pin(&manifest, &bytes)?;
     let mut config = Config::new();
     config.wasm_component_model(true);
     let engine = Engine::new(&config)
@@ -437,7 +437,7 @@ pub fn add_registry(
         .snapshot_digest
         .as_deref()
         .and_then(|d| store.snapshot(d).ok().flatten())
-        .and_then(|s| serde_json::from_value::<crate::drift::Catalogue>(s.body).ok());
+        .and_then(|s| serde_json::from_value::<crate::registry::drift::Catalogue>(s.body).ok());
     for item in &mut review.upstream.tools {
         if let Some(pin) = pins.tools.get(&item.name) {
             item.digest = Some(pin.schema.clone());
@@ -453,7 +453,7 @@ pub fn add_registry(
         state: record.state.to_string(),
         reason: record.reason.clone(),
         reviewer: record.reviewer.clone(),
-        recorded: crate::operate::time(record.created_ms),
+        recorded: crate::cli::operate::time(record.created_ms),
         connection_id: record.connection_id.clone(),
         config_revision: record.config_revision,
         snapshot: record.snapshot_digest.clone(),
@@ -1290,7 +1290,7 @@ mod tests {
     use super::*;
 
     fn grants(network: &str) -> Grants {
-        let section: crate::grants::GrantsSection = toml::from_str(network).unwrap();
+        let section: crate::runtime::grants::GrantsSection = toml::from_str(network).unwrap();
         Grants::resolve(&section, None).unwrap()
     }
 

@@ -8,7 +8,7 @@
 //!   the contract's types (unknown property, missing property, wrong type, a reference
 //!   that is not this session's), is an invalid-params error, and neither the adapter nor
 //!   the upstream is reached.
-//! - Handles leave the host only as opaque references (see [`crate::references`]).
+//! - Handles leave the host only as opaque references (see [`crate::pipeline::references`]).
 //! - Results carry provenance (connection, upstream tool or resource, result sha256,
 //!   retrieval time) and present upstream text as quoted, untrusted data inside a
 //!   per-response boundary, never as instructions.
@@ -39,9 +39,9 @@ use wasmtime::component::Val;
 
 use crate::config::ServeConfig;
 use crate::contract::{self, ContractFunction, Shape};
-use crate::drift::Catalogue;
-use crate::manifest::MappingManifest;
-use crate::references::{Binding, References, SessionId};
+use crate::pipeline::references::{Binding, References, SessionId};
+use crate::registry::drift::Catalogue;
+use crate::registry::manifest::MappingManifest;
 use crate::registry::{Registry, Verdict};
 use crate::runtime::{CallFailure, LoadedAdapter, Observation, Runtime, UpstreamGrant};
 use crate::store::{ConnectionRevision, MappingRecord, SqliteStore};
@@ -359,8 +359,8 @@ impl Host {
         let mut env = Vec::new();
         for (key, value) in &m.grants.env {
             let value = match value {
-                crate::grants::EnvValue::Value(v) => v.clone(),
-                crate::grants::EnvValue::Secret { secret } => self
+                crate::runtime::grants::EnvValue::Value(v) => v.clone(),
+                crate::runtime::grants::EnvValue::Secret { secret } => self
                     .config
                     .secrets
                     .get(secret)
@@ -1325,7 +1325,7 @@ impl Gateway {
         let Some(result_shape) = &cap.function.result else {
             return Ok(CallToolResult::success(vec![ContentBlock::text("done")]));
         };
-        let expires = Instant::now() + crate::references::DEFAULT_TTL;
+        let expires = Instant::now() + crate::pipeline::references::DEFAULT_TTL;
         let references = &self.host.references;
         let json = contract::val_to_json(result_shape, val, &mut |kind, locator| {
             Ok(references.mint(Binding {

@@ -1,0 +1,609 @@
+//! The `airlock` command line: argument parsing (clap) and one function per command.
+//!
+//! Operator commands live beside this file: [`operate`] (discover, snapshots, review,
+//! trace), [`review`] (`airlock grants`), [`demo`].
+
+pub mod demo;
+pub mod operate;
+pub mod review;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use rmcp::ServiceExt as _;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::ServeConfig;
+use crate::registry::live::Host;
+
+/// Runs reviewed MCP adapters (WebAssembly components) between an AI application and
+/// upstream MCP servers.
+///
+/// Logs go to stderr; set AIRLOCK_LOG (e.g. `debug`, `airlock=trace`) to change the level.
+#[derive(Parser)]
+#[command(name = "airlock", version)]
+struct Cli {
+    /// The store's folder (SQLite database `airlock.db`). This flag (or AIRLOCK_STATE_DIR)
+    /// overrides the configuration's `state_dir`; without either, $XDG_STATE_HOME/airlock
+    /// or ~/.local/state/airlock.
+    #[arg(long, global = true, value_name = "DIR", env = "AIRLOCK_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
+    ///
+    /// Loads each mapping (refusing any component whose sha256 differs from its pin),
+    /// starts every connection a mapping uses and snapshots its catalogue, offers the
+    /// mappings whose pins match, then answers tools/list and tools/call until stdin
+    /// closes.
+    #[command(after_help = "\
+Configuration (TOML; relative paths resolve against the file's folder):
+
+  [[connection]]
+  name = \"notes\"
+  command = \"@airlock\"                # a path, a name on PATH, or @airlock (this binary)
+  args = [\"fixture\", \"notes-server\"]  # @airlock fixture notes-server: the bundled notes server
+  # cwd = \".\"  env = { KEY = \"value\" }  (the server's whole environment; default: empty)
+
+  [[mapping]]
+  manifest = \"target/airlock/adapters/source-library/mapping.toml\"
+
+  # Top-level keys (before any table): mappings_dir = \"mappings\" (watched, hot-reloaded),
+  # state_dir = \"state\", snapshot_interval = \"10m\".
+
+A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
+then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
+The build writes pinned mappings for the bundled adapters into target/airlock/adapters/.
+See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
+    Serve {
+        /// Serve configuration (TOML): [[connection]] and [[mapping]] entries.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Cache compiled components here (private folder, mode 0700). Default:
+        /// $XDG_CACHE_HOME/airlock/compiled or ~/.cache/airlock/compiled.
+        #[arg(long, value_name = "DIR", env = "AIRLOCK_CACHE_DIR")]
+        cache_dir: Option<PathBuf>,
+        /// Compile every component at start; read and write no cache.
+        #[arg(long, conflicts_with = "cache_dir")]
+        no_cache: bool,
+    },
+    /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
+    /// its component actually has, and a verdict for every import.
+    ///
+    /// Refuses a component whose sha256 differs from the mapping's pin, as the host does.
+    /// Prints no environment or secret value: only variable and secret names.
+    #[command(after_help = "\
+With --state-dir (or AIRLOCK_STATE_DIR), the review also shows the registry's record: the
+mapping's revision and state, each upstream tool's pinned schema and description digests
+with the server's own hints, and the contract's effect class.
+
+Exit status: 0 when every import is justified (by the host API, the baseline, or a grant);
+2 when an import is FLAGGED (after printing the review; --allow-flagged exits 0 instead);
+1 on an error (unreadable or invalid manifest or component, pin mismatch).
+
+Example:
+  airlock grants target/airlock/adapters/source-library/mapping.toml
+See README.md (\"Reviewing an adapter: `airlock grants`\").")]
+    Grants {
+        /// The mapping manifest, e.g. target/airlock/adapters/source-library/mapping.toml.
+        #[arg(value_name = "MANIFEST")]
+        manifest: PathBuf,
+        /// Print the review as JSON.
+        #[arg(long, conflicts_with = "html")]
+        json: bool,
+        /// Print the review as one self-contained HTML page.
+        #[arg(long)]
+        html: bool,
+        /// Exit 0 even when an import is flagged.
+        #[arg(long)]
+        allow_flagged: bool,
+        /// Also show what changed since this earlier revision of the mapping (pins,
+        /// component, connection, and every grant and limit). Needs the store.
+        #[arg(long, value_name = "REV")]
+        diff: Option<i64>,
+    },
+    /// Start one connection, take a discovery snapshot now, and print the classified drift
+    /// against the previous snapshot and each mapping's pins.
+    ///
+    /// Records the snapshot (and a new configuration revision, if the connection's
+    /// configuration changed); changes no mapping's state.
+    #[command(after_help = "\
+Example:
+  airlock discover notes --config airlock.example.toml
+Lines marked `!` are meaning-bearing drift; `·` is informational.")]
+    Discover {
+        /// The connection's configured name.
+        #[arg(value_name = "CONNECTION")]
+        connection: String,
+        /// Serve configuration (TOML).
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List or show recorded discovery snapshots.
+    Snapshots {
+        #[command(subcommand)]
+        action: SnapshotsAction,
+    },
+    /// Review mappings: list them, show one (pins, drift, revisions), approve or retire.
+    #[command(after_help = "\
+A mapping serves only when a reviewer approved it against a snapshot of its connection's
+current configuration revision, and only while the pinned tools' digests match.
+
+Example:
+  airlock discover notes --config airlock.example.toml
+  airlock review show source-library
+  airlock review approve source-library --config airlock.example.toml --reviewer alice")]
+    Review {
+        #[command(subcommand)]
+        action: ReviewAction,
+    },
+    /// Read and verify the hash-chained trace.
+    Trace {
+        #[command(subcommand)]
+        action: TraceAction,
+    },
+    /// Run the embedded default: the bundled notes server and source-library adapter,
+    /// driven by an in-process MCP client through the real gateway; prints each step.
+    Demo,
+    /// Run a bundled fixture MCP server over stdio (used by the demo and tests).
+    #[command(hide = true)]
+    Fixture {
+        #[command(subcommand)]
+        which: Fixture,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotsAction {
+    /// Snapshots, newest first.
+    List {
+        /// Only this connection's (configured name).
+        #[arg(long, value_name = "NAME")]
+        connection: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One snapshot: server, lists, and each item's schema and description digests.
+    Show {
+        /// Full digest or a unique prefix (8+ hex characters).
+        #[arg(value_name = "DIGEST")]
+        digest: String,
+        /// Print the stored snapshot as JSON (the raw catalogue).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReviewAction {
+    /// Every recorded mapping with its latest revision and state.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One mapping: pins, drift against its connection's latest snapshot, revisions.
+    Show {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a mapping: pin its upstream tools' digests from a snapshot as a new
+    /// revision in state `active`, recording the reviewer and time.
+    Approve {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Serve configuration (TOML) that lists the mapping.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Who approves (recorded in the revision and the trace).
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
+        /// The snapshot to pin (digest or prefix). Default: the connection's latest.
+        #[arg(long, value_name = "DIGEST")]
+        snapshot: Option<String>,
+        /// Approve this manifest file (its component beside it) instead of the one the
+        /// configuration lists: review a change before deploying it into a watched
+        /// mappings folder, so it serves the moment it lands.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retire a mapping: it serves no new calls.
+    Retire {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Who retires it.
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TraceAction {
+    /// Recompute the hash chain; exit status 3 when an event was altered, removed or
+    /// reordered.
+    Verify {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Events, oldest first.
+    List {
+        /// Only events after this sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// At most this many events.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum Fixture {
+    /// The synthetic notes library (`search_notes`, `read_note`, `notes://` resources).
+    NotesServer {
+        /// Arguments for the fixture server (e.g. `--call-log FILE`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn init_logging(default: &str) {
+    let filter = EnvFilter::try_from_env("AIRLOCK_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+/// Runs the command line; returns the process exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let state_dir = cli.state_dir;
+    let cli_command = match cli.command {
+        Command::Grants {
+            manifest,
+            json,
+            html,
+            allow_flagged,
+            diff,
+        } => return grants(&manifest, json, html, allow_flagged, diff, state_dir),
+        other => other,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli_command {
+            Command::Grants { .. } => unreachable!("handled before the async runtime starts"),
+            Command::Serve {
+                config,
+                cache_dir,
+                no_cache,
+            } => {
+                init_logging("airlock=info");
+                let cache_dir = match (no_cache, cache_dir) {
+                    (true, _) => None,
+                    (false, Some(dir)) => Some(dir),
+                    (false, None) => crate::config::default_cache_dir(),
+                };
+                serve(config, cache_dir, state_dir).await
+            }
+            Command::Discover {
+                connection,
+                config,
+                json,
+            } => {
+                init_logging("warn,rmcp=error");
+                let config = load_config(&config, state_dir)?;
+                let report = crate::cli::operate::discover(&config, &connection).await?;
+                print(if json {
+                    serde_json::to_string_pretty(&report)? + "\n"
+                } else {
+                    report.to_text()
+                })
+            }
+            Command::Snapshots { action } => {
+                init_logging("warn");
+                let registry = registry_for(state_dir)?;
+                match action {
+                    SnapshotsAction::List { connection, json } => {
+                        let list = crate::cli::operate::snapshots_list(&registry, connection.as_deref())?;
+                        print(if json {
+                            serde_json::to_string_pretty(&list)? + "\n"
+                        } else {
+                            crate::cli::operate::snapshots_text(&list)
+                        })
+                    }
+                    SnapshotsAction::Show { digest, json } => {
+                        let (snap, text) = crate::cli::operate::snapshot_show(&registry, &digest)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&snap)? + "\n"
+                        } else {
+                            text
+                        })
+                    }
+                }
+            }
+            Command::Review { action } => {
+                init_logging("warn,rmcp=error");
+                match action {
+                    ReviewAction::List { json } => {
+                        let registry = registry_for(state_dir)?;
+                        let list = registry.store().mappings()?;
+                        print(if json {
+                            serde_json::to_string_pretty(&list)? + "\n"
+                        } else {
+                            crate::cli::operate::review_list_text(&list)
+                        })
+                    }
+                    ReviewAction::Show { mapping, json } => {
+                        let registry = registry_for(state_dir)?;
+                        let show = crate::cli::operate::review_show(&registry, &mapping)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&show)? + "\n"
+                        } else {
+                            show.to_text()
+                        })
+                    }
+                    ReviewAction::Approve {
+                        mapping,
+                        config,
+                        reviewer,
+                        snapshot,
+                        manifest,
+                        json,
+                    } => {
+                        let config = load_config(&config, state_dir)?;
+                        let record = crate::cli::operate::approve(
+                            &config,
+                            &mapping,
+                            &reviewer,
+                            snapshot.as_deref(),
+                            manifest.as_deref(),
+                        )?;
+                        print(if json {
+                            serde_json::to_string_pretty(&record)? + "\n"
+                        } else {
+                            format!(
+                                "mapping `{}` revision {} is {}: approved by {} against snapshot {}\n",
+                                record.name,
+                                record.revision,
+                                record.state,
+                                reviewer,
+                                record.snapshot_digest.as_deref().unwrap_or("?")
+                            )
+                        })
+                    }
+                    ReviewAction::Retire {
+                        mapping,
+                        reviewer,
+                        json,
+                    } => {
+                        let registry = registry_for(state_dir)?;
+                        let record = registry.retire(&mapping, &reviewer)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&record)? + "\n"
+                        } else {
+                            format!(
+                                "mapping `{}` revision {} is {}\n",
+                                record.name, record.revision, record.state
+                            )
+                        })
+                    }
+                }
+            }
+            Command::Trace { action } => {
+                init_logging("warn");
+                let registry = registry_for(state_dir)?;
+                match action {
+                    TraceAction::Verify { json } => {
+                        let v = registry.store().verify_trace()?;
+                        let text = if json {
+                            serde_json::to_string_pretty(&v)? + "\n"
+                        } else {
+                            match &v.first_bad {
+                                None => format!(
+                                    "trace intact: {} events, head {}\n",
+                                    v.events, v.head
+                                ),
+                                Some((seq, why)) => format!(
+                                    "trace TAMPERED at event {seq}: {why} ({} events read)\n",
+                                    v.events
+                                ),
+                            }
+                        };
+                        print(text)?;
+                        if v.first_bad.is_some() {
+                            return Err(anyhow::Error::new(Tampered));
+                        }
+                        Ok(())
+                    }
+                    TraceAction::List { after, limit, json } => {
+                        let events = registry.store().trace(after, limit)?;
+                        print(if json {
+                            events
+                                .iter()
+                                .map(|e| serde_json::to_string(e).unwrap_or_default() + "\n")
+                                .collect()
+                        } else {
+                            crate::cli::operate::trace_text(&events)
+                        })
+                    }
+                }
+            }
+            Command::Demo => {
+                init_logging("error");
+                crate::cli::demo::run(std::io::stdout()).await
+            }
+            Command::Fixture {
+                which: Fixture::NotesServer { args },
+            } => {
+                init_logging("info");
+                let options = airlock_fixture_notes::parse_args(args.into_iter())
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                airlock_fixture_notes::serve_stdio(options).await
+            }
+        }
+    });
+    // Upstream children and background readers must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Tampered>() => ExitCode::from(3),
+        Err(e) => {
+            // Error chains can quote a server's words (its stderr, its JSON-RPC errors):
+            // never let them drive the terminal.
+            eprintln!(
+                "airlock: error: {}",
+                crate::cli::operate::safe_lines(&format!("{e:#}"))
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `airlock grants`: prints the review; exit status 2 when an import is flagged (unless
+/// `allow_flagged`), 1 on an error.
+fn grants(
+    manifest: &std::path::Path,
+    json: bool,
+    html: bool,
+    allow_flagged: bool,
+    diff: Option<i64>,
+    state_dir: Option<PathBuf>,
+) -> ExitCode {
+    let review = crate::cli::review::review(manifest).and_then(|mut review| {
+        if state_dir.is_some() || diff.is_some() {
+            let registry = registry_for(state_dir)?;
+            crate::cli::review::add_registry(&mut review, manifest, &registry, diff)?;
+        }
+        Ok(review)
+    });
+    let review = match review {
+        Ok(review) => review,
+        Err(e) => {
+            eprintln!("airlock: error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let out = if json {
+        review.to_json() + "\n"
+    } else if html {
+        review.to_html()
+    } else {
+        review.to_text()
+    };
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        eprintln!("airlock: error: writing the review: {e}");
+        return ExitCode::FAILURE;
+    }
+    if review.has_flagged() && !allow_flagged {
+        eprintln!(
+            "airlock: {} flagged import(s) in mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
+            review.flagged, review.mapping.name
+        );
+        return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
+}
+
+/// `trace verify` found tampering (exit status 3).
+#[derive(Debug)]
+struct Tampered;
+
+impl std::fmt::Display for Tampered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the trace does not verify")
+    }
+}
+
+impl std::error::Error for Tampered {}
+
+fn print(text: String) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn load_config(path: &std::path::Path, state_dir: Option<PathBuf>) -> Result<ServeConfig> {
+    let mut config = ServeConfig::load(path)?;
+    if state_dir.is_some() {
+        config.state_dir = state_dir;
+    }
+    Ok(config)
+}
+
+fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry> {
+    let dir = state_dir
+        .or_else(crate::config::default_state_dir)
+        .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
+    if !dir.join(crate::store::DATABASE_FILE).exists() {
+        anyhow::bail!(
+            "no Airlock state in {} (no {}); pass the --state-dir your host uses",
+            dir.display(),
+            crate::store::DATABASE_FILE
+        );
+    }
+    crate::cli::operate::registry_at(&dir)
+}
+
+async fn serve(
+    config_path: PathBuf,
+    cache_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+) -> Result<()> {
+    let mut config = load_config(&config_path, state_dir)?;
+    config.cache_dir = cache_dir;
+    let host = Host::start(&config).await?;
+    crate::registry::reload::spawn_background(&host)?;
+    let catalog = host.catalog();
+    tracing::info!(
+        mappings = catalog.mappings.len(),
+        capabilities_offered = catalog.offered().count(),
+        "serving MCP on stdio"
+    );
+    let gateway = host.session();
+    let running = gateway
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("MCP initialize with the client on stdio")?;
+    running.waiting().await.context("gateway session")?;
+    Ok(())
+}
