@@ -29,6 +29,7 @@ const GUEST_TARGET: &str = "wasm32-wasip2";
 const GUESTS: &[(&str, &str)] = &[
     ("source-library", "adapters/source-library"),
     ("fs-documents", "adapters/fs-documents"),
+    ("outbox-delivery", "adapters/outbox-delivery"),
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
     ("hostile", "fixtures/adapters/hostile"),

@@ -29,6 +29,23 @@
 //! snapshot_interval = "10m"      # re-discover every connection this often (default 10m;
 //!                                # "off" = only on start and list_changed)
 //!
+//! policy = ["airlock.cedar"]     # Cedar policy files, in order (default: the built-in
+//!                                # policy, see crate::policy::DEFAULT_POLICY)
+//! default_profile = "research"   # the profile a session gets without --profile
+//!
+//! [requester]                    # who a stdio session acts for (never the model's say)
+//! name = "alice"                 # default: the operating-system user running airlock
+//! roles = ["operator"]           # Cedar `Airlock::Role` parents of the requester
+//!
+//! [[profile]]                    # what a session may be offered; none configured = one
+//! name = "research"              # implicit profile `default` offering every capability
+//! capabilities = ["search_sources", "retrieve_source"]   # local names, or ["*"]
+//! connections = ["notes"]        # optional scope: only capabilities on these connections
+//!
+//! [approvals]
+//! ttl = "15m"                    # how long a pending approval or an unused receipt lives
+//! elicitation_timeout = "5m"     # how long a call waits for a person's answer
+//!
 //! [secrets]                      # named secrets that mappings' env grants may use
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
 //! ```
@@ -68,6 +85,167 @@ pub struct ServeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Named secrets, already read.
     pub secrets: BTreeMap<String, Secret>,
+    /// The requester of a stdio session (`[requester]`).
+    pub requester: RequesterConfig,
+    /// Profiles by name. Never empty: without `[[profile]]` entries it holds the implicit
+    /// profile [`IMPLICIT_PROFILE`] offering every capability.
+    pub profiles: BTreeMap<String, Profile>,
+    /// `default_profile`, checked to name a profile.
+    pub default_profile: Option<String>,
+    /// Cedar policy files, in order; empty means the built-in default policy.
+    pub policy_files: Vec<PathBuf>,
+    /// `[approvals]`.
+    pub approvals: ApprovalSettings,
+}
+
+/// The profile a configuration without `[[profile]]` entries gets: every capability.
+pub const IMPLICIT_PROFILE: &str = "default";
+
+/// Default lifetime of a pending approval and of an unused receipt (`[approvals] ttl`).
+pub const DEFAULT_APPROVAL_TTL: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// Default time a call waits for a person to answer an elicitation.
+pub const DEFAULT_ELICITATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// Who a stdio session acts for. It comes from the serve configuration (or the
+/// operating-system user), never from the model or from client-supplied fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequesterConfig {
+    /// The requester's name: `[requester] name`, default the OS user running airlock.
+    pub name: String,
+    /// Roles (Cedar `Airlock::Role` parents of the requester entity).
+    pub roles: Vec<String>,
+}
+
+impl Default for RequesterConfig {
+    fn default() -> Self {
+        Self {
+            name: os_user_name(),
+            roles: Vec::new(),
+        }
+    }
+}
+
+/// A task profile: which capabilities a session may be offered (DESIGN.md §2). A session's
+/// catalogue is profile ∩ serving mappings ∩ healthy connections ∩ policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    /// `[a-z0-9-_]`, unique.
+    pub name: String,
+    /// Local capability names; `None` means every capability (`["*"]`).
+    pub capabilities: Option<BTreeSet<String>>,
+    /// Connection names the profile is scoped to; `None` means every connection.
+    pub connections: Option<BTreeSet<String>>,
+}
+
+impl Profile {
+    /// The implicit profile: every capability on every connection.
+    pub fn everything(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            capabilities: None,
+            connections: None,
+        }
+    }
+
+    /// Whether capability `name`, served over connection `connection`, is in this profile.
+    pub fn includes(&self, name: &str, connection: &str) -> bool {
+        self.capabilities.as_ref().is_none_or(|c| c.contains(name))
+            && self
+                .connections
+                .as_ref()
+                .is_none_or(|c| c.contains(connection))
+    }
+}
+
+/// `[approvals]`: lifetimes of approvals and how long a call waits for a person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalSettings {
+    /// Lifetime of a pending approval request, and of a receipt once approved (host clock).
+    pub ttl: std::time::Duration,
+    /// How long a call waits for an answer to `elicitation/create`.
+    pub elicitation_timeout: std::time::Duration,
+}
+
+impl Default for ApprovalSettings {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_APPROVAL_TTL,
+            elicitation_timeout: DEFAULT_ELICITATION_TIMEOUT,
+        }
+    }
+}
+
+impl ServeConfig {
+    /// A configuration with no connections or mappings and every other setting at its
+    /// default (state folder unset, no re-discovery interval, no cache, the OS user as
+    /// requester, the implicit profile, the built-in policy).
+    pub fn empty() -> Self {
+        let mut profiles = BTreeMap::new();
+        profiles.insert(
+            IMPLICIT_PROFILE.to_string(),
+            Profile::everything(IMPLICIT_PROFILE),
+        );
+        Self {
+            connections: BTreeMap::new(),
+            mappings: Vec::new(),
+            mappings_dir: None,
+            state_dir: None,
+            snapshot_interval: None,
+            cache_dir: None,
+            secrets: BTreeMap::new(),
+            requester: RequesterConfig::default(),
+            profiles,
+            default_profile: None,
+            policy_files: Vec::new(),
+            approvals: ApprovalSettings::default(),
+        }
+    }
+
+    /// The profile named `requested`, else `default_profile`, else the only profile.
+    ///
+    /// # Errors
+    /// The name is not a configured profile, or several profiles exist and none is chosen.
+    pub fn profile(&self, requested: Option<&str>) -> Result<&Profile> {
+        let name = match requested.or(self.default_profile.as_deref()) {
+            Some(name) => name,
+            None if self.profiles.len() == 1 => {
+                return Ok(self.profiles.values().next().expect("one profile"));
+            }
+            None => bail!(
+                "the configuration defines several profiles ({}) and no default_profile: choose one with --profile",
+                self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        };
+        self.profiles.get(name).with_context(|| {
+            format!(
+                "profile `{name}` is not defined; the configuration defines: {}",
+                self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+}
+
+/// The name of the operating-system user running this process (`getpwuid_r` of the
+/// effective uid), else `uid-<n>`.
+pub fn os_user_name() -> String {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; buf outlives the use of pwd's fields.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc == 0 && !result.is_null() && !pwd.pw_name.is_null() {
+        // SAFETY: pw_name points into buf, NUL-terminated by getpwuid_r.
+        let name = unsafe { std::ffi::CStr::from_ptr(pwd.pw_name) };
+        if let Ok(name) = name.to_str()
+            && !name.is_empty()
+        {
+            return name.to_string();
+        }
+    }
+    format!("uid-{uid}")
 }
 
 /// A secret value. Its `Debug` output is redacted.
@@ -92,6 +270,36 @@ struct RawConfig {
     mappings_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     snapshot_interval: Option<String>,
+    #[serde(default)]
+    policy: Vec<PathBuf>,
+    default_profile: Option<String>,
+    requester: Option<RawRequester>,
+    #[serde(default)]
+    profile: Vec<RawProfile>,
+    approvals: Option<RawApprovals>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequester {
+    name: Option<String>,
+    #[serde(default)]
+    roles: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: String,
+    capabilities: Vec<String>,
+    connections: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApprovals {
+    ttl: Option<String>,
+    elicitation_timeout: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -152,14 +360,7 @@ impl ServeConfig {
         let raw: RawConfig = toml::from_str(text)?;
         let mut connections = BTreeMap::new();
         for c in raw.connection {
-            if c.name.is_empty()
-                || !c
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-            {
-                bail!("connection name `{}` must be a-z, 0-9, `-`, `_`", c.name);
-            }
+            check_name("connection", &c.name)?;
             let cwd = base.join(c.cwd.unwrap_or_else(|| PathBuf::from(".")));
             let cwd = cwd.canonicalize().with_context(|| {
                 format!(
@@ -231,6 +432,112 @@ impl ServeConfig {
             }
             mappings.push(path);
         }
+        let requester = match raw.requester {
+            None => RequesterConfig::default(),
+            Some(r) => {
+                let name = match r.name {
+                    Some(name) => {
+                        check_principal_name("[requester] name", &name)?;
+                        name
+                    }
+                    None => os_user_name(),
+                };
+                for role in &r.roles {
+                    check_principal_name("[requester] roles", role)?;
+                }
+                RequesterConfig {
+                    name,
+                    roles: r.roles,
+                }
+            }
+        };
+        let mut profiles = BTreeMap::new();
+        for p in raw.profile {
+            check_name("profile", &p.name)?;
+            if p.capabilities.is_empty() {
+                bail!(
+                    "profile `{}`: `capabilities` is empty, so it would offer nothing (list capability names, or [\"*\"] for every one)",
+                    p.name
+                );
+            }
+            let capabilities = if p.capabilities.iter().any(|c| c == "*") {
+                if p.capabilities.len() > 1 {
+                    bail!(
+                        "profile `{}`: `capabilities` mixes \"*\" with names; use one or the other",
+                        p.name
+                    );
+                }
+                None
+            } else {
+                let mut set = BTreeSet::new();
+                for c in &p.capabilities {
+                    if !set.insert(c.clone()) {
+                        bail!("profile `{}`: capability `{c}` is listed twice", p.name);
+                    }
+                }
+                Some(set)
+            };
+            let connections = match p.connections {
+                None => None,
+                Some(list) => {
+                    let mut set = BTreeSet::new();
+                    for c in list {
+                        if !connections.contains_key(&c) {
+                            bail!(
+                                "profile `{}`: connection `{c}` is not defined in this configuration",
+                                p.name
+                            );
+                        }
+                        set.insert(c);
+                    }
+                    Some(set)
+                }
+            };
+            let profile = Profile {
+                name: p.name.clone(),
+                capabilities,
+                connections,
+            };
+            if profiles.insert(p.name.clone(), profile).is_some() {
+                bail!("profile `{}` is defined twice", p.name);
+            }
+        }
+        if profiles.is_empty() {
+            profiles.insert(
+                IMPLICIT_PROFILE.to_string(),
+                Profile::everything(IMPLICIT_PROFILE),
+            );
+        }
+        if let Some(name) = &raw.default_profile
+            && !profiles.contains_key(name)
+        {
+            bail!(
+                "default_profile `{name}` is not a defined profile (defined: {})",
+                profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+        let mut policy_files = Vec::new();
+        for f in raw.policy {
+            let path = base.join(&f);
+            if policy_files.contains(&path) {
+                bail!("policy file {} is listed twice", path.display());
+            }
+            policy_files.push(path);
+        }
+        let mut approvals = ApprovalSettings::default();
+        if let Some(a) = raw.approvals {
+            if let Some(text) = a.ttl {
+                approvals.ttl = parse_bounded_duration("[approvals] ttl", &text, 1, 7 * 24 * 3600)?;
+            }
+            if let Some(text) = a.elicitation_timeout {
+                approvals.elicitation_timeout = parse_bounded_duration(
+                    "[approvals] elicitation_timeout",
+                    &text,
+                    1,
+                    24 * 3600,
+                )?;
+            }
+        }
         Ok(Self {
             connections,
             mappings,
@@ -239,8 +546,44 @@ impl ServeConfig {
             snapshot_interval,
             cache_dir: None,
             secrets,
+            requester,
+            profiles,
+            default_profile: raw.default_profile,
+            policy_files,
+            approvals,
         })
     }
+}
+
+/// A name of the configuration's own things (connections, profiles): `[a-z0-9-_]+`.
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        bail!("{what} name `{name}` must be 1 to 64 of a-z, 0-9, `-`, `_`");
+    }
+    Ok(())
+}
+
+/// A principal or role name: 1 to 128 printable characters, no control characters.
+fn check_principal_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+        bail!("{what} `{}` must be 1 to 128 printable characters", name.escape_debug());
+    }
+    Ok(())
+}
+
+/// Parses a duration such as "15m" between `min_s` and `max_s` seconds.
+fn parse_bounded_duration(what: &str, text: &str, min_s: u64, max_s: u64) -> Result<std::time::Duration> {
+    let d = humantime::parse_duration(text)
+        .with_context(|| format!("{what} `{text}`: expected a duration such as \"15m\""))?;
+    if d < std::time::Duration::from_secs(min_s) || d > std::time::Duration::from_secs(max_s) {
+        bail!("{what} `{text}` must be between {min_s} s and {max_s} s");
+    }
+    Ok(d)
 }
 
 /// The default compiled-component cache: `$XDG_CACHE_HOME/airlock/compiled`, else

@@ -21,6 +21,7 @@
 //! | integers                  | JSON integers within the type's range (no fractions)    |
 //! | `string`, `char`          | string (`char`: exactly one Unicode scalar)             |
 //! | handle (`type x-ref = string`) | opaque string; the host swaps it for a token       |
+//! | `type idempotency-key = string` (record field) | absent: host-supplied, never in the schema |
 //!
 //! Anything else fails: an unknown property, a missing required property, a wrong type, an
 //! out-of-range integer. Resources, futures, streams and maps are not allowed in contracts.
@@ -36,6 +37,13 @@ use wit_parser::{Resolve, Type, TypeDefKind, TypeId};
 pub const HOST_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/deps/host/host.wit");
 /// The WIT of `airlock:contracts@0.1.0`, as shipped in `wit/v0.1.0/contracts.wit`.
 pub const CONTRACTS_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/contracts.wit");
+/// The WIT of `airlock:contracts@0.2.0`, as shipped in `wit/v0.2.0/contracts.wit`.
+pub const CONTRACTS_WIT_0_2_0: &str = include_str!("../../wit/v0.2.0/contracts.wit");
+
+/// Name of the `string` alias whose record fields the host fills (the intent's idempotency
+/// key): such a field is absent from the model-facing schema, refused when the model sends
+/// it, and never shown in a result.
+pub const HOST_SUPPLIED_KEY: &str = "idempotency-key";
 
 /// Longest string the model may pass in any argument, in bytes (UTF-8).
 pub const MAX_STRING_BYTES: usize = 64 * 1024;
@@ -61,6 +69,8 @@ pub enum Shape {
     String,
     /// A handle alias: `type <kind> = string` with a name ending in [`HANDLE_SUFFIX`].
     Handle(String),
+    /// A host-supplied string ([`HOST_SUPPLIED_KEY`]).
+    HostSupplied(String),
     List(Box<Shape>),
     Option(Box<Shape>),
     Tuple(Vec<Shape>),
@@ -117,13 +127,92 @@ impl std::fmt::Display for ConvertError {
 
 impl std::error::Error for ConvertError {}
 
-/// Parses the contracts shipped in this binary and returns the one named `interface`
-/// (`airlock:contracts/<name>@<version>`).
-///
-/// # Errors
-/// The host-defined effect class of a contract (DESIGN.md §2): `read` for contracts that
-/// only retrieve, `local transformation`, `external effect`; `unknown` for a contract this
-/// host does not classify.
+/// The effect class of a contract function, declared by the host (DESIGN.md §2), never
+/// taken from a server's annotations (which are hints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EffectClass {
+    /// Reads; changes nothing anywhere.
+    Read,
+    /// Computes or stages something that leaves no one else's system changed.
+    LocalTransformation,
+    /// Changes something that can be undone.
+    ReversibleMutation,
+    /// Changes something outside Airlock's reach that cannot be recalled.
+    ExternalEffect,
+}
+
+impl EffectClass {
+    /// The kebab-case name (`read`, `local-transformation`, `reversible-mutation`,
+    /// `external-effect`): what policies compare `resource.effect_class` with.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::LocalTransformation => "local-transformation",
+            Self::ReversibleMutation => "reversible-mutation",
+            Self::ExternalEffect => "external-effect",
+        }
+    }
+
+    /// True for classes whose call changes something (everything but `read`).
+    pub fn has_effect(self) -> bool {
+        self != Self::Read
+    }
+}
+
+impl std::fmt::Display for EffectClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Host-side semantics of one contract function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct EffectSemantics {
+    /// The effect class.
+    pub class: EffectClass,
+    /// Whether repeating the call (with the same host-supplied key, where it has one)
+    /// changes nothing more.
+    pub idempotent: bool,
+    /// Whether the contract can be asked afterwards what happened (a reconciliation query).
+    pub queryable: bool,
+    /// Called by the host only (reconciliation); a mapping may not offer it to the model.
+    pub host_only: bool,
+}
+
+/// The semantics of `function` in contract `interface`, or `None` for a function this
+/// host does not classify (a mapping that offers it is refused).
+pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemantics> {
+    let read = EffectSemantics {
+        class: EffectClass::Read,
+        idempotent: true,
+        queryable: false,
+        host_only: false,
+    };
+    Some(match (interface, function) {
+        ("airlock:contracts/source-retrieval@0.1.0", "search" | "retrieve") => read,
+        ("airlock:contracts/artifact-delivery@0.2.0", "list-destinations") => read,
+        ("airlock:contracts/artifact-delivery@0.2.0", "prepare") => EffectSemantics {
+            class: EffectClass::LocalTransformation,
+            idempotent: false,
+            ..read
+        },
+        ("airlock:contracts/artifact-delivery@0.2.0", "deliver") => EffectSemantics {
+            class: EffectClass::ExternalEffect,
+            idempotent: true,
+            queryable: true,
+            host_only: false,
+        },
+        ("airlock:contracts/artifact-delivery@0.2.0", "query") => EffectSemantics {
+            host_only: true,
+            ..read
+        },
+        _ => return None,
+    })
+}
+
+/// The most consequential effect class among a contract's functions, as a word for
+/// people (`read`, `external effect`...); `unknown` for a contract this host does not know.
 pub fn effect_class(contract: &str) -> &'static str {
     let interface = contract.split('@').next().unwrap_or(contract);
     match interface.rsplit('/').next().unwrap_or("") {
@@ -134,30 +223,54 @@ pub fn effect_class(contract: &str) -> &'static str {
     }
 }
 
-/// Unknown interface, or a contract that uses a type contracts may not use.
-pub fn load_contract(interface: &str) -> Result<Contract> {
+/// The contract interfaces this host supports, e.g.
+/// `airlock:contracts/source-retrieval@0.1.0`.
+pub fn known_contracts() -> Vec<String> {
+    let Ok((resolve, packages)) = contracts_resolve() else {
+        return Vec::new();
+    };
+    packages
+        .iter()
+        .flat_map(|p| resolve.packages[*p].interfaces.values())
+        .filter_map(|id| resolve.id_of(*id))
+        .collect()
+}
+
+/// Every shipped `airlock:contracts` version, parsed with the host package they use.
+fn contracts_resolve() -> Result<(Resolve, Vec<wit_parser::PackageId>)> {
     let mut resolve = Resolve::new();
     resolve
         .push_str("host.wit", HOST_WIT_0_1_0)
         .context("parsing airlock:host WIT")?;
-    let package = resolve
-        .push_str("contracts.wit", CONTRACTS_WIT_0_1_0)
-        .context("parsing airlock:contracts WIT")?;
-    let pkg = &resolve.packages[package];
-    let iface_id = pkg
-        .interfaces
-        .values()
-        .copied()
+    let mut packages = Vec::new();
+    for (name, text) in [
+        ("contracts-0.1.0.wit", CONTRACTS_WIT_0_1_0),
+        ("contracts-0.2.0.wit", CONTRACTS_WIT_0_2_0),
+    ] {
+        packages.push(
+            resolve
+                .push_str(name, text)
+                .with_context(|| format!("parsing airlock:contracts WIT ({name})"))?,
+        );
+    }
+    Ok((resolve, packages))
+}
+
+/// Parses the contracts shipped in this binary and returns the one named `interface`
+/// (`airlock:contracts/<name>@<version>`).
+///
+/// # Errors
+/// Unknown interface, or a contract that uses a type contracts may not use.
+pub fn load_contract(interface: &str) -> Result<Contract> {
+    let (resolve, packages) = contracts_resolve()?;
+    let iface_id = packages
+        .iter()
+        .flat_map(|p| resolve.packages[*p].interfaces.values().copied())
         .find(|id| resolve.id_of(*id).as_deref() == Some(interface))
         .with_context(|| {
-            let known: Vec<String> = pkg
-                .interfaces
-                .values()
-                .filter_map(|id| resolve.id_of(*id))
-                .collect();
             format!(
                 "unknown contract `{interface}`; this host knows: {}",
-                known.join(", ")
+                known_contracts().join(", ")
             )
         })?;
     let iface = &resolve.interfaces[iface_id];
@@ -225,6 +338,9 @@ fn shape_of_def(resolve: &Resolve, id: TypeId) -> Result<Shape> {
                 .is_some_and(|n| n.ends_with(HANDLE_SUFFIX)) =>
         {
             Shape::Handle(def.name.clone().unwrap_or_default())
+        }
+        TypeDefKind::Type(Type::String) if def.name.as_deref() == Some(HOST_SUPPLIED_KEY) => {
+            Shape::HostSupplied(HOST_SUPPLIED_KEY.to_string())
         }
         TypeDefKind::Type(inner) => shape_of(resolve, inner)?,
         TypeDefKind::Record(r) => Shape::Record(
@@ -294,6 +410,8 @@ pub fn json_schema(shape: &Shape) -> Value {
             "type": "string",
             "description": format!("An opaque {kind} handle issued by this server. Pass it back unchanged."),
         }),
+        // Never in a record's schema (see the record arm); standing alone it is a string.
+        Shape::HostSupplied(_) => json!({"type": "string"}),
         Shape::List(item) => json!({"type": "array", "items": json_schema(item)}),
         Shape::Option(inner) => json!({"anyOf": [json_schema(inner), {"type": "null"}]}),
         Shape::Tuple(items) => json!({
@@ -312,6 +430,9 @@ pub fn json_schema(shape: &Shape) -> Value {
             let mut properties = Map::new();
             let mut required = Vec::new();
             for (name, shape, doc) in fields {
+                if matches!(shape, Shape::HostSupplied(_)) {
+                    continue;
+                }
                 let mut schema = match shape {
                     Shape::Option(inner) => json_schema(inner),
                     _ => {
@@ -360,7 +481,9 @@ pub fn json_schema(shape: &Shape) -> Value {
 /// Converts model-supplied JSON into a component value of `shape`, strictly.
 ///
 /// `on_handle(kind, token)` resolves each handle the model passed (an opaque token) into
-/// the adapter's locator; its error is reported at the handle's path.
+/// the adapter's locator; its error is reported at the handle's path. A host-supplied
+/// record field is not read from `value` (the model may not send it) and becomes an empty
+/// string; [`fill_host_supplied`] sets it once the intent exists.
 ///
 /// # Errors
 /// The first mismatch found, with its JSON pointer.
@@ -472,6 +595,7 @@ fn to_val(
                 .map(Val::String)
                 .or_else(|message| fail(path, message))
         }
+        Shape::HostSupplied(_) => fail(path, "this value is supplied by the host, not the caller"),
         Shape::List(item) => {
             let Some(items) = value.as_array() else {
                 return fail(path, format!("expected an array, got {}", kind_of(value)));
@@ -530,16 +654,19 @@ fn to_val(
             let Some(obj) = value.as_object() else {
                 return fail(path, format!("expected an object, got {}", kind_of(value)));
             };
-            if let Some(unknown) = obj
-                .keys()
-                .find(|k| !fields.iter().any(|(name, _, _)| name == *k))
-            {
+            let visible = |name: &str| {
+                fields.iter().any(|(n, s, _)| {
+                    n == name && !matches!(s, Shape::HostSupplied(_))
+                })
+            };
+            if let Some(unknown) = obj.keys().find(|k| !visible(k)) {
                 return fail(
                     &format!("{path}/{}", escape_pointer(unknown)),
                     format!(
                         "unknown property; allowed: {}",
                         fields
                             .iter()
+                            .filter(|(_, s, _)| !matches!(s, Shape::HostSupplied(_)))
                             .map(|(n, _, _)| n.as_str())
                             .collect::<Vec<_>>()
                             .join(", ")
@@ -550,6 +677,7 @@ fn to_val(
             for (name, field_shape, _) in fields {
                 let p = format!("{path}/{}", escape_pointer(name));
                 let v = match (obj.get(name), field_shape) {
+                    (_, Shape::HostSupplied(_)) => Val::String(String::new()),
                     (None, Shape::Option(_)) => Val::Option(None),
                     (None, _) => return fail(&p, "required property is missing"),
                     (Some(v), s) => to_val(s, v, &p, on_handle)?,
@@ -603,6 +731,35 @@ fn to_val(
     }
 }
 
+/// Sets every host-supplied field in `val` (of `shape`) to `key`. Returns how many were set.
+pub fn fill_host_supplied(shape: &Shape, val: &mut Val, key: &str) -> usize {
+    match (shape, val) {
+        (Shape::HostSupplied(_), Val::String(s)) => {
+            *s = key.to_string();
+            1
+        }
+        (Shape::Record(fields), Val::Record(vals)) => fields
+            .iter()
+            .map(|(name, s, _)| {
+                vals.iter_mut()
+                    .find(|(n, _)| n == name)
+                    .map_or(0, |(_, v)| fill_host_supplied(s, v, key))
+            })
+            .sum(),
+        (Shape::Option(inner), Val::Option(Some(v))) => fill_host_supplied(inner, v, key),
+        (Shape::List(item), Val::List(items)) => items
+            .iter_mut()
+            .map(|v| fill_host_supplied(item, v, key))
+            .sum(),
+        (Shape::Tuple(shapes), Val::Tuple(vals)) => shapes
+            .iter()
+            .zip(vals.iter_mut())
+            .map(|(s, v)| fill_host_supplied(s, v, key))
+            .sum(),
+        _ => 0,
+    }
+}
+
 fn escape_pointer(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
@@ -635,6 +792,7 @@ pub fn val_to_json(
         (Shape::Char, Val::Char(c)) => json!(c.to_string()),
         (Shape::String, Val::String(s)) => json!(s),
         (Shape::Handle(kind), Val::String(s)) => Value::String(on_handle(kind, s)?),
+        (Shape::HostSupplied(_), Val::String(s)) => json!(s),
         (Shape::List(item), Val::List(items)) => Value::Array(
             items
                 .iter()
@@ -655,6 +813,10 @@ pub fn val_to_json(
         (Shape::Record(fields), Val::Record(vals)) => {
             let mut obj = Map::new();
             for (name, field_shape, _) in fields {
+                // Host-supplied values (idempotency keys) are never shown.
+                if matches!(field_shape, Shape::HostSupplied(_)) {
+                    continue;
+                }
                 let v = vals
                     .iter()
                     .find(|(n, _)| n == name)

@@ -1,10 +1,33 @@
 //! Airlock: runs reviewed MCP adapters as WebAssembly components between an AI
 //! application (a model-facing MCP client) and upstream MCP servers.
+//!
+//! The host is laid out by stage (DESIGN.md §1, §5):
+//! - [`front`]: the MCP server the AI application talks to (stdio today): builds a
+//!   candidate from `tools/call`, renders the outcome; nothing else.
+//! - [`pipeline`]: the life of one call — candidate → normalize → authorize → (approve)
+//!   → intent → re-check → execute → outcome — one module per stage, each a typed value
+//!   handed to the next; sessions and their reference tables; what a session is offered.
+//! - [`policy`]: Cedar policies, the schema they are validated against, decisions.
+//! - [`runtime`]: wasmtime Engine, per-mapping `InstancePre`, fresh Store per call,
+//!   grants and limits.
+//! - [`upstream`]: one rmcp client per connection, output budgets while reading, raw
+//!   discovery capture.
+//! - [`registry`]: connection identity, snapshots, drift, pins, mapping lifecycle, the
+//!   live catalogue and hot reload.
+//! - [`store`]: SQLite — connections, snapshots, mappings, approvals, intents, the
+//!   hash-chained trace (group commit).
+//! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
+//! - [`config`]: the serve configuration.
+//! - [`host`]: the composition root that owns the live registry and the policy engine.
+//! - [`cli`]: the `airlock` command line and its operator commands.
 
 pub mod cli;
 pub mod config;
 pub mod contract;
+pub mod front;
+pub mod host;
 pub mod pipeline;
+pub mod policy;
 pub mod registry;
 pub mod runtime;
 pub mod store;

@@ -5,12 +5,19 @@
 //! [`UpstreamError::NotPermitted`] and nothing is sent. Every result is measured against the
 //! mapping's output budget before the adapter sees it. Everything a server returns is
 //! untrusted data.
+//!
+//! These are the same functions and types for every contract world the SDK supports: the
+//! host imports are generated once (in [`crate::bindings`]) and reused by the other worlds.
+//! [`UpstreamError`] and [`StructuredError`] convert into each contract's `ContractError`
+//! ([`crate::source_retrieval::ContractError`], [`crate::artifact_delivery::ContractError`])
+//! by the same table, so `?` works in every adapter.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::artifact_delivery::ContractError as DeliveryError;
 use crate::bindings::airlock::host::upstream as raw;
-use crate::source_retrieval::ContractError;
+use crate::source_retrieval::ContractError as RetrievalError;
 
 pub use raw::{
     ContentBlock, ResourceContents, ResourceLink, ResourceText, ToolOutput, UpstreamError,
@@ -79,10 +86,17 @@ impl core::fmt::Display for StructuredError {
 
 impl core::error::Error for StructuredError {}
 
-impl From<StructuredError> for ContractError {
-    /// An answer the adapter cannot interpret: [`ContractError::UpstreamFailed`].
+impl From<StructuredError> for RetrievalError {
+    /// An answer the adapter cannot interpret: [`RetrievalError::UpstreamFailed`].
     fn from(e: StructuredError) -> Self {
-        ContractError::UpstreamFailed(e.to_string())
+        RetrievalError::UpstreamFailed(e.to_string())
+    }
+}
+
+impl From<StructuredError> for DeliveryError {
+    /// An answer the adapter cannot interpret: [`DeliveryError::UpstreamFailed`].
+    fn from(e: StructuredError) -> Self {
+        DeliveryError::UpstreamFailed(e.to_string())
     }
 }
 
@@ -155,7 +169,26 @@ impl UpstreamError {
     }
 }
 
-impl From<UpstreamError> for ContractError {
+/// The contract-error case an [`UpstreamError`] maps to, the same for every contract.
+enum Category {
+    Unavailable,
+    InvalidRequest,
+    UpstreamFailed,
+}
+
+impl UpstreamError {
+    fn category(&self) -> Category {
+        match self {
+            UpstreamError::NotPermitted(_) | UpstreamError::Unavailable(_) => Category::Unavailable,
+            UpstreamError::InvalidArguments(_) => Category::InvalidRequest,
+            UpstreamError::OutputTooLarge(_) | UpstreamError::ProtocolError(_) => {
+                Category::UpstreamFailed
+            }
+        }
+    }
+}
+
+impl From<UpstreamError> for RetrievalError {
     /// The default error mapping, carrying [`UpstreamError::describe`] as the payload:
     ///
     /// | upstream error        | contract error      |
@@ -171,14 +204,100 @@ impl From<UpstreamError> for ContractError {
     /// request. An oversized or erroneous answer is an upstream failure.
     fn from(e: UpstreamError) -> Self {
         let detail = e.describe();
-        match e {
-            UpstreamError::NotPermitted(_) | UpstreamError::Unavailable(_) => {
-                ContractError::Unavailable(detail)
-            }
-            UpstreamError::InvalidArguments(_) => ContractError::InvalidRequest(detail),
-            UpstreamError::OutputTooLarge(_) | UpstreamError::ProtocolError(_) => {
-                ContractError::UpstreamFailed(detail)
-            }
+        match e.category() {
+            Category::Unavailable => RetrievalError::Unavailable(detail),
+            Category::InvalidRequest => RetrievalError::InvalidRequest(detail),
+            Category::UpstreamFailed => RetrievalError::UpstreamFailed(detail),
         }
+    }
+}
+
+impl From<UpstreamError> for DeliveryError {
+    /// The same table as for source retrieval, carrying [`UpstreamError::describe`]:
+    /// `not-permitted` and `unavailable` → `unavailable`; `invalid-arguments` →
+    /// `invalid-request`; `output-too-large` and `protocol-error` → `upstream-failed`.
+    ///
+    /// Never `conflict` or `not-found`: those come from the upstream's own answer (a tool
+    /// result with `isError`), which the adapter interprets. For `deliver`, an
+    /// `unavailable` or `upstream-failed` error does not prove that nothing was delivered
+    /// (a connection can drop after the upstream acted): such outcomes are reconciled
+    /// through `query`, never by retrying.
+    fn from(e: UpstreamError) -> Self {
+        let detail = e.describe();
+        match e.category() {
+            Category::Unavailable => DeliveryError::Unavailable(detail),
+            Category::InvalidRequest => DeliveryError::InvalidRequest(detail),
+            Category::UpstreamFailed => DeliveryError::UpstreamFailed(detail),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every upstream error, with the contract-error case both contracts map it to.
+    fn cases() -> Vec<(UpstreamError, &'static str)> {
+        vec![
+            (
+                UpstreamError::NotPermitted("tool `x`".into()),
+                "unavailable",
+            ),
+            (UpstreamError::Unavailable("closed".into()), "unavailable"),
+            (
+                UpstreamError::InvalidArguments("not an object".into()),
+                "invalid-request",
+            ),
+            (UpstreamError::OutputTooLarge(1024), "upstream-failed"),
+            (
+                UpstreamError::ProtocolError("-32602".into()),
+                "upstream-failed",
+            ),
+        ]
+    }
+
+    #[test]
+    fn source_retrieval_errors_follow_the_table() {
+        for (error, case) in cases() {
+            let detail = error.describe();
+            let (got, payload) = match RetrievalError::from(error) {
+                RetrievalError::Unavailable(p) => ("unavailable", p),
+                RetrievalError::InvalidRequest(p) => ("invalid-request", p),
+                RetrievalError::UpstreamFailed(p) => ("upstream-failed", p),
+                other => panic!("unexpected {other:?}"),
+            };
+            assert_eq!((got, payload), (case, detail));
+        }
+    }
+
+    #[test]
+    fn artifact_delivery_errors_follow_the_same_table() {
+        for (error, case) in cases() {
+            let detail = error.describe();
+            let (got, payload) = match DeliveryError::from(error) {
+                DeliveryError::Unavailable(p) => ("unavailable", p),
+                DeliveryError::InvalidRequest(p) => ("invalid-request", p),
+                DeliveryError::UpstreamFailed(p) => ("upstream-failed", p),
+                // Never produced from an upstream error: only the adapter decides these.
+                DeliveryError::NotFound | DeliveryError::Conflict(_) => {
+                    panic!("{detail}: conflict and not-found come from the upstream's answer")
+                }
+            };
+            assert_eq!((got, payload), (case, detail));
+        }
+        let shape = DeliveryError::from(StructuredError::Missing);
+        assert!(
+            matches!(&shape, DeliveryError::UpstreamFailed(p) if p.contains("no structured content")),
+            "{shape:?}"
+        );
+    }
+
+    #[test]
+    fn payloads_are_bounded() {
+        let long = UpstreamError::ProtocolError("x".repeat(10 * MAX_ERROR_DETAIL));
+        let DeliveryError::UpstreamFailed(payload) = DeliveryError::from(long) else {
+            panic!("protocol errors are upstream failures");
+        };
+        assert!(payload.len() <= MAX_ERROR_DETAIL + 32, "{}", payload.len());
     }
 }

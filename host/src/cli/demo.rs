@@ -12,7 +12,8 @@ use rmcp::service::{Peer, RoleClient};
 use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
-use crate::registry::live::{Host, MappingSource};
+use crate::host::Host;
+use crate::registry::live::MappingSource;
 use crate::upstream::StdioServer;
 
 /// The bundled adapter's pinned manifest, as the build wrote it.
@@ -58,12 +59,7 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
     );
     ServeConfig {
         connections,
-        mappings: vec![],
-        mappings_dir: None,
-        state_dir: None,
-        snapshot_interval: None,
-        cache_dir: None,
-        secrets: BTreeMap::new(),
+        ..ServeConfig::empty()
     }
 }
 
@@ -170,7 +166,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     ))?;
 
     let (client_io, server_io) = tokio::io::duplex(1 << 20);
-    let gateway = host.session();
+    let gateway = host.front(None)?;
     let server = tokio::spawn(async move {
         let running = gateway.serve(server_io).await?;
         running.waiting().await?;
@@ -343,7 +339,7 @@ async fn drift_scene<W: std::io::Write>(p: &mut Printer<W>, state: &std::path::P
     };
     let host = Host::start_with(&config, vec![embedded_mapping()?]).await?;
     approve_all(&host, "demo-reviewer").await?;
-    let gateway = host.session();
+    let gateway = host.front(None)?;
     gateway.list();
     let mapping = host
         .catalog()

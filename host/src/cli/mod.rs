@@ -16,7 +16,7 @@ use rmcp::ServiceExt as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::ServeConfig;
-use crate::registry::live::Host;
+use crate::host::Host;
 
 /// Runs reviewed MCP adapters (WebAssembly components) between an AI application and
 /// upstream MCP servers.
@@ -72,6 +72,11 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         /// Compile every component at start; read and write no cache.
         #[arg(long, conflicts_with = "cache_dir")]
         no_cache: bool,
+        /// Bind the session to this profile (default: the configuration's default_profile,
+        /// or its only profile). The requester is `[requester]` (default: the OS user), and
+        /// policy must let it use the profile.
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
     },
     /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
     /// its component actually has, and a verdict for every import.
@@ -267,6 +272,13 @@ enum Fixture {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The outbox delivery server (`stage_file`, `list_outboxes`, `send_file`,
+    /// `lookup_delivery`), delivering into `--outbox DIR`.
+    DeliveryServer {
+        /// Arguments for the fixture server (e.g. `--outbox DIR --call-log FILE`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn init_logging(default: &str) {
@@ -309,6 +321,7 @@ pub fn main() -> ExitCode {
                 config,
                 cache_dir,
                 no_cache,
+                profile,
             } => {
                 init_logging("airlock=info");
                 let cache_dir = match (no_cache, cache_dir) {
@@ -316,7 +329,7 @@ pub fn main() -> ExitCode {
                     (false, Some(dir)) => Some(dir),
                     (false, None) => crate::config::default_cache_dir(),
                 };
-                serve(config, cache_dir, state_dir).await
+                serve(config, cache_dir, state_dir, profile).await
             }
             Command::Discover {
                 connection,
@@ -473,6 +486,14 @@ pub fn main() -> ExitCode {
                     .map_err(|e| anyhow::anyhow!(e))?;
                 airlock_fixture_notes::serve_stdio(options).await
             }
+            Command::Fixture {
+                which: Fixture::DeliveryServer { args },
+            } => {
+                init_logging("info");
+                let options = airlock_fixture_delivery::parse_args(args.into_iter())
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                airlock_fixture_delivery::serve_stdio(options).await
+            }
         }
     });
     // Upstream children and background readers must not keep the process alive.
@@ -588,22 +609,28 @@ async fn serve(
     config_path: PathBuf,
     cache_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    profile: Option<String>,
 ) -> Result<()> {
     let mut config = load_config(&config_path, state_dir)?;
     config.cache_dir = cache_dir;
+    // Fail before anything starts when the profile does not exist.
+    let profile = config.profile(profile.as_deref())?.name.clone();
     let host = Host::start(&config).await?;
     crate::registry::reload::spawn_background(&host)?;
+    let session = host.stdio_session(Some(&profile))?;
     let catalog = host.catalog();
     tracing::info!(
         mappings = catalog.mappings.len(),
-        capabilities_offered = catalog.offered().count(),
+        capabilities_serving = catalog.offered().count(),
+        requester = %session.requester().name,
+        profile = %session.profile().name,
         "serving MCP on stdio"
     );
-    let gateway = host.session();
-    let running = gateway
+    let front = crate::front::McpFront::new(host.clone(), session);
+    let running = front
         .serve(rmcp::transport::stdio())
         .await
         .context("MCP initialize with the client on stdio")?;
-    running.waiting().await.context("gateway session")?;
+    running.waiting().await.context("MCP session")?;
     Ok(())
 }

@@ -1,1 +1,211 @@
+//! The life of one call (DESIGN.md §5): one module per stage, each handing a typed value to
+//! the next.
+//!
+//! ```text
+//!  Candidate ─normalize─▶ Normalized ─authorize─▶ Authorized ────────────────────────┐
+//!                                          └────▶ PendingApproval ─approve─▶ Authorized (+ Receipt)
+//!  Authorized ─intent─▶ Intended ─recheck─▶ Ready ─execute─▶ Executed ─outcome─▶ Outcome
+//! ```
+//!
+//! Rules this module enforces:
+//! - **No stage can be skipped.** Each value can be built only by its own stage (private
+//!   fields, no public constructor): [`recheck`] takes an [`intent::Intended`], which only
+//!   [`intent`] makes, which takes an [`authorize::Authorized`], which only a policy allow
+//!   or an approval receipt makes. The front can build a [`Candidate`] and read an
+//!   [`Outcome`]; nothing in between.
+//! - **Decided twice.** Policy decides at [`authorize`] and again at [`recheck`],
+//!   immediately before the adapter runs, with the then-current policy, mapping state and
+//!   revision, snapshot, connection health and reference validity.
+//! - **Every call is traced, and acknowledged only once traced.** The events of one call
+//!   (candidate, decision, approval, receipt, intent, each upstream request, outcome) are
+//!   linked by the call id and committed before the outcome reaches the front; a receipt's
+//!   consumption commits with the intent it creates.
+//! - [`offer`] computes what a session is offered: profile ∩ serving mappings ∩ healthy
+//!   connections ∩ policy.
+
+pub mod approve;
+pub mod authorize;
+pub mod candidate;
+pub mod execute;
+pub mod intent;
+pub mod normalize;
+pub mod offer;
+pub mod outcome;
+pub mod recheck;
 pub mod references;
+pub mod session;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+pub use candidate::{Asker, Candidate, ClientAbilities, ElicitAnswer, NoAsker, Retry};
+pub use outcome::{Category, Completed, Outcome};
+pub use session::{Requester, Session, SessionId};
+
+use crate::host::Host;
+use crate::registry::events;
+use crate::store::{IntentState, NewEvent};
+
+/// The running state of one call: its id, its session, and the trace events not yet
+/// committed.
+pub struct Call {
+    /// `call_` + 24 hex digits.
+    pub(crate) id: String,
+    pub(crate) session: Arc<Session>,
+    started: Instant,
+    last: Instant,
+    /// Microseconds spent in each stage, in order (recorded in the outcome event).
+    stages: Vec<(&'static str, u64)>,
+    events: Vec<NewEvent>,
+    /// The durable intent whose state the outcome sets, if any.
+    durable_intent: Option<String>,
+}
+
+impl Call {
+    fn new(session: Arc<Session>) -> Self {
+        let now = Instant::now();
+        Self {
+            id: crate::store::approvals::random_id("call_", 12),
+            session,
+            started: now,
+            last: now,
+            stages: Vec::with_capacity(8),
+            events: Vec::with_capacity(8),
+            durable_intent: None,
+        }
+    }
+
+    /// Queues a trace event about this call (its payload gains `"call": id`).
+    pub(crate) fn event(&mut self, kind: &'static str, mut payload: Value) {
+        if let Some(o) = payload.as_object_mut() {
+            o.insert("call".into(), Value::String(self.id.clone()));
+        }
+        self.events.push(NewEvent::new(kind, self.id.clone(), payload));
+    }
+
+    /// Takes the queued events (to commit them with a store write of a stage).
+    pub(crate) fn take_events(&mut self) -> Vec<NewEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Marks the end of stage `name`.
+    pub(crate) fn stage(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.stages
+            .push((name, now.duration_since(self.last).as_micros() as u64));
+        self.last = now;
+    }
+}
+
+/// Runs one call through every stage and returns its outcome, after committing its trace.
+pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Outcome {
+    let mut call = Call::new(candidate.session.clone());
+    let outcome = stages(host, &mut call, candidate, asker).await;
+    match finish(host, &mut call, &outcome) {
+        Ok(()) => outcome,
+        // Nothing is acknowledged that the trace does not hold.
+        Err(e) => {
+            tracing::error!(call = %call.id, "could not commit the call's trace: {e:#}");
+            let ran = matches!(outcome, Outcome::Completed(_));
+            Outcome::refused(
+                if ran { Category::Unknown } else { Category::Unavailable },
+                "the host could not record this call in its trace, so it does not report a result; check the host's state folder",
+            )
+        }
+    }
+}
+
+/// The stages in order. A superseded mapping revision found at the re-check restarts a
+/// call that holds no receipt (at most twice): it then runs, decided again, on the
+/// revision that serves now.
+async fn stages(
+    host: &Arc<Host>,
+    call: &mut Call,
+    candidate: Candidate,
+    asker: &dyn Asker,
+) -> Outcome {
+    let mut candidate = candidate;
+    let mut restarts = 0;
+    loop {
+        let normalized = match normalize::normalize(host, call, candidate) {
+            Ok(n) => n,
+            Err(o) => return o,
+        };
+        call.stage("normalize");
+        let authorized = match authorize::authorize(host, call, normalized) {
+            Ok(authorize::Authorization::Allowed(a)) => a,
+            Ok(authorize::Authorization::NeedsApproval(pending)) => {
+                call.stage("authorize");
+                match approve::approve(host, call, pending, asker).await {
+                    Ok(a) => a,
+                    Err(o) => return o,
+                }
+            }
+            Err(o) => return o,
+        };
+        call.stage("authorize");
+        let intended = match intent::intent(host, call, authorized) {
+            Ok(i) => i,
+            Err(o) => return o,
+        };
+        call.stage("intent");
+        let ready = match recheck::recheck(host, call, intended).await {
+            Ok(r) => r,
+            Err(recheck::NotReady::Refused(o)) => return o,
+            Err(recheck::NotReady::Superseded(c)) if restarts < 2 => {
+                restarts += 1;
+                candidate = *c;
+                continue;
+            }
+            Err(recheck::NotReady::Superseded(_)) => {
+                return Outcome::refused(
+                    Category::StateChanged,
+                    "the capability's mapping changed while the call was being prepared; call it again",
+                );
+            }
+        };
+        call.stage("recheck");
+        let executed = execute::execute(call, ready).await;
+        call.stage("execute");
+        let outcome = outcome::outcome(call, executed);
+        call.stage("outcome");
+        return outcome;
+    }
+}
+
+/// Records the outcome event and commits every queued event of the call (with the
+/// intent's final state, when it has a durable intent).
+fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
+    let stages: serde_json::Map<String, Value> = call
+        .stages
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .collect();
+    let mut payload = outcome.trace_summary();
+    if let Some(o) = payload.as_object_mut() {
+        o.insert("session".into(), json!(call.session.id_text()));
+        o.insert(
+            "elapsed_us".into(),
+            json!(call.started.elapsed().as_micros() as u64),
+        );
+        o.insert("stages_us".into(), Value::Object(stages));
+    }
+    call.event(events::CALL_OUTCOME, payload);
+    let events = call.take_events();
+    let store = host.registry().store();
+    match call.durable_intent.take() {
+        Some(intent) => {
+            let state = match outcome {
+                Outcome::Completed(_) => IntentState::Completed,
+                Outcome::Refused { category, .. } if *category == Category::Unknown => {
+                    IntentState::Unknown
+                }
+                _ => IntentState::Failed,
+            };
+            store.set_intent_state(&intent, state, events)
+        }
+        None => store.append_events(events),
+    }
+}

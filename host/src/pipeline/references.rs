@@ -1,202 +1,407 @@
-//! Source references: opaque handles the model receives in place of adapter locators.
+//! References (handles): opaque tokens the model receives in place of adapter locators.
 //!
-//! Rule: a reference is a random token (160 bits from the OS generator, `ref_` + 40 hex
-//! digits) bound, on the server side only, to the session that received it, the mapping
-//! and connection that produced it, the adapter's locator (the upstream resource
-//! identity) and an expiry. Resolving a token checks all of it before any upstream
-//! request: a forged token, a token from another session, a token minted by another
-//! mapping, and an expired token all fail. The model is never told which of these it was
-//! for tokens it does not own (no hint that a token exists elsewhere).
+//! Rules this module enforces (DESIGN.md §2 "handle"):
+//! - **A token means something only in the table that minted it.** There is one table per
+//!   session (over stdio the process is the session; for 2026-07-28 clients, which have no
+//!   protocol session, a front binds the table to requester + profile instead). A token is
+//!   160 random bits from the OS generator, `ref_` + 40 lowercase hex digits; a token from
+//!   another table, a forged one, or a locator passed as a token is simply unknown here.
+//! - **A reference is a capability, not a string.** Its binding holds the handle kind (the
+//!   WIT alias, e.g. `source-ref` or `destination-ref`), the mapping, the mapping's load
+//!   generation and the revision it was minted under, the adapter's locator, facts about the
+//!   object (e.g. an artifact's sha256 and size), and an expiry. Resolving checks all of
+//!   it: a reference of one kind is not accepted where another kind is expected, and a
+//!   reference minted under a revision (or a load) that no longer serves is stale.
+//! - **The same object gets the same token.** Minting the same (mapping load, revision,
+//!   kind, locator) again in one table returns the token already issued and renews its
+//!   expiry, so a session that searches all day holds one token per source, not one per hit.
+//! - **Bounded per table, never across tables.** A table holds at most
+//!   [`MAX_REFERENCES_PER_TABLE`] bindings; past it, the least recently used binding *of
+//!   that table* is dropped (O(1), `lru`). Expiry is checked when a token is used, never by
+//!   scanning. One session can never evict another session's references.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Default lifetime of a reference.
+use lru::LruCache;
+use serde_json::{Map, Value};
+
+/// Default lifetime of a reference, renewed each time the same object is minted again.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30 * 60);
-/// Most live references held at once; the oldest are dropped past it.
-pub const MAX_LIVE_REFERENCES: usize = 100_000;
 
-/// Identifies one model-facing session (one MCP client connection).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SessionId(pub u64);
+/// Most references one table (one session) holds; the least recently used go first.
+pub const MAX_REFERENCES_PER_TABLE: usize = 100_000;
 
-/// What a token stands for.
+/// Token prefix.
+const PREFIX: &str = "ref_";
+
+/// What a token was minted for, as the resolver must find it again.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Binding {
-    pub session: SessionId,
-    pub mapping: String,
-    pub connection: String,
-    /// The handle kind (the WIT alias name, e.g. `source-ref`).
-    pub kind: String,
-    /// The adapter's locator: the upstream identity of the source.
-    pub locator: String,
-    pub expires: Instant,
+pub struct Origin {
+    /// The mapping's name.
+    pub mapping: Arc<str>,
+    /// The mapping's load generation (unique per loaded mapping in this process).
+    pub generation: u64,
+    /// The mapping revision serving when the token was minted.
+    pub revision: i64,
 }
 
-/// Why a token did not resolve. Shown to the model.
+/// A resolved reference: the adapter's locator and the facts recorded with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The adapter's locator.
+    pub locator: Arc<str>,
+    /// Facts recorded when it was minted (scalar fields of the record it came in, e.g.
+    /// `sha256`, `bytes`, `title`, `label`); upstream-reported, so untrusted text.
+    pub facts: Arc<Map<String, Value>>,
+}
+
+/// Why a token did not resolve. Shown to the model (these are its own tokens or unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResolveError {
-    /// Unknown, forged, from another session, or for another capability.
+    /// Unknown, forged, from another session, or of another kind.
     NotValid,
     /// Was valid here but has expired.
     Expired,
+    /// Minted under a mapping revision that no longer serves.
+    Stale,
 }
 
 impl std::fmt::Display for ResolveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::NotValid => f.write_str("this reference is not valid in this session; use a reference from one of your own search results"),
-            Self::Expired => f.write_str("this reference has expired; search again for a fresh one"),
+            Self::NotValid => f.write_str(
+                "this reference is not valid here; use a reference this capability's own results gave you in this session",
+            ),
+            Self::Expired => f.write_str("this reference has expired; ask for a fresh one"),
+            Self::Stale => f.write_str(
+                "this reference was issued before the capability changed; ask for a fresh one",
+            ),
         }
     }
 }
 
-/// The host's reference table, shared by all sessions.
-#[derive(Default)]
-pub struct References {
-    inner: Mutex<HashMap<String, Binding>>,
+struct Binding {
+    origin: Origin,
+    kind: Arc<str>,
+    locator: Arc<str>,
+    facts: Arc<Map<String, Value>>,
+    expires: Instant,
 }
 
-impl References {
-    /// Mints a token for `binding`.
+type Token = [u8; 20];
+
+#[derive(Hash, PartialEq, Eq)]
+struct LocatorKey {
+    generation: u64,
+    revision: i64,
+    kind: Arc<str>,
+    locator: Arc<str>,
+}
+
+struct Inner {
+    by_token: LruCache<Token, Binding>,
+    by_locator: HashMap<LocatorKey, Token>,
+}
+
+/// One session's reference table.
+pub struct ReferenceTable {
+    inner: Mutex<Inner>,
+    capacity: usize,
+    ttl: Duration,
+}
+
+impl Default for ReferenceTable {
+    fn default() -> Self {
+        Self::with_limits(MAX_REFERENCES_PER_TABLE, DEFAULT_TTL)
+    }
+}
+
+impl ReferenceTable {
+    /// A table holding at most `capacity` (≥ 1) references, each living `ttl` from its
+    /// last mint.
+    pub fn with_limits(capacity: usize, ttl: Duration) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                by_token: LruCache::unbounded(),
+                by_locator: HashMap::new(),
+            }),
+            capacity: capacity.max(1),
+            ttl,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Live bindings held (expired ones count until they are used or evicted).
+    pub fn len(&self) -> usize {
+        self.lock().by_token.len()
+    }
+
+    /// True when the table holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Returns the token for `locator` of handle `kind`, minted under `origin`, with
+    /// `facts`: the token already issued for the same object (its expiry renewed), else a
+    /// new one.
     ///
     /// # Panics
     /// When the OS random generator fails (there is no safe fallback).
-    pub fn mint(&self, binding: Binding) -> String {
-        let mut bytes = [0u8; 20];
-        getrandom::fill(&mut bytes).expect("the OS random generator failed");
-        let token = format!("ref_{}", hex::encode(bytes));
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_LIVE_REFERENCES {
-            let now = Instant::now();
-            map.retain(|_, b| b.expires > now);
-            if map.len() >= MAX_LIVE_REFERENCES
-                && let Some(oldest) = map
-                    .iter()
-                    .min_by_key(|(_, b)| b.expires)
-                    .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
+    pub fn mint(
+        &self,
+        origin: &Origin,
+        kind: &str,
+        locator: &str,
+        facts: Map<String, Value>,
+    ) -> String {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let key = LocatorKey {
+            generation: origin.generation,
+            revision: origin.revision,
+            kind: Arc::from(kind),
+            locator: Arc::from(locator),
+        };
+        if let Some(token) = inner.by_locator.get(&key).copied()
+            && let Some(b) = inner.by_token.get_mut(&token)
+        {
+            b.expires = now + self.ttl;
+            if !facts.is_empty() {
+                b.facts = Arc::new(facts);
             }
+            return render(&token);
         }
-        map.insert(token.clone(), binding);
-        token
+        let mut token = [0u8; 20];
+        getrandom::fill(&mut token).expect("the OS random generator failed");
+        while inner.by_token.len() >= self.capacity {
+            let Some((_, old)) = inner.by_token.pop_lru() else {
+                break;
+            };
+            inner.by_locator.remove(&LocatorKey {
+                generation: old.origin.generation,
+                revision: old.origin.revision,
+                kind: old.kind,
+                locator: old.locator,
+            });
+        }
+        let binding = Binding {
+            origin: origin.clone(),
+            kind: key.kind.clone(),
+            locator: key.locator.clone(),
+            facts: Arc::new(facts),
+            expires: now + self.ttl,
+        };
+        inner.by_locator.insert(key, token);
+        inner.by_token.put(token, binding);
+        render(&token)
     }
 
-    /// Resolves `token` for `session` and `mapping`, returning the adapter's locator.
+    /// Resolves `token` as a handle of `kind` for `mapping`, whose current load and
+    /// serving revision are `current`.
     ///
     /// # Errors
-    /// [`ResolveError`]; nothing about other sessions' tokens is revealed.
+    /// [`ResolveError`]; nothing about other tables' tokens is revealed.
     pub fn resolve(
         &self,
         token: &str,
-        session: SessionId,
-        mapping: &str,
         kind: &str,
-    ) -> Result<String, ResolveError> {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(b) = map.get(token) else {
+        current: &Origin,
+    ) -> Result<Resolved, ResolveError> {
+        let token = parse(token).ok_or(ResolveError::NotValid)?;
+        let mut inner = self.lock();
+        let Some(b) = inner.by_token.get(&token) else {
             return Err(ResolveError::NotValid);
         };
-        if b.session != session || b.mapping != mapping || b.kind != kind {
+        if &*b.kind != kind || b.origin.mapping != current.mapping {
             return Err(ResolveError::NotValid);
         }
+        if b.origin.generation != current.generation || b.origin.revision != current.revision {
+            return Err(ResolveError::Stale);
+        }
         if b.expires <= Instant::now() {
-            map.remove(token);
+            if let Some(old) = inner.by_token.pop(&token) {
+                inner.by_locator.remove(&LocatorKey {
+                    generation: old.origin.generation,
+                    revision: old.origin.revision,
+                    kind: old.kind,
+                    locator: old.locator,
+                });
+            }
             return Err(ResolveError::Expired);
         }
-        Ok(b.locator.clone())
+        Ok(Resolved {
+            locator: b.locator.clone(),
+            facts: b.facts.clone(),
+        })
     }
+}
 
-    /// Drops every reference minted for `mapping` (used when a mapping is unloaded).
-    pub fn revoke_mapping(&self, mapping: &str) {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, b| b.mapping != mapping);
+fn render(token: &Token) -> String {
+    let mut s = String::with_capacity(PREFIX.len() + 40);
+    s.push_str(PREFIX);
+    s.push_str(&hex::encode(token));
+    s
+}
+
+fn parse(text: &str) -> Option<Token> {
+    let hex_part = text.strip_prefix(PREFIX)?;
+    if hex_part.len() != 40
+        || !hex_part
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
     }
+    let mut token = [0u8; 20];
+    hex::decode_to_slice(hex_part, &mut token).ok()?;
+    Some(token)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn binding(session: u64, ttl: Duration) -> Binding {
-        Binding {
-            session: SessionId(session),
-            mapping: "source-library".into(),
-            connection: "notes".into(),
-            kind: "source-ref".into(),
-            locator: "wal-checkpoints".into(),
-            expires: Instant::now() + ttl,
+    fn origin(generation: u64, revision: i64) -> Origin {
+        Origin {
+            mapping: Arc::from("source-library"),
+            generation,
+            revision,
         }
     }
 
     #[test]
-    fn tokens_are_long_random_and_distinct() {
-        let refs = References::default();
-        let a = refs.mint(binding(1, DEFAULT_TTL));
-        let b = refs.mint(binding(1, DEFAULT_TTL));
+    fn tokens_are_long_random_opaque_and_stable_per_object() {
+        let t = ReferenceTable::default();
+        let a = t.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new());
+        let b = t.mint(&origin(1, 1), "source-ref", "other-note", Map::new());
+        let again = t.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new());
         assert_ne!(a, b);
-        assert_eq!(a.len(), 4 + 40);
-        assert!(
-            !a.contains("wal"),
-            "the locator must not leak into the token"
+        assert_eq!(a, again, "the same object in one session gets the same token");
+        assert_eq!(t.len(), 2);
+        assert_eq!(a.len(), 44);
+        assert!(!a.contains("wal"), "the locator must not leak into the token");
+        let other = ReferenceTable::default();
+        assert_ne!(
+            other.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new()),
+            a,
+            "tables never share tokens"
         );
     }
 
     #[test]
-    fn only_the_owning_session_and_mapping_resolve() {
-        let refs = References::default();
-        let t = refs.mint(binding(1, DEFAULT_TTL));
+    fn only_the_same_kind_mapping_and_serving_revision_resolve() {
+        let t = ReferenceTable::default();
+        let mut facts = Map::new();
+        facts.insert("bytes".into(), Value::from(12));
+        let tok = t.mint(&origin(1, 3), "source-ref", "wal-checkpoints", facts);
+        let ok = t.resolve(&tok, "source-ref", &origin(1, 3)).unwrap();
+        assert_eq!(&*ok.locator, "wal-checkpoints");
+        assert_eq!(ok.facts["bytes"], 12);
         assert_eq!(
-            refs.resolve(&t, SessionId(1), "source-library", "source-ref")
-                .unwrap(),
-            "wal-checkpoints"
+            t.resolve(&tok, "destination-ref", &origin(1, 3)),
+            Err(ResolveError::NotValid),
+            "a retrieval reference is not a delivery target"
         );
+        let other_mapping = Origin {
+            mapping: Arc::from("fs-documents"),
+            ..origin(1, 3)
+        };
         assert_eq!(
-            refs.resolve(&t, SessionId(2), "source-library", "source-ref"),
+            t.resolve(&tok, "source-ref", &other_mapping),
             Err(ResolveError::NotValid)
         );
         assert_eq!(
-            refs.resolve(&t, SessionId(1), "fs-documents", "source-ref"),
-            Err(ResolveError::NotValid)
+            t.resolve(&tok, "source-ref", &origin(1, 4)),
+            Err(ResolveError::Stale),
+            "a new revision serves: the old reference is stale"
         );
         assert_eq!(
-            refs.resolve(&t, SessionId(1), "source-library", "artifact-ref"),
-            Err(ResolveError::NotValid)
+            t.resolve(&tok, "source-ref", &origin(2, 3)),
+            Err(ResolveError::Stale),
+            "unloaded and loaded again: the old reference is stale"
         );
-        let last = if t.ends_with('0') { "1" } else { "0" };
-        let forged = format!("{}{last}", &t[..t.len() - 1]);
-        assert_eq!(
-            refs.resolve(&forged, SessionId(1), "source-library", "source-ref"),
-            Err(ResolveError::NotValid)
-        );
-        assert_eq!(
-            refs.resolve(
-                "wal-checkpoints",
-                SessionId(1),
-                "source-library",
-                "source-ref"
-            ),
-            Err(ResolveError::NotValid)
-        );
+        for forged in [
+            "wal-checkpoints".to_string(),
+            format!("{}0", &tok[..tok.len() - 1]),
+            tok.to_uppercase(),
+            format!("{tok} "),
+            "ref_".to_string(),
+            format!("ref_{}", "g".repeat(40)),
+        ] {
+            if forged != tok {
+                assert_eq!(
+                    t.resolve(&forged, "source-ref", &origin(1, 3)),
+                    Err(ResolveError::NotValid),
+                    "{forged}"
+                );
+            }
+        }
     }
 
     #[test]
-    fn expired_tokens_fail_and_revocation_closes_the_mapping() {
-        let refs = References::default();
-        let t = refs.mint(binding(1, Duration::ZERO));
+    fn expiry_is_checked_on_use_and_a_new_mint_renews() {
+        let t = ReferenceTable::with_limits(10, Duration::ZERO);
+        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new());
         assert_eq!(
-            refs.resolve(&t, SessionId(1), "source-library", "source-ref"),
+            t.resolve(&tok, "source-ref", &origin(1, 1)),
             Err(ResolveError::Expired)
         );
-        let t = refs.mint(binding(1, DEFAULT_TTL));
-        refs.revoke_mapping("source-library");
+        assert!(t.is_empty(), "an expired reference is dropped when used");
+        let t = ReferenceTable::with_limits(10, Duration::from_secs(60));
+        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new());
+        assert!(t.resolve(&tok, "source-ref", &origin(1, 1)).is_ok());
+    }
+
+    #[test]
+    fn the_least_recently_used_reference_of_this_table_goes_first() {
+        let t = ReferenceTable::with_limits(3, DEFAULT_TTL);
+        let a = t.mint(&origin(1, 1), "source-ref", "a", Map::new());
+        let b = t.mint(&origin(1, 1), "source-ref", "b", Map::new());
+        let c = t.mint(&origin(1, 1), "source-ref", "c", Map::new());
+        // Using `a` makes `b` the least recently used.
+        t.resolve(&a, "source-ref", &origin(1, 1)).unwrap();
+        let d = t.mint(&origin(1, 1), "source-ref", "d", Map::new());
+        assert_eq!(t.len(), 3);
+        assert!(t.resolve(&a, "source-ref", &origin(1, 1)).is_ok());
         assert_eq!(
-            refs.resolve(&t, SessionId(1), "source-library", "source-ref"),
+            t.resolve(&b, "source-ref", &origin(1, 1)),
             Err(ResolveError::NotValid)
         );
+        assert!(t.resolve(&c, "source-ref", &origin(1, 1)).is_ok());
+        assert!(t.resolve(&d, "source-ref", &origin(1, 1)).is_ok());
+        // Minting `b` again gives a new token; the old one stays unknown.
+        let b2 = t.mint(&origin(1, 1), "source-ref", "b", Map::new());
+        assert_ne!(b, b2);
+    }
+
+    #[test]
+    fn two_hundred_thousand_mints_in_one_table_and_eight_never_fail() {
+        // The load that broke the shared table: every retrieval mints again, across
+        // sessions. With per-session tables and one token per object nothing is evicted.
+        let notes: Vec<String> = (0..40).map(|i| format!("note-{i}")).collect();
+        let run = |table: &ReferenceTable, calls: usize| {
+            let mut held: Vec<String> = Vec::new();
+            for i in 0..calls {
+                let tok = table.mint(&origin(1, 1), "source-ref", &notes[i % notes.len()], Map::new());
+                if held.len() < notes.len() {
+                    held.push(tok.clone());
+                }
+                let first = &held[i % held.len()];
+                assert!(table.resolve(first, "source-ref", &origin(1, 1)).is_ok());
+            }
+            assert_eq!(table.len(), notes.len());
+        };
+        run(&ReferenceTable::default(), 200_000);
+        let tables: Vec<ReferenceTable> = (0..8).map(|_| ReferenceTable::default()).collect();
+        std::thread::scope(|s| {
+            for t in &tables {
+                s.spawn(|| run(t, 25_000));
+            }
+        });
     }
 }

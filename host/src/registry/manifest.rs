@@ -13,6 +13,7 @@
 //! name = "source-library"                              # [a-z0-9-], unique per host
 //! contract = "airlock:contracts/source-retrieval@0.1.0"
 //! connection = "notes"                                 # a connection in the serve config
+//! data_class = "internal"                              # optional; policy input; default internal
 //!
 //! [component]
 //! file = "source_library.wasm"                         # relative to the manifest
@@ -89,6 +90,17 @@ pub struct MappingSection {
     pub name: String,
     pub contract: String,
     pub connection: String,
+    /// The reviewed data class of what this mapping handles (`[a-z0-9-_]`, default
+    /// [`DEFAULT_DATA_CLASS`]); policies see it as `resource.data_class`.
+    #[serde(default = "default_data_class")]
+    pub data_class: String,
+}
+
+/// The data class of a mapping whose manifest does not declare one.
+pub const DEFAULT_DATA_CLASS: &str = "internal";
+
+fn default_data_class() -> String {
+    DEFAULT_DATA_CLASS.to_string()
 }
 
 /// `[component]`.
@@ -239,6 +251,12 @@ impl MappingManifest {
             bail!(
                 "mapping manifest {src}: [mapping] name `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`",
                 self.mapping.name
+            );
+        }
+        if !name_ok(&self.mapping.data_class) {
+            bail!(
+                "mapping manifest {src}: [mapping] data_class `{}` must be 1-64 characters of a-z, 0-9, `-`, `_`",
+                self.mapping.data_class
             );
         }
         if !name_ok(&self.mapping.connection) {

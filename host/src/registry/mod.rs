@@ -69,6 +69,40 @@ pub mod events {
     pub const CALL_REFUSED: &str = "call-refused";
     /// An adapter call was contained (deadline, memory, fuel, output, trap...).
     pub const CALL_CONTAINED: &str = "call-contained";
+
+    // The life of a call (product layer), linked by `call` ids to the protocol layer.
+
+    /// A session opened: its requester, profile and transport (stage `bound`).
+    pub const SESSION_OPENED: &str = "session-opened";
+    /// A session was offered a catalogue different from its previous one: the RFC 8785
+    /// digest of the exact list, in order, and the capability names (stage `offered`).
+    pub const CATALOG_OFFERED: &str = "catalog-offered";
+    /// A `tools/call` arrived: capability, digest of the raw arguments, the offered
+    /// catalogue digest the session saw (stage `requested`).
+    pub const CALL_CANDIDATE: &str = "call-candidate";
+    /// The policy decision: verdict, category, policy digest, determining policies, the
+    /// normalized-arguments digest.
+    pub const CALL_DECIDED: &str = "call-decided";
+    /// A person was asked to approve a call (mode, approval id, summary digest).
+    pub const APPROVAL_REQUESTED: &str = "approval-requested";
+    /// A person answered (approved, declined, cancelled) or an approval was revoked.
+    pub const APPROVAL_DECIDED: &str = "approval-decided";
+    /// A receipt was consumed, creating the call's intent (stage `approved`).
+    pub const RECEIPT_CONSUMED: &str = "receipt-consumed";
+    /// A receipt could not be used (consumed, expired, bound to something that changed).
+    pub const RECEIPT_REFUSED: &str = "receipt-refused";
+    /// The call's intent: one effect id and idempotency key digest for every attempt.
+    pub const INTENT_CREATED: &str = "intent-created";
+    /// One upstream request an adapter made (protocol layer): connection id, method,
+    /// target, JSON-RPC request id, result digest, bytes, time.
+    pub const UPSTREAM_REQUEST: &str = "upstream-request";
+    /// How the call ended: completed, failed(category), unknown, refused, approval
+    /// required, input required (stage `executed` when it ran).
+    pub const CALL_OUTCOME: &str = "call-outcome";
+    /// A policy was loaded (start or hot reload): its digest and files.
+    pub const POLICY_LOADED: &str = "policy-loaded";
+    /// A changed policy was refused; the previous one keeps deciding.
+    pub const POLICY_LOAD_FAILED: &str = "policy-load-failed";
 }
 
 /// sha256 (hex) of a file's bytes, streamed.

@@ -1,5 +1,6 @@
-//! Live changes to a running host: hot reload of a watched mappings folder, and approvals
-//! or retirements recorded in the store by `airlock review` while the host runs.
+//! Live changes to a running host: hot reload of a watched mappings folder and of the
+//! policy files, and approvals or retirements recorded in the store by `airlock review`
+//! while the host runs.
 //!
 //! Rules:
 //! - A new or changed `mapping.toml` or component is verified (sha256 pin), compiled off
@@ -8,7 +9,10 @@
 //! - A failed verification leaves the old revision serving and is recorded in the trace
 //!   (`mapping-load-failed`) and the log.
 //! - A removed mapping folder unloads the mapping: its capabilities leave the catalog and
-//!   every reference minted for it is revoked.
+//!   no reference minted for it resolves again.
+//! - A changed policy file is validated and swapped in for the next decision; one that
+//!   does not validate leaves the previous policy deciding (traced as
+//!   `policy-load-failed`).
 //! - Events are debounced ([`DEBOUNCE`]) so a copy in progress is read once it settles; a
 //!   manifest that lands before its component fails verification and loads when the
 //!   component arrives.
@@ -20,7 +24,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
-use crate::registry::live::{Host, mapping_dir_manifests};
+use crate::host::Host;
+use crate::registry::live::mapping_dir_manifests;
 
 /// How long the mappings folder must be quiet before a reload reads it (own debounce over
 /// notify's raw events, which lets reads be told apart from changes).
@@ -47,6 +52,45 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
     if let Some(dir) = host.config().mappings_dir.clone() {
         watch_mappings(host, dir)?;
     }
+    if !host.config().policy_files.is_empty() {
+        watch_policy(host)?;
+    }
+    Ok(())
+}
+
+/// Watches the folders of the policy files and reloads the policy after every settled
+/// change.
+///
+/// # Errors
+/// A folder cannot be watched.
+pub fn watch_policy(host: &Arc<Host>) -> Result<()> {
+    use notify::Watcher as _;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        match event {
+            Ok(e) if !changes_content(&e.kind) => {}
+            Ok(_) => {
+                let _ = tx.send(());
+            }
+            Err(e) => tracing::warn!("policy folder watcher: {e}"),
+        }
+    })
+    .context("starting the policy watcher")?;
+    for dir in host.policy_folders() {
+        watcher
+            .watch(&dir, notify::RecursiveMode::NonRecursive)
+            .with_context(|| format!("watching the policy folder {}", dir.display()))?;
+    }
+    let weak = Arc::downgrade(host);
+    tokio::spawn(async move {
+        let _watcher = watcher;
+        while rx.recv().await.is_some() {
+            while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
+            let Some(host) = weak.upgrade() else { return };
+            // Errors are logged and traced by reload_policy.
+            let _ = host.reload_policy();
+        }
+    });
     Ok(())
 }
 
@@ -111,7 +155,7 @@ pub async fn reconcile(host: &Arc<Host>, dir: &Path) {
     };
     let mut present = BTreeSet::new();
     for path in &manifests {
-        if let Ok(name) = host.load_mapping_file(path).await {
+        if let Ok(name) = host.live().load_mapping_file(path).await {
             present.insert(name);
         }
     }
@@ -122,7 +166,7 @@ pub async fn reconcile(host: &Arc<Host>, dir: &Path) {
             continue;
         };
         if path.starts_with(dir) && !path.exists() && !present.contains(name) {
-            host.unload_mapping(name).await;
+            host.live().unload_mapping(name).await;
         }
     }
 }

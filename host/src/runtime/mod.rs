@@ -374,6 +374,8 @@ pub struct Observation {
     pub method: &'static str,
     /// The upstream tool name or resource URI.
     pub target: String,
+    /// The request's JSON-RPC id on the connection.
+    pub request_id: String,
     /// sha256 (hex) of the upstream result as JSON, as received.
     pub result_sha256: String,
     /// Size of that JSON, in bytes.
@@ -475,6 +477,7 @@ pub fn name_lookup_permitted(granted: &BTreeSet<String>, name: &str) -> bool {
 }
 
 /// The result of one adapter call.
+#[derive(Debug)]
 pub struct CallOutcome {
     /// The function's return value, or why there is none.
     pub result: Result<Val, CallFailure>,
@@ -936,6 +939,7 @@ impl UpstreamBridge {
         &mut self,
         method: &'static str,
         target: &str,
+        request_id: String,
         result: &Value,
     ) -> Result<(), upstream::UpstreamError> {
         let bytes = serde_json::to_vec(result).unwrap_or_default();
@@ -948,6 +952,7 @@ impl UpstreamBridge {
             connection: self.grant.connection.name().to_string(),
             method,
             target: target.to_string(),
+            request_id,
             result_sha256: hex::encode(sha2::Sha256::digest(&bytes)),
             result_bytes: bytes.len() as u64,
             retrieved_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
@@ -993,13 +998,13 @@ impl upstream::Host for CallState {
         };
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
-        let result = bridge
+        let (result, request_id) = bridge
             .grant
             .connection
             .call_tool(&name, arguments, timeout)
             .await
             .map_err(to_guest_error)?;
-        bridge.observe("tools/call", &name, &result)?;
+        bridge.observe("tools/call", &name, request_id, &result)?;
         Ok(tool_output(&result))
     }
 
@@ -1016,13 +1021,13 @@ impl upstream::Host for CallState {
         }
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
-        let result = bridge
+        let (result, request_id) = bridge
             .grant
             .connection
             .read_resource(&uri, timeout)
             .await
             .map_err(to_guest_error)?;
-        bridge.observe("resources/read", &uri, &result)?;
+        bridge.observe("resources/read", &uri, request_id, &result)?;
         let contents = result["contents"].as_array().cloned().unwrap_or_default();
         Ok(contents
             .iter()

@@ -39,8 +39,17 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use sha2::{Digest, Sha256};
 
+pub mod approvals;
+pub mod trace;
+
+pub use approvals::{
+    ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
+    IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
+};
+pub use trace::NewEvent;
+
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -138,6 +147,55 @@ END;
     // reviewer can diff grants and limits between revisions (`airlock grants --diff`).
     r#"
 ALTER TABLE mappings ADD COLUMN manifest_text TEXT;
+"#,
+    // 2 → 3: approvals (requests and the receipts they become) and intents. A receipt is
+    // consumed in the same transaction that creates the intent it authorizes (UNIQUE
+    // approval_id), so one receipt authorizes at most one intent.
+    r#"
+CREATE TABLE approvals (
+    id               TEXT PRIMARY KEY,
+    state            TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'revoked',
+                         'consumed', 'expired')),
+    mode             TEXT NOT NULL CHECK (mode IN ('elicitation', 'input-required', 'out-of-band')),
+    requester        TEXT NOT NULL,
+    session          TEXT NOT NULL,
+    profile          TEXT NOT NULL,
+    capability       TEXT NOT NULL,
+    mapping          TEXT NOT NULL,
+    mapping_revision INTEGER NOT NULL,
+    snapshot_digest  TEXT NOT NULL,
+    policy_digest    TEXT NOT NULL,
+    args_digest      TEXT NOT NULL,
+    artifact_digest  TEXT,
+    summary          TEXT NOT NULL,
+    nonce            TEXT NOT NULL,
+    created_ms       INTEGER NOT NULL,
+    expires_ms       INTEGER NOT NULL,
+    decided_by       TEXT,
+    decided_ms       INTEGER,
+    reason           TEXT,
+    consumed_ms      INTEGER,
+    intent_id        TEXT UNIQUE
+) STRICT;
+CREATE INDEX approvals_by_binding ON approvals (requester, session, capability, args_digest);
+CREATE INDEX approvals_by_state ON approvals (state);
+
+CREATE TABLE intents (
+    id               TEXT PRIMARY KEY,
+    idempotency_key  TEXT NOT NULL UNIQUE,
+    call_id          TEXT NOT NULL,
+    approval_id      TEXT UNIQUE REFERENCES approvals (id),
+    requester        TEXT NOT NULL,
+    session          TEXT NOT NULL,
+    capability       TEXT NOT NULL,
+    mapping          TEXT NOT NULL,
+    mapping_revision INTEGER NOT NULL,
+    args_digest      TEXT NOT NULL,
+    effect_class     TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN ('prepared', 'completed', 'failed', 'unknown')),
+    created_ms       INTEGER NOT NULL,
+    updated_ms       INTEGER NOT NULL
+) STRICT;
 "#,
 ];
 
@@ -516,6 +574,11 @@ pub trait Store: Send + Sync {
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent>;
 
+    /// Appends `events` in order, chained as [`Store::append_trace`] does, and returns once
+    /// they are committed. Concurrent callers share one transaction (group commit, see
+    /// [`trace`]); nothing is acknowledged before it is committed.
+    fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()>;
+
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>>;
 
@@ -523,6 +586,67 @@ pub trait Store: Send + Sync {
     /// link (prev_hash differs from the previous event's hash), a missing or reordered event
     /// (seq gap). Reports the first bad seq and why, in words a reviewer understands.
     fn verify_trace(&self) -> anyhow::Result<TraceVerification>;
+
+    /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
+    /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
+    fn create_approval(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord>;
+
+    /// The approval with id `id` (or a unique prefix of at least 12 characters).
+    /// Errors: a too short or ambiguous prefix.
+    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>>;
+
+    /// Approvals, newest first, optionally only those stored in `state`, at most `limit`.
+    fn approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>>;
+
+    /// The newest pending or approved request with the same requester, session, capability
+    /// and arguments digest as `binding` (other fields may differ: the caller reports them).
+    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>>;
+
+    /// A person's decision (see [`ApprovalDecision`]); an approval's receipt lives `ttl_ms`
+    /// from now. Errors name the approval's state when the decision does not apply.
+    fn decide_approval(
+        &self,
+        id: &str,
+        decision: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord>;
+
+    /// Consumes receipt `id` for `intent`, creating the intent, in one transaction with
+    /// `events`; refused (nothing written) unless every field of `binding` matches, the
+    /// state fits `how`, and it has not expired.
+    fn consume_receipt(
+        &self,
+        id: &str,
+        binding: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Consumption>;
+
+    /// Records an intent that needs no receipt, with `events`, in one transaction.
+    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()>;
+
+    /// Moves a prepared intent to its outcome state, with `events`. Errors: not prepared.
+    fn set_intent_state(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()>;
+
+    /// The intent `id`.
+    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>>;
 }
 
 /// [`Store`] on one SQLite database file. One connection per value, behind a mutex; open
@@ -530,6 +654,7 @@ pub trait Store: Send + Sync {
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
+    commit: trace::GroupCommit,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -580,6 +705,7 @@ impl SqliteStore {
         Ok(Self {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
+            commit: trace::GroupCommit::default(),
         })
     }
 
@@ -745,7 +871,8 @@ fn create_private_file(path: &Path) -> anyhow::Result<()> {
     }
 }
 
-fn now_ms() -> u64 {
+/// The host clock: unix milliseconds.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -1369,6 +1496,27 @@ impl Store for SqliteStore {
         run().with_context(|| self.context(&format!("appending trace event {kind:?}")))
     }
 
+    fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let ticket = self.commit.enqueue(events);
+        let mut conn = self.lock();
+        let (batch, lo, hi) = match self.commit.take_or_done(ticket) {
+            Err(done) => return done,
+            Ok(batch) => batch,
+        };
+        let result = (|| -> anyhow::Result<()> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            trace::append_in(&tx, &batch)?;
+            tx.commit()?;
+            Ok(())
+        })();
+        self.commit
+            .finish(lo, hi, result.as_ref().err().map(|e| format!("{e:#}")));
+        result.with_context(|| self.context(&format!("appending {} trace events", batch.len())))
+    }
+
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let conn = self.lock();
@@ -1380,6 +1528,70 @@ impl Store for SqliteStore {
                 .collect()
         };
         run().with_context(|| self.context("reading the trace"))
+    }
+
+    fn create_approval(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        self.create_approval_impl(new, events)
+    }
+
+    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.approval_impl(id)
+    }
+
+    fn approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        self.approvals_impl(state, limit)
+    }
+
+    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.find_approval_impl(binding)
+    }
+
+    fn decide_approval(
+        &self,
+        id: &str,
+        decision: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        self.decide_approval_impl(id, decision, by, reason, ttl_ms, events)
+    }
+
+    fn consume_receipt(
+        &self,
+        id: &str,
+        binding: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Consumption> {
+        self.consume_receipt_impl(id, binding, how, intent, events)
+    }
+
+    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        self.create_intent_impl(intent, events)
+    }
+
+    fn set_intent_state(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        self.set_intent_state_impl(id, state, events)
+    }
+
+    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
+        self.intent_impl(id)
     }
 
     fn verify_trace(&self) -> anyhow::Result<TraceVerification> {

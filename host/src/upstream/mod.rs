@@ -18,8 +18,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use rmcp::ServiceExt as _;
-use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, ReadResourceRequestParams};
-use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ErrorCode,
+    JsonObject, ReadResourceRequest, ReadResourceRequestParams, ServerResult,
+};
+use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
@@ -601,27 +604,33 @@ impl Connection {
         })
     }
 
-    /// Sends `tools/call` and returns the result as the JSON the server sent.
+    /// Sends `tools/call` and returns the result as JSON with the request's JSON-RPC id.
     ///
     /// # Errors
-    /// See [`UpstreamFailure`]; `timeout` elapsing is `Unavailable`.
+    /// See [`UpstreamFailure`]; `timeout` elapsing is `Unavailable` (and the server is sent
+    /// `notifications/cancelled`).
     pub async fn call_tool(
         &self,
         tool: &str,
         arguments: JsonObject,
         timeout: Duration,
-    ) -> Result<Value, UpstreamFailure> {
+    ) -> Result<(Value, String), UpstreamFailure> {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = Some(arguments);
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let result = tokio::time::timeout(timeout, self.client.peer().call_tool(params))
-            .await
-            .map_err(|_| self.timed_out(timeout))?
-            .map_err(|e| self.failure(e))?;
-        serde_json::to_value(result).map_err(|e| UpstreamFailure::Protocol(e.to_string()))
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        match self.request(request, timeout).await? {
+            (ServerResult::CallToolResult(result), id) => Ok((
+                serde_json::to_value(result)
+                    .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?,
+                id,
+            )),
+            _ => Err(UpstreamFailure::Protocol(
+                "the server answered tools/call with another kind of result".into(),
+            )),
+        }
     }
 
-    /// Sends `resources/read` and returns the result as JSON.
+    /// Sends `resources/read` and returns the result as JSON with the request's id.
     ///
     /// # Errors
     /// See [`UpstreamFailure`].
@@ -629,16 +638,50 @@ impl Connection {
         &self,
         uri: &str,
         timeout: Duration,
-    ) -> Result<Value, UpstreamFailure> {
+    ) -> Result<(Value, String), UpstreamFailure> {
         let params: ReadResourceRequestParams =
             serde_json::from_value(serde_json::json!({"uri": uri}))
                 .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?;
+        let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(params));
+        match self.request(request, timeout).await? {
+            (ServerResult::ReadResourceResult(result), id) => Ok((
+                serde_json::to_value(result)
+                    .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?,
+                id,
+            )),
+            _ => Err(UpstreamFailure::Protocol(
+                "the server answered resources/read with another kind of result".into(),
+            )),
+        }
+    }
+
+    /// Sends one request and waits at most `timeout`; on timeout the server is told the
+    /// request is cancelled. Returns the result and the request's JSON-RPC id.
+    async fn request(
+        &self,
+        request: ClientRequest,
+        timeout: Duration,
+    ) -> Result<(ServerResult, String), UpstreamFailure> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let result = tokio::time::timeout(timeout, self.client.peer().read_resource(params))
+        let peer = self.client.peer();
+        let handle = peer
+            .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
-            .map_err(|_| self.timed_out(timeout))?
             .map_err(|e| self.failure(e))?;
-        serde_json::to_value(result).map_err(|e| UpstreamFailure::Protocol(e.to_string()))
+        let id = handle.id.clone();
+        match tokio::time::timeout(timeout, handle.await_response()).await {
+            Ok(Ok(result)) => Ok((result, id.to_string())),
+            Ok(Err(e)) => Err(self.failure(e)),
+            Err(_) => {
+                let _ = peer
+                    .notify_cancelled(CancelledNotificationParam::new(
+                        Some(id),
+                        Some("the caller's deadline passed".into()),
+                    ))
+                    .await;
+                Err(self.timed_out(timeout))
+            }
+        }
     }
 
     fn timed_out(&self, timeout: Duration) -> UpstreamFailure {

@@ -1,0 +1,449 @@
+//! Stage 4, approve: a person approves a deterministic description of the exact
+//! consequence, and the approval becomes a receipt.
+//!
+//! Rules (DESIGN.md §5.4):
+//! - **The person approves facts the host derived**, never the model's prose: the
+//!   capability, its mapping and revision, its effect class, the artifact (title, media
+//!   type, size, sha256) and the destination a handle names, the normalized-arguments
+//!   digest. Upstream-reported text (titles, labels) is shown escaped and clipped.
+//! - **How the person is asked follows the client**:
+//!   - a 2025-11-25 client that declared elicitation gets `elicitation/create` (form mode:
+//!     one boolean `approve`) within the call; accept with `approve: true` is a receipt,
+//!     anything else is a recorded denial;
+//!   - a 2026-07-28 client (stateless; servers send it no requests) that declared
+//!     elicitation gets an `input_required` result with the same elicitation as an input
+//!     request and a `requestState` sealed by rmcp's `RequestStateCodec` (HMAC-SHA256, a
+//!     key private to this host process) over the approval id and nonce, bound as
+//!     associated data to requester, session, profile, capability and the normalized-
+//!     arguments digest, with the approval's TTL. Its retry carries the answer; a tampered,
+//!     foreign or expired state fails closed, and a replayed one finds its approval
+//!     consumed;
+//!   - any other client gets a tool error naming the approval request; a person approves it
+//!     with `airlock approvals approve ID`, and the same call (same normalized arguments)
+//!     then runs once.
+//! - A receipt is not consumed here: [`crate::pipeline::intent`] consumes it in the
+//!   transaction that creates the intent.
+
+use std::time::Duration;
+
+use rmcp::model::SealOptions;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::host::Host;
+use crate::pipeline::authorize::{Authorized, PendingApproval};
+use crate::pipeline::candidate::{Asker, ElicitAnswer};
+use crate::pipeline::normalize::Normalized;
+use crate::pipeline::{Call, Category, Outcome};
+use crate::registry::events;
+use crate::store::{ApprovalDecision, ApprovalMode, ApprovalState, NewApproval, NewEvent};
+
+/// The key of the one input request an approval asks for.
+pub const INPUT_KEY: &str = "approval";
+
+/// The form field the person sets to approve.
+pub const APPROVE_FIELD: &str = "approve";
+
+/// A person's approval, ready to be consumed with the intent.
+#[derive(Debug, Clone)]
+pub struct Receipt {
+    approval: String,
+    mode: ApprovalMode,
+    answered_in_band: Option<(String, Option<String>)>,
+}
+
+impl Receipt {
+    /// The approval id.
+    pub fn approval(&self) -> &str {
+        &self.approval
+    }
+
+    /// How the person was asked.
+    pub fn mode(&self) -> ApprovalMode {
+        self.mode
+    }
+
+    /// For an answer given at the client: who answered and the nonce the request state
+    /// carried (MRTR), else `None` (an approved receipt).
+    pub fn answered_in_band(&self) -> Option<(&str, Option<&str>)> {
+        self.answered_in_band
+            .as_ref()
+            .map(|(by, nonce)| (by.as_str(), nonce.as_deref()))
+    }
+}
+
+/// What the sealed `requestState` holds.
+#[derive(Serialize, Deserialize)]
+struct SealedState {
+    approval: String,
+    nonce: String,
+}
+
+/// The associated data a `requestState` is bound to.
+fn associated_data(n: &Normalized) -> Vec<u8> {
+    let s = &n.candidate().session;
+    format!(
+        "airlock/approval/v1\n{}\n{}\n{}\n{}\n{}",
+        s.requester().name,
+        s.id_text(),
+        s.profile().name,
+        n.capability().name,
+        n.args_digest()
+    )
+    .into_bytes()
+}
+
+/// The JSON Schema of the approval form: one required boolean.
+pub fn approval_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            APPROVE_FIELD: {
+                "type": "boolean",
+                "title": "Approve this call",
+                "description": "true runs the call exactly as described, once; false refuses it",
+            }
+        },
+        "required": [APPROVE_FIELD],
+    })
+}
+
+fn kib(bytes: u64) -> String {
+    if bytes < 1024 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+fn quoted(text: &str) -> String {
+    let clipped: String = text.chars().take(80).collect();
+    format!("{clipped:?}")
+}
+
+/// The deterministic description of what approving `n` lets happen.
+pub fn summarize(n: &Normalized) -> String {
+    let cap = n.capability();
+    let class = cap.semantics.class;
+    let mut lines = vec![format!(
+        "Approve `{}` (mapping {}, revision {}): {}{}.",
+        cap.name,
+        cap.mapping.name,
+        n.revision(),
+        class.as_str().replace('-', " "),
+        if class == crate::contract::EffectClass::ExternalEffect {
+            ", which cannot be recalled once done"
+        } else {
+            ""
+        }
+    )];
+    for h in n.handles() {
+        let f = &h.resolved.facts;
+        let text = |k: &str| f.get(k).and_then(Value::as_str);
+        match h.kind.as_str() {
+            "artifact-ref" => {
+                let mut parts = Vec::new();
+                if let Some(t) = text("media-type") {
+                    parts.push(t.to_string());
+                }
+                if let Some(b) = f.get("bytes").and_then(Value::as_u64) {
+                    parts.push(kib(b));
+                }
+                if let Some(d) = text("sha256") {
+                    parts.push(format!("sha256 {d}"));
+                }
+                lines.push(format!(
+                    "Artifact {} ({}).",
+                    quoted(text("title").unwrap_or(&h.resolved.locator)),
+                    parts.join(", ")
+                ));
+            }
+            "destination-ref" => lines.push(format!(
+                "Destination {}{}.",
+                quoted(&h.resolved.locator),
+                text("label")
+                    .map(|l| format!(" ({})", quoted(l)))
+                    .unwrap_or_default()
+            )),
+            other => lines.push(format!("{other} {}.", quoted(&h.resolved.locator))),
+        }
+    }
+    lines.push(format!("Arguments digest sha256 {}.", n.args_digest()));
+    lines.join("\n")
+}
+
+/// Gets a person's approval for `pending` (see the module rules).
+///
+/// # Errors
+/// The outcome to return instead: approval required (out of band), input required
+/// (MRTR), declined, or an invalid request state.
+pub(super) async fn approve(
+    host: &Host,
+    call: &mut Call,
+    pending: PendingApproval,
+    asker: &dyn Asker,
+) -> Result<Authorized, Outcome> {
+    let store = host.registry().store();
+    let n = pending.normalized();
+    let session = &n.candidate().session;
+    let abilities = n.candidate().abilities.clone();
+    let by_client = format!("{} (at the client)", session.requester().name);
+
+    // The retry of an input_required call: the person answered at the client.
+    if let Some(retry) = n.candidate().retry.clone() {
+        let opened = retry.request_state.as_deref().map(|state| {
+            host.request_state()
+                .open_json_with::<SealedState>(state, &associated_data(n))
+        });
+        let sealed = match opened {
+            Some(Ok(s)) => s,
+            other => {
+                let why = match other {
+                    None => "absent".to_string(),
+                    Some(Err(e)) => e.to_string(),
+                    Some(Ok(_)) => unreachable!(),
+                };
+                call.event(
+                    events::RECEIPT_REFUSED,
+                    json!({"mode": ApprovalMode::InputRequired, "refusal": "request-state", "detail": why}),
+                );
+                return Err(Outcome::refused(
+                    Category::ApprovalRequired,
+                    "the approval state sent with this call is not valid (altered, from another call, or expired); make the call again without it to ask anew",
+                ));
+            }
+        };
+        let answer = retry.input_responses.get(INPUT_KEY);
+        let action = answer
+            .and_then(|a| a.get("action"))
+            .and_then(Value::as_str);
+        let approved = answer
+            .and_then(|a| a.get("content"))
+            .and_then(|c| c.get(APPROVE_FIELD))
+            .and_then(Value::as_bool)
+            == Some(true);
+        if action == Some("accept") && approved {
+            return Ok(Authorized::approved(
+                pending,
+                Receipt {
+                    approval: sealed.approval,
+                    mode: ApprovalMode::InputRequired,
+                    answered_in_band: Some((by_client, Some(sealed.nonce))),
+                },
+            ));
+        }
+        let reason = match action {
+            Some("accept") => "answered with approve = false",
+            Some("decline") => "declined",
+            Some("cancel") => "cancelled",
+            _ => "no answer in the retry",
+        };
+        return Err(refuse_answer(
+            host,
+            call,
+            &sealed.approval,
+            ApprovalMode::InputRequired,
+            &by_client,
+            reason,
+        ));
+    }
+
+    // An approval made out of band for this very call, or one still pending.
+    let binding = pending.binding().clone();
+    match store.find_approval(&binding) {
+        Ok(Some(existing)) => {
+            let now = crate::store::now_ms();
+            let changed = existing.changed_fields(&binding);
+            match existing.state_at(now) {
+                ApprovalState::Approved if changed.is_empty() => {
+                    let mode = existing.mode;
+                    return Ok(Authorized::approved(
+                        pending,
+                        Receipt {
+                            approval: existing.id,
+                            mode,
+                            answered_in_band: None,
+                        },
+                    ));
+                }
+                ApprovalState::Pending
+                    if changed.is_empty() && existing.mode == ApprovalMode::OutOfBand =>
+                {
+                    return Err(Outcome::ApprovalRequired {
+                        approval: existing.id,
+                        summary: existing.summary,
+                    });
+                }
+                state => {
+                    if !changed.is_empty() {
+                        call.event(
+                            events::RECEIPT_REFUSED,
+                            json!({
+                                "approval": existing.id,
+                                "state": state,
+                                "refusal": "changed",
+                                "changed": changed,
+                            }),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!("looking up approvals failed: {e:#}");
+            return Err(Outcome::refused(
+                Category::Unavailable,
+                "the host could not read its approvals; try again later",
+            ));
+        }
+    }
+
+    // Ask anew.
+    let mode = match (abilities.stateless, abilities.elicitation) {
+        (true, true) => ApprovalMode::InputRequired,
+        (false, true) => ApprovalMode::Elicitation,
+        _ => ApprovalMode::OutOfBand,
+    };
+    let summary = summarize(n);
+    let ttl = host.config().approvals.ttl;
+    call.event(
+        events::APPROVAL_REQUESTED,
+        json!({
+            "mode": mode,
+            "capability": n.capability().name,
+            "args_digest": n.args_digest(),
+            "summary_sha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(summary.as_bytes())),
+            "ttl_s": ttl.as_secs(),
+        }),
+    );
+    let new = NewApproval {
+        binding,
+        profile: session.profile().name.clone(),
+        mode,
+        artifact_digest: n
+            .artifact()
+            .and_then(|f| f.get("sha256"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        summary: summary.clone(),
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+    };
+    let record = match store.create_approval(&new, call.take_events()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("recording an approval request failed: {e:#}");
+            return Err(Outcome::refused(
+                Category::Unavailable,
+                "the host could not record the approval request; try again later",
+            ));
+        }
+    };
+    tracing::info!(approval = %record.id, mode = mode.as_str(), capability = %n.capability().name, "approval requested");
+    match mode {
+        ApprovalMode::OutOfBand => Err(Outcome::ApprovalRequired {
+            approval: record.id,
+            summary,
+        }),
+        ApprovalMode::InputRequired => {
+            let sealed = host.request_state().seal_json_with(
+                &SealedState {
+                    approval: record.id.clone(),
+                    nonce: record.nonce.clone(),
+                },
+                &SealOptions::new()
+                    .associated_data(&associated_data(n))
+                    .ttl(ttl),
+            );
+            match sealed {
+                Ok(state) => Err(Outcome::InputRequired {
+                    message: elicitation_message(&summary, &record.id),
+                    approval: record.id,
+                    request_state: state,
+                }),
+                Err(e) => {
+                    tracing::error!("sealing the request state failed: {e}");
+                    Err(Outcome::refused(
+                        Category::Unavailable,
+                        "the host could not ask for approval; try again later",
+                    ))
+                }
+            }
+        }
+        ApprovalMode::Elicitation => {
+            let message = elicitation_message(&summary, &record.id);
+            let timeout: Duration = host.config().approvals.elicitation_timeout;
+            match asker.elicit(&message, timeout).await {
+                ElicitAnswer::Accept(content)
+                    if content.get(APPROVE_FIELD).and_then(Value::as_bool) == Some(true) =>
+                {
+                    Ok(Authorized::approved(
+                        pending,
+                        Receipt {
+                            approval: record.id,
+                            mode,
+                            answered_in_band: Some((by_client, None)),
+                        },
+                    ))
+                }
+                answer => {
+                    let reason = match &answer {
+                        ElicitAnswer::Accept(_) => "answered with approve = false".to_string(),
+                        ElicitAnswer::Decline => "declined".to_string(),
+                        ElicitAnswer::Cancel => "cancelled".to_string(),
+                        ElicitAnswer::Failed(why) => format!("no answer: {why}"),
+                    };
+                    Err(refuse_answer(
+                        host, call, &record.id, mode, &by_client, &reason,
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The message of the elicitation: the summary and the request id.
+fn elicitation_message(summary: &str, approval: &str) -> String {
+    format!("{summary}\nApproval request {approval}. Approve this call?")
+}
+
+/// Records a person's refusal (or a missing answer) and says so to the model.
+fn refuse_answer(
+    host: &Host,
+    call: &mut Call,
+    approval: &str,
+    mode: ApprovalMode,
+    by: &str,
+    reason: &str,
+) -> Outcome {
+    let event = NewEvent::new(
+        events::APPROVAL_DECIDED,
+        approval,
+        json!({
+            "approval": approval,
+            "call": call.id,
+            "decision": "denied",
+            "mode": mode,
+            "reason": reason,
+        }),
+    );
+    if let Err(e) = host.registry().store().decide_approval(
+        approval,
+        ApprovalDecision::Deny,
+        by,
+        Some(reason),
+        0,
+        vec![event],
+    ) {
+        // Already consumed, expired, or not this request: nothing was approved.
+        tracing::info!(approval, "recording the refusal: {e:#}");
+        call.event(
+            events::RECEIPT_REFUSED,
+            json!({"approval": approval, "mode": mode, "refusal": "state", "detail": format!("{e:#}").chars().take(200).collect::<String>()}),
+        );
+    }
+    Outcome::refused(
+        Category::Forbidden,
+        format!("the person did not approve this call ({reason}); nothing was done"),
+    )
+}

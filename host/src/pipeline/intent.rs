@@ -1,0 +1,206 @@
+//! Stage 5, intent: one stable effect id (and idempotency key) for the call, and the
+//! receipt consumed with it.
+//!
+//! Rules (DESIGN.md §5.5):
+//! - Every call gets an intent id (`int_…`). A call whose function has an effect, or whose
+//!   contract takes a host-supplied `idempotency-key`, also gets an idempotency key
+//!   (`idk_` + 32 hex) and a **durable** intent row, written before anything runs.
+//! - A receipt is consumed in the same store transaction that creates the intent, with the
+//!   call's trace so far: of concurrent attempts on one receipt exactly one wins. The
+//!   receipt must match the call as it stands now — requester, session, capability, mapping
+//!   revision, snapshot, policy digest, normalized arguments — or it is refused and the
+//!   refusal, naming what changed, is traced.
+
+use serde_json::json;
+use sha2::Digest as _;
+
+use crate::host::Host;
+use crate::pipeline::authorize::{Authorized, binding};
+use crate::pipeline::{Call, Category, Outcome};
+use crate::registry::events;
+use crate::store::approvals::random_id;
+use crate::store::{ConsumeAs, Consumption, NewEvent, NewIntent, ReceiptRefusal};
+
+/// An authorized call with its intent.
+pub struct Intended {
+    authorized: Authorized,
+    intent_id: String,
+    idempotency_key: Option<String>,
+}
+
+impl Intended {
+    /// The authorized call.
+    pub fn authorized(&self) -> &Authorized {
+        &self.authorized
+    }
+
+    /// The intent id.
+    pub fn intent_id(&self) -> &str {
+        &self.intent_id
+    }
+
+    /// The idempotency key, when the call has one.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
+    }
+}
+
+/// Whether a shape has a host-supplied field anywhere.
+fn takes_key(shape: &crate::contract::Shape) -> bool {
+    use crate::contract::Shape;
+    match shape {
+        Shape::HostSupplied(_) => true,
+        Shape::Record(fields) => fields.iter().any(|(_, s, _)| takes_key(s)),
+        Shape::Option(s) | Shape::List(s) => takes_key(s),
+        Shape::Tuple(items) => items.iter().any(takes_key),
+        _ => false,
+    }
+}
+
+/// Creates the call's intent, consuming its receipt if it has one (see the module rules).
+///
+/// # Errors
+/// The receipt could not be consumed, or the store failed.
+pub(super) fn intent(
+    host: &Host,
+    call: &mut Call,
+    authorized: Authorized,
+) -> Result<Intended, Outcome> {
+    let n = authorized.normalized();
+    let cap = n.capability();
+    let durable = cap.semantics.class.has_effect()
+        || takes_key(&cap.function.params[0].1)
+        || authorized.receipt().is_some();
+    let intent_id = random_id("int_", 16);
+    let idempotency_key = durable.then(|| random_id("idk_", 16));
+    let session = &n.candidate().session;
+    call.event(
+        events::INTENT_CREATED,
+        json!({
+            "intent": intent_id,
+            "capability": cap.name,
+            "effect_class": cap.semantics.class,
+            "durable": durable,
+            "idempotency_key_sha256": idempotency_key.as_ref().map(|k| hex::encode(sha2::Sha256::digest(k.as_bytes()))),
+            "receipt": authorized.receipt().map(|r| r.approval()),
+        }),
+    );
+    if !durable {
+        return Ok(Intended {
+            authorized,
+            intent_id,
+            idempotency_key,
+        });
+    }
+    let record = NewIntent {
+        id: intent_id.clone(),
+        idempotency_key: idempotency_key.clone().unwrap_or_default(),
+        call_id: call.id.clone(),
+        requester: session.requester().name.clone(),
+        session: session.id_text().to_string(),
+        capability: cap.name.clone(),
+        mapping: cap.mapping.name.clone(),
+        mapping_revision: n.revision(),
+        args_digest: n.args_digest().to_string(),
+        effect_class: cap.semantics.class.as_str().to_string(),
+    };
+    let store = host.registry().store();
+    let Some(receipt) = authorized.receipt().cloned() else {
+        let so_far = call.take_events();
+        return match store.create_intent(&record, so_far.clone()) {
+            Ok(()) => {
+                call.durable_intent = Some(intent_id.clone());
+                Ok(Intended {
+                    authorized,
+                    intent_id,
+                    idempotency_key,
+                })
+            }
+            Err(e) => {
+                call.events = so_far;
+                tracing::error!("recording the intent failed: {e:#}");
+                Err(Outcome::refused(
+                    Category::Unavailable,
+                    "the host could not record the call's intent; nothing was done",
+                ))
+            }
+        };
+    };
+    let bound = binding(n, &authorized.decision().policy_digest);
+    let how = match receipt.answered_in_band() {
+        Some((by, nonce)) => ConsumeAs::AnsweredInBand { by, nonce },
+        None => ConsumeAs::Approved,
+    };
+    let so_far = call.take_events();
+    let mut events = so_far.clone();
+    events.push(NewEvent::new(
+        events::RECEIPT_CONSUMED,
+        call.id.clone(),
+        json!({
+            "stage": "approved",
+            "call": call.id,
+            "approval": receipt.approval(),
+            "mode": receipt.mode(),
+            "intent": intent_id,
+        }),
+    ));
+    match store.consume_receipt(receipt.approval(), &bound, how, &record, events) {
+        Ok(Consumption::Consumed(..)) => {
+            call.durable_intent = Some(intent_id.clone());
+            tracing::info!(approval = receipt.approval(), intent = %intent_id, "receipt consumed");
+            Ok(Intended {
+                authorized,
+                intent_id,
+                idempotency_key,
+            })
+        }
+        Ok(Consumption::Refused(refusal)) => {
+            // Nothing was written: the call's events so far wait for its outcome.
+            call.events = so_far;
+            call.event(
+                events::RECEIPT_REFUSED,
+                json!({"approval": receipt.approval(), "mode": receipt.mode(), "refusal": refusal}),
+            );
+            tracing::info!(approval = receipt.approval(), ?refusal, "receipt refused");
+            Err(match refusal {
+                ReceiptRefusal::Changed(fields) => Outcome::refused(
+                    Category::StateChanged,
+                    format!(
+                        "what this call was approved for changed since ({}); make the call again to ask anew",
+                        fields.join(", ")
+                    ),
+                ),
+                ReceiptRefusal::Expired => Outcome::refused(
+                    Category::ApprovalRequired,
+                    "the approval expired before it was used; make the call again to ask anew",
+                ),
+                ReceiptRefusal::State(state) => match state {
+                    crate::store::ApprovalState::Denied | crate::store::ApprovalState::Revoked => {
+                        Outcome::refused(
+                            Category::Forbidden,
+                            format!("the approval was {state}; nothing was done"),
+                        )
+                    }
+                    _ => Outcome::refused(
+                        Category::ApprovalRequired,
+                        format!(
+                            "the approval is {state}, so it cannot authorize this call; make the call again to ask anew"
+                        ),
+                    ),
+                },
+                ReceiptRefusal::Nonce | ReceiptRefusal::NotFound => Outcome::refused(
+                    Category::ApprovalRequired,
+                    "the approval sent with this call is not valid; make the call again without it to ask anew",
+                ),
+            })
+        }
+        Err(e) => {
+            call.events = so_far;
+            tracing::error!("consuming the receipt failed: {e:#}");
+            Err(Outcome::refused(
+                Category::Unavailable,
+                "the host could not use the approval; nothing was done",
+            ))
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! Stage 8, outcome: what the call produced, in terms the model may see and the trace keeps.
+//!
+//! Rules:
+//! - `completed | refused(category) | unknown`. Categories are bounded ([`Category`]); an
+//!   adapter's or server's words appear only quoted, clipped, as untrusted detail.
+//! - A non-read call that was interrupted (deadline, trap, memory, fuel, host failure) is
+//!   **unknown**, never failed: it may have reached the upstream, and it is not retried.
+//! - Handles the adapter returned become tokens in the session's reference table, bound to
+//!   the mapping load and revision that produced them, with the scalar fields of the record
+//!   they came in as facts (an artifact's `sha256` and `bytes`, a destination's `label`).
+//! - Each upstream request the adapter made is one `upstream-request` event (protocol
+//!   layer) linked to the call; payloads stay digests and safe summaries.
+
+use serde_json::{Map, Value, json};
+use sha2::Digest as _;
+
+use crate::contract::{self, Shape};
+use crate::pipeline::Call;
+use crate::pipeline::execute::Executed;
+use crate::pipeline::references::Origin;
+use crate::registry::events;
+use crate::runtime::{CallFailure, Observation};
+
+/// A bounded category toward the model (DESIGN.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Category {
+    /// The request cannot be served as asked.
+    InvalidRequest,
+    /// Not permitted.
+    Forbidden,
+    /// Could not be served now (connection, adapter failure).
+    Unavailable,
+    /// Too many concurrent calls.
+    RateLimited,
+    /// Stopped before it finished (a read: nothing changed).
+    Interrupted,
+    /// The outcome is not known (a non-read interrupted after it may have acted).
+    Unknown,
+    /// Policy permits nothing like it in this session.
+    CapabilityUnavailable,
+    /// Policy forbids where it reaches.
+    OutsideScope,
+    /// The mapping, snapshot, policy or a reference changed since the call was decided.
+    StateChanged,
+    /// A person must approve this exact call first.
+    ApprovalRequired,
+    /// Allowed when decided, no longer allowed at execution.
+    PolicyNoLongerPermits,
+}
+
+impl Category {
+    /// The words the model sees.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid request",
+            Self::Forbidden => "forbidden",
+            Self::Unavailable => "unavailable",
+            Self::RateLimited => "rate limited",
+            Self::Interrupted => "interrupted",
+            Self::Unknown => "unknown",
+            Self::CapabilityUnavailable => "capability unavailable for this task",
+            Self::OutsideScope => "outside approved scope",
+            Self::StateChanged => "state changed",
+            Self::ApprovalRequired => "approval required",
+            Self::PolicyNoLongerPermits => "policy no longer permits",
+        }
+    }
+}
+
+/// A completed call's result.
+#[derive(Debug, Clone)]
+pub struct Completed {
+    /// The capability (local name).
+    pub capability: String,
+    /// The mapping that served it.
+    pub mapping: String,
+    /// The contract result as JSON, handles already tokens; `None` for a function without
+    /// a result.
+    pub value: Option<Value>,
+    /// The upstream requests behind it, for provenance.
+    pub observations: Vec<Observation>,
+    /// sha256 of `value` as JSON text.
+    pub content_sha256: String,
+}
+
+/// How a call ended, as the front renders it.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The adapter returned a result.
+    Completed(Box<Completed>),
+    /// Refused or failed, with a bounded category and safe detail (a tool result with
+    /// `isError: true`).
+    Refused {
+        /// The category.
+        category: Category,
+        /// Safe detail for the model.
+        detail: String,
+    },
+    /// Not a call this session can make at all (unknown tool, arguments that do not
+    /// convert): a protocol error, `-32602`.
+    Invalid {
+        /// The message.
+        message: String,
+    },
+    /// A person must approve this call out of band; repeating the same call afterwards
+    /// runs it once.
+    ApprovalRequired {
+        /// The approval request's id.
+        approval: String,
+        /// What the person approves.
+        summary: String,
+    },
+    /// A 2026-07-28 client must ask the person and retry (MRTR).
+    InputRequired {
+        /// The approval request's id.
+        approval: String,
+        /// The elicitation message.
+        message: String,
+        /// The sealed, single-use `requestState`.
+        request_state: String,
+    },
+}
+
+impl Outcome {
+    /// A refusal.
+    pub fn refused(category: Category, detail: impl Into<String>) -> Self {
+        Self::Refused {
+            category,
+            detail: detail.into(),
+        }
+    }
+
+    /// The safe summary the trace keeps.
+    pub fn trace_summary(&self) -> Value {
+        match self {
+            Self::Completed(c) => json!({
+                "outcome": "completed",
+                "stage": "executed",
+                "content_sha256": c.content_sha256,
+                "upstream_requests": c.observations.len(),
+            }),
+            Self::Refused { category, .. } => json!({
+                "outcome": if *category == Category::Unknown { "unknown" } else { "refused" },
+                "category": category,
+            }),
+            Self::Invalid { .. } => json!({"outcome": "invalid"}),
+            Self::ApprovalRequired { approval, .. } => {
+                json!({"outcome": "approval-required", "approval": approval})
+            }
+            Self::InputRequired { approval, .. } => {
+                json!({"outcome": "input-required", "approval": approval})
+            }
+        }
+    }
+}
+
+/// Turns what the adapter did into the call's outcome.
+pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
+    let (ready, result) = executed.into_parts();
+    let n = ready.intended().authorized().normalized();
+    let parts = Parts {
+        capability: n.capability(),
+        revision: n.revision(),
+        result,
+    };
+    let mapping = &parts.capability.mapping;
+    for o in &parts.result.observations {
+        call.event(
+            events::UPSTREAM_REQUEST,
+            json!({
+                "connection_id": mapping.connection.revision.connection_id,
+                "connection": o.connection,
+                "method": o.method,
+                "target": o.target.chars().take(256).collect::<String>(),
+                "request_id": o.request_id,
+                "result_sha256": o.result_sha256,
+                "bytes": o.result_bytes,
+                "at": o.retrieved_at,
+            }),
+        );
+    }
+    for line in &parts.result.logs {
+        tracing::debug!(mapping = %mapping.name, "adapter log: {line}");
+    }
+    if !parts.result.stderr.is_empty() {
+        let shown = &parts.result.stderr[..parts.result.stderr.len().min(2000)];
+        tracing::debug!(mapping = %mapping.name, bytes = parts.result.stderr.len(), "adapter stderr: {}", String::from_utf8_lossy(shown));
+    }
+    let val = match parts.result.result {
+        Ok(val) => val,
+        Err(failure) => {
+            call.event(
+                events::CALL_CONTAINED,
+                json!({
+                    "capability": parts.capability.name,
+                    "mapping": mapping.name,
+                    "revision": parts.revision,
+                    "failure": failure.kind(),
+                    "session": call.session.id_text(),
+                }),
+            );
+            let effectful = parts.capability.semantics.class.has_effect();
+            return contained(&mapping.name, failure, effectful);
+        }
+    };
+    let Some(result_shape) = &parts.capability.function.result else {
+        return Outcome::Completed(Box::new(Completed {
+            capability: parts.capability.name.clone(),
+            mapping: mapping.name.clone(),
+            value: None,
+            observations: parts.result.observations,
+            content_sha256: hex::encode(sha2::Sha256::digest(b"null")),
+        }));
+    };
+    let mut json = match contract::val_to_json(result_shape, &val, &mut |_, locator| {
+        Ok(locator.to_string())
+    }) {
+        Ok(j) => j,
+        Err(e) => {
+            tracing::error!(mapping = %mapping.name, "adapter result did not convert: {e:#}");
+            return Outcome::refused(Category::Unknown, "the adapter returned a malformed result");
+        }
+    };
+    let origin = Origin {
+        mapping: mapping.name.as_str().into(),
+        generation: mapping.generation,
+        revision: parts.revision,
+    };
+    let table = call.session.references();
+    swap_handles(result_shape, &mut json, &mut |kind, locator, facts| {
+        table.mint(&origin, kind, locator, facts)
+    });
+    let (ok, value) = match json {
+        Value::Object(mut o) if o.len() == 1 && o.contains_key("ok") => {
+            (true, o.remove("ok").unwrap_or_default())
+        }
+        Value::Object(mut o) if o.len() == 1 && o.contains_key("err") => {
+            (false, o.remove("err").unwrap_or_default())
+        }
+        other => (true, other),
+    };
+    if !ok {
+        return contract_error(&value);
+    }
+    let content_sha256 = hex::encode(sha2::Sha256::digest(value.to_string().as_bytes()));
+    Outcome::Completed(Box::new(Completed {
+        capability: parts.capability.name.clone(),
+        mapping: mapping.name.clone(),
+        value: Some(value),
+        observations: parts.result.observations,
+        content_sha256,
+    }))
+}
+
+struct Parts<'a> {
+    capability: &'a crate::registry::live::Capability,
+    revision: i64,
+    result: crate::runtime::CallOutcome,
+}
+
+/// A contained adapter call, as a bounded outcome.
+fn contained(mapping: &str, failure: CallFailure, effectful: bool) -> Outcome {
+    let unknown = |why: &str| {
+        Outcome::refused(
+            Category::Unknown,
+            format!(
+                "the outcome is unknown: {why} after it may have acted upstream; it is not retried (an operator reconciles it)"
+            ),
+        )
+    };
+    match failure {
+        CallFailure::Busy(n) => Outcome::refused(
+            Category::RateLimited,
+            format!(
+                "the adapter already runs its maximum of {n} concurrent calls; try again shortly"
+            ),
+        ),
+        CallFailure::DeadlineExceeded(d) if effectful => unknown(&format!(
+            "the adapter did not finish within its {} ms deadline",
+            d.as_millis()
+        )),
+        CallFailure::DeadlineExceeded(d) => Outcome::refused(
+            Category::Interrupted,
+            format!(
+                "the adapter did not finish within its {} ms deadline",
+                d.as_millis()
+            ),
+        ),
+        CallFailure::FuelExhausted if effectful => {
+            unknown("the adapter used up its instruction budget")
+        }
+        CallFailure::FuelExhausted => Outcome::refused(
+            Category::Interrupted,
+            "the adapter used up its instruction budget (fuel)",
+        ),
+        CallFailure::MemoryLimit(bytes) if effectful => unknown(&format!(
+            "the adapter exceeded its memory limit of {} MiB",
+            bytes >> 20
+        )),
+        CallFailure::MemoryLimit(bytes) => Outcome::refused(
+            Category::Unavailable,
+            format!(
+                "the adapter exceeded its memory limit of {} MiB",
+                bytes >> 20
+            ),
+        ),
+        CallFailure::OutputFlood(bytes) => Outcome::refused(
+            Category::Unavailable,
+            format!("the adapter wrote more than its {bytes}-byte output budget"),
+        ),
+        CallFailure::ResultTooLarge(bytes) => Outcome::refused(
+            Category::Unavailable,
+            format!("the adapter's result exceeded its {bytes}-byte budget"),
+        ),
+        CallFailure::Trapped(detail) => {
+            tracing::warn!(mapping = %mapping, "adapter trapped: {detail}");
+            if effectful {
+                unknown("the adapter failed")
+            } else {
+                Outcome::refused(
+                    Category::Unavailable,
+                    "the adapter failed while handling the request",
+                )
+            }
+        }
+        CallFailure::Host(detail) => {
+            tracing::error!(mapping = %mapping, "host failure: {detail}");
+            Outcome::refused(Category::Unknown, "the host could not run the adapter")
+        }
+    }
+}
+
+/// Maps a contract error (JSON of `contract-error`) onto a bounded category, quoting any
+/// adapter-supplied text as untrusted detail.
+fn contract_error(value: &Value) -> Outcome {
+    let (case, payload) = match value {
+        Value::String(case) => (case.as_str(), None),
+        Value::Object(o) => match o.iter().next() {
+            Some((case, payload)) => (case.as_str(), payload.as_str()),
+            None => ("unknown", None),
+        },
+        _ => ("unknown", None),
+    };
+    let category = match case {
+        "invalid-request" | "not-found" | "conflict" => Category::InvalidRequest,
+        "unavailable" | "upstream-failed" => Category::Unavailable,
+        _ => Category::Unknown,
+    };
+    let detail = match payload {
+        Some(text) => {
+            let clipped: String = text.chars().take(500).collect();
+            format!("{case}; the adapter reported (untrusted text): {clipped:?}")
+        }
+        None => case.to_string(),
+    };
+    Outcome::Refused { category, detail }
+}
+
+/// Longest fact string kept with a reference.
+const MAX_FACT_CHARS: usize = 256;
+
+/// Replaces every handle in `value` (of `shape`, handles holding adapter locators) with
+/// `mint(kind, locator, facts)`, where facts are the scalar fields of the record the
+/// handle is a field of.
+pub(crate) fn swap_handles(
+    shape: &Shape,
+    value: &mut Value,
+    mint: &mut dyn FnMut(&str, &str, Map<String, Value>) -> String,
+) {
+    match (shape, value) {
+        (Shape::Handle(kind), Value::String(s)) => {
+            let token = mint(kind, s, Map::new());
+            *s = token;
+        }
+        (Shape::Record(fields), Value::Object(obj)) => {
+            let facts: Map<String, Value> = fields
+                .iter()
+                .filter(|(_, s, _)| is_fact(s))
+                .filter_map(|(name, _, _)| {
+                    let v = obj.get(name)?;
+                    match v {
+                        Value::String(text) => Some((
+                            name.clone(),
+                            Value::String(text.chars().take(MAX_FACT_CHARS).collect()),
+                        )),
+                        Value::Number(_) | Value::Bool(_) => Some((name.clone(), v.clone())),
+                        _ => None,
+                    }
+                })
+                .collect();
+            for (name, field_shape, _) in fields {
+                let Some(v) = obj.get_mut(name) else { continue };
+                match (field_shape, v) {
+                    (Shape::Handle(kind), Value::String(s)) => {
+                        let token = mint(kind, s, facts.clone());
+                        *s = token;
+                    }
+                    (s, v) => swap_handles(s, v, mint),
+                }
+            }
+        }
+        (Shape::List(item), Value::Array(items)) => {
+            for v in items {
+                swap_handles(item, v, mint);
+            }
+        }
+        (Shape::Option(inner), v) if !v.is_null() => swap_handles(inner, v, mint),
+        (Shape::Tuple(shapes), Value::Array(items)) => {
+            for (s, v) in shapes.iter().zip(items) {
+                swap_handles(s, v, mint);
+            }
+        }
+        (Shape::Result { ok, err }, Value::Object(obj)) => {
+            if let (Some(s), Some(v)) = (ok, obj.get_mut("ok")) {
+                swap_handles(s, v, mint);
+            }
+            if let (Some(s), Some(v)) = (err, obj.get_mut("err")) {
+                swap_handles(s, v, mint);
+            }
+        }
+        (Shape::Variant(cases), Value::Object(obj)) => {
+            for (case, payload) in cases {
+                if let (Some(s), Some(v)) = (payload, obj.get_mut(case)) {
+                    swap_handles(s, v, mint);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn is_fact(shape: &Shape) -> bool {
+    match shape {
+        Shape::Option(inner) => is_fact(inner),
+        Shape::String
+        | Shape::Bool
+        | Shape::U8
+        | Shape::U16
+        | Shape::U32
+        | Shape::U64
+        | Shape::S8
+        | Shape::S16
+        | Shape::S32
+        | Shape::S64
+        | Shape::Enum(_) => true,
+        _ => false,
+    }
+}

@@ -1,0 +1,829 @@
+//! Policy: Cedar decides which capabilities a session is offered, and whether each call
+//! may run, needs a person's approval, or is denied.
+//!
+//! Rules this module enforces:
+//! - **One language, validated.** Policies are Cedar (`cedar-policy` 4), validated in strict
+//!   mode against [`SCHEMA_TEXT`] when they load. A file that does not parse or validate is
+//!   refused as a whole, with its file name, line and column; a running host keeps the
+//!   policy it had.
+//! - **Three answers from two questions.** `allow | deny | require-approval` comes from
+//!   asking Cedar `Airlock::Action::"call"` with `context.approved == false` and, when that
+//!   is denied, again with `context.approved == true`: if a person's approval would permit
+//!   the call, the decision is require-approval; otherwise deny. Require-approval is a
+//!   context flag rather than an annotation or a second policy set because then Cedar
+//!   itself (and its validator and analysis tools) reasons about it: a `forbid` still
+//!   denies an approved call, and "needs approval" is ordinary Cedar a reviewer can read.
+//!   At execution a call holding a receipt is decided again with `approved == true`.
+//! - **Versioned.** Each loaded policy has a digest: sha256 of the RFC 8785 JSON list of
+//!   its files' sha256 digests, in order. Decisions, approvals and the trace carry it.
+//! - **Bounded denials.** A denial carries a category — `capability unavailable for this
+//!   task` (nothing permits it, or a `forbid` without a category) or `outside approved
+//!   scope` (a `forbid` annotated `@category("outside-scope")`) — never the policies,
+//!   roles, capabilities or destinations behind it.
+//! - **Errors deny.** A policy whose evaluation errors is skipped (Cedar semantics); the
+//!   errors are logged, and a decision with nothing permitting it is a denial.
+//!
+//! Accepted forms: Cedar policy files listed by `policy = [...]` in the serve
+//! configuration (none: [`DEFAULT_POLICY`]). Annotations: `@id("name")` names a policy
+//! (unique across files; default `<file>#<n>`); `@category("outside-scope")` or
+//! `@category("capability-unavailable")` on a `forbid` picks the denial category. Any other
+//! `@category` value is refused at load.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context as _, Result, bail};
+use arc_swap::ArcSwap;
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityId, EntityTypeName,
+    EntityUid, PolicyId, PolicySet, Request, RestrictedExpression, Schema, ValidationMode,
+    Validator,
+};
+use miette::Diagnostic;
+use serde::Serialize;
+use sha2::Digest as _;
+
+/// The Cedar schema policies are validated against (`airlock policy schema` prints it).
+pub const SCHEMA_TEXT: &str = include_str!("airlock.cedarschema");
+
+/// The built-in policy, used when the configuration names no policy files: every profile
+/// may be used; reads and local transformations run; anything with an effect needs a
+/// person's approval of that exact call.
+pub const DEFAULT_POLICY: &str = include_str!("default.cedar");
+
+/// Label of the built-in policy in decisions and the trace.
+pub const BUILTIN_LABEL: &str = "builtin";
+
+/// The parsed schema (parsed once; it ships in this binary).
+///
+/// # Panics
+/// The shipped schema does not parse (a build defect; a unit test guards it).
+pub fn schema() -> &'static Schema {
+    static SCHEMA: OnceLock<Schema> = OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        Schema::from_cedarschema_str(SCHEMA_TEXT)
+            .map(|(schema, _warnings)| schema)
+            .expect("the shipped Cedar schema parses")
+    })
+}
+
+/// An entity uid `Airlock::<kind>::"<id>"`.
+fn uid(kind: &str, id: &str) -> EntityUid {
+    let name = EntityTypeName::from_str(&format!("Airlock::{kind}"))
+        .expect("Airlock entity type names are valid");
+    EntityUid::from_type_name_and_id(name, EntityId::new(id))
+}
+
+fn action(name: &str) -> EntityUid {
+    uid("Action", name)
+}
+
+fn string(s: &str) -> RestrictedExpression {
+    RestrictedExpression::new_string(s.to_string())
+}
+
+/// One policy file as loaded.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyFile {
+    /// The file's path as configured, or [`BUILTIN_LABEL`].
+    pub label: String,
+    /// sha256 (hex) of the file's bytes.
+    pub sha256: String,
+    /// Number of policies in it.
+    pub policies: usize,
+}
+
+/// A validated, versioned set of policies.
+pub struct Policy {
+    set: PolicySet,
+    digest: Arc<str>,
+    files: Vec<PolicyFile>,
+    /// Which file each policy came from (index into `files`).
+    origin: HashMap<PolicyId, usize>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("digest", &self.digest)
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl Policy {
+    /// The built-in policy ([`DEFAULT_POLICY`]).
+    ///
+    /// # Panics
+    /// The built-in policy does not validate (a build defect; a unit test guards it).
+    pub fn builtin() -> Self {
+        Self::from_texts(&[(BUILTIN_LABEL.to_string(), DEFAULT_POLICY.to_string())])
+            .expect("the built-in policy validates")
+    }
+
+    /// Loads the policy files `paths` in order; no files means [`Policy::builtin`].
+    ///
+    /// # Errors
+    /// A file cannot be read, does not parse, does not validate against the schema, reuses
+    /// a policy id, or uses an unknown `@category`; the message names the file and line.
+    pub fn load(paths: &[PathBuf]) -> Result<Self> {
+        if paths.is_empty() {
+            return Ok(Self::builtin());
+        }
+        let mut texts = Vec::new();
+        for path in paths {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading policy file {}", path.display()))?;
+            texts.push((path.display().to_string(), text));
+        }
+        Self::from_texts(&texts)
+    }
+
+    /// Parses and validates `(label, text)` policy files in order.
+    ///
+    /// # Errors
+    /// As [`Policy::load`].
+    pub fn from_texts(texts: &[(String, String)]) -> Result<Self> {
+        let mut set = PolicySet::new();
+        let mut files = Vec::new();
+        let mut origin = HashMap::new();
+        let mut sources: HashMap<PolicyId, (usize, &str)> = HashMap::new();
+        for (index, (label, text)) in texts.iter().enumerate() {
+            let parsed = PolicySet::from_str(text).map_err(|errors| {
+                let mut lines = Vec::new();
+                for e in errors.iter() {
+                    lines.push(located(label, text, e));
+                }
+                anyhow::anyhow!(
+                    "policy file {label} does not parse:\n  {}",
+                    lines.join("\n  ")
+                )
+            })?;
+            if parsed.templates().next().is_some() {
+                bail!(
+                    "policy file {label}: templates (policies with ?principal or ?resource slots) are not supported"
+                );
+            }
+            let mut count = 0;
+            for (n, policy) in parsed.policies().enumerate() {
+                let id = match policy.annotation("id") {
+                    Some(id) => id.to_string(),
+                    None => format!("{}#{}", short_label(label), n + 1),
+                };
+                if let Some(category) = policy.annotation("category")
+                    && DenyCategory::from_annotation(category).is_none()
+                {
+                    bail!(
+                        "policy file {label}: policy `{id}` has @category({category:?}); accepted: \"outside-scope\", \"capability-unavailable\""
+                    );
+                }
+                let id = PolicyId::new(id);
+                let policy = policy.new_id(id.clone());
+                set.add(policy).map_err(|e| {
+                    anyhow::anyhow!("policy file {label}: policy id `{id}` is used twice ({e})")
+                })?;
+                origin.insert(id.clone(), index);
+                sources.insert(id, (index, text.as_str()));
+                count += 1;
+            }
+            files.push(PolicyFile {
+                label: label.clone(),
+                sha256: hex::encode(sha2::Sha256::digest(text.as_bytes())),
+                policies: count,
+            });
+        }
+        let validation = Validator::new(schema().clone()).validate(&set, ValidationMode::Strict);
+        if !validation.validation_passed() {
+            let mut lines = Vec::new();
+            for e in validation.validation_errors() {
+                let (label, text) = sources
+                    .get(e.policy_id())
+                    .map(|(i, text)| (texts[*i].0.as_str(), *text))
+                    .unwrap_or(("?", ""));
+                lines.push(format!(
+                    "{} (policy `{}`)",
+                    located(label, text, e),
+                    e.policy_id()
+                ));
+            }
+            bail!(
+                "the policy does not validate against Airlock's Cedar schema (`airlock policy schema` prints it):\n  {}",
+                lines.join("\n  ")
+            );
+        }
+        let digests: Vec<&str> = files.iter().map(|f| f.sha256.as_str()).collect();
+        let canonical = serde_json_canonicalizer::to_string(&digests)
+            .context("canonicalizing the policy digest")?;
+        let digest = hex::encode(sha2::Sha256::digest(canonical.as_bytes()));
+        Ok(Self {
+            set,
+            digest: Arc::from(digest),
+            files,
+            origin,
+        })
+    }
+
+    /// The policy digest (64 hex digits).
+    pub fn digest(&self) -> &Arc<str> {
+        &self.digest
+    }
+
+    /// The files this policy was loaded from, in order.
+    pub fn files(&self) -> &[PolicyFile] {
+        &self.files
+    }
+
+    /// Where policy `id` came from: its file's label.
+    pub fn origin(&self, id: &str) -> Option<&str> {
+        self.origin
+            .get(&PolicyId::new(id))
+            .map(|i| self.files[*i].label.as_str())
+    }
+}
+
+/// `file:line:column: message`, from a Cedar diagnostic's first label.
+fn located(label: &str, text: &str, diagnostic: &dyn Diagnostic) -> String {
+    let message = diagnostic.to_string();
+    let help = diagnostic
+        .help()
+        .map(|h| format!(" (help: {h})"))
+        .unwrap_or_default();
+    let at = diagnostic
+        .labels()
+        .and_then(|mut labels| labels.next())
+        .map(|l| l.offset())
+        .filter(|offset| *offset <= text.len());
+    match at {
+        Some(offset) => {
+            let before = &text[..offset];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("{label}:{line}:{column}: {message}{help}")
+        }
+        None => format!("{label}: {message}{help}"),
+    }
+}
+
+fn short_label(label: &str) -> &str {
+    Path::new(label)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(label)
+}
+
+/// Why a call is denied, as the model may learn it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DenyCategory {
+    /// Nothing permits it in this session (or a `forbid` without a category).
+    CapabilityUnavailable,
+    /// A `forbid` annotated `@category("outside-scope")`.
+    OutsideScope,
+}
+
+impl DenyCategory {
+    fn from_annotation(value: &str) -> Option<Self> {
+        match value {
+            "outside-scope" => Some(Self::OutsideScope),
+            "capability-unavailable" => Some(Self::CapabilityUnavailable),
+            _ => None,
+        }
+    }
+
+    /// The bounded text the model sees.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CapabilityUnavailable => "capability unavailable for this task",
+            Self::OutsideScope => "outside approved scope",
+        }
+    }
+}
+
+/// The answer for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", content = "category", rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Run it.
+    Allow,
+    /// Run it once a person approved this exact call.
+    RequireApproval,
+    /// Do not run it.
+    Deny(DenyCategory),
+}
+
+/// A decision and what it rests on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// The answer.
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// Digest of the policy that decided.
+    pub policy_digest: Arc<str>,
+    /// Ids of the policies that determined the answer (permits for allow and
+    /// require-approval, forbids for a deny they caused; empty for a default deny). For
+    /// operators and the trace, never for the model.
+    pub determining: Vec<String>,
+    /// Evaluation errors (policies skipped), for the log and the trace.
+    pub errors: Vec<String>,
+}
+
+/// The requester as Cedar sees it: `Airlock::Requester::"<name>"` with its roles.
+#[derive(Clone)]
+pub struct Principal {
+    uid: EntityUid,
+    entities: Arc<Vec<Entity>>,
+}
+
+impl Principal {
+    /// The requester `name` with `roles`, reached over `transport` (`stdio`).
+    ///
+    /// # Errors
+    /// An attribute does not evaluate (cannot happen for strings; kept for Cedar's API).
+    pub fn new(name: &str, roles: &[String], transport: &str) -> Result<Self> {
+        let uid = uid("Requester", name);
+        let parents: HashSet<EntityUid> = roles.iter().map(|r| self::uid("Role", r)).collect();
+        let mut entities = vec![
+            Entity::new(
+                uid.clone(),
+                HashMap::from([("transport".to_string(), string(transport))]),
+                parents.clone(),
+            )
+            .context("building the requester entity")?,
+        ];
+        for role in parents {
+            entities.push(Entity::new_no_attrs(role, HashSet::new()));
+        }
+        Ok(Self {
+            uid,
+            entities: Arc::new(entities),
+        })
+    }
+}
+
+/// What policy knows about a capability at decision time.
+#[derive(Debug, Clone)]
+pub struct CapabilityFacts<'a> {
+    /// Local (model-facing) name.
+    pub name: &'a str,
+    /// Contract interface, e.g. `airlock:contracts/artifact-delivery@0.2.0`.
+    pub contract: &'a str,
+    /// Contract function, e.g. `deliver`.
+    pub function: &'a str,
+    /// Effect class (`read`, `local-transformation`, `reversible-mutation`,
+    /// `external-effect`).
+    pub effect_class: &'a str,
+    /// Whether repeating the call is harmless.
+    pub idempotent: bool,
+    /// The serving mapping's name, revision and lifecycle state.
+    pub mapping: &'a str,
+    pub mapping_revision: i64,
+    pub mapping_state: &'a str,
+    /// The mapping's connection (configured name).
+    pub connection: &'a str,
+    /// The mapping's declared data class.
+    pub data_class: &'a str,
+}
+
+/// What policy knows about one call besides the capability.
+#[derive(Debug, Clone, Default)]
+pub struct CallFacts<'a> {
+    /// The session's profile.
+    pub profile: &'a str,
+    /// The transport (`stdio`).
+    pub transport: &'a str,
+    /// The negotiated protocol version.
+    pub protocol: &'a str,
+    /// The destination a handle argument resolved to (its locator), if any.
+    pub destination: Option<&'a str>,
+    /// The size of a prepared artifact an argument names, if any.
+    pub artifact_bytes: Option<u64>,
+}
+
+/// Decides with the current policy; the policy can be replaced while the host runs.
+pub struct PolicyEngine {
+    authorizer: Authorizer,
+    current: ArcSwap<Policy>,
+}
+
+impl PolicyEngine {
+    /// An engine deciding with `policy`.
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            authorizer: Authorizer::new(),
+            current: ArcSwap::from_pointee(policy),
+        }
+    }
+
+    /// The current policy.
+    pub fn current(&self) -> Arc<Policy> {
+        self.current.load_full()
+    }
+
+    /// Replaces the policy: the next decision uses `policy`.
+    pub fn replace(&self, policy: Policy) {
+        self.current.store(Arc::new(policy));
+    }
+
+    /// May `principal` use `profile`?
+    pub fn may_use_profile(&self, principal: &Principal, profile: &str) -> Decision {
+        let policy = self.current();
+        let resource = uid("Profile", profile);
+        let mut entities: Vec<Entity> = principal.entities.as_ref().clone();
+        entities.push(Entity::new_no_attrs(resource.clone(), HashSet::new()));
+        let (allowed, determining, errors) = self.ask(
+            &policy,
+            principal,
+            action("use-profile"),
+            resource,
+            Context::empty(),
+            entities,
+        );
+        Decision {
+            verdict: if allowed {
+                Verdict::Allow
+            } else {
+                Verdict::Deny(DenyCategory::CapabilityUnavailable)
+            },
+            policy_digest: policy.digest.clone(),
+            determining,
+            errors,
+        }
+    }
+
+    /// Decides one call of `capability` with the current policy (see the module rules).
+    pub fn decide_call(
+        &self,
+        principal: &Principal,
+        capability: &CapabilityFacts<'_>,
+        call: &CallFacts<'_>,
+    ) -> Decision {
+        self.decide_call_with(&self.current(), principal, capability, call, false)
+    }
+
+    /// Decides one call with `policy`. With `approved`, asks only the approved question
+    /// (a call that holds a receipt): allow or deny.
+    pub fn decide_call_with(
+        &self,
+        policy: &Policy,
+        principal: &Principal,
+        capability: &CapabilityFacts<'_>,
+        call: &CallFacts<'_>,
+        approved: bool,
+    ) -> Decision {
+        let resource = uid("Capability", capability.name);
+        let entities = capability_entities(principal, capability, call);
+        let ask = |approved: bool| {
+            self.ask(
+                policy,
+                principal,
+                action("call"),
+                resource.clone(),
+                call_context(call, approved),
+                entities.clone(),
+            )
+        };
+        let (allowed, determining, mut errors) = ask(approved);
+        let verdict = if allowed {
+            Verdict::Allow
+        } else if approved {
+            Verdict::Deny(deny_category(policy, &determining))
+        } else {
+            let (with_approval, approving, more) = ask(true);
+            errors.extend(more);
+            if with_approval {
+                return Decision {
+                    verdict: Verdict::RequireApproval,
+                    policy_digest: policy.digest.clone(),
+                    determining: approving,
+                    errors,
+                };
+            }
+            Verdict::Deny(deny_category(policy, &approving))
+        };
+        Decision {
+            verdict,
+            policy_digest: policy.digest.clone(),
+            determining,
+            errors,
+        }
+    }
+
+    fn ask(
+        &self,
+        policy: &Policy,
+        principal: &Principal,
+        action: EntityUid,
+        resource: EntityUid,
+        context: Context,
+        entities: Vec<Entity>,
+    ) -> (bool, Vec<String>, Vec<String>) {
+        let entities = match Entities::from_entities(entities, None) {
+            Ok(e) => e,
+            Err(e) => return (false, Vec::new(), vec![format!("entities: {e}")]),
+        };
+        let request = match Request::new(principal.uid.clone(), action, resource, context, None) {
+            Ok(r) => r,
+            Err(e) => return (false, Vec::new(), vec![format!("request: {e}")]),
+        };
+        let response = self
+            .authorizer
+            .is_authorized(&request, &policy.set, &entities);
+        let determining = response
+            .diagnostics()
+            .reason()
+            .map(|id| id.to_string())
+            .collect();
+        let errors: Vec<String> = response
+            .diagnostics()
+            .errors()
+            .map(|e| e.to_string())
+            .collect();
+        for e in &errors {
+            tracing::warn!("policy evaluation error (the policy was skipped): {e}");
+        }
+        (
+            response.decision() == CedarDecision::Allow,
+            determining,
+            errors,
+        )
+    }
+}
+
+/// The category of a denial: the first determining forbid's `@category`, else
+/// capability-unavailable.
+fn deny_category(policy: &Policy, determining: &[String]) -> DenyCategory {
+    determining
+        .iter()
+        .filter_map(|id| policy.set.annotation(&PolicyId::new(id), "category"))
+        .find_map(DenyCategory::from_annotation)
+        .unwrap_or(DenyCategory::CapabilityUnavailable)
+}
+
+fn capability_entities(
+    principal: &Principal,
+    c: &CapabilityFacts<'_>,
+    call: &CallFacts<'_>,
+) -> Vec<Entity> {
+    let mapping = uid("Mapping", c.mapping);
+    let connection = uid("Connection", c.connection);
+    let data_class = uid("DataClass", c.data_class);
+    let mut entities: Vec<Entity> = principal.entities.as_ref().clone();
+    let capability = Entity::new(
+        uid("Capability", c.name),
+        HashMap::from([
+            ("effect_class".to_string(), string(c.effect_class)),
+            (
+                "idempotent".to_string(),
+                RestrictedExpression::new_bool(c.idempotent),
+            ),
+            ("contract".to_string(), string(c.contract)),
+            ("function".to_string(), string(c.function)),
+            (
+                "mapping".to_string(),
+                RestrictedExpression::new_entity_uid(mapping.clone()),
+            ),
+            (
+                "connection".to_string(),
+                RestrictedExpression::new_entity_uid(connection.clone()),
+            ),
+            (
+                "data_class".to_string(),
+                RestrictedExpression::new_entity_uid(data_class.clone()),
+            ),
+        ]),
+        HashSet::from([mapping.clone(), connection.clone()]),
+    );
+    let mapping_entity = Entity::new(
+        mapping,
+        HashMap::from([
+            ("contract".to_string(), string(c.contract)),
+            (
+                "revision".to_string(),
+                RestrictedExpression::new_long(c.mapping_revision),
+            ),
+            ("state".to_string(), string(c.mapping_state)),
+        ]),
+        HashSet::new(),
+    );
+    for e in [capability, mapping_entity].into_iter().flatten() {
+        entities.push(e);
+    }
+    entities.push(Entity::new_no_attrs(connection, HashSet::new()));
+    entities.push(Entity::new_no_attrs(data_class, HashSet::new()));
+    entities.push(Entity::new_no_attrs(
+        uid("Profile", call.profile),
+        HashSet::new(),
+    ));
+    if let Some(d) = call.destination {
+        entities.push(Entity::new_no_attrs(uid("Scope", d), HashSet::new()));
+    }
+    entities
+}
+
+fn call_context(call: &CallFacts<'_>, approved: bool) -> Context {
+    let mut pairs = vec![
+        (
+            "profile".to_string(),
+            RestrictedExpression::new_entity_uid(uid("Profile", call.profile)),
+        ),
+        (
+            "approved".to_string(),
+            RestrictedExpression::new_bool(approved),
+        ),
+        ("transport".to_string(), string(call.transport)),
+        ("protocol".to_string(), string(call.protocol)),
+    ];
+    if let Some(d) = call.destination {
+        pairs.push((
+            "destination".to_string(),
+            RestrictedExpression::new_entity_uid(uid("Scope", d)),
+        ));
+    }
+    if let Some(bytes) = call.artifact_bytes {
+        pairs.push((
+            "artifact_bytes".to_string(),
+            RestrictedExpression::new_long(i64::try_from(bytes).unwrap_or(i64::MAX)),
+        ));
+    }
+    Context::from_pairs(pairs).unwrap_or_else(|_| Context::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn principal() -> Principal {
+        Principal::new("alice", &["operator".to_string()], "stdio").unwrap()
+    }
+
+    fn capability<'a>(effect: &'a str, name: &'a str) -> CapabilityFacts<'a> {
+        CapabilityFacts {
+            name,
+            contract: "airlock:contracts/artifact-delivery@0.2.0",
+            function: "deliver",
+            effect_class: effect,
+            idempotent: true,
+            mapping: "outbox-delivery",
+            mapping_revision: 2,
+            mapping_state: "active",
+            connection: "outbox",
+            data_class: "internal",
+        }
+    }
+
+    fn call<'a>(profile: &'a str, destination: Option<&'a str>) -> CallFacts<'a> {
+        CallFacts {
+            profile,
+            transport: "stdio",
+            protocol: "2025-11-25",
+            destination,
+            artifact_bytes: Some(12_288),
+        }
+    }
+
+    #[test]
+    fn the_shipped_schema_and_builtin_policy_validate() {
+        let _ = schema();
+        let p = Policy::builtin();
+        assert_eq!(p.digest().len(), 64);
+        assert_eq!(p.files()[0].label, BUILTIN_LABEL);
+        assert_eq!(p.files()[0].policies, 3);
+    }
+
+    #[test]
+    fn builtin_reads_run_and_effects_need_approval() {
+        let engine = PolicyEngine::new(Policy::builtin());
+        let read = engine.decide_call(&principal(), &capability("read", "search"), &call("p", None));
+        assert_eq!(read.verdict, Verdict::Allow);
+        assert_eq!(read.determining, ["builtin-reads"]);
+        let effect = engine.decide_call(
+            &principal(),
+            &capability("external-effect", "deliver_artifact"),
+            &call("p", Some("team-reports")),
+        );
+        assert_eq!(effect.verdict, Verdict::RequireApproval);
+        assert_eq!(effect.determining, ["builtin-effects-with-approval"]);
+        let held = engine.decide_call_with(
+            &engine.current(),
+            &principal(),
+            &capability("external-effect", "deliver_artifact"),
+            &call("p", Some("team-reports")),
+            true,
+        );
+        assert_eq!(held.verdict, Verdict::Allow);
+        assert_eq!(
+            engine.may_use_profile(&principal(), "any").verdict,
+            Verdict::Allow
+        );
+    }
+
+    const POLICY: &str = r#"
+@id("reader-reads")
+permit (principal, action == Airlock::Action::"call", resource)
+when { context.profile == Airlock::Profile::"reader" && resource.effect_class == "read" };
+
+@id("publisher-delivers-with-approval")
+permit (principal in Airlock::Role::"operator", action == Airlock::Action::"call", resource)
+when { context.profile == Airlock::Profile::"publisher" && context.approved };
+
+@id("no-partners")
+@category("outside-scope")
+forbid (principal, action == Airlock::Action::"call", resource)
+when { context has destination && context.destination == Airlock::Scope::"partner-drop" };
+
+@id("no-big")
+forbid (principal, action, resource)
+when { context has artifact_bytes && context.artifact_bytes > 1000000 };
+"#;
+
+    #[test]
+    fn denials_carry_a_bounded_category() {
+        let policy = Policy::from_texts(&[("airlock.cedar".into(), POLICY.into())]).unwrap();
+        let engine = PolicyEngine::new(policy);
+        let p = principal();
+        let deliver = capability("external-effect", "deliver_artifact");
+        let d = engine.decide_call(&p, &deliver, &call("reader", Some("team-reports")));
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        assert!(d.determining.is_empty(), "default deny: {:?}", d.determining);
+        let d = engine.decide_call(&p, &deliver, &call("publisher", Some("team-reports")));
+        assert_eq!(d.verdict, Verdict::RequireApproval);
+        let d = engine.decide_call(&p, &deliver, &call("publisher", Some("partner-drop")));
+        assert_eq!(d.verdict, Verdict::Deny(DenyCategory::OutsideScope));
+        assert_eq!(d.determining, ["no-partners"]);
+        let mut big = call("publisher", Some("team-reports"));
+        big.artifact_bytes = Some(2_000_000);
+        let d = engine.decide_call(&p, &deliver, &big);
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        // A requester without the role is not offered the approval.
+        let bob = Principal::new("bob", &[], "stdio").unwrap();
+        let d = engine.decide_call(&bob, &deliver, &call("publisher", Some("team-reports")));
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        let read = engine.decide_call(&bob, &capability("read", "search"), &call("reader", None));
+        assert_eq!(read.verdict, Verdict::Allow);
+        // Nothing permits use-profile in this policy.
+        assert_eq!(
+            engine.may_use_profile(&p, "reader").verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+    }
+
+    #[test]
+    fn a_policy_that_does_not_validate_names_its_file_and_line() {
+        let cases = [
+            (
+                "permit (principal, action, resource)\nwhen { resource.effect_clas == \"read\" };",
+                "bad.cedar:2:",
+            ),
+            (
+                "permit (principal, action == Airlock::Action::\"call\", resource)\nwhen { context.destination == Airlock::Scope::\"x\" };",
+                "bad.cedar:2:",
+            ),
+            ("permit (principal, action, resource)\n  when { true ", "bad.cedar:"),
+            (
+                "permit (principal == Airlock::User::\"x\", action, resource);",
+                "bad.cedar:1:",
+            ),
+            (
+                "@category(\"secret\")\nforbid (principal, action, resource);",
+                "@category",
+            ),
+            (
+                "@id(\"a\")\npermit (principal, action, resource);\n@id(\"a\")\npermit (principal, action, resource);",
+                "used twice",
+            ),
+            (
+                "permit (principal, action, resource == ?resource);",
+                "templates",
+            ),
+        ];
+        for (text, needle) in cases {
+            let err = format!(
+                "{:#}",
+                Policy::from_texts(&[("policies/bad.cedar".into(), text.into())]).unwrap_err()
+            );
+            assert!(err.contains(needle), "expected `{needle}` in: {err}");
+        }
+    }
+
+    #[test]
+    fn the_digest_follows_the_text() {
+        let a = Policy::from_texts(&[("a.cedar".into(), POLICY.into())]).unwrap();
+        let b = Policy::from_texts(&[("elsewhere/a.cedar".into(), POLICY.into())]).unwrap();
+        let c =
+            Policy::from_texts(&[("a.cedar".into(), format!("{POLICY}\n// a comment\n"))]).unwrap();
+        assert_eq!(a.digest(), b.digest(), "the digest is over contents, not paths");
+        assert_ne!(a.digest(), c.digest());
+        assert_eq!(a.origin("no-big"), Some("a.cedar"));
+    }
+}

@@ -1,0 +1,696 @@
+//! Approvals, receipts and intents in the store.
+//!
+//! Rules this module enforces (DESIGN.md §5 steps 4–5):
+//! - **An approval binds the exact consequence.** A request records requester, session,
+//!   profile, capability, mapping and revision, snapshot digest, policy digest, the digest
+//!   of the normalized arguments, the artifact digest (when there is one), a deterministic
+//!   summary, a nonce and an expiry on the host clock. Approved, it is a **receipt**.
+//! - **A receipt is consumed once, together with the intent it authorizes.** Consumption
+//!   and the intent row are written in one `BEGIN IMMEDIATE` transaction, and the intent
+//!   references the approval under a UNIQUE constraint: of any number of concurrent
+//!   attempts, exactly one consumes it. A use with another requester, session,
+//!   capability, arguments, mapping revision, snapshot or policy is refused and says which
+//!   of these changed; so is a use after expiry.
+//! - **States move one way**: pending → approved | denied | revoked | expired; approved →
+//!   consumed | revoked | expired. Nothing leaves denied, revoked, consumed or expired.
+//!   An in-band answer (an elicitation accepted by the person at the client) takes a
+//!   pending request straight to consumed, recording who answered.
+//!
+//! Accepted forms: approval ids `apr_` + 24 lowercase hex digits (a unique prefix of at
+//! least 12 characters is accepted by [`Store::approval`](super::Store)); intent ids
+//! `int_` + 32 hex; idempotency keys `idk_` + 32 hex. Times are unix milliseconds.
+
+use anyhow::{Context as _, anyhow, bail};
+use rusqlite::{OptionalExtension as _, Row, Transaction, TransactionBehavior, params};
+use serde::Serialize;
+
+use super::trace::{self, NewEvent};
+use super::{SqliteStore, ms_to_sql, now_ms};
+
+/// Where an approval request is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalState {
+    /// Waiting for a person.
+    Pending,
+    /// A person approved it: a receipt, usable once until it expires.
+    Approved,
+    /// A person declined (or cancelled) it.
+    Denied,
+    /// Withdrawn after it was created or approved.
+    Revoked,
+    /// Used by one call (see `intent_id`).
+    Consumed,
+    /// Its time ran out before it was used.
+    Expired,
+}
+
+impl ApprovalState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::Revoked => "revoked",
+            Self::Consumed => "consumed",
+            Self::Expired => "expired",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Self::Pending,
+            Self::Approved,
+            Self::Denied,
+            Self::Revoked,
+            Self::Consumed,
+            Self::Expired,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for ApprovalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the person was asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalMode {
+    /// `elicitation/create` to a 2025-11-25 client, answered in the same call.
+    Elicitation,
+    /// An `input_required` result (MRTR) to a 2026-07-28 client, answered on its retry.
+    InputRequired,
+    /// `airlock approvals approve ID` at a terminal; the call is repeated afterwards.
+    OutOfBand,
+}
+
+impl ApprovalMode {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Elicitation => "elicitation",
+            Self::InputRequired => "input-required",
+            Self::OutOfBand => "out-of-band",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Elicitation, Self::InputRequired, Self::OutOfBand]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+/// What a receipt is bound to: every field must match at use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReceiptBinding {
+    pub requester: String,
+    pub session: String,
+    pub capability: String,
+    pub mapping: String,
+    pub mapping_revision: i64,
+    pub snapshot_digest: String,
+    pub policy_digest: String,
+    /// sha256 of the canonical normalized arguments (handles as locators).
+    pub args_digest: String,
+}
+
+/// A new approval request.
+#[derive(Debug, Clone)]
+pub struct NewApproval {
+    pub binding: ReceiptBinding,
+    pub profile: String,
+    pub mode: ApprovalMode,
+    pub artifact_digest: Option<String>,
+    /// The deterministic description the person approves.
+    pub summary: String,
+    /// Lifetime of the pending request, ms.
+    pub ttl_ms: u64,
+}
+
+/// One approval request (a receipt once approved).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub state: ApprovalState,
+    pub mode: ApprovalMode,
+    #[serde(flatten)]
+    pub binding: ReceiptBinding,
+    pub profile: String,
+    pub artifact_digest: Option<String>,
+    pub summary: String,
+    /// Random, 128 bits hex; bound into an MRTR `requestState`.
+    pub nonce: String,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    pub decided_by: Option<String>,
+    pub decided_ms: Option<u64>,
+    pub reason: Option<String>,
+    pub consumed_ms: Option<u64>,
+    pub intent_id: Option<String>,
+}
+
+impl ApprovalRecord {
+    /// The state as of `now_ms`: pending or approved past `expires_ms` reads as expired.
+    pub fn state_at(&self, now_ms: u64) -> ApprovalState {
+        match self.state {
+            ApprovalState::Pending | ApprovalState::Approved if now_ms >= self.expires_ms => {
+                ApprovalState::Expired
+            }
+            s => s,
+        }
+    }
+
+    /// Names of the binding fields that differ from `other`.
+    pub fn changed_fields(&self, other: &ReceiptBinding) -> Vec<&'static str> {
+        let b = &self.binding;
+        let mut changed = Vec::new();
+        let checks: [(&'static str, bool); 8] = [
+            ("requester", b.requester != other.requester),
+            ("session", b.session != other.session),
+            ("capability", b.capability != other.capability),
+            ("mapping", b.mapping != other.mapping),
+            ("mapping revision", b.mapping_revision != other.mapping_revision),
+            ("snapshot", b.snapshot_digest != other.snapshot_digest),
+            ("policy", b.policy_digest != other.policy_digest),
+            ("arguments", b.args_digest != other.args_digest),
+        ];
+        for (name, differs) in checks {
+            if differs {
+                changed.push(name);
+            }
+        }
+        changed
+    }
+}
+
+/// A person's decision on a pending request (or a withdrawal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// pending → approved; the receipt lives for the given ttl from now.
+    Approve,
+    /// pending → denied.
+    Deny,
+    /// pending | approved → revoked.
+    Revoke,
+}
+
+/// How a receipt is being consumed.
+#[derive(Debug, Clone, Copy)]
+pub enum ConsumeAs<'a> {
+    /// An approved receipt (out of band).
+    Approved,
+    /// A pending request answered in band by `by` (elicitation accepted at the client);
+    /// `nonce`, when given, must equal the request's (an MRTR `requestState`).
+    AnsweredInBand { by: &'a str, nonce: Option<&'a str> },
+}
+
+/// Why a receipt could not be consumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "refusal", content = "detail", rename_all = "kebab-case")]
+pub enum ReceiptRefusal {
+    /// No such approval.
+    NotFound,
+    /// Not in a usable state (already consumed, denied, revoked, or still pending).
+    State(ApprovalState),
+    /// Its time ran out.
+    Expired,
+    /// Bound to something else: these fields changed since.
+    Changed(Vec<&'static str>),
+    /// The nonce does not match (a forged or replayed request state).
+    Nonce,
+}
+
+/// The outcome of [`Store::consume_receipt`](super::Store::consume_receipt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Consumption {
+    /// Consumed; the intent exists.
+    Consumed(Box<ApprovalRecord>, Box<IntentRecord>),
+    /// Not consumed; nothing was written.
+    Refused(ReceiptRefusal),
+}
+
+/// Where an intent is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IntentState {
+    /// Created; about to be attempted.
+    Prepared,
+    /// The adapter returned a result.
+    Completed,
+    /// Failed before anything was sent upstream, or the upstream refused.
+    Failed,
+    /// The outcome is not known (a non-read call interrupted after sending).
+    Unknown,
+}
+
+impl IntentState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prepared => "prepared",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Prepared, Self::Completed, Self::Failed, Self::Unknown]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+/// A new intent: one stable effect id and idempotency key for every attempt of one call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewIntent {
+    pub id: String,
+    pub idempotency_key: String,
+    pub call_id: String,
+    pub requester: String,
+    pub session: String,
+    pub capability: String,
+    pub mapping: String,
+    pub mapping_revision: i64,
+    pub args_digest: String,
+    pub effect_class: String,
+}
+
+/// A stored intent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IntentRecord {
+    #[serde(flatten)]
+    pub intent: NewIntent,
+    pub approval_id: Option<String>,
+    pub state: IntentState,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+/// A random id `prefix` + `bytes` hex-encoded random bytes.
+pub fn random_id(prefix: &str, bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).expect("the OS random generator failed");
+    format!("{prefix}{}", hex::encode(buf))
+}
+
+const APPROVAL_COLUMNS: &str = "id, state, mode, requester, session, profile, capability, mapping, \
+     mapping_revision, snapshot_digest, policy_digest, args_digest, artifact_digest, summary, \
+     nonce, created_ms, expires_ms, decided_by, decided_ms, reason, consumed_ms, intent_id";
+
+const INTENT_COLUMNS: &str = "id, idempotency_key, call_id, approval_id, requester, session, \
+     capability, mapping, mapping_revision, args_digest, effect_class, state, created_ms, \
+     updated_ms";
+
+fn opt_ms(row: &Row<'_>, i: usize) -> rusqlite::Result<Option<u64>> {
+    Ok(row
+        .get::<_, Option<i64>>(i)?
+        .map(|v| u64::try_from(v).unwrap_or(0)))
+}
+
+fn ms(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
+    Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or(0))
+}
+
+fn bad(i: usize, what: &str, value: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        i,
+        rusqlite::types::Type::Text,
+        format!("unknown {what} {value:?}").into(),
+    )
+}
+
+fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
+    let state: String = row.get(1)?;
+    let mode: String = row.get(2)?;
+    Ok(ApprovalRecord {
+        id: row.get(0)?,
+        state: ApprovalState::parse(&state).ok_or_else(|| bad(1, "approval state", state))?,
+        mode: ApprovalMode::parse(&mode).ok_or_else(|| bad(2, "approval mode", mode))?,
+        binding: ReceiptBinding {
+            requester: row.get(3)?,
+            session: row.get(4)?,
+            capability: row.get(6)?,
+            mapping: row.get(7)?,
+            mapping_revision: row.get(8)?,
+            snapshot_digest: row.get(9)?,
+            policy_digest: row.get(10)?,
+            args_digest: row.get(11)?,
+        },
+        profile: row.get(5)?,
+        artifact_digest: row.get(12)?,
+        summary: row.get(13)?,
+        nonce: row.get(14)?,
+        created_ms: ms(row, 15)?,
+        expires_ms: ms(row, 16)?,
+        decided_by: row.get(17)?,
+        decided_ms: opt_ms(row, 18)?,
+        reason: row.get(19)?,
+        consumed_ms: opt_ms(row, 20)?,
+        intent_id: row.get(21)?,
+    })
+}
+
+fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
+    let state: String = row.get(11)?;
+    Ok(IntentRecord {
+        intent: NewIntent {
+            id: row.get(0)?,
+            idempotency_key: row.get(1)?,
+            call_id: row.get(2)?,
+            requester: row.get(4)?,
+            session: row.get(5)?,
+            capability: row.get(6)?,
+            mapping: row.get(7)?,
+            mapping_revision: row.get(8)?,
+            args_digest: row.get(9)?,
+            effect_class: row.get(10)?,
+        },
+        approval_id: row.get(3)?,
+        state: IntentState::parse(&state).ok_or_else(|| bad(11, "intent state", state))?,
+        created_ms: ms(row, 12)?,
+        updated_ms: ms(row, 13)?,
+    })
+}
+
+fn load_approval(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
+    tx.query_row(
+        &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"),
+        params![id],
+        approval_from_row,
+    )
+    .optional()
+}
+
+fn insert_intent(
+    tx: &Transaction<'_>,
+    intent: &NewIntent,
+    approval_id: Option<&str>,
+    now: i64,
+) -> anyhow::Result<()> {
+    tx.execute(
+        &format!(
+            "INSERT INTO intents ({INTENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12)"
+        ),
+        params![
+            intent.id,
+            intent.idempotency_key,
+            intent.call_id,
+            approval_id,
+            intent.requester,
+            intent.session,
+            intent.capability,
+            intent.mapping,
+            intent.mapping_revision,
+            intent.args_digest,
+            intent.effect_class,
+            now,
+        ],
+    )?;
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Runs `work` and appends `events` in one `BEGIN IMMEDIATE` transaction.
+    fn transact<T>(
+        &self,
+        what: &str,
+        events: &[NewEvent],
+        work: impl FnOnce(&Transaction<'_>) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let mut conn = self.lock();
+        let run = || -> anyhow::Result<T> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = work(&tx)?;
+            trace::append_in(&tx, events)?;
+            tx.commit()?;
+            Ok(out)
+        };
+        run().with_context(|| self.context(what))
+    }
+
+    pub(super) fn create_approval_impl(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        let id = random_id("apr_", 12);
+        let nonce = random_id("", 16);
+        let now = now_ms();
+        let expires = now.saturating_add(new.ttl_ms);
+        let events: Vec<NewEvent> = events
+            .into_iter()
+            .map(|mut e| {
+                if let Some(o) = e.payload.as_object_mut() {
+                    o.entry("approval")
+                        .or_insert_with(|| serde_json::Value::String(id.clone()));
+                }
+                e
+            })
+            .collect();
+        self.transact("recording an approval request", &events, |tx| {
+            let b = &new.binding;
+            tx.execute(
+                &format!(
+                    "INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, 'pending', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, NULL, NULL, NULL, NULL, NULL)"
+                ),
+                params![
+                    id,
+                    new.mode.as_str(),
+                    b.requester,
+                    b.session,
+                    new.profile,
+                    b.capability,
+                    b.mapping,
+                    b.mapping_revision,
+                    b.snapshot_digest,
+                    b.policy_digest,
+                    b.args_digest,
+                    new.artifact_digest,
+                    new.summary,
+                    nonce,
+                    ms_to_sql(now)?,
+                    ms_to_sql(expires)?,
+                ],
+            )?;
+            load_approval(tx, &id)?.ok_or_else(|| anyhow!("the approval just written is missing"))
+        })
+    }
+
+    pub(super) fn approval_impl(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
+        let id = id.trim();
+        if id.len() < 12 || !id.is_ascii() {
+            bail!("approval id `{id}` is too short: give the full id (apr_…) or at least 12 characters of it");
+        }
+        let conn = self.lock();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1 OR (length(?1) < 28 AND substr(id, 1, length(?1)) = ?1) LIMIT 2"
+        ))?;
+        let rows: Vec<ApprovalRecord> = stmt
+            .query_map(params![id], approval_from_row)?
+            .collect::<rusqlite::Result<_>>()
+            .with_context(|| self.context("reading an approval"))?;
+        match rows.len() {
+            0 => Ok(None),
+            1 => Ok(rows.into_iter().next()),
+            _ => bail!("approval id prefix `{id}` matches several approvals; give more of it"),
+        }
+    }
+
+    pub(super) fn approvals_impl(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        let conn = self.lock();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE ?1 IS NULL OR state = ?1 ORDER BY created_ms DESC, id LIMIT ?2"
+        ))?;
+        stmt.query_map(params![state.map(|s| s.as_str()), limit], approval_from_row)?
+            .collect::<rusqlite::Result<_>>()
+            .with_context(|| self.context("listing approvals"))
+    }
+
+    pub(super) fn find_approval_impl(
+        &self,
+        binding: &ReceiptBinding,
+    ) -> anyhow::Result<Option<ApprovalRecord>> {
+        let conn = self.lock();
+        conn.query_row(
+            &format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE requester = ?1 AND session = ?2 AND capability = ?3 AND args_digest = ?4 AND state IN ('pending', 'approved') ORDER BY created_ms DESC LIMIT 1"
+            ),
+            params![
+                binding.requester,
+                binding.session,
+                binding.capability,
+                binding.args_digest
+            ],
+            approval_from_row,
+        )
+        .optional()
+        .with_context(|| self.context("looking up an approval"))
+    }
+
+    pub(super) fn decide_approval_impl(
+        &self,
+        id: &str,
+        decision: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        let now = now_ms();
+        self.transact("deciding an approval", &events, |tx| {
+            let Some(record) = load_approval(tx, id)? else {
+                bail!("no approval `{id}`");
+            };
+            let state = record.state_at(now);
+            let to = match (decision, state) {
+                (ApprovalDecision::Approve, ApprovalState::Pending) => ApprovalState::Approved,
+                (ApprovalDecision::Deny, ApprovalState::Pending) => ApprovalState::Denied,
+                (ApprovalDecision::Revoke, ApprovalState::Pending | ApprovalState::Approved) => {
+                    ApprovalState::Revoked
+                }
+                (_, ApprovalState::Expired) => {
+                    tx.execute(
+                        "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
+                        params![id],
+                    )?;
+                    bail!("approval `{id}` has expired; the call must be made again to ask anew")
+                }
+                (_, s) => bail!("approval `{id}` is {s}; only a pending approval can be approved or denied, and only a pending or approved one revoked"),
+            };
+            let expires = match to {
+                ApprovalState::Approved => ms_to_sql(now.saturating_add(ttl_ms))?,
+                _ => ms_to_sql(record.expires_ms)?,
+            };
+            tx.execute(
+                "UPDATE approvals SET state = ?2, decided_by = ?3, decided_ms = ?4, reason = ?5, expires_ms = ?6 WHERE id = ?1",
+                params![id, to.as_str(), by, ms_to_sql(now)?, reason, expires],
+            )?;
+            load_approval(tx, id)?.ok_or_else(|| anyhow!("approval `{id}` vanished"))
+        })
+    }
+
+    pub(super) fn consume_receipt_impl(
+        &self,
+        id: &str,
+        binding: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Consumption> {
+        let now = now_ms();
+        let mut conn = self.lock();
+        let mut run = || -> anyhow::Result<Consumption> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let Some(record) = load_approval(&tx, id)? else {
+                return Ok(Consumption::Refused(ReceiptRefusal::NotFound));
+            };
+            let wanted = match how {
+                ConsumeAs::Approved => ApprovalState::Approved,
+                ConsumeAs::AnsweredInBand { .. } => ApprovalState::Pending,
+            };
+            let state = record.state_at(now);
+            if state == ApprovalState::Expired {
+                tx.execute(
+                    "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
+                    params![id],
+                )?;
+                tx.commit()?;
+                return Ok(Consumption::Refused(ReceiptRefusal::Expired));
+            }
+            if state != wanted {
+                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
+            }
+            if let ConsumeAs::AnsweredInBand {
+                nonce: Some(nonce), ..
+            } = how
+                && nonce != record.nonce
+            {
+                return Ok(Consumption::Refused(ReceiptRefusal::Nonce));
+            }
+            let changed = record.changed_fields(binding);
+            if !changed.is_empty() {
+                return Ok(Consumption::Refused(ReceiptRefusal::Changed(changed)));
+            }
+            let now_sql = ms_to_sql(now)?;
+            let updated = match how {
+                ConsumeAs::Approved => tx.execute(
+                    "UPDATE approvals SET state = 'consumed', consumed_ms = ?2, intent_id = ?3 WHERE id = ?1 AND state = 'approved'",
+                    params![id, now_sql, intent.id],
+                )?,
+                ConsumeAs::AnsweredInBand { by, .. } => tx.execute(
+                    "UPDATE approvals SET state = 'consumed', consumed_ms = ?2, intent_id = ?3, decided_by = ?4, decided_ms = ?2 WHERE id = ?1 AND state = 'pending'",
+                    params![id, now_sql, intent.id, by],
+                )?,
+            };
+            if updated != 1 {
+                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
+            }
+            insert_intent(&tx, intent, Some(id), now_sql)?;
+            trace::append_in(&tx, &events)?;
+            let approval = load_approval(&tx, id)?.ok_or_else(|| anyhow!("approval vanished"))?;
+            let stored = tx.query_row(
+                &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
+                params![intent.id],
+                intent_from_row,
+            )?;
+            tx.commit()?;
+            Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
+        };
+        run().with_context(|| self.context("consuming a receipt"))
+    }
+
+    pub(super) fn create_intent_impl(
+        &self,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        self.transact("recording an intent", &events, |tx| {
+            insert_intent(tx, intent, None, now)
+        })
+    }
+
+    pub(super) fn set_intent_state_impl(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        self.transact("recording an intent's outcome", &events, |tx| {
+            let n = tx.execute(
+                "UPDATE intents SET state = ?2, updated_ms = ?3 WHERE id = ?1 AND state = 'prepared'",
+                params![id, state.as_str(), now],
+            )?;
+            if n != 1 {
+                bail!("intent `{id}` is not prepared (its outcome was already recorded)");
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn intent_impl(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
+        let conn = self.lock();
+        conn.query_row(
+            &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
+            params![id],
+            intent_from_row,
+        )
+        .optional()
+        .with_context(|| self.context("reading an intent"))
+    }
+}
