@@ -22,9 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use airlock::host::Host;
 use airlock::registry::Registry;
 use airlock::registry::drift::{self, Catalogue};
-use airlock::registry::live::{DISCOVERY_TIMEOUT, Host, MappingSource};
+use airlock::registry::live::{DISCOVERY_TIMEOUT, MappingSource};
 use airlock::runtime::{Allocator, Runtime, UpstreamGrant};
 use airlock::store::SqliteStore;
 use airlock::upstream::{Connection, StdioServer};
@@ -516,7 +517,7 @@ async fn hot_swap(
     let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let mut workers = Vec::new();
     for _ in 0..callers {
-        let gateway = host.session();
+        let gateway = host.front(None).unwrap();
         let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
@@ -543,7 +544,7 @@ async fn hot_swap(
         let start = Instant::now();
         std::fs::rename(&incoming, &manifest).unwrap();
         if !watched {
-            host.load_mapping_file(&manifest).await.unwrap();
+            host.live().load_mapping_file(&manifest).await.unwrap();
         }
         loop {
             if host

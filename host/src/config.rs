@@ -530,12 +530,8 @@ impl ServeConfig {
                 approvals.ttl = parse_bounded_duration("[approvals] ttl", &text, 1, 7 * 24 * 3600)?;
             }
             if let Some(text) = a.elicitation_timeout {
-                approvals.elicitation_timeout = parse_bounded_duration(
-                    "[approvals] elicitation_timeout",
-                    &text,
-                    1,
-                    24 * 3600,
-                )?;
+                approvals.elicitation_timeout =
+                    parse_bounded_duration("[approvals] elicitation_timeout", &text, 1, 24 * 3600)?;
             }
         }
         Ok(Self {
@@ -571,13 +567,21 @@ fn check_name(what: &str, name: &str) -> Result<()> {
 /// A principal or role name: 1 to 128 printable characters, no control characters.
 fn check_principal_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
-        bail!("{what} `{}` must be 1 to 128 printable characters", name.escape_debug());
+        bail!(
+            "{what} `{}` must be 1 to 128 printable characters",
+            name.escape_debug()
+        );
     }
     Ok(())
 }
 
 /// Parses a duration such as "15m" between `min_s` and `max_s` seconds.
-fn parse_bounded_duration(what: &str, text: &str, min_s: u64, max_s: u64) -> Result<std::time::Duration> {
+fn parse_bounded_duration(
+    what: &str,
+    text: &str,
+    min_s: u64,
+    max_s: u64,
+) -> Result<std::time::Duration> {
     let d = humantime::parse_duration(text)
         .with_context(|| format!("{what} `{text}`: expected a duration such as \"15m\""))?;
     if d < std::time::Duration::from_secs(min_s) || d > std::time::Duration::from_secs(max_s) {

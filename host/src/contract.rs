@@ -655,9 +655,9 @@ fn to_val(
                 return fail(path, format!("expected an object, got {}", kind_of(value)));
             };
             let visible = |name: &str| {
-                fields.iter().any(|(n, s, _)| {
-                    n == name && !matches!(s, Shape::HostSupplied(_))
-                })
+                fields
+                    .iter()
+                    .any(|(n, s, _)| n == name && !matches!(s, Shape::HostSupplied(_)))
             };
             if let Some(unknown) = obj.keys().find(|k| !visible(k)) {
                 return fail(

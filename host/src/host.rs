@@ -53,7 +53,10 @@ impl Host {
     ///
     /// # Errors
     /// As [`Host::start`].
-    pub async fn start_with(config: &ServeConfig, sources: Vec<MappingSource>) -> Result<Arc<Self>> {
+    pub async fn start_with(
+        config: &ServeConfig,
+        sources: Vec<MappingSource>,
+    ) -> Result<Arc<Self>> {
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start_with(config, sources).await?;
         Ok(Self::assemble(live, policy))
@@ -147,7 +150,11 @@ impl Host {
     ///
     /// # Errors
     /// The profile is not configured, or policy does not let the requester use it.
-    pub fn open_session(&self, requester: Requester, profile: Option<&str>) -> Result<Arc<Session>> {
+    pub fn open_session(
+        &self,
+        requester: Requester,
+        profile: Option<&str>,
+    ) -> Result<Arc<Session>> {
         let profile = self.config().profile(profile)?.clone();
         let principal =
             crate::policy::Principal::new(&requester.name, &requester.roles, requester.transport)?;
@@ -238,7 +245,9 @@ impl Host {
             }
             Err(e) => {
                 let message = format!("{e:#}");
-                tracing::error!("policy not reloaded; the previous policy keeps deciding: {message}");
+                tracing::error!(
+                    "policy not reloaded; the previous policy keeps deciding: {message}"
+                );
                 self.registry().trace(
                     events::POLICY_LOAD_FAILED,
                     "policy",

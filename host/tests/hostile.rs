@@ -124,7 +124,7 @@ fn assert_traced_containment(d: &Deployment, query: &str) {
     let events = d.trace();
     let contained: Vec<_> = events
         .iter()
-        .filter(|e| e["kind"] == "call-contained" && e["subject"] == "hostile")
+        .filter(|e| e["kind"] == "call-contained" && e["payload"]["mapping"] == "hostile")
         .collect();
     assert_eq!(contained.len(), 1, "`{query}`: {events:#?}");
     assert!(contained[0]["payload"]["failure"].is_string());

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use airlock::registry::live::{Host, MappingSource};
+use airlock::host::Host;
+use airlock::registry::live::MappingSource;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 
@@ -31,8 +32,8 @@ async fn host() -> (Arc<Host>, tempfile::TempDir) {
 #[tokio::test]
 async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
     let (host, _state) = host().await;
-    let (alice, mallory) = (host.session(), host.session());
-    assert_ne!(alice.session_id(), mallory.session_id());
+    let (alice, mallory) = (host.front(None).unwrap(), host.front(None).unwrap());
+    assert_ne!(alice.session().id(), mallory.session().id());
     let hits = alice
         .call("search_sources", args(json!({"query": "checkpoint"})))
         .await
@@ -80,9 +81,9 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
 }
 
 #[tokio::test]
-async fn a_revoked_mapping_closes_its_references() {
+async fn a_reference_minted_before_a_retire_fails_after_the_re_approval() {
     let (host, _state) = host().await;
-    let s = host.session();
+    let s = host.front(None).unwrap();
     let hits = s
         .call("search_sources", args(json!({"query": "checkpoint"})))
         .await
@@ -91,10 +92,33 @@ async fn a_revoked_mapping_closes_its_references() {
         .as_str()
         .unwrap()
         .to_string();
-    host.references().revoke_mapping("source-library");
+    host.registry().retire("source-library", "tests").unwrap();
+    host.sync_with_store().await.unwrap();
+    airlock::cli::demo::approve_all(&host, "tests")
+        .await
+        .unwrap();
+    let sent = host.catalog().mappings["source-library"]
+        .connection
+        .connection
+        .requests_sent();
     let err = s
         .call("retrieve_source", args(json!({"reference": token})))
         .await
         .unwrap_err();
     assert_eq!(err.code.0, -32602);
+    assert!(err.message.contains("issued before"), "{}", err.message);
+    assert_eq!(
+        host.catalog().mappings["source-library"]
+            .connection
+            .connection
+            .requests_sent(),
+        sent,
+        "a stale reference reaches nothing upstream"
+    );
+    // A fresh search under the new revision works.
+    let hits = s
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .unwrap();
+    assert_ne!(hits.is_error, Some(true));
 }

@@ -222,8 +222,8 @@ impl ServerHandler for McpFront {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let retry = (request.request_state.is_some() || request.input_responses.is_some())
-            .then(|| Retry {
+        let retry =
+            (request.request_state.is_some() || request.input_responses.is_some()).then(|| Retry {
                 request_state: request.request_state.clone(),
                 input_responses: request.input_responses.clone().unwrap_or_default(),
             });

@@ -152,6 +152,7 @@ mod tests {
             connection: "notes".into(),
             method: "resources/read",
             target: target.into(),
+            request_id: "1".into(),
             result_sha256: "0".repeat(64),
             result_bytes: 1,
             retrieved_at: "2026-11-29T00:00:00.000Z".into(),

@@ -214,9 +214,7 @@ pub(super) async fn approve(
             }
         };
         let answer = retry.input_responses.get(INPUT_KEY);
-        let action = answer
-            .and_then(|a| a.get("action"))
-            .and_then(Value::as_str);
+        let action = answer.and_then(|a| a.get("action")).and_then(Value::as_str);
         let approved = answer
             .and_then(|a| a.get("content"))
             .and_then(|c| c.get(APPROVE_FIELD))

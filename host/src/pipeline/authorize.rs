@@ -57,7 +57,6 @@ impl Authorized {
             receipt: Some(receipt),
         }
     }
-
 }
 
 /// A request that runs only once a person approved exactly it.

@@ -82,7 +82,8 @@ impl Call {
         if let Some(o) = payload.as_object_mut() {
             o.insert("call".into(), Value::String(self.id.clone()));
         }
-        self.events.push(NewEvent::new(kind, self.id.clone(), payload));
+        self.events
+            .push(NewEvent::new(kind, self.id.clone(), payload));
     }
 
     /// Takes the queued events (to commit them with a store write of a stage).
@@ -110,7 +111,11 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> O
             tracing::error!(call = %call.id, "could not commit the call's trace: {e:#}");
             let ran = matches!(outcome, Outcome::Completed(_));
             Outcome::refused(
-                if ran { Category::Unknown } else { Category::Unavailable },
+                if ran {
+                    Category::Unknown
+                } else {
+                    Category::Unavailable
+                },
                 "the host could not record this call in its trace, so it does not report a result; check the host's state folder",
             )
         }

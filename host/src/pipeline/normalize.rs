@@ -110,7 +110,6 @@ impl Normalized {
             .find(|h| h.kind == "artifact-ref")
             .map(|h| h.resolved.facts.as_ref())
     }
-
 }
 
 /// The unknown-tool answer: the same words whatever the reason.
@@ -197,16 +196,20 @@ pub(super) fn normalize(
             message: format!("invalid arguments for `{}`: {e}", cap.name),
         }
     })?;
-    let normalized = contract::val_to_json(shape, &param, &mut |_, locator| Ok(locator.to_string()))
-        .and_then(|v| {
-            serde_json_canonicalizer::to_vec(&v).map_err(|e| anyhow::anyhow!("canonical JSON: {e}"))
-        })
-        .map_err(|e| {
-            tracing::error!(capability = %cap.name, "normalized arguments did not convert back: {e:#}");
-            Outcome::Invalid {
-                message: format!("invalid arguments for `{}`", cap.name),
-            }
-        })?;
+    let normalized = contract::val_to_json(
+        shape,
+        &param,
+        &mut |_, locator| Ok(locator.to_string()),
+    )
+    .and_then(|v| {
+        serde_json_canonicalizer::to_vec(&v).map_err(|e| anyhow::anyhow!("canonical JSON: {e}"))
+    })
+    .map_err(|e| {
+        tracing::error!(capability = %cap.name, "normalized arguments did not convert back: {e:#}");
+        Outcome::Invalid {
+            message: format!("invalid arguments for `{}`", cap.name),
+        }
+    })?;
     let args_digest = hex::encode(sha2::Sha256::digest(&normalized));
     let snapshot = mapping.connection.snapshot_digest();
     Ok(Normalized {

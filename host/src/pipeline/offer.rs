@@ -61,7 +61,9 @@ pub fn offerable(
     abilities: &ClientAbilities,
 ) -> bool {
     let mapping = &cap.mapping;
-    if !session.profile().includes(&cap.name, &mapping.connection.name)
+    if !session
+        .profile()
+        .includes(&cap.name, &mapping.connection.name)
         || !mapping.serves()
         || !mapping.connection.is_healthy()
     {

@@ -213,15 +213,21 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
             content_sha256: hex::encode(sha2::Sha256::digest(b"null")),
         }));
     };
-    let mut json = match contract::val_to_json(result_shape, &val, &mut |_, locator| {
-        Ok(locator.to_string())
-    }) {
-        Ok(j) => j,
-        Err(e) => {
-            tracing::error!(mapping = %mapping.name, "adapter result did not convert: {e:#}");
-            return Outcome::refused(Category::Unknown, "the adapter returned a malformed result");
-        }
-    };
+    let mut json =
+        match contract::val_to_json(
+            result_shape,
+            &val,
+            &mut |_, locator| Ok(locator.to_string()),
+        ) {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::error!(mapping = %mapping.name, "adapter result did not convert: {e:#}");
+                return Outcome::refused(
+                    Category::Unknown,
+                    "the adapter returned a malformed result",
+                );
+            }
+        };
     let origin = Origin {
         mapping: mapping.name.as_str().into(),
         generation: mapping.generation,

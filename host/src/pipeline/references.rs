@@ -72,7 +72,7 @@ impl std::fmt::Display for ResolveError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::NotValid => f.write_str(
-                "this reference is not valid here; use a reference this capability's own results gave you in this session",
+                "this reference is not valid in this session; use a reference that this capability's own results gave you",
             ),
             Self::Expired => f.write_str("this reference has expired; ask for a fresh one"),
             Self::Stale => f.write_str(
@@ -281,10 +281,16 @@ mod tests {
         let b = t.mint(&origin(1, 1), "source-ref", "other-note", Map::new());
         let again = t.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new());
         assert_ne!(a, b);
-        assert_eq!(a, again, "the same object in one session gets the same token");
+        assert_eq!(
+            a, again,
+            "the same object in one session gets the same token"
+        );
         assert_eq!(t.len(), 2);
         assert_eq!(a.len(), 44);
-        assert!(!a.contains("wal"), "the locator must not leak into the token");
+        assert!(
+            !a.contains("wal"),
+            "the locator must not leak into the token"
+        );
         let other = ReferenceTable::default();
         assert_ne!(
             other.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new()),
@@ -387,7 +393,12 @@ mod tests {
         let run = |table: &ReferenceTable, calls: usize| {
             let mut held: Vec<String> = Vec::new();
             for i in 0..calls {
-                let tok = table.mint(&origin(1, 1), "source-ref", &notes[i % notes.len()], Map::new());
+                let tok = table.mint(
+                    &origin(1, 1),
+                    "source-ref",
+                    &notes[i % notes.len()],
+                    Map::new(),
+                );
                 if held.len() < notes.len() {
                     held.push(tok.clone());
                 }

@@ -695,7 +695,11 @@ mod tests {
     #[test]
     fn builtin_reads_run_and_effects_need_approval() {
         let engine = PolicyEngine::new(Policy::builtin());
-        let read = engine.decide_call(&principal(), &capability("read", "search"), &call("p", None));
+        let read = engine.decide_call(
+            &principal(),
+            &capability("read", "search"),
+            &call("p", None),
+        );
         assert_eq!(read.verdict, Verdict::Allow);
         assert_eq!(read.determining, ["builtin-reads"]);
         let effect = engine.decide_call(
@@ -749,7 +753,11 @@ when { context has artifact_bytes && context.artifact_bytes > 1000000 };
             d.verdict,
             Verdict::Deny(DenyCategory::CapabilityUnavailable)
         );
-        assert!(d.determining.is_empty(), "default deny: {:?}", d.determining);
+        assert!(
+            d.determining.is_empty(),
+            "default deny: {:?}",
+            d.determining
+        );
         let d = engine.decide_call(&p, &deliver, &call("publisher", Some("team-reports")));
         assert_eq!(d.verdict, Verdict::RequireApproval);
         let d = engine.decide_call(&p, &deliver, &call("publisher", Some("partner-drop")));
@@ -789,7 +797,10 @@ when { context has artifact_bytes && context.artifact_bytes > 1000000 };
                 "permit (principal, action == Airlock::Action::\"call\", resource)\nwhen { context.destination == Airlock::Scope::\"x\" };",
                 "bad.cedar:2:",
             ),
-            ("permit (principal, action, resource)\n  when { true ", "bad.cedar:"),
+            (
+                "permit (principal, action, resource)\n  when { true ",
+                "bad.cedar:",
+            ),
             (
                 "permit (principal == Airlock::User::\"x\", action, resource);",
                 "bad.cedar:1:",
@@ -822,7 +833,11 @@ when { context has artifact_bytes && context.artifact_bytes > 1000000 };
         let b = Policy::from_texts(&[("elsewhere/a.cedar".into(), POLICY.into())]).unwrap();
         let c =
             Policy::from_texts(&[("a.cedar".into(), format!("{POLICY}\n// a comment\n"))]).unwrap();
-        assert_eq!(a.digest(), b.digest(), "the digest is over contents, not paths");
+        assert_eq!(
+            a.digest(),
+            b.digest(),
+            "the digest is over contents, not paths"
+        );
         assert_ne!(a.digest(), c.digest());
         assert_eq!(a.origin("no-big"), Some("a.cedar"));
     }

@@ -984,7 +984,6 @@ impl Live {
     pub fn config(&self) -> &ServeConfig {
         &self.config
     }
-
 }
 
 impl Capability {
@@ -1079,4 +1078,3 @@ fn capability_input_schema(function: &ContractFunction) -> Result<JsonObject> {
         ),
     }
 }
-

@@ -66,16 +66,15 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
 pub fn watch_policy(host: &Arc<Host>) -> Result<()> {
     use notify::Watcher as _;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        match event {
+    let mut watcher =
+        notify::recommended_watcher(move |event: notify::Result<notify::Event>| match event {
             Ok(e) if !changes_content(&e.kind) => {}
             Ok(_) => {
                 let _ = tx.send(());
             }
             Err(e) => tracing::warn!("policy folder watcher: {e}"),
-        }
-    })
-    .context("starting the policy watcher")?;
+        })
+        .context("starting the policy watcher")?;
     for dir in host.policy_folders() {
         watcher
             .watch(&dir, notify::RecursiveMode::NonRecursive)

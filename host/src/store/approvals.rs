@@ -177,7 +177,10 @@ impl ApprovalRecord {
             ("session", b.session != other.session),
             ("capability", b.capability != other.capability),
             ("mapping", b.mapping != other.mapping),
-            ("mapping revision", b.mapping_revision != other.mapping_revision),
+            (
+                "mapping revision",
+                b.mapping_revision != other.mapping_revision,
+            ),
             ("snapshot", b.snapshot_digest != other.snapshot_digest),
             ("policy", b.policy_digest != other.policy_digest),
             ("arguments", b.args_digest != other.args_digest),
@@ -488,7 +491,9 @@ impl SqliteStore {
     pub(super) fn approval_impl(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
         let id = id.trim();
         if id.len() < 12 || !id.is_ascii() {
-            bail!("approval id `{id}` is too short: give the full id (apr_…) or at least 12 characters of it");
+            bail!(
+                "approval id `{id}` is too short: give the full id (apr_…) or at least 12 characters of it"
+            );
         }
         let conn = self.lock();
         let mut stmt = conn.prepare(&format!(

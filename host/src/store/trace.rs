@@ -92,14 +92,16 @@ impl GroupCommit {
     ) -> Result<(Vec<NewEvent>, u64, u64), anyhow::Result<()>> {
         let mut q = self.queue();
         if q.done >= ticket {
-            return Err(match q
-                .failed
-                .iter()
-                .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
-            {
-                Some((_, _, why)) => Err(anyhow!("appending to the trace failed: {why}")),
-                None => Ok(()),
-            });
+            return Err(
+                match q
+                    .failed
+                    .iter()
+                    .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
+                {
+                    Some((_, _, why)) => Err(anyhow!("appending to the trace failed: {why}")),
+                    None => Ok(()),
+                },
+            );
         }
         Ok((std::mem::take(&mut q.events), q.done + 1, q.next))
     }
@@ -200,8 +202,8 @@ mod tests {
             let canonical = serde_json_canonicalizer::to_string(&payload).unwrap();
             let fast = chained_hash(7, 1_700_000_000_123, text, text, &canonical, text).unwrap();
             let reparsed: serde_json::Value = serde_json::from_str(&canonical).unwrap();
-            let slow =
-                super::super::trace_hash(7, 1_700_000_000_123, text, text, &reparsed, text).unwrap();
+            let slow = super::super::trace_hash(7, 1_700_000_000_123, text, text, &reparsed, text)
+                .unwrap();
             assert_eq!(fast, slow, "{text:?}");
         }
     }
