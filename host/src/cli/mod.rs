@@ -3,8 +3,10 @@
 //! Operator commands live beside this file: [`operate`] (discover, snapshots, review,
 //! trace), [`review`] (`airlock grants`), [`demo`].
 
+pub mod approvals;
 pub mod demo;
 pub mod operate;
+pub mod policy;
 pub mod review;
 
 use std::path::PathBuf;
@@ -156,6 +158,36 @@ Example:
         #[command(subcommand)]
         action: TraceAction,
     },
+    /// Approval requests: list, show, approve, deny, revoke (the out-of-band flow).
+    #[command(after_help = "\
+A call that policy marks require-approval asks a person. A client that can elicit asks at
+the client; any other gets a tool error naming an approval request. Approve it here, then
+make the same call again: it runs once. A receipt is bound to the requester, session,
+capability, normalized arguments, mapping revision, snapshot and policy; if any of them
+changes before the call is repeated, the call asks anew.
+
+Example:
+  airlock approvals list --state pending
+  airlock approvals show apr_0123456789ab
+  airlock approvals approve apr_0123456789ab --by alice")]
+    Approvals {
+        #[command(subcommand)]
+        action: ApprovalsAction,
+    },
+    /// Policy: explain a decision, validate the policy files, print the Cedar schema.
+    #[command(after_help = "\
+Policies are Cedar files listed by `policy = [...]` in the serve configuration (none:
+the built-in policy, `airlock policy show-builtin`). Decisions are allow, deny or
+require-approval: a call denied with `context.approved == false` but permitted with
+`context.approved == true` requires a person's approval.
+
+Example:
+  airlock policy check --config airlock.example.toml --requester alice \\
+      --capability deliver_artifact --args '{\"artifact\":\"file-0001\",\"destination\":\"team-reports\"}'")]
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
     Demo,
@@ -262,6 +294,118 @@ enum TraceAction {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum ApprovalsAction {
+    /// Approval requests, newest first.
+    List {
+        /// Only those in this state: pending, approved, denied, revoked, consumed, expired.
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One approval request: what it lets happen and what it is bound to.
+    Show {
+        /// The approval id (apr_…) or a unique prefix of at least 12 characters.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending request: it becomes a receipt the same call can use once.
+    Approve {
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Who approves (recorded). Default: the operating-system user.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+        /// How long the receipt lives from now (e.g. 15m). Default: 15m.
+        #[arg(long, value_name = "DURATION", default_value = "15m")]
+        ttl: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deny a pending request.
+    Deny {
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Who denies (recorded). Default: the operating-system user.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+        /// Why (recorded).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a pending request or an unused receipt.
+    Revoke {
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Who revokes (recorded). Default: the operating-system user.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+        /// Why (recorded).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyAction {
+    /// Explain the decision a serving host would make for one call.
+    Check {
+        /// Serve configuration (TOML) naming the policy files and mappings.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// The requester (default: the configuration's [requester]).
+        #[arg(long, value_name = "NAME")]
+        requester: Option<String>,
+        /// A role of the requester (repeatable; default: the configuration's roles when
+        /// the requester is the configured one).
+        #[arg(long, value_name = "ROLE")]
+        role: Vec<String>,
+        /// The profile (default: the configuration's default).
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
+        /// The capability's local name.
+        #[arg(long, value_name = "NAME")]
+        capability: String,
+        /// The call's arguments as JSON, with handles given as adapter locators.
+        #[arg(long, value_name = "JSON")]
+        args: Option<String>,
+        /// The size of the artifact the call names, in bytes.
+        #[arg(long, value_name = "BYTES")]
+        artifact_bytes: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load and validate the configuration's policy files; print their digest.
+    Validate {
+        /// Serve configuration (TOML).
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the Cedar schema policies are validated against.
+    Schema,
+    /// Print the built-in policy (used when the configuration names no policy files).
+    ShowBuiltin,
 }
 
 #[derive(Subcommand)]
@@ -470,6 +614,153 @@ pub fn main() -> ExitCode {
                                 .collect()
                         } else {
                             crate::cli::operate::trace_text(&events)
+                        })
+                    }
+                }
+            }
+            Command::Approvals { action } => {
+                init_logging("warn");
+                let registry = registry_for(state_dir)?;
+                let now = crate::store::now_ms();
+                let me = || crate::config::os_user_name();
+                let show = |r: &crate::store::ApprovalRecord, json: bool| -> Result<String> {
+                    Ok(if json {
+                        serde_json::to_string_pretty(r)? + "\n"
+                    } else {
+                        approvals::show_text(r, crate::store::now_ms())
+                    })
+                };
+                match action {
+                    ApprovalsAction::List { state, limit, json } => {
+                        let wanted = state.as_deref().map(approvals::parse_state).transpose()?;
+                        let list: Vec<_> = registry
+                            .store()
+                            .approvals(None, usize::MAX)?
+                            .into_iter()
+                            .filter(|r| wanted.is_none_or(|w| r.state_at(now) == w))
+                            .take(limit)
+                            .collect();
+                        print(if json {
+                            serde_json::to_string_pretty(&list)? + "\n"
+                        } else {
+                            approvals::list_text(&list, now)
+                        })
+                    }
+                    ApprovalsAction::Show { id, json } => {
+                        let r = registry.store().approval(&id)?.with_context(|| {
+                            format!("no approval `{id}` (`airlock approvals list` shows them)")
+                        })?;
+                        print(show(&r, json)?)
+                    }
+                    ApprovalsAction::Approve { id, by, ttl, json } => {
+                        let ttl = humantime::parse_duration(&ttl)
+                            .with_context(|| format!("--ttl `{ttl}`: expected a duration such as 15m"))?;
+                        let r = approvals::decide(
+                            &registry,
+                            &id,
+                            crate::store::ApprovalDecision::Approve,
+                            &by.unwrap_or_else(me),
+                            None,
+                            ttl,
+                        )?;
+                        print(show(&r, json)?)
+                    }
+                    ApprovalsAction::Deny {
+                        id,
+                        by,
+                        reason,
+                        json,
+                    } => {
+                        let r = approvals::decide(
+                            &registry,
+                            &id,
+                            crate::store::ApprovalDecision::Deny,
+                            &by.unwrap_or_else(me),
+                            reason.as_deref(),
+                            std::time::Duration::ZERO,
+                        )?;
+                        print(show(&r, json)?)
+                    }
+                    ApprovalsAction::Revoke {
+                        id,
+                        by,
+                        reason,
+                        json,
+                    } => {
+                        let r = approvals::decide(
+                            &registry,
+                            &id,
+                            crate::store::ApprovalDecision::Revoke,
+                            &by.unwrap_or_else(me),
+                            reason.as_deref(),
+                            std::time::Duration::ZERO,
+                        )?;
+                        print(show(&r, json)?)
+                    }
+                }
+            }
+            Command::Policy { action } => {
+                init_logging("warn");
+                match action {
+                    PolicyAction::Schema => print(crate::policy::SCHEMA_TEXT.to_string()),
+                    PolicyAction::ShowBuiltin => print(crate::policy::DEFAULT_POLICY.to_string()),
+                    PolicyAction::Validate { config, json } => {
+                        let config = load_config(&config, state_dir)?;
+                        let policy = crate::policy::Policy::load(&config.policy_files)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&serde_json::json!({
+                                "digest": &**policy.digest(),
+                                "files": policy.files(),
+                            }))? + "\n"
+                        } else {
+                            let mut out = format!("policy valid: digest {}\n", policy.digest());
+                            for f in policy.files() {
+                                out.push_str(&format!("  {} ({} policies)\n", f.label, f.policies));
+                            }
+                            out
+                        })
+                    }
+                    PolicyAction::Check {
+                        config,
+                        requester,
+                        role,
+                        profile,
+                        capability,
+                        args,
+                        artifact_bytes,
+                        json,
+                    } => {
+                        let config = load_config(&config, state_dir.clone())?;
+                        let name = requester.unwrap_or_else(|| config.requester.name.clone());
+                        let roles = if role.is_empty() && name == config.requester.name {
+                            config.requester.roles.clone()
+                        } else {
+                            role
+                        };
+                        let registry = match config
+                            .state_dir
+                            .clone()
+                            .or_else(crate::config::default_state_dir)
+                        {
+                            Some(dir) if dir.join(crate::store::DATABASE_FILE).exists() => {
+                                Some(crate::cli::operate::registry_at(&dir)?)
+                            }
+                            _ => None,
+                        };
+                        let check = policy::check(&policy::CheckRequest {
+                            config: &config,
+                            requester: &name,
+                            roles: &roles,
+                            profile: profile.as_deref(),
+                            capability: &capability,
+                            args: args.as_deref(),
+                            artifact_bytes,
+                            registry: registry.as_ref(),
+                        })?;
+                        print(if json {
+                            serde_json::to_string_pretty(&check)? + "\n"
+                        } else {
+                            check.to_text()
                         })
                     }
                 }

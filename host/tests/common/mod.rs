@@ -51,6 +51,7 @@ pub struct Deployment {
     mappings: Vec<PathBuf>,
     connections: String,
     top: String,
+    tables: String,
     watched: bool,
 }
 
@@ -65,9 +66,114 @@ impl Deployment {
             mappings: vec![],
             connections: String::new(),
             top: String::new(),
+            tables: String::new(),
             watched: false,
         }
         .notes_args(&[])
+    }
+
+    /// Adds the delivery fixture server as connection `outbox` (delivering into
+    /// `outbox/`, logging every request to `outbox-calls.jsonl`, with `extra` server
+    /// arguments) and the `outbox-delivery` mapping.
+    pub fn with_outbox(self, extra: &[&str]) -> Self {
+        let outbox = self.dir.path().join("outbox");
+        let log = self.dir.path().join("outbox-calls.jsonl");
+        std::fs::write(&log, "").unwrap();
+        let mut args = vec![
+            "fixture".to_string(),
+            "delivery-server".to_string(),
+            "--outbox".to_string(),
+            outbox.display().to_string(),
+            "--call-log".to_string(),
+            log.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        self.connection(&format!(
+            "[[connection]]\nname = \"outbox\"\ncommand = \"@airlock\"\nargs = {args:?}\n"
+        ))
+        .mapping("outbox-delivery")
+    }
+
+    /// Writes `policy` as `airlock.cedar` and lists it in the configuration.
+    pub fn policy(self, policy: &str) -> Self {
+        std::fs::write(self.dir.path().join("airlock.cedar"), policy).unwrap();
+        self.top("policy = [\"airlock.cedar\"]\n")
+    }
+
+    /// Replaces the policy file's text (a running host reloads it).
+    pub fn rewrite_policy(&self, policy: &str) {
+        let path = self.dir.path().join("airlock.cedar");
+        let tmp = self.dir.path().join("airlock.cedar.new");
+        std::fs::write(&tmp, policy).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+
+    /// Adds tables written after everything else (`[[profile]]`, `[requester]`...).
+    pub fn tables(mut self, toml: &str) -> Self {
+        self.tables.push_str(toml);
+        self
+    }
+
+    /// Every request the delivery server received, as parsed JSON lines.
+    pub fn outbox_calls(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("outbox-calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Names of the tools the delivery server was asked to call.
+    pub fn outbox_tool_calls(&self) -> Vec<String> {
+        self.outbox_calls()
+            .iter()
+            .filter(|c| c["method"] == "tools/call")
+            .map(|c| c["tool"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// How many `send_file` requests reached the delivery server.
+    pub fn sends(&self) -> usize {
+        self.outbox_tool_calls()
+            .iter()
+            .filter(|t| *t == "send_file")
+            .count()
+    }
+
+    /// Files delivered into destination `dest` of the outbox.
+    pub fn delivered(&self, dest: &str) -> Vec<PathBuf> {
+        let dir = self.dir.path().join("outbox").join(dest);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        files.sort();
+        files
+    }
+
+    /// Starts `airlock serve --profile PROFILE` with client handler `handler`.
+    pub async fn serve_profile<H: rmcp::ClientHandler>(
+        &self,
+        profile: &str,
+        handler: H,
+    ) -> RunningService<RoleClient, H> {
+        let mut cmd = self.serve_command();
+        cmd.arg("--profile").arg(profile);
+        handler
+            .serve(TokioChildProcess::new(cmd).expect("spawn airlock serve"))
+            .await
+            .expect("MCP initialize with airlock serve")
+    }
+
+    /// `airlock serve --config ...` for this deployment, not yet started.
+    pub fn serve_command(&self) -> tokio::process::Command {
+        let config = self.write_config();
+        let mut cmd = tokio::process::Command::new(airlock_bin());
+        cmd.arg("serve").arg("--config").arg(&config);
+        cmd.env("AIRLOCK_LOG", "airlock=info");
+        cmd.env("AIRLOCK_CACHE_DIR", test_cache_dir());
+        cmd.env("AIRLOCK_STATE_DIR", self.state_dir());
+        cmd
     }
 
     /// Replaces every connection with the notes fixture server as `notes`, logging to
@@ -267,6 +373,7 @@ impl Deployment {
                 m.display().to_string()
             ));
         }
+        text.push_str(&self.tables);
         let path = self.dir.path().join("airlock.toml");
         std::fs::write(&path, text).unwrap();
         path
@@ -308,14 +415,8 @@ impl Deployment {
         &self,
         handler: H,
     ) -> RunningService<RoleClient, H> {
-        let config = self.write_config();
-        let mut cmd = tokio::process::Command::new(airlock_bin());
-        cmd.arg("serve").arg("--config").arg(&config);
-        cmd.env("AIRLOCK_LOG", "airlock=info");
-        cmd.env("AIRLOCK_CACHE_DIR", test_cache_dir());
         // The variable overrides the configuration's state_dir: never inherit the caller's.
-        cmd.env("AIRLOCK_STATE_DIR", self.state_dir());
-        let transport = TokioChildProcess::new(cmd).expect("spawn airlock serve");
+        let transport = TokioChildProcess::new(self.serve_command()).expect("spawn airlock serve");
         handler
             .serve(transport)
             .await

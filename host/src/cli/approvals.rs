@@ -1,0 +1,139 @@
+//! `airlock approvals`: a person at a terminal lists, inspects, approves, denies and
+//! revokes approval requests (the out-of-band flow for clients that cannot elicit).
+//!
+//! Rule: approving records who approved and when, and gives the receipt its lifetime from
+//! that moment; the receipt still authorizes only the exact call it describes, once, while
+//! the mapping revision, snapshot and policy it is bound to are unchanged. Every decision is
+//! traced (`approval-decided`).
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use serde_json::json;
+
+use crate::registry::Registry;
+use crate::registry::events;
+use crate::store::{ApprovalDecision, ApprovalRecord, ApprovalState, NewEvent};
+
+/// One approval as people read it.
+pub fn show_text(r: &ApprovalRecord, now_ms: u64) -> String {
+    let b = &r.binding;
+    let when = |ms: u64| {
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
+            .to_string()
+    };
+    let mut out = format!(
+        "approval {}\n  state      {}\n  mode       {}\n  requester  {} (session {}, profile {})\n  capability {} (mapping {} revision {})\n  snapshot   {}\n  policy     {}\n  arguments  sha256 {}\n",
+        r.id,
+        r.state_at(now_ms),
+        r.mode.as_str(),
+        b.requester,
+        b.session,
+        r.profile,
+        b.capability,
+        b.mapping,
+        b.mapping_revision,
+        b.snapshot_digest,
+        b.policy_digest,
+        b.args_digest,
+    );
+    if let Some(d) = &r.artifact_digest {
+        out.push_str(&format!("  artifact   sha256 {d}\n"));
+    }
+    out.push_str(&format!(
+        "  created    {}\n  expires    {}\n",
+        when(r.created_ms),
+        when(r.expires_ms)
+    ));
+    if let (Some(by), Some(at)) = (&r.decided_by, r.decided_ms) {
+        out.push_str(&format!("  decided    {} by {by:?}", when(at)));
+        if let Some(reason) = &r.reason {
+            out.push_str(&format!(" ({reason:?})"));
+        }
+        out.push('\n');
+    }
+    if let Some(intent) = &r.intent_id {
+        out.push_str(&format!("  used by    intent {intent}\n"));
+    }
+    out.push_str("  what it lets happen:\n");
+    for line in r.summary.lines() {
+        out.push_str(&format!("    {}\n", crate::cli::operate::safe_lines(line)));
+    }
+    out
+}
+
+/// The approvals list as people read it: one line each, newest first.
+pub fn list_text(list: &[ApprovalRecord], now_ms: u64) -> String {
+    if list.is_empty() {
+        return "no approvals\n".to_string();
+    }
+    let mut out = String::new();
+    for r in list {
+        out.push_str(&format!(
+            "{}  {:<9} {:<15} {:<20} {} rev {}  requester {}\n",
+            r.id,
+            r.state_at(now_ms).as_str(),
+            r.mode.as_str(),
+            r.binding.capability,
+            r.binding.mapping,
+            r.binding.mapping_revision,
+            r.binding.requester
+        ));
+    }
+    out
+}
+
+/// Records a person's decision on approval `id`.
+///
+/// # Errors
+/// Unknown id, or the approval is not in a state the decision applies to.
+pub fn decide(
+    registry: &Registry,
+    id: &str,
+    decision: ApprovalDecision,
+    by: &str,
+    reason: Option<&str>,
+    ttl: Duration,
+) -> Result<ApprovalRecord> {
+    let store = registry.store();
+    let record = store.approval(id)?.with_context(|| {
+        format!("no approval `{id}` in this state folder (`airlock approvals list` shows them)")
+    })?;
+    let word = match decision {
+        ApprovalDecision::Approve => "approved",
+        ApprovalDecision::Deny => "denied",
+        ApprovalDecision::Revoke => "revoked",
+    };
+    let event = NewEvent::new(
+        events::APPROVAL_DECIDED,
+        record.id.clone(),
+        json!({
+            "approval": record.id,
+            "decision": word,
+            "mode": crate::store::ApprovalMode::OutOfBand,
+            "by": by,
+            "reason": reason,
+            "stage": if decision == ApprovalDecision::Approve { Some("approved") } else { None },
+        }),
+    );
+    store.decide_approval(
+        &record.id,
+        decision,
+        by,
+        reason,
+        u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        vec![event],
+    )
+}
+
+/// Parses `--state`.
+///
+/// # Errors
+/// Not a state name.
+pub fn parse_state(s: &str) -> Result<ApprovalState> {
+    ApprovalState::parse(s).with_context(|| {
+        format!(
+            "unknown state `{s}`; states: pending, approved, denied, revoked, consumed, expired"
+        )
+    })
+}
