@@ -1,0 +1,574 @@
+//! The cost of policy-approved calls (`cargo bench -p airlock --bench pipeline`).
+//!
+//! 1. Policy decisions (Cedar, the example policy): allow, require-approval (two
+//!    evaluations), deny.
+//! 2. The receipt path in the store: consuming a receipt together with creating its intent
+//!    (one SQLite transaction), and the approval it needs.
+//! 3. What tracing every call costs: in-process `tools/call search_sources` through the
+//!    whole pipeline on two hosts in the same run, interleaved — one with the real store,
+//!    one whose store drops per-call trace events (a bench-only wrapper) — plus the
+//!    group-committed append of one call's events on its own, and under 8 concurrent
+//!    callers.
+//! 4. References: mint and resolve with 0, 10 000 and 100 000 live references in a table.
+//! 5. 200 000 calls in one session and across 8 sessions (in process): failures.
+//!
+//! `AIRLOCK_BENCH_ITERS` sets the sample count (default 5000); `AIRLOCK_BENCH_LONG_CALLS`
+//! the calls of section 5 (default 200000; 0 skips it).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use airlock::cli::demo::{approve_all, notes_config};
+use airlock::host::Host;
+use airlock::pipeline::references::{Origin, ReferenceTable};
+use airlock::policy::{CallFacts, CapabilityFacts, Policy, PolicyEngine, Principal};
+use airlock::registry::Registry;
+use airlock::registry::live::MappingSource;
+use airlock::store::{
+    ApprovalDecision, ApprovalMode, ConsumeAs, NewApproval, NewEvent, NewIntent, ReceiptBinding,
+    SqliteStore, Store,
+};
+use serde_json::{Map, Value, json};
+
+fn iters() -> usize {
+    std::env::var("AIRLOCK_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5000)
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+    n: usize,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let n = samples.len();
+    Stats {
+        p50: samples[n / 2],
+        p99: samples[(n * 99 / 100).min(n - 1)],
+        n,
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn print(name: &str, s: &Stats) {
+    println!(
+        "{name:<58} n={:<7} p50 {:>8.2} µs   p99 {:>8.2} µs",
+        s.n,
+        us(s.p50),
+        us(s.p99)
+    );
+}
+
+fn time(n: usize, mut f: impl FnMut(usize)) -> Stats {
+    for i in 0..(n / 10).max(10) {
+        f(i);
+    }
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = Instant::now();
+        f(i);
+        samples.push(start.elapsed());
+    }
+    stats(samples)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// A store that drops per-call trace events (`append_events`) and delegates everything
+/// else: the "without" side of the tracing measurement. Bench only.
+struct NoCallTrace(SqliteStore);
+
+impl Store for NoCallTrace {
+    fn connection_revision(
+        &self,
+        name: &str,
+        config_digest: &str,
+        config: &Value,
+    ) -> anyhow::Result<airlock::store::ConnectionRevision> {
+        self.0.connection_revision(name, config_digest, config)
+    }
+    fn connection(&self, name: &str) -> anyhow::Result<Option<airlock::store::ConnectionRecord>> {
+        self.0.connection(name)
+    }
+    fn connections(&self) -> anyhow::Result<Vec<airlock::store::ConnectionRecord>> {
+        self.0.connections()
+    }
+    fn put_snapshot(
+        &self,
+        digest: &str,
+        connection_id: &str,
+        config_revision: i64,
+        body: &Value,
+    ) -> anyhow::Result<airlock::store::SnapshotObservation> {
+        self.0.put_snapshot(digest, connection_id, config_revision, body)
+    }
+    fn snapshot(&self, d: &str) -> anyhow::Result<Option<airlock::store::StoredSnapshot>> {
+        self.0.snapshot(d)
+    }
+    fn latest_snapshot(&self, c: &str) -> anyhow::Result<Option<airlock::store::StoredSnapshot>> {
+        self.0.latest_snapshot(c)
+    }
+    fn snapshots(&self, c: Option<&str>) -> anyhow::Result<Vec<airlock::store::SnapshotSummary>> {
+        self.0.snapshots(c)
+    }
+    fn mapping(&self, name: &str) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
+        self.0.mapping(name)
+    }
+    fn mapping_revisions(&self, name: &str) -> anyhow::Result<Vec<airlock::store::MappingRecord>> {
+        self.0.mapping_revisions(name)
+    }
+    fn mappings(&self) -> anyhow::Result<Vec<airlock::store::MappingRecord>> {
+        self.0.mappings()
+    }
+    fn add_mapping_revision(
+        &self,
+        new: &airlock::store::NewMappingRevision,
+    ) -> anyhow::Result<airlock::store::MappingRecord> {
+        self.0.add_mapping_revision(new)
+    }
+    fn set_mapping_state(
+        &self,
+        name: &str,
+        expected: airlock::store::MappingState,
+        to: airlock::store::MappingState,
+        reason: &str,
+    ) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
+        self.0.set_mapping_state(name, expected, to, reason)
+    }
+    fn append_trace(
+        &self,
+        kind: &str,
+        subject: &str,
+        payload: &Value,
+    ) -> anyhow::Result<airlock::store::TraceEvent> {
+        self.0.append_trace(kind, subject, payload)
+    }
+    fn append_events(&self, _events: Vec<NewEvent>) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn trace(&self, after: i64, limit: usize) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
+        self.0.trace(after, limit)
+    }
+    fn verify_trace(&self) -> anyhow::Result<airlock::store::TraceVerification> {
+        self.0.verify_trace()
+    }
+    fn create_approval(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<airlock::store::ApprovalRecord> {
+        self.0.create_approval(new, events)
+    }
+    fn approval(&self, id: &str) -> anyhow::Result<Option<airlock::store::ApprovalRecord>> {
+        self.0.approval(id)
+    }
+    fn approvals(
+        &self,
+        state: Option<airlock::store::ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<airlock::store::ApprovalRecord>> {
+        self.0.approvals(state, limit)
+    }
+    fn find_approval(
+        &self,
+        b: &ReceiptBinding,
+    ) -> anyhow::Result<Option<airlock::store::ApprovalRecord>> {
+        self.0.find_approval(b)
+    }
+    fn decide_approval(
+        &self,
+        id: &str,
+        d: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<airlock::store::ApprovalRecord> {
+        self.0.decide_approval(id, d, by, reason, ttl_ms, events)
+    }
+    fn consume_receipt(
+        &self,
+        id: &str,
+        b: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<airlock::store::Consumption> {
+        self.0.consume_receipt(id, b, how, intent, events)
+    }
+    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        self.0.create_intent(intent, events)
+    }
+    fn set_intent_state(
+        &self,
+        id: &str,
+        state: airlock::store::IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        self.0.set_intent_state(id, state, events)
+    }
+    fn intent(&self, id: &str) -> anyhow::Result<Option<airlock::store::IntentRecord>> {
+        self.0.intent(id)
+    }
+}
+
+const EXAMPLE_POLICY: &str = include_str!("../../airlock.example.cedar");
+
+fn policy_decisions(n: usize) {
+    let policy = Policy::from_texts(&[("airlock.example.cedar".into(), EXAMPLE_POLICY.into())])
+        .expect("the example policy validates");
+    let engine = PolicyEngine::new(policy);
+    let principal = Principal::new("alice", &["operator".into()], "stdio").unwrap();
+    let cap = |name, class| CapabilityFacts {
+        name,
+        contract: "airlock:contracts/artifact-delivery@0.2.0",
+        function: "deliver",
+        effect_class: class,
+        idempotent: true,
+        mapping: "outbox-delivery",
+        mapping_revision: 3,
+        mapping_state: "active",
+        connection: "outbox",
+        data_class: "internal",
+    };
+    let call = |profile, destination| CallFacts {
+        profile,
+        transport: "stdio",
+        protocol: "2025-11-25",
+        destination,
+        artifact_bytes: Some(12_288),
+    };
+    let read = cap("search_sources", "read");
+    let deliver = cap("deliver_artifact", "external-effect");
+    let research = call("research", None);
+    let team = call("publisher", Some("team-reports"));
+    let partner = call("publisher", Some("partner-drop"));
+    print(
+        "policy: allow (read)",
+        &time(n, |_| {
+            std::hint::black_box(engine.decide_call(&principal, &read, &research));
+        }),
+    );
+    print(
+        "policy: require-approval (two evaluations)",
+        &time(n, |_| {
+            std::hint::black_box(engine.decide_call(&principal, &deliver, &team));
+        }),
+    );
+    print(
+        "policy: deny (forbid, outside scope)",
+        &time(n, |_| {
+            std::hint::black_box(engine.decide_call(&principal, &deliver, &partner));
+        }),
+    );
+    let current = engine.current();
+    print(
+        "policy: re-check with a receipt (approved = true)",
+        &time(n, |_| {
+            std::hint::black_box(engine.decide_call_with(&current, &principal, &deliver, &team, true));
+        }),
+    );
+}
+
+fn receipts(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let binding = ReceiptBinding {
+        requester: "alice".into(),
+        session: "ses_0".into(),
+        capability: "deliver_artifact".into(),
+        mapping: "outbox-delivery".into(),
+        mapping_revision: 1,
+        snapshot_digest: "a".repeat(64),
+        policy_digest: "b".repeat(64),
+        args_digest: "c".repeat(64),
+    };
+    let new = NewApproval {
+        binding: binding.clone(),
+        profile: "publisher".into(),
+        mode: ApprovalMode::OutOfBand,
+        artifact_digest: Some("d".repeat(64)),
+        summary: "Approve `deliver_artifact`".into(),
+        ttl_ms: 900_000,
+    };
+    let ids: Vec<String> = (0..n + n / 10 + 10)
+        .map(|_| {
+            let a = store.create_approval(&new, vec![]).unwrap();
+            store
+                .decide_approval(&a.id, ApprovalDecision::Approve, "bob", None, 900_000, vec![])
+                .unwrap()
+                .id
+        })
+        .collect();
+    let event = |kind: &'static str, call: &str| {
+        NewEvent::new(kind, call, json!({"call": call, "approval": "apr", "intent": "int"}))
+    };
+    print(
+        "receipt: consume + create intent (+2 events), one txn",
+        &time(n, |i| {
+            let intent = NewIntent {
+                id: format!("int_{i:032x}"),
+                idempotency_key: format!("idk_{i:032x}"),
+                call_id: format!("call_{i}"),
+                requester: "alice".into(),
+                session: "ses_0".into(),
+                capability: "deliver_artifact".into(),
+                mapping: "outbox-delivery".into(),
+                mapping_revision: 1,
+                args_digest: "c".repeat(64),
+                effect_class: "external-effect".into(),
+            };
+            let r = store
+                .consume_receipt(
+                    &ids[i % ids.len()],
+                    &binding,
+                    ConsumeAs::Approved,
+                    &intent,
+                    vec![event("receipt-consumed", &intent.call_id), event("intent-created", &intent.call_id)],
+                )
+                .unwrap();
+            std::hint::black_box(r);
+        }),
+    );
+    print(
+        "receipt: find the approval for a call (indexed lookup)",
+        &time(n, |_| {
+            std::hint::black_box(store.find_approval(&binding).unwrap());
+        }),
+    );
+}
+
+fn call_events(call: &str) -> Vec<NewEvent> {
+    let p = |kind: &'static str, extra: Value| {
+        let mut o = extra.as_object().cloned().unwrap_or_default();
+        o.insert("call".into(), json!(call));
+        NewEvent::new(kind, call, Value::Object(o))
+    };
+    vec![
+        p("call-candidate", json!({"stage": "requested", "session": "ses_0123456789abcdef0123456789abcdef", "requester": "alice", "profile": "research", "capability": "search_sources", "arguments_sha256": "a".repeat(64), "arguments_bytes": 40, "offered_digest": "b".repeat(64), "protocol": "2025-11-25"})),
+        p("call-decided", json!({"capability": "search_sources", "mapping": "source-library", "revision": 1, "decision": {"verdict": "allow"}, "policy_digest": "c".repeat(64), "determining": ["reads"], "errors": 0, "args_digest": "d".repeat(64), "effect_class": "read"})),
+        p("intent-created", json!({"intent": "int_0123456789abcdef0123456789abcdef", "capability": "search_sources", "effect_class": "read", "durable": false})),
+        p("upstream-request", json!({"connection_id": "conn-0123456789ab", "connection": "notes", "method": "tools/call", "target": "search_notes", "request_id": "12", "result_sha256": "e".repeat(64), "bytes": 1200, "at": "2026-12-01T10:00:00.000Z"})),
+        p("call-outcome", json!({"outcome": "completed", "stage": "executed", "content_sha256": "f".repeat(64), "upstream_requests": 1, "session": "ses_0", "elapsed_us": 120, "stages_us": {"normalize": 5, "authorize": 8}})),
+    ]
+}
+
+fn trace_append(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path()).unwrap());
+    print(
+        "trace: one call's 5 events, group commit, 1 caller",
+        &time(n, |i| store.append_events(call_events(&format!("call_{i}"))).unwrap()),
+    );
+    // 8 concurrent callers: per-call latency, and how many commits served them.
+    let per = n / 8;
+    let samples = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (store, samples) = (store.clone(), samples.clone());
+            s.spawn(move || {
+                let mut mine = Vec::with_capacity(per);
+                for i in 0..per {
+                    let start = Instant::now();
+                    store
+                        .append_events(call_events(&format!("call_{t}_{i}")))
+                        .unwrap();
+                    mine.push(start.elapsed());
+                }
+                samples.lock().unwrap().extend(mine);
+            });
+        }
+    });
+    let elapsed = started.elapsed();
+    let all = std::mem::take(&mut *samples.lock().unwrap());
+    let calls = all.len();
+    print("trace: one call's 5 events, group commit, 8 callers", &stats(all));
+    println!(
+        "{:<58} {:.0} calls/s traced",
+        "  throughput with 8 callers",
+        calls as f64 / elapsed.as_secs_f64()
+    );
+    assert!(store.verify_trace().unwrap().first_bad.is_none());
+}
+
+async fn host(state: &Path, no_call_trace: bool) -> Arc<Host> {
+    let mut config = notes_config(env!("CARGO_BIN_EXE_airlock").into());
+    config.state_dir = Some(state.to_path_buf());
+    let manifest = Path::new(airlock::ADAPTER_BUNDLE).join("source-library/mapping.toml");
+    let sqlite = SqliteStore::open(state).unwrap();
+    let store: Arc<dyn Store> = if no_call_trace {
+        Arc::new(NoCallTrace(sqlite))
+    } else {
+        Arc::new(sqlite)
+    };
+    let host = Host::start_with_registry(
+        &config,
+        vec![MappingSource::from_file(&manifest).unwrap()],
+        Registry::new(store),
+    )
+    .await
+    .unwrap();
+    approve_all(&host, "bench").await.unwrap();
+    host
+}
+
+fn obj(v: Value) -> Option<Map<String, Value>> {
+    v.as_object().cloned()
+}
+
+async fn traced_calls(n: usize) {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let with = host(a.path(), false).await.front(None).unwrap();
+    let without = host(b.path(), true).await.front(None).unwrap();
+    let once = |front: airlock::front::McpFront| async move {
+        let start = Instant::now();
+        let r = front
+            .call("search_sources", obj(json!({"query": "checkpoint", "limit": 1})))
+            .await
+            .unwrap();
+        assert_ne!(r.is_error, Some(true));
+        start.elapsed()
+    };
+    let rounds = 10;
+    let (mut w, mut wo) = (Vec::new(), Vec::new());
+    for _ in 0..n / 10 {
+        once(with.clone()).await;
+        once(without.clone()).await;
+    }
+    for _ in 0..rounds {
+        for _ in 0..n / rounds {
+            w.push(once(with.clone()).await);
+        }
+        for _ in 0..n / rounds {
+            wo.push(once(without.clone()).await);
+        }
+    }
+    let (w, wo) = (stats(w), stats(wo));
+    print("in-process tools/call search_sources, traced", &w);
+    print("in-process tools/call search_sources, call trace dropped", &wo);
+    println!(
+        "{:<58} p50 +{:.1} µs   p99 +{:.1} µs",
+        "  added by tracing every call",
+        us(w.p50) - us(wo.p50),
+        us(w.p99) - us(wo.p99)
+    );
+}
+
+fn references(n: usize) {
+    let origin = Origin {
+        mapping: Arc::from("source-library"),
+        generation: 1,
+        revision: 1,
+    };
+    for live in [0usize, 10_000, 100_000] {
+        let table = ReferenceTable::default();
+        for i in 0..live {
+            table.mint(&origin, "source-ref", &format!("held-{i}"), Map::new());
+        }
+        let tokens: Vec<String> = (0..n)
+            .map(|i| table.mint(&origin, "source-ref", &format!("note-{}", i % 64), Map::new()))
+            .collect();
+        let mint = time(n, |i| {
+            std::hint::black_box(table.mint(
+                &origin,
+                "source-ref",
+                &format!("note-{}", i % 64),
+                Map::new(),
+            ));
+        });
+        let resolve = time(n, |i| {
+            std::hint::black_box(table.resolve(&tokens[i], "source-ref", &origin).unwrap());
+        });
+        print(&format!("references: mint, {live} live"), &mint);
+        print(&format!("references: resolve, {live} live"), &resolve);
+    }
+}
+
+async fn long_run(calls: usize) {
+    let state = tempfile::tempdir().unwrap();
+    let host = host(state.path(), false).await;
+    for sessions in [1usize, 8] {
+        let failed = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..sessions {
+            let front = host.front(None).unwrap();
+            let failed = failed.clone();
+            let per = calls / sessions;
+            tasks.push(tokio::spawn(async move {
+                for i in 0..per {
+                    let hits = front
+                        .call("search_sources", obj(json!({"query": "checkpoint", "limit": 3})))
+                        .await;
+                    let reference = match hits {
+                        Ok(r) if r.is_error != Some(true) => r.structured_content.unwrap()
+                            ["result"][i % 3]["reference"]
+                            .as_str()
+                            .map(str::to_string),
+                        _ => None,
+                    };
+                    let Some(reference) = reference else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    match front
+                        .call("retrieve_source", obj(json!({"reference": reference})))
+                        .await
+                    {
+                        Ok(r) if r.is_error != Some(true) => {}
+                        _ => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        println!(
+            "{:<58} {} calls in {:.1} s: {} failed",
+            format!("long run, {sessions} session(s), search + retrieve"),
+            calls * 2,
+            started.elapsed().as_secs_f64(),
+            failed.load(Ordering::Relaxed)
+        );
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n = iters();
+    println!(
+        "airlock pipeline benchmarks ({} build, {n} samples each, load average {})\n",
+        if cfg!(debug_assertions) { "debug" } else { "release" },
+        load_average()
+    );
+    policy_decisions(n);
+    receipts(n.min(5000));
+    trace_append(n);
+    references(n);
+    traced_calls(n).await;
+    let long: usize = std::env::var("AIRLOCK_BENCH_LONG_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    if long > 0 {
+        long_run(long / 2).await;
+    }
+    println!("\nload average at the end: {}", load_average());
+}
