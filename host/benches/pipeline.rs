@@ -113,7 +113,8 @@ impl Store for NoCallTrace {
         config_revision: i64,
         body: &Value,
     ) -> anyhow::Result<airlock::store::SnapshotObservation> {
-        self.0.put_snapshot(digest, connection_id, config_revision, body)
+        self.0
+            .put_snapshot(digest, connection_id, config_revision, body)
     }
     fn snapshot(&self, d: &str) -> anyhow::Result<Option<airlock::store::StoredSnapshot>> {
         self.0.snapshot(d)
@@ -278,7 +279,9 @@ fn policy_decisions(n: usize) {
     print(
         "policy: re-check with a receipt (approved = true)",
         &time(n, |_| {
-            std::hint::black_box(engine.decide_call_with(&current, &principal, &deliver, &team, true));
+            std::hint::black_box(
+                engine.decide_call_with(&current, &principal, &deliver, &team, true),
+            );
         }),
     );
 }
@@ -308,13 +311,24 @@ fn receipts(n: usize) {
         .map(|_| {
             let a = store.create_approval(&new, vec![]).unwrap();
             store
-                .decide_approval(&a.id, ApprovalDecision::Approve, "bob", None, 900_000, vec![])
+                .decide_approval(
+                    &a.id,
+                    ApprovalDecision::Approve,
+                    "bob",
+                    None,
+                    900_000,
+                    vec![],
+                )
                 .unwrap()
                 .id
         })
         .collect();
     let event = |kind: &'static str, call: &str| {
-        NewEvent::new(kind, call, json!({"call": call, "approval": "apr", "intent": "int"}))
+        NewEvent::new(
+            kind,
+            call,
+            json!({"call": call, "approval": "apr", "intent": "int"}),
+        )
     };
     print(
         "receipt: consume + create intent (+2 events), one txn",
@@ -337,7 +351,10 @@ fn receipts(n: usize) {
                     &binding,
                     ConsumeAs::Approved,
                     &intent,
-                    vec![event("receipt-consumed", &intent.call_id), event("intent-created", &intent.call_id)],
+                    vec![
+                        event("receipt-consumed", &intent.call_id),
+                        event("intent-created", &intent.call_id),
+                    ],
                 )
                 .unwrap();
             std::hint::black_box(r);
@@ -358,11 +375,26 @@ fn call_events(call: &str) -> Vec<NewEvent> {
         NewEvent::new(kind, call, Value::Object(o))
     };
     vec![
-        p("call-candidate", json!({"stage": "requested", "session": "ses_0123456789abcdef0123456789abcdef", "requester": "alice", "profile": "research", "capability": "search_sources", "arguments_sha256": "a".repeat(64), "arguments_bytes": 40, "offered_digest": "b".repeat(64), "protocol": "2025-11-25"})),
-        p("call-decided", json!({"capability": "search_sources", "mapping": "source-library", "revision": 1, "decision": {"verdict": "allow"}, "policy_digest": "c".repeat(64), "determining": ["reads"], "errors": 0, "args_digest": "d".repeat(64), "effect_class": "read"})),
-        p("intent-created", json!({"intent": "int_0123456789abcdef0123456789abcdef", "capability": "search_sources", "effect_class": "read", "durable": false})),
-        p("upstream-request", json!({"connection_id": "conn-0123456789ab", "connection": "notes", "method": "tools/call", "target": "search_notes", "request_id": "12", "result_sha256": "e".repeat(64), "bytes": 1200, "at": "2026-12-01T10:00:00.000Z"})),
-        p("call-outcome", json!({"outcome": "completed", "stage": "executed", "content_sha256": "f".repeat(64), "upstream_requests": 1, "session": "ses_0", "elapsed_us": 120, "stages_us": {"normalize": 5, "authorize": 8}})),
+        p(
+            "call-candidate",
+            json!({"stage": "requested", "session": "ses_0123456789abcdef0123456789abcdef", "requester": "alice", "profile": "research", "capability": "search_sources", "arguments_sha256": "a".repeat(64), "arguments_bytes": 40, "offered_digest": "b".repeat(64), "protocol": "2025-11-25"}),
+        ),
+        p(
+            "call-decided",
+            json!({"capability": "search_sources", "mapping": "source-library", "revision": 1, "decision": {"verdict": "allow"}, "policy_digest": "c".repeat(64), "determining": ["reads"], "errors": 0, "args_digest": "d".repeat(64), "effect_class": "read"}),
+        ),
+        p(
+            "intent-created",
+            json!({"intent": "int_0123456789abcdef0123456789abcdef", "capability": "search_sources", "effect_class": "read", "durable": false}),
+        ),
+        p(
+            "upstream-request",
+            json!({"connection_id": "conn-0123456789ab", "connection": "notes", "method": "tools/call", "target": "search_notes", "request_id": "12", "result_sha256": "e".repeat(64), "bytes": 1200, "at": "2026-12-01T10:00:00.000Z"}),
+        ),
+        p(
+            "call-outcome",
+            json!({"outcome": "completed", "stage": "executed", "content_sha256": "f".repeat(64), "upstream_requests": 1, "session": "ses_0", "elapsed_us": 120, "stages_us": {"normalize": 5, "authorize": 8}}),
+        ),
     ]
 }
 
@@ -371,7 +403,11 @@ fn trace_append(n: usize) {
     let store = Arc::new(SqliteStore::open(dir.path()).unwrap());
     print(
         "trace: one call's 5 events, group commit, 1 caller",
-        &time(n, |i| store.append_events(call_events(&format!("call_{i}"))).unwrap()),
+        &time(n, |i| {
+            store
+                .append_events(call_events(&format!("call_{i}")))
+                .unwrap()
+        }),
     );
     // 8 concurrent callers: per-call latency, and how many commits served them.
     let per = n / 8;
@@ -396,7 +432,10 @@ fn trace_append(n: usize) {
     let elapsed = started.elapsed();
     let all = std::mem::take(&mut *samples.lock().unwrap());
     let calls = all.len();
-    print("trace: one call's 5 events, group commit, 8 callers", &stats(all));
+    print(
+        "trace: one call's 5 events, group commit, 8 callers",
+        &stats(all),
+    );
     println!(
         "{:<58} {:.0} calls/s traced",
         "  throughput with 8 callers",
@@ -437,7 +476,10 @@ async fn traced_calls(n: usize) {
     let once = |front: airlock::front::McpFront| async move {
         let start = Instant::now();
         let r = front
-            .call("search_sources", obj(json!({"query": "checkpoint", "limit": 1})))
+            .call(
+                "search_sources",
+                obj(json!({"query": "checkpoint", "limit": 1})),
+            )
             .await
             .unwrap();
         assert_ne!(r.is_error, Some(true));
@@ -459,7 +501,10 @@ async fn traced_calls(n: usize) {
     }
     let (w, wo) = (stats(w), stats(wo));
     print("in-process tools/call search_sources, traced", &w);
-    print("in-process tools/call search_sources, call trace dropped", &wo);
+    print(
+        "in-process tools/call search_sources, call trace dropped",
+        &wo,
+    );
     println!(
         "{:<58} p50 +{:.1} µs   p99 +{:.1} µs",
         "  added by tracing every call",
@@ -480,7 +525,14 @@ fn references(n: usize) {
             table.mint(&origin, "source-ref", &format!("held-{i}"), Map::new());
         }
         let tokens: Vec<String> = (0..n)
-            .map(|i| table.mint(&origin, "source-ref", &format!("note-{}", i % 64), Map::new()))
+            .map(|i| {
+                table.mint(
+                    &origin,
+                    "source-ref",
+                    &format!("note-{}", i % 64),
+                    Map::new(),
+                )
+            })
             .collect();
         let mint = time(n, |i| {
             std::hint::black_box(table.mint(
@@ -512,13 +564,17 @@ async fn long_run(calls: usize) {
             tasks.push(tokio::spawn(async move {
                 for i in 0..per {
                     let hits = front
-                        .call("search_sources", obj(json!({"query": "checkpoint", "limit": 3})))
+                        .call(
+                            "search_sources",
+                            obj(json!({"query": "checkpoint", "limit": 3})),
+                        )
                         .await;
                     let reference = match hits {
-                        Ok(r) if r.is_error != Some(true) => r.structured_content.unwrap()
-                            ["result"][i % 3]["reference"]
-                            .as_str()
-                            .map(str::to_string),
+                        Ok(r) if r.is_error != Some(true) => {
+                            r.structured_content.unwrap()["result"][i % 3]["reference"]
+                                .as_str()
+                                .map(str::to_string)
+                        }
                         _ => None,
                     };
                     let Some(reference) = reference else {
@@ -555,7 +611,11 @@ async fn main() {
     let n = iters();
     println!(
         "airlock pipeline benchmarks ({} build, {n} samples each, load average {})\n",
-        if cfg!(debug_assertions) { "debug" } else { "release" },
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         load_average()
     );
     policy_decisions(n);

@@ -794,3 +794,136 @@ async fn an_expired_request_state_fails_closed() {
     assert_eq!(d.sends(), 0);
     client.cancel().await.unwrap();
 }
+
+// ---- what an approval is bound to ----
+
+/// A deployment whose delivery server changes its catalogue (`kind`) once `trigger` exists.
+fn changing(kind: &str) -> (Deployment, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join("change-now");
+    std::mem::forget(dir);
+    let t = trigger.display().to_string();
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(&["--change-when", &t, kind])
+        .policy(POLICY)
+        .tables(PROFILES);
+    (d, trigger)
+}
+
+/// Requests and approves a delivery to team-reports; returns the approval id and the
+/// references.
+async fn approved_delivery<H: ClientHandler>(
+    d: &Deployment,
+    client: &RunningService<RoleClient, H>,
+) -> (String, String, String) {
+    let (artifact, team) = prepared(client, "team-reports").await;
+    let r = call(client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let id = approval_in(&text_of(&r));
+    d.airlock_ok(&["approvals", "approve", &id]);
+    (id, artifact, team)
+}
+
+#[tokio::test]
+async fn description_drift_after_the_approval_stops_the_delivery() {
+    let (d, trigger) = changing("description");
+    d.approve_all();
+    let notices = Notices::default();
+    let client = d.serve_profile("publisher", notices.clone()).await;
+    let (id, artifact, team) = approved_delivery(&d, &client).await;
+    std::fs::write(&trigger, "").unwrap();
+    assert!(
+        notices.wait_beyond(0, 10).await,
+        "the client hears list_changed"
+    );
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert!(text.starts_with("state changed:"), "{text}");
+    assert_eq!(d.sends(), 0, "nothing reached the server");
+    assert_eq!(
+        d.airlock_json(&["approvals", "show", &id])["state"],
+        "approved",
+        "the receipt was not spent on a call that could not run"
+    );
+    assert!(
+        d.trace()
+            .iter()
+            .any(|e| e["kind"] == "call-refused" && e["payload"]["changed"] == "mapping-state")
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_snapshot_change_after_the_approval_needs_a_new_one() {
+    // A new tool appears upstream: informational drift, the mapping keeps serving, but the
+    // approval was given against the previous snapshot.
+    let (d, trigger) = changing("add-tool");
+    d.approve_all();
+    let notices = Notices::default();
+    let client = d.serve_profile("publisher", notices.clone()).await;
+    let (id, artifact, team) = approved_delivery(&d, &client).await;
+    std::fs::write(&trigger, "").unwrap();
+    // The host re-discovers on the server's list_changed (the client is not told: what it
+    // is offered did not change).
+    for _ in 0..100 {
+        if d.trace()
+            .iter()
+            .filter(|e| e["kind"] == "snapshot-taken")
+            .count()
+            >= 3
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert!(text.starts_with("approval required:"), "{text}");
+    assert_ne!(approval_in(&text), id);
+    assert_eq!(d.sends(), 0);
+    let refused = d
+        .trace()
+        .into_iter()
+        .find(|e| e["kind"] == "receipt-refused" && e["payload"]["approval"] == id.as_str())
+        .expect("the stale receipt is traced");
+    assert_eq!(refused["payload"]["changed"], json!(["snapshot"]));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_new_mapping_revision_after_the_approval_needs_a_new_one() {
+    let d = deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let (id, artifact, team) = approved_delivery(&d, &client).await;
+    // A reviewer approves the mapping again: a new revision serves.
+    d.approve("outbox-delivery", "carol", &[]);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let err = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap_err();
+    assert_eq!(error_code(&err), Some(INVALID_PARAMS));
+    assert!(err.to_string().contains("issued before"), "{err}");
+    assert_eq!(d.sends(), 0);
+    assert_eq!(
+        d.airlock_json(&["approvals", "show", &id])["state"],
+        "approved"
+    );
+    // Fresh references under the new revision: the old receipt (revision 1) still does
+    // not apply; a new approval is asked for.
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert!(text.starts_with("approval required:"), "{text}");
+    assert!(text.contains("revision 2"), "{text}");
+    assert_eq!(d.sends(), 0);
+    client.cancel().await.unwrap();
+}

@@ -134,7 +134,7 @@ async fn stages(
     let mut candidate = candidate;
     let mut restarts = 0;
     loop {
-        let normalized = match normalize::normalize(host, call, candidate) {
+        let normalized = match normalize::normalize(host, call, candidate).await {
             Ok(n) => n,
             Err(o) => return o,
         };

@@ -13,6 +13,11 @@
 //! - The **normalized-arguments digest** is sha256 of the RFC 8785 canonical JSON of the
 //!   converted value with each handle replaced by its locator and host-supplied fields
 //!   left out: it names the consequence (what the handles stand for), not the tokens.
+//! - The catalogue it is resolved against is current: if the capability's connection
+//!   announced a change (or its last re-discovery failed), it is re-discovered first,
+//!   bounded by the call's deadline, so that nothing later (a decision, a receipt) rests on
+//!   a snapshot the server already replaced. A mapping that does not serve then ends the
+//!   call with `state changed` before any decision or approval.
 //! - Facts policy may use come from resolved handles: a `destination-ref` is the call's
 //!   destination scope (its locator); an `artifact-ref`'s `bytes` fact is the artifact
 //!   size and its `sha256` fact the artifact digest.
@@ -124,7 +129,7 @@ fn unknown_tool(name: &str) -> Outcome {
 ///
 /// # Errors
 /// An [`Outcome::Invalid`] for an unknown capability or arguments that do not convert.
-pub(super) fn normalize(
+pub(super) async fn normalize(
     host: &Host,
     call: &mut Call,
     candidate: Candidate,
@@ -168,7 +173,14 @@ pub(super) fn normalize(
         }
         session.remember([cap.name.as_str()]);
     }
+    // Decide on the catalogue the server stands behind now.
+    if mapping.connection.is_stale() {
+        crate::pipeline::recheck::refresh(host, call, cap).await?;
+    }
     let record = mapping.record();
+    if !record.state.serves() {
+        return Err(crate::pipeline::recheck::not_serving(call, cap, &session));
+    }
     let origin = Origin {
         mapping: mapping.name.as_str().into(),
         generation: mapping.generation,

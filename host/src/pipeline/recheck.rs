@@ -30,9 +30,11 @@ use crate::pipeline::candidate::Candidate;
 use crate::pipeline::intent::Intended;
 use crate::pipeline::offer::capability_facts;
 use crate::pipeline::references::Origin;
+use crate::pipeline::session::Session;
 use crate::pipeline::{Call, Category, Outcome};
 use crate::policy::Verdict;
 use crate::registry::events;
+use crate::registry::live::Capability;
 
 /// A call ready to run: re-checked, its host-supplied fields filled in.
 pub struct Ready {
@@ -60,6 +62,78 @@ pub(super) enum NotReady {
     Superseded(Box<Candidate>),
 }
 
+/// Records a refusal before the adapter: `call-refused` with what changed.
+fn refused(
+    call: &mut Call,
+    cap: &Capability,
+    session: &Session,
+    changed: &str,
+    category: Category,
+    detail: String,
+) -> Outcome {
+    let record = cap.mapping.record();
+    call.event(
+        events::CALL_REFUSED,
+        json!({
+            "capability": cap.name,
+            "mapping": cap.mapping.name,
+            "revision": record.revision,
+            "state": record.state,
+            "category": category,
+            "changed": changed,
+            "session": session.id_text(),
+        }),
+    );
+    tracing::info!(capability = %cap.name, mapping = %cap.mapping.name, changed, "refused before the adapter: {}: {detail}", category.as_str());
+    Outcome::refused(category, detail)
+}
+
+/// The refusal for a mapping that does not serve (`state changed`).
+pub(super) fn not_serving(call: &mut Call, cap: &Capability, session: &Session) -> Outcome {
+    let record = cap.mapping.record();
+    refused(
+        call,
+        cap,
+        session,
+        "mapping-state",
+        Category::StateChanged,
+        format!(
+            "mapping `{}` is {} and serves no new calls until a reviewer approves it again",
+            cap.mapping.name, record.state
+        ),
+    )
+}
+
+/// Re-discovers the capability's connection (it announced a change, or its last
+/// re-discovery failed), bounded by the call's deadline.
+///
+/// # Errors
+/// `unavailable` when re-discovery failed or took too long.
+pub(super) async fn refresh(host: &Host, call: &mut Call, cap: &Capability) -> Result<(), Outcome> {
+    let mapping = &cap.mapping;
+    let deadline = Duration::from_millis(mapping.adapter.limits().deadline_ms);
+    let refreshed =
+        tokio::time::timeout(deadline, host.live().refresh(&mapping.connection, false)).await;
+    let failure = match refreshed {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(_) => format!(
+            "re-discovery took longer than the call's {} ms deadline",
+            deadline.as_millis()
+        ),
+    };
+    tracing::warn!(mapping = %mapping.name, "re-check could not re-discover: {failure}");
+    let session = call.session.clone();
+    Err(refused(
+        call,
+        cap,
+        &session,
+        "connection",
+        Category::Unavailable,
+        "the upstream connection's catalogue could not be re-checked; try again later".into(),
+    ))
+}
+
 /// Re-checks `intended` (see the module rules).
 pub(super) async fn recheck(
     host: &Host,
@@ -71,47 +145,15 @@ pub(super) async fn recheck(
     let cap = n.capability();
     let mapping = &cap.mapping;
     let has_receipt = a.receipt().is_some();
+    let session = n.candidate().session.clone();
     let refuse = |call: &mut Call, changed: &str, category: Category, detail: String| {
-        let record = mapping.record();
-        call.event(
-            events::CALL_REFUSED,
-            json!({
-                "capability": cap.name,
-                "mapping": mapping.name,
-                "revision": record.revision,
-                "state": record.state,
-                "category": category,
-                "changed": changed,
-                "session": n.candidate().session.id_text(),
-            }),
-        );
-        tracing::info!(capability = %cap.name, mapping = %mapping.name, changed, "refused before the adapter: {}: {detail}", category.as_str());
-        NotReady::Refused(Outcome::refused(category, detail))
+        NotReady::Refused(refused(call, cap, &session, changed, category, detail))
     };
 
     // The connection's catalogue is current.
     let state = &mapping.connection;
     if state.is_stale() {
-        let deadline = Duration::from_millis(mapping.adapter.limits().deadline_ms);
-        let refreshed = tokio::time::timeout(deadline, host.live().refresh(state, false)).await;
-        let failure = match refreshed {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("{e:#}")),
-            Err(_) => Some(format!(
-                "re-discovery took longer than the call's {} ms deadline",
-                deadline.as_millis()
-            )),
-        };
-        if let Some(why) = failure {
-            tracing::warn!(mapping = %mapping.name, "re-check could not re-discover: {why}");
-            return Err(refuse(
-                call,
-                "connection",
-                Category::Unavailable,
-                "the upstream connection's catalogue could not be re-checked; try again later"
-                    .into(),
-            ));
-        }
+        refresh(host, call, cap).await.map_err(NotReady::Refused)?;
     }
 
     // The mapping still serves, the same load and revision.
@@ -140,15 +182,11 @@ pub(super) async fn recheck(
     }
     let record = mapping.record();
     if !record.state.serves() {
-        return Err(refuse(
+        return Err(NotReady::Refused(not_serving(
             call,
-            "mapping-state",
-            Category::StateChanged,
-            format!(
-                "mapping `{}` is {} and serves no new calls until a reviewer approves it again",
-                mapping.name, record.state
-            ),
-        ));
+            cap,
+            &n.candidate().session,
+        )));
     }
     if record.revision != n.revision() {
         if has_receipt {

@@ -556,9 +556,11 @@ impl SqliteStore {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<ApprovalRecord> {
         let now = now_ms();
-        self.transact("deciding an approval", &events, |tx| {
+        // The expiry is recorded even though the decision fails: the closure returns the
+        // refusal as a value so that the transaction commits.
+        let outcome = self.transact("deciding an approval", &[], |tx| {
             let Some(record) = load_approval(tx, id)? else {
-                bail!("no approval `{id}`");
+                return Ok(Err(format!("no approval `{id}`")));
             };
             let state = record.state_at(now);
             let to = match (decision, state) {
@@ -572,9 +574,15 @@ impl SqliteStore {
                         "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
                         params![id],
                     )?;
-                    bail!("approval `{id}` has expired; the call must be made again to ask anew")
+                    return Ok(Err(format!(
+                        "approval `{id}` has expired; the call must be made again to ask anew"
+                    )));
                 }
-                (_, s) => bail!("approval `{id}` is {s}; only a pending approval can be approved or denied, and only a pending or approved one revoked"),
+                (_, s) => {
+                    return Ok(Err(format!(
+                        "approval `{id}` is {s}; only a pending approval can be approved or denied, and only a pending or approved one revoked"
+                    )));
+                }
             };
             let expires = match to {
                 ApprovalState::Approved => ms_to_sql(now.saturating_add(ttl_ms))?,
@@ -584,8 +592,11 @@ impl SqliteStore {
                 "UPDATE approvals SET state = ?2, decided_by = ?3, decided_ms = ?4, reason = ?5, expires_ms = ?6 WHERE id = ?1",
                 params![id, to.as_str(), by, ms_to_sql(now)?, reason, expires],
             )?;
-            load_approval(tx, id)?.ok_or_else(|| anyhow!("approval `{id}` vanished"))
-        })
+            trace::append_in(tx, &events)?;
+            Ok(Ok(load_approval(tx, id)?
+                .ok_or_else(|| anyhow!("approval `{id}` vanished"))?))
+        })?;
+        outcome.map_err(|why| anyhow!(why))
     }
 
     pub(super) fn consume_receipt_impl(
@@ -697,5 +708,288 @@ impl SqliteStore {
         )
         .optional()
         .with_context(|| self.context("reading an intent"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    fn binding() -> ReceiptBinding {
+        ReceiptBinding {
+            requester: "alice".into(),
+            session: "ses_1".into(),
+            capability: "deliver_artifact".into(),
+            mapping: "outbox-delivery".into(),
+            mapping_revision: 2,
+            snapshot_digest: "a".repeat(64),
+            policy_digest: "b".repeat(64),
+            args_digest: "c".repeat(64),
+        }
+    }
+
+    fn request(mode: ApprovalMode, ttl_ms: u64) -> NewApproval {
+        NewApproval {
+            binding: binding(),
+            profile: "publisher".into(),
+            mode,
+            artifact_digest: Some("d".repeat(64)),
+            summary: "Approve `deliver_artifact`".into(),
+            ttl_ms,
+        }
+    }
+
+    fn intent(n: usize) -> NewIntent {
+        NewIntent {
+            id: format!("int_{n}"),
+            idempotency_key: format!("idk_{n}"),
+            call_id: format!("call_{n}"),
+            requester: "alice".into(),
+            session: "ses_1".into(),
+            capability: "deliver_artifact".into(),
+            mapping: "outbox-delivery".into(),
+            mapping_revision: 2,
+            args_digest: "c".repeat(64),
+            effect_class: "external-effect".into(),
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        (dir, s)
+    }
+
+    #[test]
+    fn thirty_two_concurrent_consumers_of_one_receipt_leave_one_intent() {
+        let (dir, s) = store();
+        let a = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        s.decide_approval(
+            &a.id,
+            ApprovalDecision::Approve,
+            "bob",
+            None,
+            60_000,
+            vec![],
+        )
+        .unwrap();
+        let path = dir.path().to_path_buf();
+        let won = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for n in 0..32 {
+                let (path, id, won) = (&path, &a.id, &won);
+                scope.spawn(move || {
+                    // Each thread its own connection, as separate processes would have.
+                    let s = SqliteStore::open(path).unwrap();
+                    let r = s
+                        .consume_receipt(id, &binding(), ConsumeAs::Approved, &intent(n), vec![])
+                        .unwrap();
+                    match r {
+                        Consumption::Consumed(..) => {
+                            won.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Consumption::Refused(ReceiptRefusal::State(ApprovalState::Consumed)) => {}
+                        other => panic!("{other:?}"),
+                    }
+                });
+            }
+        });
+        assert_eq!(won.into_inner(), 1);
+        let conn = s.lock();
+        let intents: i64 = conn
+            .query_row("SELECT count(*) FROM intents", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(intents, 1);
+    }
+
+    #[test]
+    fn a_receipt_for_other_facts_is_refused_and_names_what_changed() {
+        let (_dir, s) = store();
+        let a = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        assert_eq!(
+            s.consume_receipt(&a.id, &binding(), ConsumeAs::Approved, &intent(0), vec![])
+                .unwrap(),
+            Consumption::Refused(ReceiptRefusal::State(ApprovalState::Pending)),
+            "a pending request is no receipt"
+        );
+        s.decide_approval(
+            &a.id,
+            ApprovalDecision::Approve,
+            "bob",
+            None,
+            60_000,
+            vec![],
+        )
+        .unwrap();
+        let mut other = binding();
+        other.args_digest = "e".repeat(64);
+        other.mapping_revision = 3;
+        other.session = "ses_2".into();
+        match s
+            .consume_receipt(&a.id, &other, ConsumeAs::Approved, &intent(0), vec![])
+            .unwrap()
+        {
+            Consumption::Refused(ReceiptRefusal::Changed(fields)) => {
+                assert_eq!(fields, ["session", "mapping revision", "arguments"])
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            s.consume_receipt(&a.id, &binding(), ConsumeAs::Approved, &intent(1), vec![])
+                .unwrap(),
+            Consumption::Consumed(..)
+        ));
+        assert_eq!(
+            s.consume_receipt(&a.id, &binding(), ConsumeAs::Approved, &intent(2), vec![])
+                .unwrap(),
+            Consumption::Refused(ReceiptRefusal::State(ApprovalState::Consumed)),
+            "a second use fails"
+        );
+        assert_eq!(
+            s.consume_receipt(
+                "apr_000000000000000000000000",
+                &binding(),
+                ConsumeAs::Approved,
+                &intent(3),
+                vec![]
+            )
+            .unwrap(),
+            Consumption::Refused(ReceiptRefusal::NotFound)
+        );
+    }
+
+    #[test]
+    fn states_move_one_way_and_expire_on_the_host_clock() {
+        let (_dir, s) = store();
+        let a = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        s.decide_approval(&a.id, ApprovalDecision::Deny, "bob", Some("no"), 0, vec![])
+            .unwrap();
+        for d in [
+            ApprovalDecision::Approve,
+            ApprovalDecision::Deny,
+            ApprovalDecision::Revoke,
+        ] {
+            let err = s
+                .decide_approval(&a.id, d, "bob", None, 60_000, vec![])
+                .unwrap_err();
+            assert!(format!("{err:#}").contains("denied"), "{err:#}");
+        }
+        let b = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 0), vec![])
+            .unwrap();
+        let err = s
+            .decide_approval(
+                &b.id,
+                ApprovalDecision::Approve,
+                "bob",
+                None,
+                60_000,
+                vec![],
+            )
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("expired"), "{err:#}");
+        assert_eq!(
+            s.approval(&b.id).unwrap().unwrap().state,
+            ApprovalState::Expired
+        );
+        // An approved receipt that outlives its ttl is refused as expired.
+        let c = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        s.decide_approval(&c.id, ApprovalDecision::Approve, "bob", None, 0, vec![])
+            .unwrap();
+        assert_eq!(
+            s.consume_receipt(&c.id, &binding(), ConsumeAs::Approved, &intent(0), vec![])
+                .unwrap(),
+            Consumption::Refused(ReceiptRefusal::Expired)
+        );
+        // Revocation of an approved receipt.
+        let e = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        s.decide_approval(
+            &e.id,
+            ApprovalDecision::Approve,
+            "bob",
+            None,
+            60_000,
+            vec![],
+        )
+        .unwrap();
+        s.decide_approval(&e.id, ApprovalDecision::Revoke, "carol", None, 0, vec![])
+            .unwrap();
+        assert_eq!(
+            s.consume_receipt(&e.id, &binding(), ConsumeAs::Approved, &intent(0), vec![])
+                .unwrap(),
+            Consumption::Refused(ReceiptRefusal::State(ApprovalState::Revoked))
+        );
+    }
+
+    #[test]
+    fn an_in_band_answer_needs_the_request_nonce() {
+        let (_dir, s) = store();
+        let a = s
+            .create_approval(&request(ApprovalMode::InputRequired, 60_000), vec![])
+            .unwrap();
+        let forged = ConsumeAs::AnsweredInBand {
+            by: "alice",
+            nonce: Some("00000000000000000000000000000000"),
+        };
+        assert_eq!(
+            s.consume_receipt(&a.id, &binding(), forged, &intent(0), vec![])
+                .unwrap(),
+            Consumption::Refused(ReceiptRefusal::Nonce)
+        );
+        let genuine = ConsumeAs::AnsweredInBand {
+            by: "alice",
+            nonce: Some(&a.nonce),
+        };
+        let Consumption::Consumed(record, intent_record) = s
+            .consume_receipt(&a.id, &binding(), genuine, &intent(1), vec![])
+            .unwrap()
+        else {
+            panic!("not consumed");
+        };
+        assert_eq!(record.decided_by.as_deref(), Some("alice"));
+        assert_eq!(intent_record.approval_id.as_deref(), Some(a.id.as_str()));
+        assert_eq!(intent_record.state, IntentState::Prepared);
+    }
+
+    #[test]
+    fn hostile_ids_are_refused_clearly() {
+        let (_dir, s) = store();
+        for id in ["", "apr_", "short", "apr_'; DROP TABLE approvals; --"] {
+            match s.approval(id) {
+                Ok(None) => {}
+                Err(e) => assert!(format!("{e:#}").contains("too short"), "{e:#}"),
+                Ok(Some(r)) => panic!("{id:?} found {r:?}"),
+            }
+        }
+        let a = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        let b = s
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap();
+        assert_eq!(
+            s.approval(&a.id[..16]).unwrap().unwrap().id,
+            a.id,
+            "a unique prefix"
+        );
+        let shared =
+            a.id.chars()
+                .zip(b.id.chars())
+                .take_while(|(x, y)| x == y)
+                .count();
+        if shared >= 12 {
+            assert!(s.approval(&a.id[..shared]).is_err(), "an ambiguous prefix");
+        }
     }
 }
