@@ -1,7 +1,9 @@
 //! `airlock demo`: the embedded default. Starts the bundled notes fixture server (this
 //! binary's own `fixture notes-server`), loads the bundled `source-library` adapter, and
 //! drives a short session through the real gateway with an in-process MCP client, printing
-//! each step.
+//! each step; then a second host with the bundled delivery fixture and `outbox-delivery`
+//! adapter under the example policy: a denied delivery, an approval asked for and granted,
+//! and a delivery that happens exactly once.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +28,19 @@ pub const BUNDLED_COMPONENT: &[u8] = include_bytes!(concat!(
     env!("AIRLOCK_ADAPTER_BUNDLE"),
     "/source-library/source_library.wasm"
 ));
+
+/// The bundled delivery adapter's pinned manifest.
+pub const BUNDLED_DELIVERY_MANIFEST: &str = include_str!(concat!(
+    env!("AIRLOCK_ADAPTER_BUNDLE"),
+    "/outbox-delivery/mapping.toml"
+));
+/// The bundled delivery adapter component.
+pub const BUNDLED_DELIVERY_COMPONENT: &[u8] = include_bytes!(concat!(
+    env!("AIRLOCK_ADAPTER_BUNDLE"),
+    "/outbox-delivery/outbox_delivery.wasm"
+));
+/// The example policy (`airlock.example.cedar`), which the delivery scene runs under.
+pub const EXAMPLE_POLICY: &str = include_str!("../../../airlock.example.cedar");
 
 /// The serve configuration of the embedded default: one connection, `notes`, running this
 /// executable's notes fixture server with an empty environment.
@@ -295,6 +310,8 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.step("drift: the upstream server changes a pinned tool's description mid-session")?;
     drift_scene(&mut p, state_dir.path()).await?;
 
+    delivery_scene(&mut p, state_dir.path()).await?;
+
     p.step("the trace of the first host: hash-chained, append-only")?;
     let verified = host.registry().store().verify_trace()?;
     if let Some((seq, why)) = &verified.first_bad {
@@ -310,6 +327,257 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     server.abort();
     p.line("\ndone. `airlock serve --config FILE` runs the same gateway over stdio for a real MCP client.")?;
     p.out.flush()?;
+    Ok(())
+}
+
+/// A host with the delivery fixture under the example policy: a denied delivery, an
+/// approval asked for and granted out of band, and a delivery that happens exactly once.
+async fn delivery_scene<W: std::io::Write>(
+    p: &mut Printer<W>,
+    state: &std::path::Path,
+) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the airlock executable")?;
+    let dir = state.join("delivery");
+    std::fs::create_dir_all(&dir)?;
+    let outbox = dir.join("outbox");
+    let log = dir.join("outbox-calls.jsonl");
+    let policy = dir.join("airlock.cedar");
+    std::fs::write(&policy, EXAMPLE_POLICY)?;
+    let mut connections = BTreeMap::new();
+    connections.insert(
+        "outbox".to_string(),
+        StdioServer {
+            command: exe,
+            args: vec![
+                "fixture".into(),
+                "delivery-server".into(),
+                "--outbox".into(),
+                outbox.display().to_string(),
+                "--call-log".into(),
+                log.display().to_string(),
+            ],
+            cwd: dir.clone(),
+            env: BTreeMap::new(),
+            owner: None,
+            credential_scope: None,
+            identity_files: vec![],
+        },
+    );
+    let mut profiles = BTreeMap::new();
+    profiles.insert(
+        "publisher".to_string(),
+        crate::config::Profile::everything("publisher"),
+    );
+    let requester = crate::config::RequesterConfig {
+        name: "demo-operator".into(),
+        roles: vec!["operator".into()],
+    };
+    let config = ServeConfig {
+        connections,
+        state_dir: Some(dir.join("state")),
+        cache_dir: crate::config::default_cache_dir(),
+        policy_files: vec![policy.clone()],
+        profiles,
+        requester,
+        ..ServeConfig::empty()
+    };
+    let sends = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"send_file\""))
+            .count()
+    };
+    let host = Host::start_with(
+        &config,
+        vec![MappingSource::from_memory(
+            BUNDLED_DELIVERY_MANIFEST,
+            "<bundled outbox-delivery/mapping.toml>",
+            BUNDLED_DELIVERY_COMPONENT.to_vec(),
+        )?],
+    )
+    .await?;
+    approve_all(&host, "demo-reviewer").await?;
+    let front = host.front(Some("publisher"))?;
+    let call = |name: &'static str, args: Value| {
+        let front = front.clone();
+        async move {
+            front
+                .call(name, args.as_object().cloned())
+                .await
+                .map_err(|e| anyhow::anyhow!("{name}: {e}"))
+        }
+    };
+
+    p.step("policy: a Cedar policy decides what runs (the example policy, airlock.example.cedar)")?;
+    p.line(format!(
+        "requester `demo-operator` (role operator), profile `publisher`, policy {}",
+        crate::registry::short(host.policy().current().digest())
+    ))?;
+    let tools: Vec<String> = front.list().iter().map(|t| t.name.to_string()).collect();
+    p.line(format!("offered: {}", tools.join(", ")))?;
+    let prepared = call(
+        "prepare_artifact",
+        json!({"title": "Q3 report", "media-type": "text/markdown", "content": "# Q3 report\n\nRevenue up, incidents down.\n"}),
+    )
+    .await?;
+    let artifact = prepared.structured_content.clone().unwrap_or_default()["result"].clone();
+    p.line(format!(
+        "prepare_artifact (a local transformation: allowed): artifact {}…, {} bytes, sha256 {}",
+        artifact["artifact"]
+            .as_str()
+            .unwrap_or("")
+            .get(..12)
+            .unwrap_or(""),
+        artifact["bytes"],
+        crate::registry::short(artifact["sha256"].as_str().unwrap_or(""))
+    ))?;
+    let destinations = call("list_destinations", json!({})).await?;
+    let list = destinations.structured_content.clone().unwrap_or_default()["result"].clone();
+    let find = |label: &str| -> Result<String> {
+        list.as_array()
+            .and_then(|a| a.iter().find(|d| d["label"] == label))
+            .and_then(|d| d["destination"].as_str())
+            .map(str::to_string)
+            .with_context(|| format!("no destination labelled {label}"))
+    };
+    let (team, partner) = (find("Team reports outbox")?, find("Partner drop outbox")?);
+    let artifact_ref = artifact["artifact"].as_str().unwrap_or("").to_string();
+
+    p.step("a delivery the policy forbids is denied before anything leaves")?;
+    let denied = call(
+        "deliver_artifact",
+        json!({"artifact": artifact_ref, "destination": partner}),
+    )
+    .await?;
+    if denied.is_error != Some(true) {
+        bail!("the partner drop delivery was not denied");
+    }
+    p.line(format!(
+        "deliver_artifact to the partner drop: {}",
+        result_text(&denied)
+    ))?;
+    p.line(format!(
+        "send_file requests the delivery server received: {}",
+        sends()
+    ))?;
+
+    p.step("a delivery that needs a person: the call asks, and nothing is sent")?;
+    let asked = call(
+        "deliver_artifact",
+        json!({"artifact": artifact_ref, "destination": team}),
+    )
+    .await?;
+    let text = result_text(&asked);
+    let id = text
+        .find("apr_")
+        .map(|at| text[at..at + 28].to_string())
+        .context("no approval request named")?;
+    print_result(p, &asked, 12)?;
+    if sends() != 0 {
+        bail!("a delivery was sent before its approval");
+    }
+    p.line(format!("send_file requests so far: {}", sends()))?;
+
+    p.step("a person approves exactly that call at a terminal")?;
+    p.line(format!(
+        "$ airlock approvals approve {id} --by demo-approver"
+    ))?;
+    let approved = crate::cli::approvals::decide(
+        host.registry(),
+        &id,
+        crate::store::ApprovalDecision::Approve,
+        "demo-approver",
+        None,
+        host.config().approvals.ttl,
+    )?;
+    p.line(format!(
+        "approval {} is {} (receipt bound to revision {}, snapshot {}, policy {}, arguments {})",
+        approved.id,
+        approved.state,
+        approved.binding.mapping_revision,
+        crate::registry::short(&approved.binding.snapshot_digest),
+        crate::registry::short(&approved.binding.policy_digest),
+        crate::registry::short(&approved.binding.args_digest)
+    ))?;
+
+    p.step("the same call again: delivered, once")?;
+    let done = call(
+        "deliver_artifact",
+        json!({"artifact": artifact_ref, "destination": team}),
+    )
+    .await?;
+    if done.is_error == Some(true) {
+        bail!("the approved delivery failed: {}", result_text(&done));
+    }
+    let delivery = done.structured_content.clone().unwrap_or_default()["result"].clone();
+    p.line(format!(
+        "delivered: delivery {} to team-reports, sha256 {} (matches the approved artifact: {})",
+        delivery["delivery-id"].as_str().unwrap_or("?"),
+        crate::registry::short(delivery["artifact-sha256"].as_str().unwrap_or("")),
+        delivery["artifact-sha256"] == artifact["sha256"]
+    ))?;
+    let again = call(
+        "deliver_artifact",
+        json!({"artifact": artifact_ref, "destination": team}),
+    )
+    .await?;
+    let files = std::fs::read_dir(outbox.join("team-reports"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    p.line(format!(
+        "and once more: {}",
+        result_text(&again).lines().next().unwrap_or("")
+    ))?;
+    if sends() != 1 || files != 1 {
+        bail!(
+            "expected exactly one delivery, got {} sends and {files} files",
+            sends()
+        );
+    }
+    p.line(format!(
+        "send_file requests the server received: {}; files in the outbox: {files}",
+        sends()
+    ))?;
+
+    p.step("the life of the delivered call in the trace, linked by its call id")?;
+    let trace = host.registry().store().trace(0, 100_000)?;
+    let consumed = trace
+        .iter()
+        .find(|e| e.kind == crate::registry::events::RECEIPT_CONSUMED)
+        .context("no receipt-consumed event")?;
+    let call_id = consumed.payload["call"].as_str().unwrap_or("").to_string();
+    for e in trace
+        .iter()
+        .filter(|e| e.payload["call"] == call_id.as_str())
+    {
+        let detail = match e.kind.as_str() {
+            "call-decided" => format!(
+                "{} by {}",
+                e.payload["decision"]["verdict"].as_str().unwrap_or(""),
+                e.payload["determining"]
+            ),
+            "receipt-consumed" => {
+                format!("approval {}", e.payload["approval"].as_str().unwrap_or(""))
+            }
+            "upstream-request" => format!(
+                "{} {} on {}, request id {}, result sha256 {}",
+                e.payload["method"].as_str().unwrap_or(""),
+                e.payload["target"].as_str().unwrap_or(""),
+                e.payload["connection_id"].as_str().unwrap_or(""),
+                e.payload["request_id"].as_str().unwrap_or(""),
+                crate::registry::short(e.payload["result_sha256"].as_str().unwrap_or(""))
+            ),
+            "call-outcome" => e.payload["outcome"].as_str().unwrap_or("").to_string(),
+            _ => String::new(),
+        };
+        p.line(format!("#{:<4} {:<18} {detail}", e.seq, e.kind))?;
+    }
+    let verified = host.registry().store().verify_trace()?;
+    if verified.first_bad.is_some() {
+        bail!("the delivery host's trace does not verify");
+    }
+    p.line(format!("{} events, chain intact", verified.events))?;
     Ok(())
 }
 
