@@ -20,48 +20,6 @@ use serde_json::{Value, json};
 
 const INVALID_PARAMS: i32 = -32602;
 
-/// Reads run everywhere; the publisher profile prepares, and delivers once a person
-/// approved; never to the partner drop.
-const POLICY: &str = r#"
-@id("any-profile")
-permit (principal, action == Airlock::Action::"use-profile", resource);
-
-@id("reads")
-permit (principal, action == Airlock::Action::"call", resource)
-when { resource.effect_class == "read" };
-
-@id("publisher-prepares")
-permit (principal, action == Airlock::Action::"call", resource)
-when { context.profile == Airlock::Profile::"publisher" && resource.effect_class == "local-transformation" };
-
-@id("publisher-delivers-with-approval")
-permit (principal in Airlock::Role::"operator", action == Airlock::Action::"call", resource)
-when {
-    context.profile == Airlock::Profile::"publisher" &&
-    resource.effect_class == "external-effect" &&
-    context.approved
-};
-
-@id("no-partner-drop")
-@category("outside-scope")
-forbid (principal, action == Airlock::Action::"call", resource)
-when { context has destination && context.destination == Airlock::Scope::"partner-drop" };
-"#;
-
-const PROFILES: &str = r#"
-[requester]
-name = "alice"
-roles = ["operator"]
-
-[[profile]]
-name = "reader"
-capabilities = ["search_sources", "retrieve_source"]
-
-[[profile]]
-name = "publisher"
-capabilities = ["*"]
-"#;
-
 fn deployment() -> Deployment {
     Deployment::with_notes()
         .mapping("source-library")

@@ -518,3 +518,56 @@ pub fn references(result: &CallToolResult) -> Vec<String> {
         .map(|h| h["reference"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// Reads run everywhere; the publisher profile prepares, and delivers once a person
+/// approved; never to the partner drop.
+pub const POLICY: &str = r#"
+@id("any-profile")
+permit (principal, action == Airlock::Action::"use-profile", resource);
+
+@id("reads")
+permit (principal, action == Airlock::Action::"call", resource)
+when { resource.effect_class == "read" };
+
+@id("publisher-prepares")
+permit (principal, action == Airlock::Action::"call", resource)
+when { context.profile == Airlock::Profile::"publisher" && resource.effect_class == "local-transformation" };
+
+@id("publisher-delivers-with-approval")
+permit (principal in Airlock::Role::"operator", action == Airlock::Action::"call", resource)
+when {
+    context.profile == Airlock::Profile::"publisher" &&
+    resource.effect_class == "external-effect" &&
+    context.approved
+};
+
+@id("no-partner-drop")
+@category("outside-scope")
+forbid (principal, action == Airlock::Action::"call", resource)
+when { context has destination && context.destination == Airlock::Scope::"partner-drop" };
+"#;
+
+pub const PROFILES: &str = r#"
+[requester]
+name = "alice"
+roles = ["operator"]
+
+[[profile]]
+name = "reader"
+capabilities = ["search_sources", "retrieve_source"]
+
+[[profile]]
+name = "publisher"
+capabilities = ["*"]
+"#;
+
+
+/// The notes server with `source-library`, the delivery server with `outbox-delivery`,
+/// [`POLICY`] and [`PROFILES`].
+pub fn approvals_deployment() -> Deployment {
+    Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(&[])
+        .policy(POLICY)
+        .tables(PROFILES)
+}
