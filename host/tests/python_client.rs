@@ -42,9 +42,8 @@ fn run_python_client(d: &Deployment, mode: &str) -> Value {
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&out.stdout))
-    })
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 #[test]
@@ -59,12 +58,21 @@ fn the_python_sdk_approves_in_both_generations_and_delivers_once() {
         assert_eq!(out["protocol"], protocol, "{out}");
         assert_eq!(
             out["tools"],
-            json!(["search_sources", "retrieve_source", "prepare_artifact", "list_destinations", "deliver_artifact"])
+            json!([
+                "search_sources",
+                "retrieve_source",
+                "prepare_artifact",
+                "list_destinations",
+                "deliver_artifact"
+            ])
         );
         assert_eq!(out["delivered"], true, "{out}");
         let asked = out["asked"].as_array().unwrap();
         assert_eq!(asked.len(), 1, "one question to the person: {out}");
-        assert!(asked[0].as_str().unwrap().contains("Python report"), "{out}");
+        assert!(
+            asked[0].as_str().unwrap().contains("Python report"),
+            "{out}"
+        );
         assert_eq!(d.sends(), 1, "{mode}");
         assert_eq!(d.delivered("team-reports").len(), 1);
         let approvals = d.airlock_json(&["approvals", "list"]);

@@ -303,6 +303,9 @@ pub struct CapabilityView {
     pub description: String,
     /// Whether the component exports that function in the mapping's contract.
     pub exported: bool,
+    /// The host's effect semantics for the function (class, idempotent, queryable), as
+    /// policy sees them; `None` when this host does not classify it (it would not load).
+    pub effect: Option<crate::contract::EffectSemantics>,
 }
 
 /// Reviews the mapping at `manifest_path`: loads it, reads and verifies its component,
@@ -405,6 +408,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
                 exported: contract_items
                     .iter()
                     .any(|i| i.name == c.function && i.kind == "func"),
+                effect: crate::contract::effect_semantics(&manifest.mapping.contract, &c.function),
             })
             .collect(),
         flagged,
@@ -989,9 +993,18 @@ impl Review {
             }
         }
         for c in &self.capabilities {
+            let effect = match &c.effect {
+                Some(e) => format!(
+                    " [{}{}{}]",
+                    e.class,
+                    if e.idempotent { ", idempotent" } else { "" },
+                    if e.queryable { ", queryable" } else { "" }
+                ),
+                None => " [no effect semantics: the host will refuse to offer it]".to_string(),
+            };
             let _ = writeln!(
                 w,
-                "  capability {} -> {}{}",
+                "  capability {} -> {}{effect}{}",
                 c.name,
                 c.function,
                 if c.exported {

@@ -561,7 +561,6 @@ name = "publisher"
 capabilities = ["*"]
 "#;
 
-
 /// The notes server with `source-library`, the delivery server with `outbox-delivery`,
 /// [`POLICY`] and [`PROFILES`].
 pub fn approvals_deployment() -> Deployment {
