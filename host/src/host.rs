@@ -83,7 +83,7 @@ impl Host {
             RequestStateCodec::try_new(key.to_vec()).expect("a 32-byte key is long enough");
         live.registry().trace(
             events::POLICY_LOADED,
-            &policy.digest().to_string(),
+            policy.digest().as_ref(),
             json!({"digest": &**policy.digest(), "files": policy.files()}),
         );
         tracing::info!(policy = %crate::registry::short(policy.digest()), files = policy.files().len(), "policy loaded");

@@ -366,13 +366,16 @@ fn contract_error(value: &Value) -> Outcome {
 /// Longest fact string kept with a reference.
 const MAX_FACT_CHARS: usize = 256;
 
+/// Mints a token for (kind, locator, facts).
+pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>) -> String + 'a;
+
 /// Replaces every handle in `value` (of `shape`, handles holding adapter locators) with
 /// `mint(kind, locator, facts)`, where facts are the scalar fields of the record the
 /// handle is a field of.
 pub(crate) fn swap_handles(
     shape: &Shape,
     value: &mut Value,
-    mint: &mut dyn FnMut(&str, &str, Map<String, Value>) -> String,
+    mint: &mut Mint<'_>,
 ) {
     match (shape, value) {
         (Shape::Handle(kind), Value::String(s)) => {
