@@ -122,3 +122,50 @@ async fn a_reference_minted_before_a_retire_fails_after_the_re_approval() {
         .unwrap();
     assert_ne!(hits.is_error, Some(true));
 }
+
+/// The load that broke the shared reference table (every retrieval minted anew, and a full
+/// table evicted other sessions' live references): one session, then eight at once, every
+/// search's references used right away and the first ones again later; nothing fails.
+/// (The bench runs the same loop for 200 000 calls: `cargo bench -p airlock --bench pipeline`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_calls_in_one_session_and_across_eight_never_fail() {
+    let (host, _state) = host().await;
+    for sessions in [1usize, 8] {
+        let mut tasks = Vec::new();
+        for _ in 0..sessions {
+            let front = host.front(None).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut first: Option<String> = None;
+                let mut failed = 0;
+                for i in 0..600 / sessions {
+                    let hits = front
+                        .call("search_sources", args(json!({"query": "checkpoint", "limit": 3})))
+                        .await
+                        .unwrap();
+                    let refs: Vec<String> = hits.structured_content.unwrap()["result"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|h| h["reference"].as_str().unwrap().to_string())
+                        .collect();
+                    let first = first.get_or_insert_with(|| refs[0].clone()).clone();
+                    assert_eq!(refs[0], first, "the same source keeps its token");
+                    let pick = if i % 2 == 0 { &refs[i % refs.len()] } else { &first };
+                    let r = front
+                        .call("retrieve_source", args(json!({"reference": pick})))
+                        .await
+                        .unwrap();
+                    if r.is_error == Some(true) {
+                        failed += 1;
+                    }
+                }
+                (failed, front.session().references().len())
+            }));
+        }
+        for t in tasks {
+            let (failed, held) = t.await.unwrap();
+            assert_eq!(failed, 0, "{sessions} session(s)");
+            assert!(held <= 3, "one token per source, not per hit: {held}");
+        }
+    }
+}
