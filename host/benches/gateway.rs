@@ -35,31 +35,8 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-    mean: Duration,
-    min: Duration,
-    max: Duration,
-    n: usize,
-}
-
-fn stats(mut samples: Vec<Duration>) -> Stats {
-    samples.sort();
-    let n = samples.len();
-    Stats {
-        p50: samples[n / 2],
-        p99: samples[(n * 99 / 100).min(n - 1)],
-        mean: samples.iter().sum::<Duration>() / n as u32,
-        min: samples[0],
-        max: samples[n - 1],
-        n,
-    }
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
+mod common;
+use common::{Stats, stats, us};
 
 fn print(name: &str, s: &Stats) {
     println!(

@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use airlock::cli::demo::{approve_all, notes_config};
 use airlock::host::Host;
@@ -39,25 +39,8 @@ fn iters() -> usize {
         .unwrap_or(5000)
 }
 
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-    n: usize,
-}
-
-fn stats(mut samples: Vec<Duration>) -> Stats {
-    samples.sort();
-    let n = samples.len();
-    Stats {
-        p50: samples[n / 2],
-        p99: samples[(n * 99 / 100).min(n - 1)],
-        n,
-    }
-}
-
-fn us(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
+mod common;
+use common::{Stats, stats, us};
 
 fn print(name: &str, s: &Stats) {
     println!(

@@ -139,7 +139,10 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
                 let mut failed = 0;
                 for i in 0..600 / sessions {
                     let hits = front
-                        .call("search_sources", args(json!({"query": "checkpoint", "limit": 3})))
+                        .call(
+                            "search_sources",
+                            args(json!({"query": "checkpoint", "limit": 3})),
+                        )
                         .await
                         .unwrap();
                     let refs: Vec<String> = hits.structured_content.unwrap()["result"]
@@ -150,7 +153,11 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
                         .collect();
                     let first = first.get_or_insert_with(|| refs[0].clone()).clone();
                     assert_eq!(refs[0], first, "the same source keeps its token");
-                    let pick = if i % 2 == 0 { &refs[i % refs.len()] } else { &first };
+                    let pick = if i % 2 == 0 {
+                        &refs[i % refs.len()]
+                    } else {
+                        &first
+                    };
                     let r = front
                         .call("retrieve_source", args(json!({"reference": pick})))
                         .await

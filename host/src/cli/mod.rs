@@ -630,6 +630,10 @@ pub fn main() -> ExitCode {
                         approvals::show_text(r, crate::store::now_ms())
                     })
                 };
+                let action_kind = match &action {
+                    ApprovalsAction::Deny { .. } => "deny",
+                    _ => "other",
+                };
                 match action {
                     ApprovalsAction::List { state, limit, json } => {
                         let wanted = state.as_deref().map(approvals::parse_state).transpose()?;
@@ -670,27 +674,25 @@ pub fn main() -> ExitCode {
                         by,
                         reason,
                         json,
-                    } => {
-                        let r = approvals::decide(
-                            &registry,
-                            &id,
-                            crate::store::ApprovalDecision::Deny,
-                            &by.unwrap_or_else(me),
-                            reason.as_deref(),
-                            std::time::Duration::ZERO,
-                        )?;
-                        print(show(&r, json)?)
                     }
-                    ApprovalsAction::Revoke {
+                    | ApprovalsAction::Revoke {
                         id,
                         by,
                         reason,
                         json,
                     } => {
+                        let decision = if matches!(
+                            action_kind,
+                            "deny"
+                        ) {
+                            crate::store::ApprovalDecision::Deny
+                        } else {
+                            crate::store::ApprovalDecision::Revoke
+                        };
                         let r = approvals::decide(
                             &registry,
                             &id,
-                            crate::store::ApprovalDecision::Revoke,
+                            decision,
                             &by.unwrap_or_else(me),
                             reason.as_deref(),
                             std::time::Duration::ZERO,

@@ -372,11 +372,7 @@ pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>) -> String +
 /// Replaces every handle in `value` (of `shape`, handles holding adapter locators) with
 /// `mint(kind, locator, facts)`, where facts are the scalar fields of the record the
 /// handle is a field of.
-pub(crate) fn swap_handles(
-    shape: &Shape,
-    value: &mut Value,
-    mint: &mut Mint<'_>,
-) {
+pub(crate) fn swap_handles(shape: &Shape, value: &mut Value, mint: &mut Mint<'_>) {
     match (shape, value) {
         (Shape::Handle(kind), Value::String(s)) => {
             let token = mint(kind, s, Map::new());
