@@ -13,7 +13,8 @@
 //! 5. 200 000 calls in one session and across 8 sessions (in process): failures.
 //!
 //! `AIRLOCK_BENCH_ITERS` sets the sample count (default 5000); `AIRLOCK_BENCH_LONG_CALLS`
-//! the calls of section 5 (default 200000; 0 skips it).
+//! the calls of section 5 (default 200000; 0 skips it); `AIRLOCK_BENCH_ONLY=policy|receipts|
+//! trace|references|calls` runs one section (to profile it).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -601,16 +602,30 @@ async fn main() {
         },
         load_average()
     );
-    policy_decisions(n);
-    receipts(n.min(5000));
-    trace_append(n);
-    references(n);
-    traced_calls(n).await;
+    // AIRLOCK_BENCH_ONLY=policy|receipts|trace|references|calls runs one section (for
+    // profiling it with perf).
+    let only = std::env::var("AIRLOCK_BENCH_ONLY").ok();
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("policy") {
+        policy_decisions(n);
+    }
+    if run("receipts") {
+        receipts(n.min(5000));
+    }
+    if run("trace") {
+        trace_append(n);
+    }
+    if run("references") {
+        references(n);
+    }
+    if run("calls") {
+        traced_calls(n).await;
+    }
     let long: usize = std::env::var("AIRLOCK_BENCH_LONG_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
-    if long > 0 {
+    if long > 0 && only.is_none() {
         long_run(long / 2).await;
     }
     println!("\nload average at the end: {}", load_average());

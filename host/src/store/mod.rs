@@ -1501,16 +1501,22 @@ impl Store for SqliteStore {
             return Ok(());
         }
         let ticket = self.commit.enqueue(events);
-        let mut conn = self.lock();
+        let conn = self.lock();
         let (batch, lo, hi) = match self.commit.take_or_done(ticket) {
             Err(done) => return done,
             Ok(batch) => batch,
         };
+        // Cached statements for BEGIN and COMMIT too: this runs once per call.
         let result = (|| -> anyhow::Result<()> {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            trace::append_in(&tx, &batch)?;
-            tx.commit()?;
-            Ok(())
+            conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            let written = trace::append_in(&conn, &batch).and_then(|_| {
+                conn.prepare_cached("COMMIT")?.execute([])?;
+                Ok(())
+            });
+            if written.is_err() && !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            written
         })();
         self.commit
             .finish(lo, hi, result.as_ref().err().map(|e| format!("{e:#}")));

@@ -17,7 +17,7 @@
 use std::sync::Mutex;
 
 use anyhow::{Context as _, anyhow};
-use rusqlite::{OptionalExtension as _, Transaction, params};
+use rusqlite::{Connection, OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 
 use super::{GENESIS_HASH, TRACE_COLUMNS, ms_to_sql, now_ms};
@@ -119,20 +119,18 @@ impl GroupCommit {
     }
 }
 
-/// Appends `events` in `tx`, chained after the current head. Returns (first seq, last hash).
+/// Appends `events` inside the open write transaction on `tx`, chained after the current
+/// head. Returns (first seq, last hash).
 pub(super) fn append_in(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     events: &[NewEvent],
 ) -> anyhow::Result<Option<(i64, String)>> {
     if events.is_empty() {
         return Ok(None);
     }
     let last: Option<(i64, String)> = tx
-        .query_row(
-            "SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1",
-            [],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
+        .prepare_cached("SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     let (mut seq, mut prev) = match last {
         Some((seq, hash)) => (seq, hash),
@@ -146,13 +144,101 @@ pub(super) fn append_in(
     ))?;
     for e in events {
         seq += 1;
-        let payload = serde_json_canonicalizer::to_string(&e.payload)
-            .context("canonicalizing a trace payload")?;
+        let payload = canonical(&e.payload)?;
         let hash = chained_hash(seq, at_ms, e.kind, &e.subject, &payload, &prev)?;
         insert.execute(params![seq, at, e.kind, e.subject, payload, prev, hash])?;
         prev = hash;
     }
     Ok(Some((first, prev)))
+}
+
+/// RFC 8785 canonical JSON of `value`. Trace payloads are made of ASCII keys, strings,
+/// integers within ±2^53, booleans, null, arrays and objects; for those the canonical form
+/// is written directly (keys sorted; for ASCII keys byte order is UTF-16 order; integers as
+/// their digits; strings escaped as RFC 8785 says, which is serde_json's escaping). Any
+/// other value is canonicalized by `serde_json_canonicalizer`. A unit test holds the two
+/// equal.
+pub(super) fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
+    let mut out = String::with_capacity(256);
+    if write_simple(value, &mut out) {
+        return Ok(out);
+    }
+    serde_json_canonicalizer::to_string(value).context("canonicalizing a trace payload")
+}
+
+/// Writes the canonical form of a "simple" value; false (output unusable) otherwise.
+fn write_simple(value: &serde_json::Value, out: &mut String) -> bool {
+    use serde_json::Value;
+    const SAFE: u64 = 1 << 53;
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64().filter(|u| *u <= SAFE) {
+                out.push_str(itoa::Buffer::new().format(u));
+            } else if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= SAFE) {
+                out.push_str(itoa::Buffer::new().format(i));
+            } else {
+                return false;
+            }
+        }
+        Value::String(s) => push_string(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                if !write_simple(item, out) {
+                    return false;
+                }
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            if entries.iter().any(|(k, _)| !k.is_ascii()) {
+                return false;
+            }
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_string(k, out);
+                out.push(':');
+                if !write_simple(v, out) {
+                    return false;
+                }
+            }
+            out.push('}');
+        }
+    }
+    true
+}
+
+/// A JSON string as RFC 8785 writes it: `"` and `\` escaped, the short escapes
+/// `\b \f \n \r \t`, other control characters as `\u00xx` (lowercase), nothing else.
+fn push_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// The event hash from the canonical payload text, without re-serializing the payload.
@@ -166,20 +252,19 @@ pub(super) fn chained_hash(
     canonical_payload: &str,
     prev_hash: &str,
 ) -> anyhow::Result<String> {
-    let string = |s: &str| serde_json_canonicalizer::to_string(&s).context("canonicalizing text");
     let mut text = String::with_capacity(canonical_payload.len() + 200);
     text.push_str("{\"at_ms\":");
     text.push_str(&serde_json_canonicalizer::to_string(&at_ms)?);
     text.push_str(",\"kind\":");
-    text.push_str(&string(kind)?);
+    push_string(kind, &mut text);
     text.push_str(",\"payload\":");
     text.push_str(canonical_payload);
     text.push_str(",\"prev_hash\":");
-    text.push_str(&string(prev_hash)?);
+    push_string(prev_hash, &mut text);
     text.push_str(",\"seq\":");
     text.push_str(&serde_json_canonicalizer::to_string(&seq)?);
     text.push_str(",\"subject\":");
-    text.push_str(&string(subject)?);
+    push_string(subject, &mut text);
     text.push('}');
     Ok(hex::encode(Sha256::digest(text.as_bytes())))
 }
@@ -199,7 +284,20 @@ mod tests {
         ];
         for text in hostile {
             let payload = serde_json::json!({"z": text, "a": [1, 2.5, -3, 1e21], "m": {"b": null, "a": true}});
+            // The fast path's own shapes: integers near the limit, nesting, insertion
+            // order that is not sorted, non-ASCII keys (fallback).
+            let simple = serde_json::json!({"zz": 9007199254740992u64, "b": -9007199254740992i64, "a": {"y": [true, null, text], "x": 0}, "é": 1});
+            assert_eq!(
+                super::canonical(&simple).unwrap(),
+                serde_json_canonicalizer::to_string(&simple).unwrap()
+            );
+            let big = serde_json::json!({"n": 9007199254740993u64, "f": 0.1});
+            assert_eq!(
+                super::canonical(&big).unwrap(),
+                serde_json_canonicalizer::to_string(&big).unwrap()
+            );
             let canonical = serde_json_canonicalizer::to_string(&payload).unwrap();
+            assert_eq!(super::canonical(&payload).unwrap(), canonical, "{text:?}");
             let fast = chained_hash(7, 1_700_000_000_123, text, text, &canonical, text).unwrap();
             let reparsed: serde_json::Value = serde_json::from_str(&canonical).unwrap();
             let slow = super::super::trace_hash(7, 1_700_000_000_123, text, text, &reparsed, text)
