@@ -334,6 +334,8 @@ pub struct Decision {
 pub struct Principal {
     uid: EntityUid,
     entities: Arc<Vec<Entity>>,
+    /// Identifies this principal (name, roles, transport) in the entity cache.
+    key: Arc<str>,
 }
 
 impl Principal {
@@ -358,9 +360,18 @@ impl Principal {
         Ok(Self {
             uid,
             entities: Arc::new(entities),
+            key: Arc::from(format!("{name}\u{0}{}\u{0}{transport}", roles.join("\u{0}"))),
         })
     }
 }
+
+/// Entity sets by (principal, capability facts): building them (and their transitive
+/// closure) is most of a decision's cost, and they only change with the mapping's revision
+/// or state.
+type EntityKey = (Arc<str>, String, i64, String);
+
+/// Most entity sets kept.
+const ENTITY_CACHE: usize = 4096;
 
 /// What policy knows about a capability at decision time.
 #[derive(Debug, Clone)]
@@ -405,6 +416,7 @@ pub struct CallFacts<'a> {
 pub struct PolicyEngine {
     authorizer: Authorizer,
     current: ArcSwap<Policy>,
+    entities: std::sync::Mutex<lru::LruCache<EntityKey, Arc<Entities>>>,
 }
 
 impl PolicyEngine {
@@ -413,6 +425,9 @@ impl PolicyEngine {
         Self {
             authorizer: Authorizer::new(),
             current: ArcSwap::from_pointee(policy),
+            entities: std::sync::Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(ENTITY_CACHE).expect("non-zero"),
+            )),
         }
     }
 
@@ -430,15 +445,24 @@ impl PolicyEngine {
     pub fn may_use_profile(&self, principal: &Principal, profile: &str) -> Decision {
         let policy = self.current();
         let resource = uid("Profile", profile);
-        let mut entities: Vec<Entity> = principal.entities.as_ref().clone();
-        entities.push(Entity::new_no_attrs(resource.clone(), HashSet::new()));
+        let entities = match Entities::from_entities(principal.entities.as_ref().clone(), None) {
+            Ok(e) => e,
+            Err(e) => {
+                return Decision {
+                    verdict: Verdict::Deny(DenyCategory::CapabilityUnavailable),
+                    policy_digest: policy.digest.clone(),
+                    determining: Vec::new(),
+                    errors: vec![format!("entities: {e}")],
+                };
+            }
+        };
         let (allowed, determining, errors) = self.ask(
             &policy,
             principal,
             action("use-profile"),
             resource,
             Context::empty(),
-            entities,
+            &entities,
         );
         Decision {
             verdict: if allowed {
@@ -473,7 +497,17 @@ impl PolicyEngine {
         approved: bool,
     ) -> Decision {
         let resource = uid("Capability", capability.name);
-        let entities = capability_entities(principal, capability, call);
+        let entities = match self.entities_for(principal, capability) {
+            Ok(e) => e,
+            Err(e) => {
+                return Decision {
+                    verdict: Verdict::Deny(DenyCategory::CapabilityUnavailable),
+                    policy_digest: policy.digest.clone(),
+                    determining: Vec::new(),
+                    errors: vec![format!("entities: {e}")],
+                };
+            }
+        };
         let ask = |approved: bool| {
             self.ask(
                 policy,
@@ -481,7 +515,7 @@ impl PolicyEngine {
                 action("call"),
                 resource.clone(),
                 call_context(call, approved),
-                entities.clone(),
+                &entities,
             )
         };
         let (allowed, determining, mut errors) = ask(approved);
@@ -510,6 +544,40 @@ impl PolicyEngine {
         }
     }
 
+    /// The entity set for `principal` and `capability` (cached; see [`EntityKey`]).
+    fn entities_for(
+        &self,
+        principal: &Principal,
+        capability: &CapabilityFacts<'_>,
+    ) -> Result<Arc<Entities>> {
+        let key: EntityKey = (
+            principal.key.clone(),
+            format!(
+                "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+                capability.name,
+                capability.mapping,
+                capability.contract,
+                capability.function,
+                capability.effect_class,
+                capability.idempotent,
+                capability.connection,
+                capability.data_class
+            ),
+            capability.mapping_revision,
+            capability.mapping_state.to_string(),
+        );
+        let mut cache = self.entities.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = cache.get(&key) {
+            return Ok(e.clone());
+        }
+        let built = Arc::new(
+            Entities::from_entities(capability_entities(principal, capability), None)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        );
+        cache.put(key, built.clone());
+        Ok(built)
+    }
+
     fn ask(
         &self,
         policy: &Policy,
@@ -517,19 +585,15 @@ impl PolicyEngine {
         action: EntityUid,
         resource: EntityUid,
         context: Context,
-        entities: Vec<Entity>,
+        entities: &Entities,
     ) -> (bool, Vec<String>, Vec<String>) {
-        let entities = match Entities::from_entities(entities, None) {
-            Ok(e) => e,
-            Err(e) => return (false, Vec::new(), vec![format!("entities: {e}")]),
-        };
         let request = match Request::new(principal.uid.clone(), action, resource, context, None) {
             Ok(r) => r,
             Err(e) => return (false, Vec::new(), vec![format!("request: {e}")]),
         };
         let response = self
             .authorizer
-            .is_authorized(&request, &policy.set, &entities);
+            .is_authorized(&request, &policy.set, entities);
         let determining = response
             .diagnostics()
             .reason()
@@ -561,11 +625,10 @@ fn deny_category(policy: &Policy, determining: &[String]) -> DenyCategory {
         .unwrap_or(DenyCategory::CapabilityUnavailable)
 }
 
-fn capability_entities(
-    principal: &Principal,
-    c: &CapabilityFacts<'_>,
-    call: &CallFacts<'_>,
-) -> Vec<Entity> {
+/// The requester, its roles, and the capability with its mapping, connection and data
+/// class. Profiles and scopes carry no attributes or parents, so they need no entity: they
+/// appear only in the context and compare by identity.
+fn capability_entities(principal: &Principal, c: &CapabilityFacts<'_>) -> Vec<Entity> {
     let mapping = uid("Mapping", c.mapping);
     let connection = uid("Connection", c.connection);
     let data_class = uid("DataClass", c.data_class);
@@ -612,13 +675,6 @@ fn capability_entities(
     }
     entities.push(Entity::new_no_attrs(connection, HashSet::new()));
     entities.push(Entity::new_no_attrs(data_class, HashSet::new()));
-    entities.push(Entity::new_no_attrs(
-        uid("Profile", call.profile),
-        HashSet::new(),
-    ));
-    if let Some(d) = call.destination {
-        entities.push(Entity::new_no_attrs(uid("Scope", d), HashSet::new()));
-    }
     entities
 }
 
