@@ -282,12 +282,12 @@ fn receipts(n: usize) {
         snapshot_digest: "a".repeat(64),
         policy_digest: "b".repeat(64),
         args_digest: "c".repeat(64),
+        artifact_digest: Some("d".repeat(64)),
     };
     let new = NewApproval {
         binding: binding.clone(),
         profile: "publisher".into(),
         mode: ApprovalMode::OutOfBand,
-        artifact_digest: Some("d".repeat(64)),
         summary: "Approve `deliver_artifact`".into(),
         ttl_ms: 900_000,
     };

@@ -31,6 +31,7 @@ use crate::store::NewEvent;
 /// A running Airlock.
 pub struct Host {
     live: Arc<Live>,
+    writer: crate::store::TraceWriter,
     policy: PolicyEngine,
     request_state: RequestStateCodec,
     /// Digest of the policy files' contents as last read (changed or not), to skip reloads
@@ -88,8 +89,11 @@ impl Host {
         );
         tracing::info!(policy = %crate::registry::short(policy.digest()), files = policy.files().len(), "policy loaded");
         let seen = policy_files_digest(&live.config().policy_files);
+        let writer = crate::store::TraceWriter::start(live.registry().shared_store())
+            .expect("starting the trace writer thread");
         Arc::new(Self {
             live,
+            writer,
             policy: PolicyEngine::new(policy),
             request_state,
             policy_seen: std::sync::Mutex::new(seen),
@@ -104,6 +108,11 @@ impl Host {
     /// The policy engine.
     pub fn policy(&self) -> &PolicyEngine {
         &self.policy
+    }
+
+    /// The thread that commits call trace events off the request path.
+    pub fn trace_writer(&self) -> &crate::store::TraceWriter {
+        &self.writer
     }
 
     /// The codec sealing `requestState` values.
@@ -235,11 +244,14 @@ impl Host {
                         "files": policy.files(),
                     }),
                 );
+                // The trace holds the new policy before it decides anything.
+                if let Err(e) = self.registry().store().append_events(vec![event]) {
+                    tracing::error!("policy not reloaded: the reload could not be traced: {e:#}");
+                    *self.policy_seen.lock().unwrap_or_else(|e| e.into_inner()) = String::new();
+                    return Err(e).context("tracing the policy reload");
+                }
                 tracing::info!(policy = %crate::registry::short(policy.digest()), "policy reloaded");
                 self.policy.replace(policy);
-                if let Err(e) = self.registry().store().append_events(vec![event]) {
-                    tracing::error!("could not trace the policy reload: {e:#}");
-                }
                 self.live.notify_changed();
                 Ok(true)
             }

@@ -215,7 +215,30 @@ async fn require_approval_waits_for_a_person_then_runs_exactly_once() {
     assert_eq!(shown["requester"], "alice");
     assert_eq!(shown["capability"], "deliver_artifact");
     assert_eq!(shown["artifact_digest"].as_str().unwrap().len(), 64);
-    let approved = d.airlock_json(&["approvals", "approve", &id, "--by", "bob"]);
+    assert!(
+        !text.contains("airlock approvals"),
+        "the model is not handed the approval command: {text}"
+    );
+    // Without a terminal to confirm on (no controlling tty: setsid), approving needs --yes.
+    let out = std::process::Command::new("setsid")
+        .arg("-w")
+        .arg(airlock_bin())
+        .args(["approvals", "approve", &id])
+        .env("AIRLOCK_STATE_DIR", d.state_dir())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no terminal"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        d.airlock_json(&["approvals", "show", &id])["state"],
+        "pending"
+    );
+    let approved = d.airlock_json(&["approvals", "approve", &id, "--by", "bob", "--yes"]);
     assert_eq!(approved["state"], "approved");
     assert_eq!(approved["decided_by"], "bob");
 
@@ -310,7 +333,7 @@ async fn an_approval_for_one_destination_does_not_deliver_to_another() {
         .await
         .unwrap();
     let id = approval_in(&text_of(&r));
-    d.airlock_ok(&["approvals", "approve", &id]);
+    d.airlock_ok(&["approvals", "approve", &id, "--yes"]);
     let other = call(
         &client,
         "deliver_artifact",
@@ -340,7 +363,7 @@ async fn thirty_two_concurrent_uses_of_one_receipt_deliver_once() {
         .await
         .unwrap();
     let id = approval_in(&text_of(&r));
-    d.airlock_ok(&["approvals", "approve", &id]);
+    d.airlock_ok(&["approvals", "approve", &id, "--yes"]);
     let mut tasks = Vec::new();
     for _ in 0..32 {
         let (client, args) = (client.clone(), deliver_args(&artifact, &team));
@@ -376,7 +399,7 @@ async fn a_policy_change_between_approval_and_use_invalidates_the_receipt() {
         .await
         .unwrap();
     let id = approval_in(&text_of(&r));
-    d.airlock_ok(&["approvals", "approve", &id]);
+    d.airlock_ok(&["approvals", "approve", &id, "--yes"]);
     // A new policy version (same decisions, other text) is hot-reloaded.
     d.rewrite_policy(&format!("{POLICY}\n// revised by the security team\n"));
     wait_for_trace(&d, |e| {
@@ -780,7 +803,7 @@ async fn approved_delivery<H: ClientHandler>(
         .await
         .unwrap();
     let id = approval_in(&text_of(&r));
-    d.airlock_ok(&["approvals", "approve", &id]);
+    d.airlock_ok(&["approvals", "approve", &id, "--yes"]);
     (id, artifact, team)
 }
 

@@ -176,3 +176,35 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
         }
     }
 }
+
+/// Nothing is acknowledged that the trace does not hold: when the call's events cannot be
+/// committed, the model gets a refusal, not the result.
+#[tokio::test]
+async fn a_call_whose_trace_cannot_be_committed_reports_no_result() {
+    let (host, state) = host().await;
+    let front = host.front(None).unwrap();
+    let ok = front
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .unwrap();
+    assert_ne!(ok.is_error, Some(true));
+    // What a full disk would do to every trace write from now on.
+    rusqlite::Connection::open(state.path().join("airlock.db"))
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER full_disk BEFORE INSERT ON trace_events
+             BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+        )
+        .unwrap();
+    let r = front
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let text = r.content[0].as_text().unwrap().text.clone();
+    assert!(
+        text.starts_with("unknown:") && text.contains("could not record this call"),
+        "{text}"
+    );
+    assert!(r.structured_content.is_none(), "no result leaks: {r:?}");
+}

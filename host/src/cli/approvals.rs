@@ -37,7 +37,7 @@ pub fn show_text(r: &ApprovalRecord, now_ms: u64) -> String {
         b.policy_digest,
         b.args_digest,
     );
-    if let Some(d) = &r.artifact_digest {
+    if let Some(d) = &b.artifact_digest {
         out.push_str(&format!("  artifact   sha256 {d}\n"));
     }
     out.push_str(&format!(
@@ -124,6 +124,34 @@ pub fn decide(
         u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         vec![event],
     )
+}
+
+/// Shows what approving `r` lets happen on the controlling terminal and asks the person to
+/// type `approve`. Reads the terminal itself (`/dev/tty`), not stdin, so a piped "yes"
+/// does not count.
+///
+/// # Errors
+/// No terminal (pass `--yes` for a decision a person made elsewhere), or any other answer.
+pub fn confirm_on_terminal(r: &ApprovalRecord) -> Result<()> {
+    use std::io::{BufRead as _, Write as _};
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .context("no terminal to confirm the approval on; run it at a terminal, or pass --yes when a person has decided")?;
+    let mut out = tty.try_clone()?;
+    write!(
+        out,
+        "{}\nType `approve` to approve exactly this, once: ",
+        show_text(r, crate::store::now_ms())
+    )?;
+    out.flush()?;
+    let mut answer = String::new();
+    std::io::BufReader::new(tty).read_line(&mut answer)?;
+    if answer.trim() != "approve" {
+        anyhow::bail!("not approved (the answer was not `approve`); nothing was changed");
+    }
+    Ok(())
 }
 
 /// Parses `--state`.

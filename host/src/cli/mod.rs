@@ -169,7 +169,7 @@ changes before the call is repeated, the call asks anew.
 Example:
   airlock approvals list --state pending
   airlock approvals show apr_0123456789ab
-  airlock approvals approve apr_0123456789ab --by alice")]
+  airlock approvals approve apr_0123456789ab --by alice     # shows it, asks you to type `approve`")]
     Approvals {
         #[command(subcommand)]
         action: ApprovalsAction,
@@ -329,6 +329,9 @@ enum ApprovalsAction {
         /// How long the receipt lives from now (e.g. 15m). Default: 15m.
         #[arg(long, value_name = "DURATION", default_value = "15m")]
         ttl: String,
+        /// Approve without the confirmation on the terminal (the summary is still printed).
+        #[arg(long)]
+        yes: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -656,9 +659,21 @@ pub fn main() -> ExitCode {
                         })?;
                         print(show(&r, json)?)
                     }
-                    ApprovalsAction::Approve { id, by, ttl, json } => {
+                    ApprovalsAction::Approve {
+                        id,
+                        by,
+                        ttl,
+                        yes,
+                        json,
+                    } => {
                         let ttl = humantime::parse_duration(&ttl)
                             .with_context(|| format!("--ttl `{ttl}`: expected a duration such as 15m"))?;
+                        let pending = registry.store().approval(&id)?.with_context(|| {
+                            format!("no approval `{id}` (`airlock approvals list` shows them)")
+                        })?;
+                        if !yes {
+                            approvals::confirm_on_terminal(&pending)?;
+                        }
                         let r = approvals::decide(
                             &registry,
                             &id,

@@ -85,7 +85,12 @@ impl McpFront {
             ClientAbilities::plain(),
             None,
         );
-        match respond(pipeline::run(&self.host, candidate, &NoAsker).await)? {
+        let finished = pipeline::run(&self.host, candidate, &NoAsker).await;
+        let response = match finished.respond(respond).await {
+            Ok(r) => r,
+            Err(failed) => respond(failed),
+        };
+        match response? {
             CallToolResponse::Complete(r) => Ok(r),
             _ => Err(McpError::internal_error(
                 "a plain client received a result it cannot take",
@@ -167,7 +172,7 @@ pub fn respond(outcome: Outcome) -> Result<CallToolResponse, McpError> {
         Outcome::Invalid { message } => Err(McpError::invalid_params(message, None)),
         Outcome::ApprovalRequired { approval, summary } => {
             Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-                "approval required: a person must approve this exact call before it runs. Approval request {approval}:\n{summary}\nOnce it is approved (`airlock approvals approve {approval}`), make the same call again; it then runs once."
+                "approval required: a person must approve this exact call at the host before it runs (approval request {approval}). What they approve:\n{summary}\nOnce it is approved, make the same call again; it then runs once."
             ))])
             .into())
         }
@@ -237,7 +242,11 @@ impl ServerHandler for McpFront {
         let asker = PeerAsker {
             peer: context.peer.clone(),
         };
-        respond(pipeline::run(&self.host, candidate, &asker).await)
+        let finished = pipeline::run(&self.host, candidate, &asker).await;
+        match finished.respond(respond).await {
+            Ok(r) => r,
+            Err(failed) => respond(failed),
+        }
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -319,11 +319,6 @@ pub(super) async fn approve(
         binding,
         profile: session.profile().name.clone(),
         mode,
-        artifact_digest: n
-            .artifact()
-            .and_then(|f| f.get("sha256"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
         summary: summary.clone(),
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
     };

@@ -118,6 +118,11 @@ pub(crate) fn binding(n: &Normalized, policy_digest: &str) -> ReceiptBinding {
         snapshot_digest: n.snapshot().to_string(),
         policy_digest: policy_digest.to_string(),
         args_digest: n.args_digest().to_string(),
+        artifact_digest: n
+            .artifact()
+            .and_then(|f| f.get("sha256"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string),
     }
 }
 

@@ -8,8 +8,8 @@
 //! - A receipt is consumed in the same store transaction that creates the intent, with the
 //!   call's trace so far: of concurrent attempts on one receipt exactly one wins. The
 //!   receipt must match the call as it stands now — requester, session, capability, mapping
-//!   revision, snapshot, policy digest, normalized arguments — or it is refused and the
-//!   refusal, naming what changed, is traced.
+//!   revision, snapshot, the policy digest in force now, normalized arguments, artifact
+//!   digest — or it is refused and the refusal, naming what changed, is traced.
 
 use serde_json::json;
 use sha2::Digest as _;
@@ -126,7 +126,9 @@ pub(super) fn intent(
             }
         };
     };
-    let bound = binding(n, &authorized.decision().policy_digest);
+    // Bound to the policy in force now: a policy changed while the person was being asked
+    // invalidates the answer.
+    let bound = binding(n, host.policy().current().digest());
     let how = match receipt.answered_in_band() {
         Some((by, nonce)) => ConsumeAs::AnsweredInBand { by, nonce },
         None => ConsumeAs::Approved,

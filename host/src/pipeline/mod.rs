@@ -18,8 +18,11 @@
 //!   revision, snapshot, connection health and reference validity.
 //! - **Every call is traced, and acknowledged only once traced.** The events of one call
 //!   (candidate, decision, approval, receipt, intent, each upstream request, outcome) are
-//!   linked by the call id and committed before the outcome reaches the front; a receipt's
-//!   consumption commits with the intent it creates.
+//!   linked by the call id. They are committed by the trace writer thread while the call
+//!   goes on — the events up to the re-check while the adapter runs, the rest while the
+//!   front renders — and the front can reach the outcome only through
+//!   [`Finished::respond`], which waits for every commit before it returns the rendering;
+//!   a receipt's consumption commits with the intent it creates.
 //! - [`offer`] computes what a session is offered: profile ∩ serving mappings ∩ healthy
 //!   connections ∩ policy.
 
@@ -61,6 +64,10 @@ pub struct Call {
     events: Vec<NewEvent>,
     /// The durable intent whose state the outcome sets, if any.
     durable_intent: Option<String>,
+    /// Commits submitted to the trace writer, still to be waited for.
+    pending: Vec<crate::store::Pending>,
+    /// The digest of the policy that allowed the call at the re-check.
+    rechecked_policy: Option<std::sync::Arc<str>>,
 }
 
 impl Call {
@@ -74,6 +81,8 @@ impl Call {
             stages: Vec::with_capacity(8),
             events: Vec::with_capacity(8),
             durable_intent: None,
+            pending: Vec::new(),
+            rechecked_policy: None,
         }
     }
 
@@ -100,25 +109,66 @@ impl Call {
     }
 }
 
-/// Runs one call through every stage and returns its outcome, after committing its trace.
-pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Outcome {
+/// A call's outcome whose trace may still be committing.
+#[must_use = "the outcome is reached through `respond`, which waits for the trace"]
+pub struct Finished {
+    call: String,
+    outcome: Outcome,
+    pending: Vec<crate::store::Pending>,
+    failed: Option<anyhow::Error>,
+}
+
+impl Finished {
+    /// Renders the outcome with `render` while the call's trace commits, then waits for
+    /// every commit: the rendering is returned only once the trace holds the whole call.
+    ///
+    /// # Errors
+    /// A commit failed: the outcome to render instead (`unknown` when the adapter ran,
+    /// `unavailable` otherwise); nothing about the call's result is acknowledged.
+    pub async fn respond<R>(self, render: impl FnOnce(Outcome) -> R) -> Result<R, Outcome> {
+        let ran = matches!(self.outcome, Outcome::Completed(_));
+        let rendered = render(self.outcome);
+        let mut failure = self.failed;
+        for p in self.pending {
+            if let Err(e) = p.wait().await {
+                failure.get_or_insert(e);
+            }
+        }
+        match failure {
+            None => Ok(rendered),
+            Some(e) => {
+                tracing::error!(call = %self.call, "could not commit the call's trace: {e:#}");
+                Err(Outcome::refused(
+                    if ran {
+                        Category::Unknown
+                    } else {
+                        Category::Unavailable
+                    },
+                    "the host could not record this call in its trace, so it does not report a result; check the host's state folder",
+                ))
+            }
+        }
+    }
+
+    /// Waits for the trace and returns the outcome (for callers that render afterwards).
+    pub async fn outcome(self) -> Outcome {
+        match self.respond(|o| o).await {
+            Ok(o) | Err(o) => o,
+        }
+    }
+}
+
+/// Runs one call through every stage; its trace commits while the caller renders the
+/// outcome (see [`Finished::respond`]).
+pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Finished {
     let mut call = Call::new(candidate.session.clone());
     let outcome = stages(host, &mut call, candidate, asker).await;
-    match finish(host, &mut call, &outcome) {
-        Ok(()) => outcome,
-        // Nothing is acknowledged that the trace does not hold.
-        Err(e) => {
-            tracing::error!(call = %call.id, "could not commit the call's trace: {e:#}");
-            let ran = matches!(outcome, Outcome::Completed(_));
-            Outcome::refused(
-                if ran {
-                    Category::Unknown
-                } else {
-                    Category::Unavailable
-                },
-                "the host could not record this call in its trace, so it does not report a result; check the host's state folder",
-            )
-        }
+    let failed = finish(host, &mut call, &outcome).err();
+    Finished {
+        call: call.id.clone(),
+        outcome,
+        pending: std::mem::take(&mut call.pending),
+        failed,
     }
 }
 
@@ -161,6 +211,22 @@ async fn stages(
             Err(recheck::NotReady::Refused(o)) => return o,
             Err(recheck::NotReady::Superseded(c)) if restarts < 2 => {
                 restarts += 1;
+                // The intent made for the superseded revision never ran: close it, so
+                // that no one reconciling it reads "may have acted".
+                if let Some(intent) = call.durable_intent.take() {
+                    call.event(
+                        events::CALL_REFUSED,
+                        json!({"intent": intent, "changed": "mapping-revision", "restarted": true}),
+                    );
+                    let closed = host.registry().store().set_intent_state(
+                        &intent,
+                        IntentState::Failed,
+                        call.take_events(),
+                    );
+                    if let Err(e) = closed {
+                        tracing::error!(%intent, "could not close a superseded intent: {e:#}");
+                    }
+                }
                 candidate = *c;
                 continue;
             }
@@ -172,6 +238,12 @@ async fn stages(
             }
         };
         call.stage("recheck");
+        // What is known so far commits while the adapter runs. (A call with a durable
+        // intent commits the rest with the intent's outcome, in order.)
+        if call.durable_intent.is_none() {
+            let so_far = call.take_events();
+            call.pending.push(host.trace_writer().submit(so_far));
+        }
         let executed = execute::execute(call, ready).await;
         call.stage("execute");
         let outcome = outcome::outcome(call, executed);
@@ -196,6 +268,9 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
             json!(call.started.elapsed().as_micros() as u64),
         );
         o.insert("stages_us".into(), Value::Object(stages));
+        if let Some(digest) = &call.rechecked_policy {
+            o.insert("recheck_policy_digest".into(), json!(&**digest));
+        }
     }
     call.event(events::CALL_OUTCOME, payload);
     let events = call.take_events();
@@ -211,6 +286,9 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
             };
             store.set_intent_state(&intent, state, events)
         }
-        None => store.append_events(events),
+        None => {
+            call.pending.push(host.trace_writer().submit(events));
+            Ok(())
+        }
     }
 }

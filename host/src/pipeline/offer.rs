@@ -106,7 +106,7 @@ pub fn offered(host: &Host, session: &Session, abilities: &ClientAbilities) -> O
         .unwrap_or_default();
     let digest = hex::encode(sha2::Sha256::digest(&canonical));
     session.remember(tools.iter().map(|t| t.name.as_ref()));
-    if session.offered_changed(&digest) {
+    if session.offer_differs(&digest) {
         let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
         let event = NewEvent::new(
             events::CATALOG_OFFERED,
@@ -121,8 +121,11 @@ pub fn offered(host: &Host, session: &Session, abilities: &ClientAbilities) -> O
                 "policy_digest": &**host.policy().current().digest(),
             }),
         );
-        if let Err(e) = host.registry().store().append_events(vec![event]) {
-            tracing::error!("could not trace the offered catalogue: {e:#}");
+        match host.registry().store().append_events(vec![event]) {
+            Ok(()) => session.record_offer(&digest),
+            Err(e) => tracing::error!(
+                "could not trace the offered catalogue (it is traced again with the next list): {e:#}"
+            ),
         }
     }
     Offered { tools, digest }

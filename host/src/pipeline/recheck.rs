@@ -98,8 +98,8 @@ pub(super) fn not_serving(call: &mut Call, cap: &Capability, session: &Session) 
         "mapping-state",
         Category::StateChanged,
         format!(
-            "mapping `{}` is {} and serves no new calls until a reviewer approves it again",
-            cap.mapping.name, record.state
+            "this capability is {} and serves no new calls until a reviewer approves it again",
+            record.state
         ),
     )
 }
@@ -164,7 +164,7 @@ pub(super) async fn recheck(
                 call,
                 "mapping-unloaded",
                 Category::StateChanged,
-                format!("mapping `{}` is no longer loaded", mapping.name),
+                "this capability is no longer served".into(),
             ));
         }
         Some(cur) if cur.generation != mapping.generation => {
@@ -195,8 +195,7 @@ pub(super) async fn recheck(
                 "mapping-revision",
                 Category::StateChanged,
                 format!(
-                    "mapping `{}` is at revision {} now, not the revision {} this call was approved for",
-                    mapping.name,
+                    "this capability is at revision {} now, not the revision {} this call was approved for",
                     record.revision,
                     n.revision()
                 ),
@@ -229,6 +228,7 @@ pub(super) async fn recheck(
         &call_facts(n),
         has_receipt,
     );
+    call.rechecked_policy = Some(decision.policy_digest.clone());
     if decision.verdict != Verdict::Allow {
         return Err(refuse(
             call,

@@ -15,6 +15,8 @@
 //! - **The same object gets the same token.** Minting the same (mapping load, revision,
 //!   kind, locator) again in one table returns the token already issued and renews its
 //!   expiry, so a session that searches all day holds one token per source, not one per hit.
+//!   When the facts reported with it differ (an artifact's sha256 changed), it is another
+//!   object: the old token is dropped and a new one minted.
 //! - **Bounded per table, never across tables.** A table holds at most
 //!   [`MAX_REFERENCES_PER_TABLE`] bindings; past it, the least recently used binding *of
 //!   that table* is dropped (O(1), `lru`). Expiry is checked when a token is used, never by
@@ -167,14 +169,22 @@ impl ReferenceTable {
             kind: Arc::from(kind),
             locator: Arc::from(locator),
         };
-        if let Some(token) = inner.by_locator.get(&key).copied()
-            && let Some(b) = inner.by_token.get_mut(&token)
-        {
-            b.expires = now + self.ttl;
-            if !facts.is_empty() {
-                b.facts = Arc::new(facts);
+        if let Some(token) = inner.by_locator.get(&key).copied() {
+            match inner.by_token.get_mut(&token) {
+                Some(b) if facts.is_empty() || *b.facts == facts => {
+                    b.expires = now + self.ttl;
+                    return render(&token);
+                }
+                // The upstream reports other facts for the same locator (its content
+                // changed): the old token no longer stands for it.
+                Some(_) => {
+                    inner.by_token.pop(&token);
+                    inner.by_locator.remove(&key);
+                }
+                None => {
+                    inner.by_locator.remove(&key);
+                }
             }
-            return render(&token);
         }
         let mut token = [0u8; 20];
         getrandom::fill(&mut token).expect("the OS random generator failed");

@@ -139,15 +139,19 @@ impl Session {
         }
     }
 
-    /// Records `digest` as the latest offered catalogue; true when it differs from the
-    /// previous one (so the offer is worth a trace event).
-    pub fn offered_changed(&self, digest: &str) -> bool {
-        let mut offered = self.offered.lock().unwrap_or_else(|e| e.into_inner());
-        if offered.as_deref() == Some(digest) {
-            return false;
-        }
-        *offered = Some(digest.to_string());
-        true
+    /// True when `digest` differs from the latest offered catalogue recorded with
+    /// [`Session::record_offer`].
+    pub fn offer_differs(&self, digest: &str) -> bool {
+        self.offered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            != Some(digest)
+    }
+
+    /// Records `digest` as the latest offered catalogue (once its trace event is committed).
+    pub fn record_offer(&self, digest: &str) {
+        *self.offered.lock().unwrap_or_else(|e| e.into_inner()) = Some(digest.to_string());
     }
 
     /// The digest of the latest catalogue this session was offered, if any.

@@ -141,11 +141,37 @@ impl Policy {
         Self::from_texts(&texts)
     }
 
-    /// Parses and validates `(label, text)` policy files in order.
+    /// Parses and validates `(label, text)` policy files in order. Each file must be at most
+    /// [`MAX_POLICY_BYTES`] and nest brackets at most [`MAX_NESTING`] deep (Cedar's parser
+    /// recurses per level); parsing runs on a thread with a large stack of its own.
     ///
     /// # Errors
     /// As [`Policy::load`].
     pub fn from_texts(texts: &[(String, String)]) -> Result<Self> {
+        for (label, text) in texts {
+            if text.len() > MAX_POLICY_BYTES {
+                bail!(
+                    "policy file {label} is {} bytes, more than the {MAX_POLICY_BYTES} accepted",
+                    text.len()
+                );
+            }
+            if let Some((line, depth)) = too_deep(text) {
+                bail!(
+                    "policy file {label}:{line}: brackets nest {depth} deep; at most {MAX_NESTING} are accepted"
+                );
+            }
+        }
+        let texts = texts.to_vec();
+        std::thread::Builder::new()
+            .name("airlock-policy".into())
+            .stack_size(PARSER_STACK)
+            .spawn(move || Self::parse_and_validate(&texts))
+            .context("starting the policy parser thread")?
+            .join()
+            .map_err(|_| anyhow::anyhow!("the policy parser failed"))?
+    }
+
+    fn parse_and_validate(texts: &[(String, String)]) -> Result<Self> {
         let mut set = PolicySet::new();
         let mut files = Vec::new();
         let mut origin = HashMap::new();
@@ -241,6 +267,56 @@ impl Policy {
             .get(&PolicyId::new(id))
             .map(|i| self.files[*i].label.as_str())
     }
+}
+
+/// Largest policy file accepted, in bytes.
+pub const MAX_POLICY_BYTES: usize = 1 << 20;
+
+/// Deepest bracket nesting (`(`, `[`, `{`) accepted in a policy file.
+pub const MAX_NESTING: usize = 64;
+
+/// Stack of the thread that parses and validates policies.
+const PARSER_STACK: usize = 64 << 20;
+
+/// The first line where brackets nest deeper than [`MAX_NESTING`] (outside strings and
+/// comments), and how deep.
+fn too_deep(text: &str) -> Option<(usize, usize)> {
+    let (mut depth, mut line) = (0usize, 1usize);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\n' => line += 1,
+            '"' => {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        '\n' => line += 1,
+                        _ => {}
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        line += 1;
+                        break;
+                    }
+                }
+            }
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some((line, depth));
+                }
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// `file:line:column: message`, from a Cedar diagnostic's first label.
@@ -360,7 +436,10 @@ impl Principal {
         Ok(Self {
             uid,
             entities: Arc::new(entities),
-            key: Arc::from(format!("{name}\u{0}{}\u{0}{transport}", roles.join("\u{0}"))),
+            key: Arc::from(format!(
+                "{name}\u{0}{}\u{0}{transport}",
+                roles.join("\u{0}")
+            )),
         })
     }
 }
@@ -872,6 +951,14 @@ when { context has artifact_bytes && context.artifact_bytes > 1000000 };
             (
                 "permit (principal, action, resource == ?resource);",
                 "templates",
+            ),
+            (
+                &format!(
+                    "permit (principal, action, resource)\nwhen {{ {}true{} }};",
+                    "(".repeat(200),
+                    ")".repeat(200)
+                ),
+                "bad.cedar:2: brackets nest 65 deep",
             ),
         ];
         for (text, needle) in cases {

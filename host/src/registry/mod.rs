@@ -285,6 +285,11 @@ impl Registry {
         self.store.as_ref()
     }
 
+    /// The store, shared (for the trace writer thread).
+    pub fn shared_store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
     /// Appends a trace event; a failure to write it is logged, never silently dropped.
     pub fn trace(&self, kind: &str, subject: &str, payload: Value) {
         if let Err(e) = self.store.append_trace(kind, subject, &payload) {

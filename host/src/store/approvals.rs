@@ -120,6 +120,8 @@ pub struct ReceiptBinding {
     pub policy_digest: String,
     /// sha256 of the canonical normalized arguments (handles as locators).
     pub args_digest: String,
+    /// sha256 of the artifact the arguments name, as reported when it was prepared.
+    pub artifact_digest: Option<String>,
 }
 
 /// A new approval request.
@@ -128,7 +130,6 @@ pub struct NewApproval {
     pub binding: ReceiptBinding,
     pub profile: String,
     pub mode: ApprovalMode,
-    pub artifact_digest: Option<String>,
     /// The deterministic description the person approves.
     pub summary: String,
     /// Lifetime of the pending request, ms.
@@ -144,7 +145,6 @@ pub struct ApprovalRecord {
     #[serde(flatten)]
     pub binding: ReceiptBinding,
     pub profile: String,
-    pub artifact_digest: Option<String>,
     pub summary: String,
     /// Random, 128 bits hex; bound into an MRTR `requestState`.
     pub nonce: String,
@@ -172,7 +172,7 @@ impl ApprovalRecord {
     pub fn changed_fields(&self, other: &ReceiptBinding) -> Vec<&'static str> {
         let b = &self.binding;
         let mut changed = Vec::new();
-        let checks: [(&'static str, bool); 8] = [
+        let checks: [(&'static str, bool); 9] = [
             ("requester", b.requester != other.requester),
             ("session", b.session != other.session),
             ("capability", b.capability != other.capability),
@@ -184,6 +184,7 @@ impl ApprovalRecord {
             ("snapshot", b.snapshot_digest != other.snapshot_digest),
             ("policy", b.policy_digest != other.policy_digest),
             ("arguments", b.args_digest != other.args_digest),
+            ("artifact", b.artifact_digest != other.artifact_digest),
         ];
         for (name, differs) in checks {
             if differs {
@@ -347,9 +348,9 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
             snapshot_digest: row.get(9)?,
             policy_digest: row.get(10)?,
             args_digest: row.get(11)?,
+            artifact_digest: row.get(12)?,
         },
         profile: row.get(5)?,
-        artifact_digest: row.get(12)?,
         summary: row.get(13)?,
         nonce: row.get(14)?,
         created_ms: ms(row, 15)?,
@@ -477,7 +478,7 @@ impl SqliteStore {
                     b.snapshot_digest,
                     b.policy_digest,
                     b.args_digest,
-                    new.artifact_digest,
+                    b.artifact_digest,
                     new.summary,
                     nonce,
                     ms_to_sql(now)?,
@@ -726,6 +727,7 @@ mod tests {
             snapshot_digest: "a".repeat(64),
             policy_digest: "b".repeat(64),
             args_digest: "c".repeat(64),
+            artifact_digest: Some("d".repeat(64)),
         }
     }
 
@@ -734,7 +736,6 @@ mod tests {
             binding: binding(),
             profile: "publisher".into(),
             mode,
-            artifact_digest: Some("d".repeat(64)),
             summary: "Approve `deliver_artifact`".into(),
             ttl_ms,
         }

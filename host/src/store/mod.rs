@@ -46,7 +46,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
 };
-pub use trace::NewEvent;
+pub use trace::{NewEvent, Pending, TraceWriter};
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = 3;
@@ -574,9 +574,10 @@ pub trait Store: Send + Sync {
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent>;
 
-    /// Appends `events` in order, chained as [`Store::append_trace`] does, and returns once
-    /// they are committed. Concurrent callers share one transaction (group commit, see
-    /// [`trace`]); nothing is acknowledged before it is committed.
+    /// Appends `events` in order, chained as [`Store::append_trace`] does, in one
+    /// transaction, and returns once they are committed: `Ok` means every event is in the
+    /// database, an error means none is. (Batching across calls is the job of
+    /// [`trace::TraceWriter`].)
     fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()>;
 
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
@@ -654,7 +655,6 @@ pub trait Store: Send + Sync {
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
-    commit: trace::GroupCommit,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -705,7 +705,6 @@ impl SqliteStore {
         Ok(Self {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
-            commit: trace::GroupCommit::default(),
         })
     }
 
@@ -1500,16 +1499,12 @@ impl Store for SqliteStore {
         if events.is_empty() {
             return Ok(());
         }
-        let ticket = self.commit.enqueue(events);
         let conn = self.lock();
-        let (batch, lo, hi) = match self.commit.take_or_done(ticket) {
-            Err(done) => return done,
-            Ok(batch) => batch,
-        };
-        // Cached statements for BEGIN and COMMIT too: this runs once per call.
+        // Cached statements for BEGIN and COMMIT too: this runs once per call (or per
+        // batch of calls, see `trace::TraceWriter`).
         let result = (|| -> anyhow::Result<()> {
             conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-            let written = trace::append_in(&conn, &batch).and_then(|_| {
+            let written = trace::append_in(&conn, &events).and_then(|_| {
                 conn.prepare_cached("COMMIT")?.execute([])?;
                 Ok(())
             });
@@ -1518,9 +1513,7 @@ impl Store for SqliteStore {
             }
             written
         })();
-        self.commit
-            .finish(lo, hi, result.as_ref().err().map(|e| format!("{e:#}")));
-        result.with_context(|| self.context(&format!("appending {} trace events", batch.len())))
+        result.with_context(|| self.context(&format!("appending {} trace events", events.len())))
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {

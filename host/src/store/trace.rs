@@ -1,10 +1,9 @@
-//! Appending to the trace with group commit.
+//! Appending to the trace, and committing calls' events off the request path.
 //!
-//! Rule: an event is acknowledged only once it is committed. A caller of
-//! [`SqliteStore::append_events`](super::SqliteStore) queues its events and then takes the
-//! database lock; whoever holds the lock commits *every* queued event in one transaction
-//! (group commit), so under concurrency one commit serves many calls and no call returns
-//! before its own events are in the database. With SQLite in WAL mode and
+//! Rule: an event is acknowledged only once it is committed. [`TraceWriter`] is one thread
+//! that commits whatever calls have queued when it wakes, in one transaction (group
+//! commit), and answers each caller with the result of the transaction that held its own
+//! events; a call returns nothing before its [`Pending`] resolved `Ok`. With SQLite in WAL mode and
 //! `synchronous=NORMAL`, a committed transaction survives a crash of the process (it is in
 //! the WAL file); a power loss can lose the last commits, which `synchronous=FULL` would
 //! prevent at the price of an fsync per commit.
@@ -13,8 +12,6 @@
 //! it: hex sha256 of the RFC 8785 canonical JSON of
 //! `{"seq","at_ms","kind","subject","payload","prev_hash"}`, built here without a second
 //! serialization (a unit test holds the two equal).
-
-use std::sync::Mutex;
 
 use anyhow::{Context as _, anyhow};
 use rusqlite::{Connection, OptionalExtension as _, params};
@@ -40,81 +37,6 @@ impl NewEvent {
             kind,
             subject: subject.into(),
             payload,
-        }
-    }
-}
-
-/// Events waiting for a commit, and what happened to earlier batches.
-#[derive(Default)]
-pub(super) struct Queue {
-    events: Vec<NewEvent>,
-    /// Ticket of the newest queued batch.
-    next: u64,
-    /// Every batch with a ticket up to this one has been written (or failed).
-    done: u64,
-    /// Recently failed ticket ranges and why (at most [`MAX_FAILURES`]).
-    failed: Vec<(u64, u64, String)>,
-}
-
-const MAX_FAILURES: usize = 64;
-
-pub(super) struct GroupCommit {
-    queue: Mutex<Queue>,
-}
-
-impl Default for GroupCommit {
-    fn default() -> Self {
-        Self {
-            queue: Mutex::new(Queue::default()),
-        }
-    }
-}
-
-impl GroupCommit {
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Queues `events`; returns the batch's ticket.
-    pub(super) fn enqueue(&self, events: Vec<NewEvent>) -> u64 {
-        let mut q = self.queue();
-        q.next += 1;
-        q.events.extend(events);
-        q.next
-    }
-
-    /// Called with the database lock held: `Err(result)` when the batch `ticket` was
-    /// already handled by an earlier commit, else everything queued (the caller commits
-    /// it) with the lowest and highest tickets it covers.
-    pub(super) fn take_or_done(
-        &self,
-        ticket: u64,
-    ) -> Result<(Vec<NewEvent>, u64, u64), anyhow::Result<()>> {
-        let mut q = self.queue();
-        if q.done >= ticket {
-            return Err(
-                match q
-                    .failed
-                    .iter()
-                    .find(|(lo, hi, _)| (*lo..=*hi).contains(&ticket))
-                {
-                    Some((_, _, why)) => Err(anyhow!("appending to the trace failed: {why}")),
-                    None => Ok(()),
-                },
-            );
-        }
-        Ok((std::mem::take(&mut q.events), q.done + 1, q.next))
-    }
-
-    /// Records that batches up to `hi` (from `lo`) were written, or failed with `error`.
-    pub(super) fn finish(&self, lo: u64, hi: u64, error: Option<String>) {
-        let mut q = self.queue();
-        q.done = q.done.max(hi);
-        if let Some(why) = error {
-            if q.failed.len() == MAX_FAILURES {
-                q.failed.remove(0);
-            }
-            q.failed.push((lo, hi, why));
         }
     }
 }
@@ -267,6 +189,111 @@ pub(super) fn chained_hash(
     push_string(subject, &mut text);
     text.push('}');
     Ok(hex::encode(Sha256::digest(text.as_bytes())))
+}
+
+/// A commit that was submitted to the [`TraceWriter`] and may still be in flight.
+pub struct Pending(Option<tokio::sync::oneshot::Receiver<Result<(), String>>>);
+
+impl Pending {
+    /// A commit that already happened (nothing to wait for).
+    pub fn done() -> Self {
+        Self(None)
+    }
+
+    /// Waits until the events are committed.
+    ///
+    /// # Errors
+    /// The commit failed, or the writer stopped.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => match rx.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(why)) => Err(anyhow!("appending to the trace failed: {why}")),
+                Err(_) => Err(anyhow!("the trace writer stopped")),
+            },
+        }
+    }
+}
+
+type Job = (
+    Vec<NewEvent>,
+    tokio::sync::oneshot::Sender<Result<(), String>>,
+);
+
+/// A thread that commits trace events off the request path, so that a call's commit runs
+/// while the call does other work (its adapter runs, its result renders). Whatever is
+/// queued when the thread wakes goes into one transaction. Callers still wait for the
+/// commit ([`Pending::wait`]) before acknowledging anything.
+pub struct TraceWriter {
+    tx: std::sync::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+}
+
+impl TraceWriter {
+    /// Starts the writer thread on `store`.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    pub fn start(store: std::sync::Arc<dyn super::Store>) -> anyhow::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("airlock-trace".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    while let Ok(more) = rx.try_recv() {
+                        jobs.push(more);
+                        if jobs.len() >= 256 {
+                            break;
+                        }
+                    }
+                    let mut events = Vec::new();
+                    let mut acks = Vec::with_capacity(jobs.len());
+                    for (e, ack) in jobs {
+                        events.extend(e);
+                        acks.push(ack);
+                    }
+                    let result = store.append_events(events).map_err(|e| format!("{e:#}"));
+                    for ack in acks {
+                        let _ = ack.send(result.clone());
+                    }
+                }
+            })
+            .context("starting the trace writer thread")?;
+        Ok(Self {
+            tx: std::sync::Mutex::new(Some(tx)),
+        })
+    }
+
+    /// Queues `events` for commit; the returned [`Pending`] resolves once they are in the
+    /// database.
+    pub fn submit(&self, events: Vec<NewEvent>) -> Pending {
+        if events.is_empty() {
+            return Pending::done();
+        }
+        let (ack, rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|tx| tx.send((events, ack)).is_ok())
+            .unwrap_or(false);
+        if sent {
+            Pending(Some(rx))
+        } else {
+            let (fail, rx) = tokio::sync::oneshot::channel();
+            let _ = fail.send(Err("the trace writer stopped".into()));
+            Pending(Some(rx))
+        }
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it has committed what was queued.
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,6 @@
-//! Attack findings against issue 8 (policy-approved calls).
-//!
-//! Sections:
-//! - **BUG** tests fail today: each demonstrates a real defect (see the report).
-//! - **GUARD** tests pass today: each covers a guard that no other test notices (found by
-//!   removing the guard and seeing every other test still pass).
+//! Policy-approved calls under attack: what an adversarial review of the approval path
+//! found (each test here failed before its fix, or covers a guard that no other test
+//! noticed when it was removed).
 //!
 //! In-process hosts (real delivery fixture process, real component, real SQLite) so the
 //! test can act at exact points of a call (inside an elicitation, between two calls).
@@ -25,6 +22,8 @@ use airlock::pipeline::{
 use airlock::registry::live::MappingSource;
 use airlock::store::{NewEvent, SqliteStore, Store as _};
 use airlock::upstream::StdioServer;
+
+mod common;
 use serde_json::{Value, json};
 
 const POLICY: &str = r#"
@@ -60,6 +59,12 @@ struct Delivery {
 
 impl Delivery {
     async fn start() -> Self {
+        Self::start_with(&["operator"], &[]).await
+    }
+
+    /// A host whose requester `alice` holds `roles`, the delivery server started with
+    /// `extra` arguments (e.g. `--change-when FILE add-tool`).
+    async fn start_with(roles: &[&str], extra: &[String]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("airlock.cedar");
         std::fs::write(&policy, POLICY).unwrap();
@@ -77,7 +82,10 @@ impl Delivery {
                     dir.path().join("outbox").display().to_string(),
                     "--call-log".into(),
                     log.display().to_string(),
-                ],
+                ]
+                .into_iter()
+                .chain(extra.iter().cloned())
+                .collect(),
                 cwd: dir.path().to_path_buf(),
                 env: BTreeMap::new(),
                 owner: None,
@@ -95,7 +103,7 @@ impl Delivery {
             profiles,
             requester: RequesterConfig {
                 name: "alice".into(),
-                roles: vec!["operator".into()],
+                roles: roles.iter().map(|r| r.to_string()).collect(),
             },
             ..ServeConfig::empty()
         };
@@ -121,10 +129,6 @@ impl Delivery {
             .count()
     }
 
-    fn rewrite_policy(&self, text: &str) {
-        std::fs::write(self.dir.path().join("airlock.cedar"), text).unwrap();
-    }
-
     fn trace(&self) -> Vec<airlock::store::TraceEvent> {
         self.host.registry().store().trace(0, usize::MAX).unwrap()
     }
@@ -145,7 +149,12 @@ impl Delivery {
             abilities,
             retry,
         );
-        pipeline::run(&self.host, candidate, asker).await
+        // The outcome, once the call's trace is committed (`Finished::respond`).
+        pipeline::run(&self.host, candidate, asker)
+            .await
+            .respond(|o| o)
+            .await
+            .unwrap_or_else(|o| o)
     }
 
     async fn ok(&self, session: &Arc<Session>, name: &str, args: Value) -> Value {
@@ -208,27 +217,50 @@ fn stateless() -> ClientAbilities {
     }
 }
 
-/// An elicitation answer given after `before` ran (with the host at hand).
-struct Answer<F: Fn() + Send + Sync> {
-    before: F,
+type Hook = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A person at a 2025-11-25 client: runs `before` (something that happens while the
+/// question is on screen), then gives `answer`.
+struct Answer {
+    before: Hook,
     answer: ElicitAnswer,
     asked: AtomicUsize,
 }
 
-impl<F: Fn() + Send + Sync> Asker for Answer<F> {
+impl Answer {
+    fn new(answer: ElicitAnswer) -> Self {
+        Self::after(answer, || async {})
+    }
+
+    fn after<F, Fut>(answer: ElicitAnswer, before: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Self {
+            before: Box::new(move || Box::pin(before())),
+            answer,
+            asked: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Asker for Answer {
     fn elicit<'a>(
         &'a self,
         _message: &'a str,
         _timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = ElicitAnswer> + Send + 'a>> {
         self.asked.fetch_add(1, Ordering::SeqCst);
-        (self.before)();
-        Box::pin(async move { self.answer.clone() })
+        Box::pin(async move {
+            (self.before)().await;
+            self.answer.clone()
+        })
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 1: an elicitation receipt is not bound to the policy in force when it is used.
+// Found: an elicitation receipt was not bound to the policy in force when it was used.
 //
 // The elicitation flow builds the receipt binding from the decision taken *before* the
 // person was asked (authorize), and consumes it against that same stale binding; the
@@ -239,28 +271,25 @@ impl<F: Fn() + Send + Sync> Asker for Answer<F> {
 // holds no record that it ran under the new one.
 // ---------------------------------------------------------------------------------------
 #[tokio::test]
-async fn bug_elicitation_receipt_survives_a_policy_change_during_the_question() {
+async fn a_policy_change_during_the_question_invalidates_the_answer() {
     let d = Delivery::start().await;
     let s = d.session();
     let (artifact, team) = d.prepared(&s).await;
     let old = d.host.policy().current().digest().to_string();
     let host = d.host.clone();
     let dir = d.dir.path().to_path_buf();
-    let asker = Answer {
-        before: move || {
-            // While the person reads the form, the security team ships a new policy
-            // version (here: same rules, new text; any policy that still permits an
-            // approved delivery behaves the same).
-            std::fs::write(
-                dir.join("airlock.cedar"),
-                format!("{POLICY}\n// revised while a person was being asked\n"),
-            )
-            .unwrap();
-            assert!(host.reload_policy().unwrap(), "the new policy loaded");
-        },
-        answer: ElicitAnswer::Accept(json!({"approve": true})),
-        asked: AtomicUsize::new(0),
-    };
+    let asker = Answer::after(ElicitAnswer::Accept(json!({"approve": true})), move || {
+        // While the person reads the form, the security team ships a new policy version
+        // (here: same rules, new text; any policy that still permits an approved
+        // delivery behaves the same).
+        std::fs::write(
+            dir.join("airlock.cedar"),
+            format!("{POLICY}\n// revised while a person was being asked\n"),
+        )
+        .unwrap();
+        assert!(host.reload_policy().unwrap(), "the new policy loaded");
+        async {}
+    });
     let outcome = d
         .run(
             &s,
@@ -297,7 +326,7 @@ async fn bug_elicitation_receipt_survives_a_policy_change_during_the_question() 
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 2: group commit acknowledges trace events that were never committed.
+// Found: group commit acknowledged trace events that were never committed.
 //
 // `GroupCommit::take_or_done` decides "my batch was handled by someone else" from
 // `done >= ticket` and then looks for a failure covering the ticket in a list capped at
@@ -307,7 +336,7 @@ async fn bug_elicitation_receipt_survives_a_policy_change_during_the_question() 
 // disk / I/O error), so every `Ok` is an acknowledged event that does not exist.
 // ---------------------------------------------------------------------------------------
 #[test]
-fn bug_group_commit_acknowledges_events_it_never_wrote() {
+fn a_failed_trace_write_is_never_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(dir.path()).unwrap());
     {
@@ -352,13 +381,13 @@ fn bug_group_commit_acknowledges_events_it_never_wrote() {
 }
 
 // ---------------------------------------------------------------------------------------
-// GUARD tests: pass today; no other test fails when these guards are removed.
+// Guards no other test noticed when they were removed.
 // ---------------------------------------------------------------------------------------
 
 /// MRTR: a decline (or cancel, or `approve: false`) on the retry delivers nothing, and the
 /// same requestState cannot be turned into an accept afterwards.
 #[tokio::test]
-async fn guard_mrtr_decline_delivers_nothing_and_cannot_be_flipped_to_accept() {
+async fn mrtr_decline_delivers_nothing_and_cannot_be_flipped_to_accept() {
     let d = Delivery::start().await;
     let s = d.session();
     let (artifact, team) = d.prepared(&s).await;
@@ -425,7 +454,7 @@ async fn guard_mrtr_decline_delivers_nothing_and_cannot_be_flipped_to_accept() {
 
 /// Elicitation: `accept` with `approve: false` (or content that is not `true`) is a refusal.
 #[tokio::test]
-async fn guard_elicitation_accept_without_approve_true_delivers_nothing() {
+async fn elicitation_accept_without_approve_true_delivers_nothing() {
     let d = Delivery::start().await;
     let s = d.session();
     let (artifact, team) = d.prepared(&s).await;
@@ -435,11 +464,7 @@ async fn guard_elicitation_accept_without_approve_true_delivers_nothing() {
         json!({}),
         json!(null),
     ] {
-        let asker = Answer {
-            before: || {},
-            answer: ElicitAnswer::Accept(content.clone()),
-            asked: AtomicUsize::new(0),
-        };
+        let asker = Answer::new(ElicitAnswer::Accept(content.clone()));
         let outcome = d
             .run(
                 &s,
@@ -469,26 +494,23 @@ async fn guard_elicitation_accept_without_approve_true_delivers_nothing() {
 /// loaded between the approval and its use (out of band, receipt already approved): the
 /// re-check at execution refuses it. (Guards `recheck`'s policy decision.)
 #[tokio::test]
-async fn guard_recheck_uses_the_current_policy_for_a_call_that_holds_a_receipt() {
+async fn recheck_uses_the_current_policy_for_a_call_that_holds_a_receipt() {
     let d = Delivery::start().await;
     let s = d.session();
     let (artifact, team) = d.prepared(&s).await;
     let host = d.host.clone();
     let dir = d.dir.path().to_path_buf();
-    let asker = Answer {
-        before: move || {
-            std::fs::write(
-                dir.join("airlock.cedar"),
-                format!(
-                    "{POLICY}\n@id(\"no-team\")\nforbid (principal, action == Airlock::Action::\"call\", resource) when {{ context has destination && context.destination == Airlock::Scope::\"team-reports\" }};\n"
-                ),
-            )
-            .unwrap();
-            assert!(host.reload_policy().unwrap());
-        },
-        answer: ElicitAnswer::Accept(json!({"approve": true})),
-        asked: AtomicUsize::new(0),
-    };
+    let asker = Answer::after(ElicitAnswer::Accept(json!({"approve": true})), move || {
+        std::fs::write(
+            dir.join("airlock.cedar"),
+            format!(
+                "{POLICY}\n@id(\"no-team\")\nforbid (principal, action == Airlock::Action::\"call\", resource) when {{ context has destination && context.destination == Airlock::Scope::\"team-reports\" }};\n"
+            ),
+        )
+        .unwrap();
+        assert!(host.reload_policy().unwrap());
+        async {}
+    });
     let outcome = d
         .run(
             &s,
@@ -499,11 +521,14 @@ async fn guard_recheck_uses_the_current_policy_for_a_call_that_holds_a_receipt()
             &asker,
         )
         .await;
+    // The receipt is bound to the policy it was given under (refused at consumption,
+    // `state changed`); were it not, the re-check's decision with the current policy
+    // refuses it (`policy no longer permits`).
     assert!(
         matches!(
             outcome,
             Outcome::Refused {
-                category: Category::PolicyNoLongerPermits,
+                category: Category::PolicyNoLongerPermits | Category::StateChanged,
                 ..
             }
         ),
@@ -514,7 +539,7 @@ async fn guard_recheck_uses_the_current_policy_for_a_call_that_holds_a_receipt()
 
 /// Hostile `requestState` values fail closed and never panic the host.
 #[tokio::test]
-async fn guard_hostile_request_states_fail_closed() {
+async fn hostile_request_states_fail_closed() {
     let d = Delivery::start().await;
     let s = d.session();
     let (artifact, team) = d.prepared(&s).await;
@@ -585,39 +610,315 @@ async fn guard_hostile_request_states_fail_closed() {
     assert_eq!(d.sends(), 0);
 }
 
-/// Deeply nested or very long Cedar policies are refused or accepted, never a crash (a hot
-/// reload of such a file must not take the host down).
+// ---------------------------------------------------------------------------------------
+// Found: a policy file with ~150 nested parentheses aborted the process (stack
+// overflow in cedar-policy-core's CST→AST conversion, `to_expr_or_special`), instead of
+// being refused with file and line. At start this kills `airlock serve`/`policy validate`
+// (SIGABRT); on hot reload it kills a running host, with every session and in-flight
+// call (the reload runs on a 2 MiB tokio worker stack). Measured on the debug build:
+// 120 levels load, 150 abort on the 8 MiB main thread.
+// ---------------------------------------------------------------------------------------
+fn nested_policy(depth: usize) -> String {
+    format!(
+        "{POLICY}\n@id(\"deep\")\npermit (principal, action == Airlock::Action::\"call\", resource) when {{ {}false{} }};\n",
+        "(".repeat(depth),
+        ")".repeat(depth)
+    )
+}
+
 #[test]
-fn guard_hostile_policy_texts_do_not_crash() {
-    let texts = [
-        format!(
-            "permit (principal, action, resource) when {{ {}true{} }};",
-            "(".repeat(20_000),
-            ")".repeat(20_000)
-        ),
-        format!(
-            "permit (principal, action, resource) when {{ true{} }};",
-            " || true".repeat(50_000)
-        ),
-        format!(
-            "permit (principal, action, resource) when {{ {}true }};",
-            "!".repeat(50_000)
-        ),
-        format!(
-            "permit (principal, action, resource) when {{ {}1{} == 1 }};",
-            "[".repeat(20_000),
-            "]".repeat(20_000)
-        ),
-    ];
-    for (i, text) in texts.iter().enumerate() {
-        let r =
-            airlock::policy::Policy::from_texts(&[(format!("hostile-{i}.cedar"), text.clone())]);
-        eprintln!(
-            "case {i}: {}",
-            match &r {
-                Ok(_) => "accepted".to_string(),
-                Err(e) => format!("{e:#}").chars().take(200).collect(),
+fn a_deeply_nested_policy_is_refused_not_fatal() {
+    let d = common::Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(&[])
+        .policy(&nested_policy(2_000))
+        .tables(common::PROFILES);
+    let config = d.write_config();
+    let out = d.airlock(&["policy", "validate", "--config", config.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "status {:?}; stderr: {}",
+        out.status,
+        stderr.chars().take(300).collect::<String>()
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "refused with a message (exit 1), not killed by a signal: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_deeply_nested_policy_on_hot_reload_leaves_the_host_serving() {
+    let d = common::approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    assert!(!client.peer().list_all_tools().await.unwrap().is_empty());
+    d.rewrite_policy(&nested_policy(2_000));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The previous policy should keep deciding (`policy-load-failed` in the trace).
+    let listed = client.peer().list_all_tools().await;
+    assert!(
+        listed.is_ok(),
+        "the host died on a policy it should have refused: {listed:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// More guards of the re-check at execution (before these tests, every one of its checks
+// could be removed without any test failing).
+// ---------------------------------------------------------------------------------------
+
+/// The upstream's catalogue changes (a tool is added: informational drift, the mapping
+/// keeps serving) while the person is being asked: the receipt was for the old snapshot.
+#[tokio::test]
+async fn a_snapshot_change_during_the_question_stops_the_delivery() {
+    let trigger = tempfile::tempdir().unwrap();
+    let file = trigger.path().join("change-now");
+    let d = Delivery::start_with(
+        &["operator"],
+        &[
+            "--change-when".into(),
+            file.display().to_string(),
+            "add-tool".into(),
+        ],
+    )
+    .await;
+    let s = d.session();
+    let (artifact, team) = d.prepared(&s).await;
+    let host = d.host.clone();
+    let before = host.catalog().mappings["outbox-delivery"]
+        .connection
+        .snapshot_digest();
+    let asker = Answer::after(ElicitAnswer::Accept(json!({"approve": true})), move || {
+        std::fs::write(&file, "").unwrap();
+        let host = host.clone();
+        let before = before.clone();
+        async move {
+            // The server notices within 50 ms and announces list_changed; give the host
+            // time to hear it (it re-discovers at the latest in the re-check).
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let c = host.catalog();
+                let state = &c.mappings["outbox-delivery"].connection;
+                if state.is_stale() || state.snapshot_digest() != before {
+                    break;
+                }
             }
-        );
+        }
+    });
+    let outcome = d
+        .run(
+            &s,
+            "deliver_artifact",
+            deliver(&artifact, &team),
+            eliciting(),
+            None,
+            &asker,
+        )
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Refused {
+                category: Category::StateChanged,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(d.sends(), 0);
+}
+
+/// A reviewer approves the mapping again (a new revision serves) while the person is
+/// being asked: the receipt was for the old revision.
+#[tokio::test]
+async fn a_new_mapping_revision_during_the_question_stops_the_delivery() {
+    let d = Delivery::start().await;
+    let s = d.session();
+    let (artifact, team) = d.prepared(&s).await;
+    let host = d.host.clone();
+    let asker = Answer::after(ElicitAnswer::Accept(json!({"approve": true})), move || {
+        let host = host.clone();
+        async move {
+            airlock::cli::demo::approve_all(&host, "carol")
+                .await
+                .unwrap();
+        }
+    });
+    let revision = d.host.catalog().mappings["outbox-delivery"]
+        .record()
+        .revision;
+    let outcome = d
+        .run(
+            &s,
+            "deliver_artifact",
+            deliver(&artifact, &team),
+            eliciting(),
+            None,
+            &asker,
+        )
+        .await;
+    assert_ne!(
+        d.host.catalog().mappings["outbox-delivery"]
+            .record()
+            .revision,
+        revision,
+        "a new revision serves"
+    );
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Refused {
+                category: Category::StateChanged,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(d.sends(), 0);
+}
+
+/// A capability in the session's profile that policy denies outright for this requester
+/// (no `operator` role: not even an approval would permit it) is not offered, and calling
+/// it is "unknown tool" — the offer's policy filter (`offer::offerable`) has no other test.
+#[tokio::test]
+async fn a_capability_policy_denies_outright_is_neither_offered_nor_named() {
+    let d = Delivery::start_with(&[], &[]).await;
+    let front = d.host.front(Some("publisher")).unwrap();
+    let names: Vec<String> = front.list().iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(
+        names,
+        ["prepare_artifact", "list_destinations"],
+        "{names:?}"
+    );
+    let err = front
+        .call(
+            "deliver_artifact",
+            json!({"artifact": "ref_0000000000000000000000000000000000000000", "destination": "x"})
+                .as_object()
+                .cloned(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("unknown tool"), "{}", err.message);
+    assert_eq!(d.sends(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Found: a call restarted after its mapping was swapped (recheck → `Superseded`) left
+// its first durable intent `prepared` forever: `stages` creates a second intent and
+// overwrites `call.durable_intent`, so the outcome is written to the second only. A
+// `prepared` intent of an effectful capability is exactly what an operator must reconcile
+// as "may have acted" — here nothing ran. Reproduced under load: `prepare_artifact`
+// (local transformation, durable intent) in 8 loops while the mapping is re-approved.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_call_closes_the_intent_it_superseded() {
+    let d = Arc::new(Delivery::start().await);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for i in 0..8 {
+        let (d, stop) = (d.clone(), stop.clone());
+        loops.push(tokio::spawn(async move {
+            let s = d.session();
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = d
+                    .run(
+                        &s,
+                        "prepare_artifact",
+                        json!({"title": format!("t{i}-{n}"), "media-type": "text/plain", "content": "x"}),
+                        ClientAbilities::plain(),
+                        None,
+                        &NoAsker,
+                    )
+                    .await;
+                n += 1;
+            }
+            n
+        }));
     }
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        airlock::cli::demo::approve_all(&d.host, "carol")
+            .await
+            .unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut calls = 0;
+    for l in loops {
+        calls += l.await.unwrap();
+    }
+    let trace = d.trace();
+    let mut by_call: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in trace.iter().filter(|e| e.kind == "intent-created") {
+        by_call
+            .entry(e.payload["call"].as_str().unwrap().to_string())
+            .or_default()
+            .push(e.payload["intent"].as_str().unwrap().to_string());
+    }
+    let restarted: Vec<_> = by_call.iter().filter(|(_, v)| v.len() > 1).collect();
+    let store = d.host.registry().store();
+    let orphans: Vec<String> = by_call
+        .values()
+        .flatten()
+        .filter(|id| {
+            store
+                .intent(id)
+                .unwrap()
+                .is_some_and(|r| r.state == airlock::store::IntentState::Prepared)
+        })
+        .cloned()
+        .collect();
+    eprintln!(
+        "{calls} calls, {} restarted, {} intents still prepared after every call returned",
+        restarted.len(),
+        orphans.len()
+    );
+    assert!(orphans.is_empty(), "orphan prepared intents: {orphans:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Found (low): the artifact digest a receipt records was never checked. `changed_fields`
+// compares requester, session, capability, mapping, revision, snapshot, policy and the
+// arguments digest — the arguments digest covers the artifact's *locator*, not its
+// content — and re-minting a locator keeps the token and silently replaces its facts.
+// So if an upstream ever issues the same artifact id for other content (state wiped,
+// ids derived from titles, a buggy or hostile server), an approved receipt for
+// "artifact X (sha256 A)" delivers content B, and the token the model holds now reports
+// sha256 B. The delivery result's own `artifact-sha256` is not compared either.
+// ---------------------------------------------------------------------------------------
+#[test]
+fn a_reference_whose_object_changed_is_replaced() {
+    use airlock::pipeline::references::{Origin, ReferenceTable, ResolveError};
+    let t = ReferenceTable::default();
+    let o = Origin {
+        mapping: "outbox-delivery".into(),
+        generation: 1,
+        revision: 1,
+    };
+    let facts = |sha: char, bytes: u64| {
+        let mut f = serde_json::Map::new();
+        f.insert("sha256".into(), json!(sha.to_string().repeat(64)));
+        f.insert("bytes".into(), json!(bytes));
+        f
+    };
+    let approved = t.mint(&o, "artifact-ref", "file-0001", facts('a', 12));
+    let same = t.mint(&o, "artifact-ref", "file-0001", facts('a', 12));
+    assert_eq!(approved, same, "the same object keeps its token");
+    let later = t.mint(&o, "artifact-ref", "file-0001", facts('b', 9_000_000));
+    assert_ne!(
+        approved, later,
+        "another object under the same id gets another token"
+    );
+    assert_eq!(
+        t.resolve(&approved, "artifact-ref", &o),
+        Err(ResolveError::NotValid),
+        "the old token no longer stands for anything"
+    );
+    assert_eq!(
+        t.resolve(&later, "artifact-ref", &o).unwrap().facts["sha256"],
+        "b".repeat(64)
+    );
 }
