@@ -455,7 +455,8 @@ fn obj(v: Value) -> Option<Map<String, Value>> {
 
 async fn traced_calls(n: usize) {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let with = host(a.path(), false).await.front(None).unwrap();
+    let traced_host = host(a.path(), false).await;
+    let with = traced_host.front(None).unwrap();
     let without = host(b.path(), true).await.front(None).unwrap();
     let once = |front: airlock::front::McpFront| async move {
         let start = Instant::now();
@@ -495,6 +496,29 @@ async fn traced_calls(n: usize) {
         us(w.p50) - us(wo.p50),
         us(w.p99) - us(wo.p99)
     );
+    // Per-stage p50 of the traced calls, from their own call-outcome events.
+    let events = traced_host
+        .registry()
+        .store()
+        .trace(0, usize::MAX)
+        .unwrap();
+    let mut per: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for e in events.iter().filter(|e| e.kind == "call-outcome") {
+        if let Some(stages) = e.payload["stages_us"].as_object() {
+            for (k, v) in stages {
+                per.entry(k.clone()).or_default().push(v.as_u64().unwrap_or(0));
+            }
+        }
+        per.entry("total (elapsed_us)".into())
+            .or_default()
+            .push(e.payload["elapsed_us"].as_u64().unwrap_or(0));
+    }
+    let mut line = String::new();
+    for (k, mut v) in per {
+        v.sort_unstable();
+        line.push_str(&format!("{k} {} µs; ", v[v.len() / 2]));
+    }
+    println!("  per-stage p50 inside the pipeline: {line}");
 }
 
 fn references(n: usize) {

@@ -15,8 +15,8 @@
 //! - **The same object gets the same token.** Minting the same (mapping load, revision,
 //!   kind, locator) again in one table returns the token already issued and renews its
 //!   expiry, so a session that searches all day holds one token per source, not one per hit.
-//!   When the facts reported with it differ (an artifact's sha256 changed), it is another
-//!   object: the old token is dropped and a new one minted.
+//!   When a fact reported with it conflicts with the one recorded (an artifact's sha256
+//!   changed), it is another object: the old token is dropped and a new one minted.
 //! - **Bounded per table, never across tables.** A table holds at most
 //!   [`MAX_REFERENCES_PER_TABLE`] bindings; past it, the least recently used binding *of
 //!   that table* is dropped (O(1), `lru`). Expiry is checked when a token is used, never by
@@ -171,7 +171,7 @@ impl ReferenceTable {
         };
         if let Some(token) = inner.by_locator.get(&key).copied() {
             match inner.by_token.get_mut(&token) {
-                Some(b) if facts.is_empty() || *b.facts == facts => {
+                Some(b) if !conflicts(&b.facts, &facts) => {
                     b.expires = now + self.ttl;
                     return render(&token);
                 }
@@ -249,6 +249,14 @@ impl ReferenceTable {
             facts: b.facts.clone(),
         })
     }
+}
+
+/// True when `old` and `new` report different values for a fact both have (an
+/// artifact's sha256, a source's version): then the locator names another object now.
+/// Facts only one of them has (a search hit's snippet, a passage's media type) do not
+/// conflict; the first facts recorded stay.
+fn conflicts(old: &Map<String, Value>, new: &Map<String, Value>) -> bool {
+    new.iter().any(|(k, v)| old.get(k).is_some_and(|o| o != v))
 }
 
 fn render(token: &Token) -> String {
@@ -357,6 +365,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn other_record_kinds_of_the_same_object_keep_its_token() {
+        let t = ReferenceTable::default();
+        let f = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(*v)))
+                .collect::<Map<String, Value>>()
+        };
+        let hit = t.mint(
+            &origin(1, 1),
+            "source-ref",
+            "wal",
+            f(&[("title", "WAL"), ("version", "3"), ("snippet", "…")]),
+        );
+        let passage = t.mint(
+            &origin(1, 1),
+            "source-ref",
+            "wal",
+            f(&[("title", "WAL"), ("version", "3"), ("media-type", "text/markdown")]),
+        );
+        assert_eq!(hit, passage, "a search hit and a passage of one note");
+        let newer = t.mint(&origin(1, 1), "source-ref", "wal", f(&[("version", "4")]));
+        assert_ne!(newer, hit, "a new version is another object");
+        assert_eq!(
+            t.resolve(&hit, "source-ref", &origin(1, 1)),
+            Err(ResolveError::NotValid)
+        );
     }
 
     #[test]
