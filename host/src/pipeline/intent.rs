@@ -2,9 +2,10 @@
 //! receipt consumed with it.
 //!
 //! Rules (DESIGN.md §5.5):
-//! - Every call gets an intent id (`int_…`). A call whose function has an effect, or whose
-//!   contract takes a host-supplied `idempotency-key`, also gets an idempotency key
-//!   (`idk_` + 32 hex) and a **durable** intent row, written before anything runs.
+//! - Every call gets an intent id (`int_…`; a read's is recorded in its outcome event). A
+//!   call whose function has an effect, or whose contract takes a host-supplied
+//!   `idempotency-key`, also gets an idempotency key (`idk_` + 32 hex), a durable intent
+//!   row and an `intent-created` event, written before anything runs.
 //! - A receipt is consumed in the same store transaction that creates the intent, with the
 //!   call's trace so far: of concurrent attempts on one receipt exactly one wins. The
 //!   receipt must match the call as it stands now — requester, session, capability, mapping
@@ -74,24 +75,25 @@ pub(super) fn intent(
     let intent_id = random_id("int_", 16);
     let idempotency_key = durable.then(|| random_id("idk_", 16));
     let session = &n.candidate().session;
-    call.event(
-        events::INTENT_CREATED,
-        json!({
-            "intent": intent_id,
-            "capability": cap.name,
-            "effect_class": cap.semantics.class,
-            "durable": durable,
-            "idempotency_key_sha256": idempotency_key.as_ref().map(|k| hex::encode(sha2::Sha256::digest(k.as_bytes()))),
-            "receipt": authorized.receipt().map(|r| r.approval()),
-        }),
-    );
+    call.intent = Some(intent_id.clone());
     if !durable {
+        // A read's intent is only an id: the outcome event carries it.
         return Ok(Intended {
             authorized,
             intent_id,
             idempotency_key,
         });
     }
+    call.event(
+        events::INTENT_CREATED,
+        json!({
+            "intent": intent_id,
+            "capability": cap.name,
+            "effect_class": cap.semantics.class,
+            "idempotency_key_sha256": idempotency_key.as_ref().map(|k| hex::encode(sha2::Sha256::digest(k.as_bytes()))),
+            "receipt": authorized.receipt().map(|r| r.approval()),
+        }),
+    );
     let record = NewIntent {
         id: intent_id.clone(),
         idempotency_key: idempotency_key.clone().unwrap_or_default(),

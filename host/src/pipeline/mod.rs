@@ -68,6 +68,8 @@ pub struct Call {
     pending: Vec<crate::store::Pending>,
     /// The digest of the policy that allowed the call at the re-check.
     rechecked_policy: Option<std::sync::Arc<str>>,
+    /// The call's intent id, once it has one.
+    intent: Option<String>,
 }
 
 impl Call {
@@ -83,6 +85,7 @@ impl Call {
             durable_intent: None,
             pending: Vec::new(),
             rechecked_policy: None,
+            intent: None,
         }
     }
 
@@ -268,6 +271,9 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
             json!(call.started.elapsed().as_micros() as u64),
         );
         o.insert("stages_us".into(), Value::Object(stages));
+        if let Some(intent) = &call.intent {
+            o.insert("intent".into(), json!(intent));
+        }
         if let Some(digest) = &call.rechecked_policy {
             o.insert("recheck_policy_digest".into(), json!(&**digest));
         }

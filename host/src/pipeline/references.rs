@@ -386,7 +386,11 @@ mod tests {
             &origin(1, 1),
             "source-ref",
             "wal",
-            f(&[("title", "WAL"), ("version", "3"), ("media-type", "text/markdown")]),
+            f(&[
+                ("title", "WAL"),
+                ("version", "3"),
+                ("media-type", "text/markdown"),
+            ]),
         );
         assert_eq!(hit, passage, "a search hit and a passage of one note");
         let newer = t.mint(&origin(1, 1), "source-ref", "wal", f(&[("version", "4")]));

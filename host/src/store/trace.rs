@@ -200,6 +200,21 @@ impl Pending {
         Self(None)
     }
 
+    /// Like [`Pending::wait`], blocking the thread (not for async contexts).
+    ///
+    /// # Errors
+    /// As [`Pending::wait`].
+    pub fn wait_blocking(self) -> anyhow::Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => match rx.blocking_recv() {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(why)) => Err(anyhow!("appending to the trace failed: {why}")),
+                Err(_) => Err(anyhow!("the trace writer stopped")),
+            },
+        }
+    }
+
     /// Waits until the events are committed.
     ///
     /// # Errors
