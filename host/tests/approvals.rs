@@ -849,18 +849,11 @@ async fn a_snapshot_change_after_the_approval_needs_a_new_one() {
     let (id, artifact, team) = approved_delivery(&d, &client).await;
     std::fs::write(&trigger, "").unwrap();
     // The host re-discovers on the server's list_changed (the client is not told: what it
-    // is offered did not change).
-    for _ in 0..100 {
-        if d.trace()
-            .iter()
-            .filter(|e| e["kind"] == "snapshot-taken")
-            .count()
-            >= 3
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // is offered did not change): wait for the snapshot with the fifth tool.
+    wait_for_trace(&d, |e| {
+        e["kind"] == "snapshot-taken" && e["payload"]["tools"] == 5
+    })
+    .await;
     let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
         .await
         .unwrap();
