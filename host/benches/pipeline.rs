@@ -29,7 +29,7 @@ use airlock::registry::Registry;
 use airlock::registry::live::MappingSource;
 use airlock::store::{
     ApprovalDecision, ApprovalMode, ConsumeAs, NewApproval, NewEvent, NewIntent, ReceiptBinding,
-    SqliteStore, Store, TraceWriter,
+    SqliteStore, Store,
 };
 use serde_json::{Map, Value, json};
 
@@ -389,31 +389,19 @@ fn trace_append(n: usize) {
                 .unwrap()
         }),
     );
-    // Through the trace writer thread (the path calls take): 1 caller, then 8 concurrent
-    // callers whose events share transactions.
-    let writer = Arc::new(TraceWriter::start(store.clone()).unwrap());
-    print(
-        "trace: 4 events through the writer thread, 1 caller",
-        &time(n, |i| {
-            writer
-                .submit(call_events(&format!("w_{i}")))
-                .wait_blocking()
-                .unwrap()
-        }),
-    );
+    // 8 concurrent callers: their events share transactions (group commit).
     let per = n / 8;
     let samples = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
     let started = Instant::now();
     std::thread::scope(|s| {
         for t in 0..8 {
-            let (writer, samples) = (writer.clone(), samples.clone());
+            let (store, samples) = (store.clone(), samples.clone());
             s.spawn(move || {
                 let mut mine = Vec::with_capacity(per);
                 for i in 0..per {
                     let start = Instant::now();
-                    writer
-                        .submit(call_events(&format!("call_{t}_{i}")))
-                        .wait_blocking()
+                    store
+                        .append_events(call_events(&format!("call_{t}_{i}")))
                         .unwrap();
                     mine.push(start.elapsed());
                 }
@@ -425,13 +413,38 @@ fn trace_append(n: usize) {
     let all = std::mem::take(&mut *samples.lock().unwrap());
     let calls = all.len();
     print(
-        "trace: 4 events through the writer thread, 8 callers",
+        "trace: one read call's 4 events, 8 callers (group commit)",
         &stats(all),
     );
     println!(
         "{:<58} {:.0} calls/s traced",
         "  throughput with 8 callers",
         calls as f64 / elapsed.as_secs_f64()
+    );
+    // The floor: SQLite itself, same database, same settings.
+    let raw = tempfile::tempdir().unwrap();
+    let raw_store = SqliteStore::open(raw.path()).unwrap();
+    drop(raw_store);
+    let conn = rusqlite::Connection::open(raw.path().join("airlock.db")).unwrap();
+    conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+    print(
+        "sqlite: empty BEGIN IMMEDIATE + COMMIT (the floor)",
+        &time(n, |_| {
+            conn.execute_batch("BEGIN IMMEDIATE; COMMIT;").unwrap();
+        }),
+    );
+    let payload = "x".repeat(400);
+    print(
+        "sqlite: 4 rows of 400 bytes, one INSERT, one txn",
+        &time(n, |i| {
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            conn.execute(
+                "INSERT INTO trace_events (seq, at_ms, kind, subject, payload, prev_hash, hash) VALUES (?1, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 1000000000, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 2000000000, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 3000000000, 0, 'k', 's', ?2, 'p', 'h')",
+                rusqlite::params![i as i64, payload],
+            )
+            .unwrap();
+            conn.execute_batch("COMMIT").unwrap();
+        }),
     );
     assert!(store.verify_trace().unwrap().first_bad.is_none());
 }

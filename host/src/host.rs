@@ -31,7 +31,6 @@ use crate::store::NewEvent;
 /// A running Airlock.
 pub struct Host {
     live: Arc<Live>,
-    writer: crate::store::TraceWriter,
     policy: PolicyEngine,
     request_state: RequestStateCodec,
     /// Digest of the policy files' contents as last read (changed or not), to skip reloads
@@ -89,11 +88,8 @@ impl Host {
         );
         tracing::info!(policy = %crate::registry::short(policy.digest()), files = policy.files().len(), "policy loaded");
         let seen = policy_files_digest(&live.config().policy_files);
-        let writer = crate::store::TraceWriter::start(live.registry().shared_store())
-            .expect("starting the trace writer thread");
         Arc::new(Self {
             live,
-            writer,
             policy: PolicyEngine::new(policy),
             request_state,
             policy_seen: std::sync::Mutex::new(seen),
@@ -108,11 +104,6 @@ impl Host {
     /// The policy engine.
     pub fn policy(&self) -> &PolicyEngine {
         &self.policy
-    }
-
-    /// The thread that commits call trace events off the request path.
-    pub fn trace_writer(&self) -> &crate::store::TraceWriter {
-        &self.writer
     }
 
     /// The codec sealing `requestState` values.

@@ -18,11 +18,10 @@
 //!   revision, snapshot, connection health and reference validity.
 //! - **Every call is traced, and acknowledged only once traced.** The events of one call
 //!   (candidate, decision, approval, receipt, intent, each upstream request, outcome) are
-//!   linked by the call id. They are committed by the trace writer thread while the call
-//!   goes on — the events up to the re-check while the adapter runs, the rest while the
-//!   front renders — and the front can reach the outcome only through
-//!   [`Finished::respond`], which waits for every commit before it returns the rendering;
-//!   a receipt's consumption commits with the intent it creates.
+//!   linked by the call id and committed — one transaction per call, shared by concurrent
+//!   calls (group commit) — before the front can reach the outcome ([`Finished`] holds a
+//!   commit failure in its place); a receipt's consumption commits with the intent it
+//!   creates.
 //! - [`offer`] computes what a session is offered: profile ∩ serving mappings ∩ healthy
 //!   connections ∩ policy.
 
@@ -64,8 +63,6 @@ pub struct Call {
     events: Vec<NewEvent>,
     /// The durable intent whose state the outcome sets, if any.
     durable_intent: Option<String>,
-    /// Commits submitted to the trace writer, still to be waited for.
-    pending: Vec<crate::store::Pending>,
     /// The digest of the policy that allowed the call at the re-check.
     rechecked_policy: Option<std::sync::Arc<str>>,
     /// The call's intent id, once it has one.
@@ -83,7 +80,6 @@ impl Call {
             stages: Vec::with_capacity(8),
             events: Vec::with_capacity(8),
             durable_intent: None,
-            pending: Vec::new(),
             rechecked_policy: None,
             intent: None,
         }
@@ -112,33 +108,24 @@ impl Call {
     }
 }
 
-/// A call's outcome whose trace may still be committing.
-#[must_use = "the outcome is reached through `respond`, which waits for the trace"]
+/// A call's outcome, with its trace committed (or the failure to commit it).
+#[must_use = "the outcome is reached through `respond`"]
 pub struct Finished {
     call: String,
     outcome: Outcome,
-    pending: Vec<crate::store::Pending>,
     failed: Option<anyhow::Error>,
 }
 
 impl Finished {
-    /// Renders the outcome with `render` while the call's trace commits, then waits for
-    /// every commit: the rendering is returned only once the trace holds the whole call.
+    /// Renders the outcome with `render`, unless the call's trace could not be committed.
     ///
     /// # Errors
     /// A commit failed: the outcome to render instead (`unknown` when the adapter ran,
     /// `unavailable` otherwise); nothing about the call's result is acknowledged.
     pub async fn respond<R>(self, render: impl FnOnce(Outcome) -> R) -> Result<R, Outcome> {
         let ran = matches!(self.outcome, Outcome::Completed(_));
-        let rendered = render(self.outcome);
-        let mut failure = self.failed;
-        for p in self.pending {
-            if let Err(e) = p.wait().await {
-                failure.get_or_insert(e);
-            }
-        }
-        match failure {
-            None => Ok(rendered),
+        match self.failed {
+            None => Ok(render(self.outcome)),
             Some(e) => {
                 tracing::error!(call = %self.call, "could not commit the call's trace: {e:#}");
                 Err(Outcome::refused(
@@ -161,8 +148,7 @@ impl Finished {
     }
 }
 
-/// Runs one call through every stage; its trace commits while the caller renders the
-/// outcome (see [`Finished::respond`]).
+/// Runs one call through every stage and commits its trace (see [`Finished::respond`]).
 pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Finished {
     let mut call = Call::new(candidate.session.clone());
     let outcome = stages(host, &mut call, candidate, asker).await;
@@ -170,7 +156,6 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     Finished {
         call: call.id.clone(),
         outcome,
-        pending: std::mem::take(&mut call.pending),
         failed,
     }
 }
@@ -241,12 +226,6 @@ async fn stages(
             }
         };
         call.stage("recheck");
-        // What is known so far commits while the adapter runs. (A call with a durable
-        // intent commits the rest with the intent's outcome, in order.)
-        if call.durable_intent.is_none() {
-            let so_far = call.take_events();
-            call.pending.push(host.trace_writer().submit(so_far));
-        }
         let executed = execute::execute(call, ready).await;
         call.stage("execute");
         let outcome = outcome::outcome(call, executed);
@@ -292,9 +271,6 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
             };
             store.set_intent_state(&intent, state, events)
         }
-        None => {
-            call.pending.push(host.trace_writer().submit(events));
-            Ok(())
-        }
+        None => store.append_events(events),
     }
 }

@@ -46,7 +46,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
 };
-pub use trace::{NewEvent, Pending, TraceWriter};
+pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = 3;
@@ -574,10 +574,10 @@ pub trait Store: Send + Sync {
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent>;
 
-    /// Appends `events` in order, chained as [`Store::append_trace`] does, in one
-    /// transaction, and returns once they are committed: `Ok` means every event is in the
-    /// database, an error means none is. (Batching across calls is the job of
-    /// [`trace::TraceWriter`].)
+    /// Appends `events` in order, chained as [`Store::append_trace`] does, and returns once
+    /// they are committed: `Ok` means every event is in the database, an error means none
+    /// is. Concurrent callers share one transaction (group commit, see [`trace`]), each
+    /// answered with the result of the transaction that held its events.
     fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()>;
 
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
@@ -655,6 +655,7 @@ pub trait Store: Send + Sync {
 pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
+    commit: trace::GroupCommit,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -705,6 +706,7 @@ impl SqliteStore {
         Ok(Self {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
+            commit: trace::GroupCommit::default(),
         })
     }
 
@@ -1499,12 +1501,21 @@ impl Store for SqliteStore {
         if events.is_empty() {
             return Ok(());
         }
+        let mine = self.commit.enqueue(events);
         let conn = self.lock();
-        // Cached statements for BEGIN and COMMIT too: this runs once per call (or per
-        // batch of calls, see `trace::TraceWriter`).
+        if let Some(result) = mine.get() {
+            // Committed (or failed) by whoever held the lock before us.
+            return result
+                .clone()
+                .map_err(|why| anyhow!("appending to the trace failed: {why}"));
+        }
+        let (batches, slots): (Vec<_>, Vec<_>) = self.commit.take().into_iter().unzip();
+        let all: Vec<NewEvent> = batches.into_iter().flatten().collect();
+        // Cached statements for BEGIN and COMMIT too: this runs once per call (or per batch
+        // of concurrent calls).
         let result = (|| -> anyhow::Result<()> {
             conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-            let written = trace::append_in(&conn, &events).and_then(|_| {
+            let written = trace::append_in(&conn, &all).and_then(|_| {
                 conn.prepare_cached("COMMIT")?.execute([])?;
                 Ok(())
             });
@@ -1512,8 +1523,19 @@ impl Store for SqliteStore {
                 let _ = conn.execute_batch("ROLLBACK");
             }
             written
-        })();
-        result.with_context(|| self.context(&format!("appending {} trace events", events.len())))
+        })()
+        .with_context(|| self.context(&format!("appending {} trace events", all.len())));
+        let shared = result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+        for slot in &slots {
+            let _ = slot.set(shared.clone());
+        }
+        // Our own batch was among those taken (it was queued before we locked).
+        match mine.get() {
+            Some(r) => r
+                .clone()
+                .map_err(|why| anyhow!("appending to the trace failed: {why}")),
+            None => result,
+        }
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {
