@@ -526,25 +526,25 @@ impl SqliteStore {
             .with_context(|| self.context("listing approvals"))
     }
 
+    /// The newest open approval of a binding; served by the `approvals_open_by_binding`
+    /// partial index (the `WHERE` must name the index's states exactly for SQLite to use it).
     pub(super) fn find_approval_impl(
         &self,
         binding: &ReceiptBinding,
     ) -> anyhow::Result<Option<ApprovalRecord>> {
         let conn = self.lock();
-        conn.query_row(
-            &format!(
-                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE requester = ?1 AND session = ?2 AND capability = ?3 AND args_digest = ?4 AND state IN ('pending', 'approved') ORDER BY created_ms DESC LIMIT 1"
-            ),
-            params![
-                binding.requester,
-                binding.session,
-                binding.capability,
-                binding.args_digest
-            ],
-            approval_from_row,
-        )
-        .optional()
-        .with_context(|| self.context("looking up an approval"))
+        conn.prepare_cached(&find_open_sql())?
+            .query_row(
+                params![
+                    binding.requester,
+                    binding.session,
+                    binding.capability,
+                    binding.args_digest
+                ],
+                approval_from_row,
+            )
+            .optional()
+            .with_context(|| self.context("looking up an approval"))
     }
 
     pub(super) fn decide_approval_impl(
@@ -712,10 +712,38 @@ impl SqliteStore {
     }
 }
 
+/// The query behind [`SqliteStore::find_approval_impl`].
+fn find_open_sql() -> String {
+    format!(
+        "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE requester = ?1 AND session = ?2 AND capability = ?3 AND args_digest = ?4 AND state IN ('pending', 'approved') ORDER BY created_ms DESC LIMIT 1"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::Store;
+
+    /// However many consumed approvals a binding has, the lookup of its open one searches
+    /// the partial index, not the binding's rows.
+    #[test]
+    fn finding_the_open_approval_uses_the_partial_index() {
+        let (_dir, s) = store();
+        let conn = s.lock();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", find_open_sql()))
+            .unwrap()
+            .query_map(params!["a", "b", "c", "d"], |row| row.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let plan = plan.join("; ");
+        assert!(plan.contains("approvals_open_by_binding"), "{plan}");
+        assert!(
+            !plan.contains("TEMP B-TREE"),
+            "sorts instead of reading the index: {plan}"
+        );
+    }
 
     fn binding() -> ReceiptBinding {
         ReceiptBinding {

@@ -49,7 +49,7 @@ pub use approvals::{
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -196,6 +196,13 @@ CREATE TABLE intents (
     created_ms       INTEGER NOT NULL,
     updated_ms       INTEGER NOT NULL
 ) STRICT;
+"#,
+    // 3 → 4: finding the open approval of a binding reads only open approvals, newest
+    // first, however many consumed ones the binding has (repeated identical calls).
+    r#"
+CREATE INDEX approvals_open_by_binding
+    ON approvals (requester, session, capability, args_digest, created_ms)
+    WHERE state IN ('pending', 'approved');
 "#,
 ];
 
