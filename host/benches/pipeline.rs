@@ -434,13 +434,16 @@ fn trace_append(n: usize) {
         }),
     );
     let payload = "x".repeat(400);
+    let mut next = 1_000_000_000i64;
     print(
         "sqlite: 4 rows of 400 bytes, one INSERT, one txn",
-        &time(n, |i| {
+        &time(n, |_| {
+            next += 4;
             conn.execute_batch("BEGIN IMMEDIATE").unwrap();
             conn.execute(
-                "INSERT INTO trace_events (seq, at_ms, kind, subject, payload, prev_hash, hash) VALUES (?1, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 1000000000, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 2000000000, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 3000000000, 0, 'k', 's', ?2, 'p', 'h')",
-                rusqlite::params![i as i64, payload],
+                "INSERT INTO trace_events (seq, at_ms, kind, subject, payload, prev_hash, hash) VALUES (?1, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 1, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 2, 0, 'k', 's', ?2, 'p', 'h'), (?1 + 3, 0, 'k', 's', ?2, 'p', 'h')",
+                // Far above anything the store itself wrote when it opened.
+                rusqlite::params![next, payload],
             )
             .unwrap();
             conn.execute_batch("COMMIT").unwrap();
