@@ -26,31 +26,9 @@ use airlock::upstream::StdioServer;
 mod common;
 use serde_json::{Value, json};
 
-const POLICY: &str = r#"
-@id("any-profile")
-permit (principal, action == Airlock::Action::"use-profile", resource);
-
-@id("reads")
-permit (principal, action == Airlock::Action::"call", resource)
-when { resource.effect_class == "read" };
-
-@id("publisher-prepares")
-permit (principal, action == Airlock::Action::"call", resource)
-when { context.profile == Airlock::Profile::"publisher" && resource.effect_class == "local-transformation" };
-
-@id("publisher-delivers-with-approval")
-permit (principal in Airlock::Role::"operator", action == Airlock::Action::"call", resource)
-when {
-    context.profile == Airlock::Profile::"publisher" &&
-    resource.effect_class == "external-effect" &&
-    context.approved
-};
-
-@id("no-partner-drop")
-@category("outside-scope")
-forbid (principal, action == Airlock::Action::"call", resource)
-when { context has destination && context.destination == Airlock::Scope::"partner-drop" };
-"#;
+// The approvals policy of the process tests (reads anywhere; the publisher prepares, and
+// delivers once approved; never to the partner drop).
+use common::POLICY;
 
 struct Delivery {
     host: Arc<Host>,
