@@ -314,9 +314,13 @@ fn receipts(n: usize) {
             json!({"call": call, "approval": "apr", "intent": "int"}),
         )
     };
+    // A fresh approval for every consumption, warm-up included.
+    let mut next = 0usize;
     print(
         "receipt: consume + create intent (+2 events), one txn",
-        &time(n, |i| {
+        &time(n, |_| {
+            let i = next;
+            next += 1;
             let intent = NewIntent {
                 id: format!("int_{i:032x}"),
                 idempotency_key: format!("idk_{i:032x}"),
@@ -331,7 +335,7 @@ fn receipts(n: usize) {
             };
             let r = store
                 .consume_receipt(
-                    &ids[i % ids.len()],
+                    &ids[i],
                     &binding,
                     ConsumeAs::Approved,
                     &intent,
@@ -341,7 +345,10 @@ fn receipts(n: usize) {
                     ],
                 )
                 .unwrap();
-            std::hint::black_box(r);
+            assert!(
+                matches!(r, airlock::store::Consumption::Consumed(..)),
+                "{r:?}"
+            );
         }),
     );
     print(

@@ -386,11 +386,10 @@ fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
 }
 
 fn load_approval(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
-    tx.query_row(
-        &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"),
-        params![id],
-        approval_from_row,
-    )
+    tx.prepare_cached(&format!(
+        "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"
+    ))?
+    .query_row(params![id], approval_from_row)
     .optional()
 }
 
@@ -400,11 +399,10 @@ fn insert_intent(
     approval_id: Option<&str>,
     now: i64,
 ) -> anyhow::Result<()> {
-    tx.execute(
-        &format!(
-            "INSERT INTO intents ({INTENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12)"
-        ),
-        params![
+    tx.prepare_cached(&format!(
+        "INSERT INTO intents ({INTENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12)"
+    ))?
+    .execute(params![
             intent.id,
             intent.idempotency_key,
             intent.call_id,
@@ -644,14 +642,16 @@ impl SqliteStore {
             }
             let now_sql = ms_to_sql(now)?;
             let updated = match how {
-                ConsumeAs::Approved => tx.execute(
-                    "UPDATE approvals SET state = 'consumed', consumed_ms = ?2, intent_id = ?3 WHERE id = ?1 AND state = 'approved'",
-                    params![id, now_sql, intent.id],
-                )?,
-                ConsumeAs::AnsweredInBand { by, .. } => tx.execute(
-                    "UPDATE approvals SET state = 'consumed', consumed_ms = ?2, intent_id = ?3, decided_by = ?4, decided_ms = ?2 WHERE id = ?1 AND state = 'pending'",
-                    params![id, now_sql, intent.id, by],
-                )?,
+                ConsumeAs::Approved => tx
+                    .prepare_cached(
+                        "UPDATE approvals SET state = 'consumed', consumed_ms = ?2, intent_id = ?3 WHERE id = ?1 AND state = 'approved'",
+                    )?
+                    .execute(params![id, now_sql, intent.id])?,
+                ConsumeAs::AnsweredInBand { by, .. } => tx
+                    .prepare_cached(
+                        "UPDATE approvals SET state = 'consumed', consumed_ms = ?2, intent_id = ?3, decided_by = ?4, decided_ms = ?2 WHERE id = ?1 AND state = 'pending'",
+                    )?
+                    .execute(params![id, now_sql, intent.id, by])?,
             };
             if updated != 1 {
                 return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
@@ -659,11 +659,11 @@ impl SqliteStore {
             insert_intent(&tx, intent, Some(id), now_sql)?;
             trace::append_in(&tx, &events)?;
             let approval = load_approval(&tx, id)?.ok_or_else(|| anyhow!("approval vanished"))?;
-            let stored = tx.query_row(
-                &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
-                params![intent.id],
-                intent_from_row,
-            )?;
+            let stored = tx
+                .prepare_cached(&format!(
+                    "SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"
+                ))?
+                .query_row(params![intent.id], intent_from_row)?;
             tx.commit()?;
             Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
         };
@@ -689,10 +689,11 @@ impl SqliteStore {
     ) -> anyhow::Result<()> {
         let now = ms_to_sql(now_ms())?;
         self.transact("recording an intent's outcome", &events, |tx| {
-            let n = tx.execute(
-                "UPDATE intents SET state = ?2, updated_ms = ?3 WHERE id = ?1 AND state = 'prepared'",
-                params![id, state.as_str(), now],
-            )?;
+            let n = tx
+                .prepare_cached(
+                    "UPDATE intents SET state = ?2, updated_ms = ?3 WHERE id = ?1 AND state = 'prepared'",
+                )?
+                .execute(params![id, state.as_str(), now])?;
             if n != 1 {
                 bail!("intent `{id}` is not prepared (its outcome was already recorded)");
             }

@@ -25,7 +25,7 @@
 //! driven by `PRAGMA user_version`, each applied in its own transaction.
 //!
 //! Connection settings: WAL journal, `synchronous=NORMAL`, foreign keys on, a 5 s busy
-//! timeout, and write transactions that take the write lock up front (`BEGIN IMMEDIATE`), so
+//! timeout, the query planner stability guarantee (a cached statement keeps its plan), and write transactions that take the write lock up front (`BEGIN IMMEDIATE`), so
 //! several processes (a running `airlock serve` and `airlock review approve`) can share one
 //! database. Times are unix milliseconds.
 
@@ -812,6 +812,16 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     }
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    // One plan per statement whatever its bound values: without the query planner stability
+    // guarantee, SQLite re-prepares a cached statement after each bind when a bound value
+    // could change its plan (here: the partial index of open approvals), which made every
+    // approval lookup a fresh parse. Statements are cached (`prepare_cached`) on the call
+    // path; the cache holds them all.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
 
