@@ -70,10 +70,39 @@ pub fn schema() -> &'static Schema {
 }
 
 /// An entity uid `Airlock::<kind>::"<id>"`.
+/// The entity types of the schema's `Airlock` namespace, parsed once (parsing a type name
+/// on every decision showed in the profile).
+const ENTITY_TYPES: [&str; 9] = [
+    "Action",
+    "Requester",
+    "Role",
+    "Profile",
+    "Capability",
+    "Mapping",
+    "Connection",
+    "DataClass",
+    "Scope",
+];
+
+fn type_name(kind: &str) -> EntityTypeName {
+    static PARSED: std::sync::LazyLock<Vec<EntityTypeName>> = std::sync::LazyLock::new(|| {
+        ENTITY_TYPES
+            .iter()
+            .map(|k| {
+                EntityTypeName::from_str(&format!("Airlock::{k}"))
+                    .expect("Airlock entity type names are valid")
+            })
+            .collect()
+    });
+    match ENTITY_TYPES.iter().position(|k| *k == kind) {
+        Some(i) => PARSED[i].clone(),
+        None => EntityTypeName::from_str(&format!("Airlock::{kind}"))
+            .expect("Airlock entity type names are valid"),
+    }
+}
+
 fn uid(kind: &str, id: &str) -> EntityUid {
-    let name = EntityTypeName::from_str(&format!("Airlock::{kind}"))
-        .expect("Airlock entity type names are valid");
-    EntityUid::from_type_name_and_id(name, EntityId::new(id))
+    EntityUid::from_type_name_and_id(type_name(kind), EntityId::new(id))
 }
 
 fn action(name: &str) -> EntityUid {
