@@ -434,6 +434,18 @@ pub struct Decision {
     pub errors: Vec<String>,
 }
 
+impl Decision {
+    /// The deny given when the entities of a request cannot be built (fail closed).
+    fn unbuildable(policy_digest: &Arc<str>, why: &dyn std::fmt::Display) -> Self {
+        Self {
+            verdict: Verdict::Deny(DenyCategory::CapabilityUnavailable),
+            policy_digest: policy_digest.clone(),
+            determining: Vec::new(),
+            errors: vec![format!("entities: {why}")],
+        }
+    }
+}
+
 /// The requester as Cedar sees it: `Airlock::Requester::"<name>"` with its roles.
 #[derive(Clone)]
 pub struct Principal {
@@ -555,14 +567,7 @@ impl PolicyEngine {
         let resource = uid("Profile", profile);
         let entities = match Entities::from_entities(principal.entities.as_ref().clone(), None) {
             Ok(e) => e,
-            Err(e) => {
-                return Decision {
-                    verdict: Verdict::Deny(DenyCategory::CapabilityUnavailable),
-                    policy_digest: policy.digest.clone(),
-                    determining: Vec::new(),
-                    errors: vec![format!("entities: {e}")],
-                };
-            }
+            Err(e) => return Decision::unbuildable(&policy.digest, &e),
         };
         let (allowed, determining, errors) = self.ask(
             &policy,
@@ -607,14 +612,7 @@ impl PolicyEngine {
         let resource = uid("Capability", capability.name);
         let entities = match self.entities_for(principal, capability) {
             Ok(e) => e,
-            Err(e) => {
-                return Decision {
-                    verdict: Verdict::Deny(DenyCategory::CapabilityUnavailable),
-                    policy_digest: policy.digest.clone(),
-                    determining: Vec::new(),
-                    errors: vec![format!("entities: {e}")],
-                };
-            }
+            Err(e) => return Decision::unbuildable(&policy.digest, &e),
         };
         let ask = |approved: bool| {
             self.ask(
