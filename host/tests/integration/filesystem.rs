@@ -1,9 +1,7 @@
 //! `airlock serve` with the published reference filesystem MCP server
 //! (@modelcontextprotocol/server-filesystem) through the `fs-documents` adapter.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 fn deployment() -> Deployment {

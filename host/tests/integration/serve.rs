@@ -1,9 +1,7 @@
 //! `airlock serve` over stdio with the notes fixture server: the walking skeleton, end to
 //! end, and every refusal it must make before anything reaches the upstream server.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const INVALID_PARAMS: i32 = -32602;

@@ -8,15 +8,13 @@
 //! `connected: ...` or `error: <io error kind>: ...` (see
 //! fixtures/adapters/hostile/src/lib.rs).
 
-mod common;
-
 use std::io::Read as _;
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::{self, *};
 use rmcp::model::CallToolResult;
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::json;

@@ -3,9 +3,7 @@
 //! approved through `input_required` (2026-07-28, stateless) and through
 //! `elicitation/create` (2025-11-25), and is delivered exactly once each time.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 fn python_site() -> std::path::PathBuf {

@@ -1,9 +1,7 @@
 //! The registry against real processes: connection identity, discovery snapshots, drift,
 //! pins and mapping lifecycle, the hash-chained trace, the store's failure modes.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 /// A deployment whose notes server drifts (`--drift-on-call KIND`) after its first

@@ -1,8 +1,6 @@
 //! A client no one here wrote: the official MCP Inspector CLI drives `airlock serve`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// Runs the Inspector CLI against `airlock serve --config CONFIG` with `extra` arguments.

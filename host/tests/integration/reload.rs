@@ -1,13 +1,11 @@
 //! Hot reload of a watched mappings folder, against a running `airlock serve` with clients
 //! calling concurrently.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Writes `text` to `path` the way a deploy tool does: beside it, then rename over.

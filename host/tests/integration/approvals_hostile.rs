@@ -23,12 +23,11 @@ use airlock::registry::live::MappingSource;
 use airlock::store::{NewEvent, SqliteStore, Store as _};
 use airlock::upstream::StdioServer;
 
-mod common;
 use serde_json::{Value, json};
 
 // The approvals policy of the process tests (reads anywhere; the publisher prepares, and
 // delivers once approved; never to the partner drop).
-use common::POLICY;
+use crate::common::{self, POLICY};
 
 struct Delivery {
     host: Arc<Host>,

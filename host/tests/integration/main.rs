@@ -1,0 +1,23 @@
+//! Airlock's integration tests, linked into one test binary.
+//!
+//! Each module drives real parts: the `airlock` binary or an in-process `Host`, real
+//! fixture MCP servers over stdio, real components built from `adapters/` and
+//! `fixtures/adapters/`, real Python and TypeScript MCP clients. One binary instead of
+//! one per file: every test binary links wasmtime, cranelift and rmcp, so twelve of them
+//! cost twelve links and several gigabytes of `target/` for no isolation the harness
+//! does not already give (each test builds its own deployment in its own temp folder).
+//! Run one area with `cargo test -p airlock --test integration approvals::`.
+
+mod common;
+
+mod approvals;
+mod approvals_hostile;
+mod filesystem;
+mod grants_cli;
+mod hostile;
+mod inspector;
+mod python_client;
+mod registry;
+mod reload;
+mod serve;
+mod sessions;
