@@ -36,6 +36,13 @@ pub(super) async fn execute(_call: &mut Call, ready: Ready) -> Executed {
             &cap.function.name,
             std::slice::from_ref(ready.param()),
             mapping.grant.clone(),
+            crate::runtime::CallContext {
+                intent_id: Some(ready.intended().intent_id().to_string()),
+                idempotency_key: ready.intended().idempotency_key().map(str::to_string),
+                attempt: 1,
+                attempts: None,
+                cancel: None,
+            },
         )
         .await;
     Executed { ready, result }

@@ -365,6 +365,42 @@ pub struct UpstreamGrant {
     pub max_output_bytes: u64,
 }
 
+/// What the host tells one adapter call about the call it serves (DESIGN.md §4,
+/// `airlock:host/context`), and where the call reports its upstream requests.
+#[derive(Clone, Default)]
+pub struct CallContext {
+    /// The call's intent id (`int_…`), when it has one.
+    pub intent_id: Option<String>,
+    /// The intent's idempotency key (`idk_…`): the same on every attempt of one intent.
+    pub idempotency_key: Option<String>,
+    /// Which attempt of the intent this is, from 1.
+    pub attempt: u32,
+    /// Told of every upstream request of the call as it happens; `None` for calls that
+    /// need no durable attempt record (reads).
+    pub attempts: Option<Arc<dyn AttemptLog>>,
+    /// Cancelled when the model-facing request is cancelled or the call is abandoned:
+    /// the adapter's wait ends and the upstream request is cancelled.
+    pub cancel: Option<tokio_util::sync::CancellationToken>,
+}
+
+/// Receives an attempt's upstream transitions at the moment each becomes true (DESIGN.md
+/// §5.8: prepared → **sent** → **acknowledged** → result observed → receipt verified →
+/// committed). The host's implementation writes each durably before returning.
+pub trait AttemptLog: Send + Sync {
+    /// Called before upstream request `method` on `target` is written to the
+    /// connection. An error refuses the request: nothing is sent, and the adapter gets
+    /// `unavailable` with the message.
+    ///
+    /// # Errors
+    /// The transition could not be recorded.
+    fn sending(&self, method: &'static str, target: &str) -> Result<(), String>;
+
+    /// Called when the upstream answered the request (`answered`: a JSON-RPC result or
+    /// error arrived), or when it will not answer (`answered == false`: the connection
+    /// closed, the request timed out or was cancelled).
+    fn finished(&self, method: &'static str, target: &str, request_id: &str, answered: bool);
+}
+
 /// One upstream request made during a call, for provenance.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Observation {
@@ -497,6 +533,7 @@ impl LoadedAdapter {
         &self,
         grant: Arc<UpstreamGrant>,
         network: NetworkPolicy,
+        context: CallContext,
     ) -> Result<(Store<CallState>, BoundedOutput, BoundedOutput), CallFailure> {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
         let stdio = usize::try_from(self.limits.max_stdio_bytes).unwrap_or(usize::MAX);
@@ -550,6 +587,7 @@ impl LoadedAdapter {
                 observations: Vec::new(),
                 logs: Vec::new(),
                 requests_left: self.limits.max_upstream_requests,
+                context,
             },
         };
         let mut store = Store::new(self.pre.engine(), state);
@@ -579,7 +617,7 @@ impl LoadedAdapter {
     pub async fn instantiate_once(&self, grant: Arc<UpstreamGrant>) -> Result<()> {
         let network = self.network_policy().await;
         let (mut store, _, _) = self
-            .new_store(grant, network)
+            .new_store(grant, network, CallContext::default())
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         self.pre.instantiate_async(&mut store).await?;
         Ok(())
@@ -610,12 +648,14 @@ impl LoadedAdapter {
     }
 
     /// Instantiates the adapter in a fresh Store and calls its contract function
-    /// `function` with `params`, under the mapping's limits and `grant`.
+    /// `function` with `params`, under the mapping's limits and `grant`, serving the call
+    /// described by `context`.
     pub async fn call(
         &self,
         function: &str,
         params: &[Val],
         grant: Arc<UpstreamGrant>,
+        context: CallContext,
     ) -> CallOutcome {
         let deadline = Duration::from_millis(self.limits.deadline_ms);
         let failed = |failure| CallOutcome {
@@ -629,7 +669,7 @@ impl LoadedAdapter {
             return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
         };
         let network = self.network_policy().await;
-        let (mut store, stdout, stderr) = match self.new_store(grant, network) {
+        let (mut store, stdout, stderr) = match self.new_store(grant, network, context) {
             Ok(parts) => parts,
             Err(failure) => return failed(failure),
         };
@@ -905,6 +945,8 @@ struct UpstreamBridge {
     requests_left: u64,
     /// The connection's list_changed count when the call started (after the re-check).
     changes_at_start: u64,
+    /// The call this instance serves.
+    context: CallContext,
 }
 
 impl UpstreamBridge {
@@ -924,6 +966,35 @@ impl UpstreamBridge {
         }
         self.requests_left -= 1;
         Ok(())
+    }
+
+    /// Records that a request is about to be written (see [`AttemptLog::sending`]).
+    fn sending(&self, method: &'static str, target: &str) -> Result<(), upstream::UpstreamError> {
+        match &self.context.attempts {
+            Some(log) => log.sending(method, target).map_err(|why| {
+                upstream::UpstreamError::Unavailable(format!(
+                    "the host could not record the request before sending it ({why}); nothing was sent"
+                ))
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records how a request ended (see [`AttemptLog::finished`]) and passes its result on.
+    fn finished(
+        &self,
+        method: &'static str,
+        target: &str,
+        answer: Result<(Value, String), (UpstreamFailure, Option<String>)>,
+    ) -> Result<(Value, String), upstream::UpstreamError> {
+        if let Some(log) = &self.context.attempts {
+            let (id, answered) = match &answer {
+                Ok((_, id)) => (id.as_str(), true),
+                Err((failure, id)) => (id.as_deref().unwrap_or(""), failure.answered()),
+            };
+            log.finished(method, target, id, answered);
+        }
+        answer.map_err(|(failure, _)| to_guest_error(failure))
     }
 
     fn remaining(&self) -> Result<Duration, upstream::UpstreamError> {
@@ -966,6 +1037,9 @@ fn to_guest_error(failure: UpstreamFailure) -> upstream::UpstreamError {
         UpstreamFailure::OutputTooLarge(n) => upstream::UpstreamError::OutputTooLarge(n),
         UpstreamFailure::Unavailable(why) => upstream::UpstreamError::Unavailable(why),
         UpstreamFailure::Protocol(msg) => upstream::UpstreamError::ProtocolError(msg),
+        UpstreamFailure::Cancelled => upstream::UpstreamError::Unavailable(
+            "the call was cancelled; the upstream request was cancelled too".into(),
+        ),
     }
 }
 
@@ -998,12 +1072,13 @@ impl upstream::Host for CallState {
         };
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
-        let (result, request_id) = bridge
+        bridge.sending("tools/call", &name)?;
+        let answer = bridge
             .grant
             .connection
-            .call_tool(&name, arguments, timeout)
-            .await
-            .map_err(to_guest_error)?;
+            .call_tool(&name, arguments, timeout, bridge.context.cancel.as_ref())
+            .await;
+        let (result, request_id) = bridge.finished("tools/call", &name, answer)?;
         bridge.observe("tools/call", &name, request_id, &result)?;
         Ok(tool_output(&result))
     }
@@ -1021,12 +1096,13 @@ impl upstream::Host for CallState {
         }
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
-        let (result, request_id) = bridge
+        bridge.sending("resources/read", &uri)?;
+        let answer = bridge
             .grant
             .connection
-            .read_resource(&uri, timeout)
-            .await
-            .map_err(to_guest_error)?;
+            .read_resource(&uri, timeout, bridge.context.cancel.as_ref())
+            .await;
+        let (result, request_id) = bridge.finished("resources/read", &uri, answer)?;
         bridge.observe("resources/read", &uri, request_id, &result)?;
         let contents = result["contents"].as_array().cloned().unwrap_or_default();
         Ok(contents

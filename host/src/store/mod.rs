@@ -49,7 +49,7 @@ pub use approvals::{
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -203,6 +203,29 @@ CREATE TABLE intents (
 CREATE INDEX approvals_open_by_binding
     ON approvals (requester, session, capability, args_digest, created_ms)
     WHERE state IN ('pending', 'approved');
+"#,
+    // 4 → 5: the attempts of an intent, each state written when it becomes true
+    // (DESIGN.md §5.8), and how an intent whose outcome was unknown was resolved.
+    r#"
+CREATE TABLE intent_attempts (
+    intent_id        TEXT NOT NULL REFERENCES intents (id),
+    attempt          INTEGER NOT NULL CHECK (attempt >= 1),
+    state            TEXT NOT NULL CHECK (state IN ('prepared', 'sent', 'acknowledged',
+                         'result-observed', 'receipt-verified', 'committed')),
+    requests         INTEGER NOT NULL DEFAULT 0,
+    answered         INTEGER NOT NULL DEFAULT 0,
+    last_request_id  TEXT,
+    prepared_ms      INTEGER NOT NULL,
+    sent_ms          INTEGER,
+    acknowledged_ms  INTEGER,
+    observed_ms      INTEGER,
+    verified_ms      INTEGER,
+    committed_ms     INTEGER,
+    PRIMARY KEY (intent_id, attempt)
+) STRICT;
+ALTER TABLE intents ADD COLUMN resolution TEXT;
+ALTER TABLE intents ADD COLUMN resolved_ms INTEGER;
+CREATE INDEX intents_open ON intents (mapping, created_ms) WHERE state IN ('prepared', 'unknown');
 "#,
 ];
 

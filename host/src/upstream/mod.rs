@@ -26,6 +26,7 @@ use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
 
 /// How long an upstream server has to answer `initialize`.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -99,6 +100,16 @@ pub enum UpstreamFailure {
     Unavailable(String),
     /// The server answered with a JSON-RPC error; the message is untrusted text.
     Protocol(String),
+    /// The caller cancelled the request; the server was sent `notifications/cancelled`.
+    Cancelled,
+}
+
+impl UpstreamFailure {
+    /// True when the server answered the request (a JSON-RPC error, or an answer
+    /// discarded for its size); false when no answer came (closed, timed out, cancelled).
+    pub fn answered(&self) -> bool {
+        matches!(self, Self::OutputTooLarge(_) | Self::Protocol(_))
+    }
 }
 
 impl std::fmt::Display for UpstreamFailure {
@@ -109,6 +120,7 @@ impl std::fmt::Display for UpstreamFailure {
             }
             Self::Unavailable(why) => write!(f, "upstream unavailable: {why}"),
             Self::Protocol(msg) => write!(f, "upstream error: {msg}"),
+            Self::Cancelled => f.write_str("upstream request cancelled by the caller"),
         }
     }
 }
@@ -607,25 +619,29 @@ impl Connection {
     /// Sends `tools/call` and returns the result as JSON with the request's JSON-RPC id.
     ///
     /// # Errors
-    /// See [`UpstreamFailure`]; `timeout` elapsing is `Unavailable` (and the server is sent
-    /// `notifications/cancelled`).
+    /// See [`UpstreamFailure`], with the request's id when it was sent; `timeout` elapsing
+    /// is `Unavailable` and `cancel` firing is `Cancelled` (in both cases the server is
+    /// sent `notifications/cancelled`).
     pub async fn call_tool(
         &self,
         tool: &str,
         arguments: JsonObject,
         timeout: Duration,
-    ) -> Result<(Value, String), UpstreamFailure> {
+        cancel: Option<&CancellationToken>,
+    ) -> Result<(Value, String), (UpstreamFailure, Option<String>)> {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = Some(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        match self.request(request, timeout).await? {
-            (ServerResult::CallToolResult(result), id) => Ok((
-                serde_json::to_value(result)
-                    .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?,
-                id,
-            )),
-            _ => Err(UpstreamFailure::Protocol(
-                "the server answered tools/call with another kind of result".into(),
+        match self.request(request, timeout, cancel).await? {
+            (ServerResult::CallToolResult(result), id) => match serde_json::to_value(result) {
+                Ok(v) => Ok((v, id)),
+                Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
+            },
+            (_, id) => Err((
+                UpstreamFailure::Protocol(
+                    "the server answered tools/call with another kind of result".into(),
+                ),
+                Some(id),
             )),
         }
     }
@@ -633,55 +649,68 @@ impl Connection {
     /// Sends `resources/read` and returns the result as JSON with the request's id.
     ///
     /// # Errors
-    /// See [`UpstreamFailure`].
+    /// As [`Connection::call_tool`].
     pub async fn read_resource(
         &self,
         uri: &str,
         timeout: Duration,
-    ) -> Result<(Value, String), UpstreamFailure> {
+        cancel: Option<&CancellationToken>,
+    ) -> Result<(Value, String), (UpstreamFailure, Option<String>)> {
         let params: ReadResourceRequestParams =
             serde_json::from_value(serde_json::json!({"uri": uri}))
-                .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?;
+                .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
         let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(params));
-        match self.request(request, timeout).await? {
-            (ServerResult::ReadResourceResult(result), id) => Ok((
-                serde_json::to_value(result)
-                    .map_err(|e| UpstreamFailure::Protocol(e.to_string()))?,
-                id,
-            )),
-            _ => Err(UpstreamFailure::Protocol(
-                "the server answered resources/read with another kind of result".into(),
+        match self.request(request, timeout, cancel).await? {
+            (ServerResult::ReadResourceResult(result), id) => match serde_json::to_value(result) {
+                Ok(v) => Ok((v, id)),
+                Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
+            },
+            (_, id) => Err((
+                UpstreamFailure::Protocol(
+                    "the server answered resources/read with another kind of result".into(),
+                ),
+                Some(id),
             )),
         }
     }
 
-    /// Sends one request and waits at most `timeout`; on timeout the server is told the
-    /// request is cancelled. Returns the result and the request's JSON-RPC id.
+    /// Sends one request and waits at most `timeout` (or until `cancel` fires); either
+    /// way the server is then told the request is cancelled. Returns the result and the
+    /// request's JSON-RPC id.
     async fn request(
         &self,
         request: ClientRequest,
         timeout: Duration,
-    ) -> Result<(ServerResult, String), UpstreamFailure> {
+        cancel: Option<&CancellationToken>,
+    ) -> Result<(ServerResult, String), (UpstreamFailure, Option<String>)> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let peer = self.client.peer();
         let handle = peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
-            .map_err(|e| self.failure(e))?;
+            .map_err(|e| (self.failure(e), None))?;
         let id = handle.id.clone();
-        match tokio::time::timeout(timeout, handle.await_response()).await {
-            Ok(Ok(result)) => Ok((result, id.to_string())),
-            Ok(Err(e)) => Err(self.failure(e)),
-            Err(_) => {
-                let _ = peer
-                    .notify_cancelled(CancelledNotificationParam::new(
-                        Some(id),
-                        Some("the caller's deadline passed".into()),
-                    ))
-                    .await;
-                Err(self.timed_out(timeout))
+        let cancelled = async {
+            match cancel {
+                Some(c) => c.cancelled().await,
+                None => std::future::pending().await,
             }
-        }
+        };
+        let (failure, reason) = tokio::select! {
+            answer = tokio::time::timeout(timeout, handle.await_response()) => match answer {
+                Ok(Ok(result)) => return Ok((result, id.to_string())),
+                Ok(Err(e)) => return Err((self.failure(e), Some(id.to_string()))),
+                Err(_) => (self.timed_out(timeout), "the caller's deadline passed"),
+            },
+            () = cancelled => (UpstreamFailure::Cancelled, "the caller cancelled the request"),
+        };
+        let _ = peer
+            .notify_cancelled(CancelledNotificationParam::new(
+                Some(id.clone()),
+                Some(reason.into()),
+            ))
+            .await;
+        Err((failure, Some(id.to_string())))
     }
 
     fn timed_out(&self, timeout: Duration) -> UpstreamFailure {
