@@ -211,6 +211,17 @@ pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemanti
     })
 }
 
+/// The host-only function of contract `interface` that reports what a call of `function`
+/// did, asked with the call's idempotency key (DESIGN.md §5.8: reconciliation of an
+/// unknown outcome). It takes one record whose only field is host-supplied and returns
+/// `result<option<T>, contract-error>`, `T` being the ok type of `function`.
+pub fn query_function(interface: &str, function: &str) -> Option<&'static str> {
+    match (interface, function) {
+        ("airlock:contracts/artifact-delivery@0.2.0", "deliver") => Some("query"),
+        _ => None,
+    }
+}
+
 /// The most consequential effect class among a contract's functions, as a word for
 /// people (`read`, `external effect`...); `unknown` for a contract this host does not know.
 pub fn effect_class(contract: &str) -> &'static str {

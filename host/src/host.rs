@@ -36,6 +36,9 @@ pub struct Host {
     /// Digest of the policy files' contents as last read (changed or not), to skip reloads
     /// of unchanged files.
     policy_seen: std::sync::Mutex<String>,
+    /// When this host started (ms since the epoch): a `prepared` intent older than this
+    /// was left by a host that stopped, and is reconciled.
+    started_ms: u64,
 }
 
 impl Host {
@@ -93,7 +96,15 @@ impl Host {
             policy: PolicyEngine::new(policy),
             request_state,
             policy_seen: std::sync::Mutex::new(seen),
+            started_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         })
+    }
+
+    /// When this host started, in ms since the Unix epoch.
+    pub fn started_ms(&self) -> u64 {
+        self.started_ms
     }
 
     /// The live registry.

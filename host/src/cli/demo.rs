@@ -278,7 +278,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.line("unchanged; `export_workspace` is unreachable: the mapping does not list it")?;
 
     p.step("refusals happen before anything reaches the upstream server")?;
-    let sent_before = conn.connection.requests_sent();
+    let sent_before = conn.connection().requests_sent();
     for (name, args) in [
         (
             "retrieve_source",
@@ -298,7 +298,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
             Ok(r) => bail!("{name} should have been refused, got {r:?}"),
         }
     }
-    let sent_after = conn.connection.requests_sent();
+    let sent_after = conn.connection().requests_sent();
     if sent_after != sent_before {
         bail!("a refused call reached the upstream server");
     }

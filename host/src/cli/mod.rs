@@ -5,6 +5,7 @@
 
 pub mod approvals;
 pub mod demo;
+pub mod intents;
 pub mod operate;
 pub mod policy;
 pub mod review;
@@ -174,6 +175,23 @@ Example:
         #[command(subcommand)]
         action: ApprovalsAction,
     },
+    /// Intents: the durable record of each effect, its attempts, and how unknown ones end.
+    #[command(after_help = "\
+Every call with an effect gets an intent: one id and one idempotency key for every attempt,
+recorded before anything is sent. An attempt moves prepared → sent → acknowledged → result
+observed → receipt verified → committed, each written when it becomes true. When the answer
+to a sent request is lost (the upstream closed, timed out, the call was cancelled) the
+outcome is `unknown`: the host never retries it blindly. It asks the contract's query (by
+idempotency key) where the mapping says it can; otherwise the intent is held for a person.
+
+Example:
+  airlock intents list --state unknown
+  airlock intents show int_0123456789abcdef0123456789abcdef
+  airlock intents resolve int_0123… --as completed --evidence \"outbox has delivery dlv_42\"")]
+    Intents {
+        #[command(subcommand)]
+        action: IntentsAction,
+    },
     /// Policy: explain a decision, validate the policy files, print the Cedar schema.
     #[command(after_help = "\
 Policies are Cedar files listed by `policy = [...]` in the serve configuration (none:
@@ -291,6 +309,49 @@ enum TraceAction {
         #[arg(long, default_value_t = 100)]
         limit: usize,
         /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum IntentsAction {
+    /// Intents, newest first.
+    List {
+        /// Only those in this state: prepared, completed, failed, unknown.
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One intent with its attempts and, if resolved, how.
+    Show {
+        /// The intent id (int_…).
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve an unknown intent: say whether it happened, and why you know.
+    Resolve {
+        /// The intent id (int_…).
+        #[arg(value_name = "ID")]
+        id: String,
+        /// `completed` (it happened) or `failed` (it did not).
+        #[arg(long = "as", value_name = "STATE")]
+        state: String,
+        /// What you saw upstream that decides it (recorded, traced).
+        #[arg(long, value_name = "TEXT")]
+        evidence: String,
+        /// Who decides (recorded). Default: the operating-system user.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -712,6 +773,50 @@ pub fn main() -> ExitCode {
                             reason.as_deref(),
                             std::time::Duration::ZERO,
                         )?;
+                        print(show(&r, json)?)
+                    }
+                }
+            }
+            Command::Intents { action } => {
+                init_logging("warn");
+                let registry = registry_for(state_dir)?;
+                let show = |r: &crate::store::IntentRecord, json: bool| -> Result<String> {
+                    let attempts = registry.store().attempts(&r.intent.id)?;
+                    Ok(if json {
+                        serde_json::to_string_pretty(&serde_json::json!({
+                            "intent": r,
+                            "attempts": attempts,
+                        }))? + "\n"
+                    } else {
+                        intents::show_text(r, &attempts)
+                    })
+                };
+                match action {
+                    IntentsAction::List { state, limit, json } => {
+                        let wanted = state.as_deref().map(intents::parse_state).transpose()?;
+                        let list = intents::list(&registry, wanted, limit)?;
+                        print(if json {
+                            serde_json::to_string_pretty(&list)? + "\n"
+                        } else {
+                            intents::list_text(&list)
+                        })
+                    }
+                    IntentsAction::Show { id, json } => {
+                        let r = registry.store().intent(&id)?.with_context(|| {
+                            format!("no intent `{id}` (`airlock intents list` shows them)")
+                        })?;
+                        print(show(&r, json)?)
+                    }
+                    IntentsAction::Resolve {
+                        id,
+                        state,
+                        evidence,
+                        by,
+                        json,
+                    } => {
+                        let state = intents::parse_state(&state)?;
+                        let by = by.unwrap_or_else(crate::config::os_user_name);
+                        let r = intents::resolve(&registry, &id, state, &by, &evidence)?;
                         print(show(&r, json)?)
                     }
                 }

@@ -41,13 +41,25 @@ pub fn completed(c: &Completed) -> CallToolResult {
         &c.observations,
         &c.content_sha256,
     );
+    let text = match &c.reconciled {
+        Some(r) => format!(
+            "Reconciled (intent {}): {}\n{text}",
+            r["intent"].as_str().unwrap_or(""),
+            r["note"].as_str().unwrap_or("")
+        ),
+        None => text,
+    };
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-    result.structured_content = Some(json!({
+    let mut structured = json!({
         "result": value,
         "provenance": provenance,
         "content_sha256": c.content_sha256,
         "mapping": c.mapping,
-    }));
+    });
+    if let Some(r) = &c.reconciled {
+        structured["reconciled"] = r.clone();
+    }
+    result.structured_content = Some(structured);
     result
 }
 

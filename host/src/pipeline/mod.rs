@@ -26,6 +26,7 @@
 //!   connections ∩ policy.
 
 pub mod approve;
+pub mod attempt;
 pub mod authorize;
 pub mod candidate;
 pub mod execute;
@@ -34,6 +35,7 @@ pub mod normalize;
 pub mod offer;
 pub mod outcome;
 pub mod recheck;
+pub mod reconcile;
 pub mod references;
 pub mod session;
 
@@ -67,6 +69,18 @@ pub struct Call {
     rechecked_policy: Option<std::sync::Arc<str>>,
     /// The call's intent id, once it has one.
     intent: Option<String>,
+    /// Set when the call's effect ended unknown: what reconciling it needs.
+    unknown: Option<UnknownEffect>,
+}
+
+/// What the host needs to reconcile a call whose effect ended unknown.
+struct UnknownEffect {
+    mapping: Arc<crate::registry::live::ActiveMapping>,
+    intent: String,
+    queryable: bool,
+    revision: i64,
+    /// The connection that carried the call's requests.
+    carrier: Arc<crate::upstream::Connection>,
 }
 
 impl Call {
@@ -82,6 +96,7 @@ impl Call {
             durable_intent: None,
             rechecked_policy: None,
             intent: None,
+            unknown: None,
         }
     }
 
@@ -151,8 +166,14 @@ impl Finished {
 /// Runs one call through every stage and commits its trace (see [`Finished::respond`]).
 pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Finished {
     let mut call = Call::new(candidate.session.clone());
-    let outcome = stages(host, &mut call, candidate, asker).await;
+    let mut outcome = stages(host, &mut call, candidate, asker).await;
     let failed = finish(host, &mut call, &outcome).err();
+    if failed.is_none()
+        && let Some(unknown) = call.unknown.take()
+    {
+        // The unknown outcome is durable; now find out what happened.
+        outcome = reconcile_now(host, &call, unknown, outcome).await;
+    }
     Finished {
         call: call.id.clone(),
         outcome,
@@ -177,6 +198,8 @@ async fn stages(
             Err(o) => return o,
         };
         call.stage("normalize");
+        // Intents a stopped host left open are settled before the mapping runs anything.
+        reconcile::before_calls(host, &normalized.capability().mapping).await;
         let authorized = match authorize::authorize(host, call, normalized) {
             Ok(authorize::Authorization::Allowed(a)) => a,
             Ok(authorize::Authorization::NeedsApproval(pending)) => {
@@ -226,11 +249,71 @@ async fn stages(
             }
         };
         call.stage("recheck");
-        let executed = execute::execute(call, ready).await;
+        let cap = ready.intended().authorized().normalized().capability();
+        let (mapping, queryable) = (cap.mapping.clone(), cap.semantics.queryable);
+        let revision = ready.intended().authorized().normalized().revision();
+        let carrier = mapping.connection.connection();
+        let executed = execute::execute(host, call, ready, None).await;
         call.stage("execute");
         let outcome = outcome::outcome(call, executed);
         call.stage("outcome");
+        if let (Outcome::Refused { category, .. }, Some(intent)) = (&outcome, &call.durable_intent)
+            && *category == Category::Unknown
+        {
+            call.unknown = Some(UnknownEffect {
+                mapping,
+                intent: intent.clone(),
+                queryable,
+                revision,
+                carrier,
+            });
+        }
         return outcome;
+    }
+}
+
+/// Reconciles a call whose effect ended unknown, within the call: the answer then says
+/// what the contract's query found (see [`reconcile`]).
+async fn reconcile_now(
+    host: &Arc<Host>,
+    call: &Call,
+    unknown: UnknownEffect,
+    outcome: Outcome,
+) -> Outcome {
+    let record = match host.registry().store().intent(&unknown.intent) {
+        Ok(Some(r)) => r,
+        Ok(None) | Err(_) => return outcome,
+    };
+    let carrier_gone = !unknown.carrier.is_open();
+    let result = reconcile::reconcile(
+        host,
+        &unknown.mapping,
+        &record,
+        unknown.queryable,
+        carrier_gone,
+    )
+    .await;
+    tracing::info!(intent = %unknown.intent, result = ?result, "reconciled an unknown outcome");
+    match result {
+        reconcile::Reconciled::Completed(found) => {
+            outcome::reconciled(call, &unknown.mapping, unknown.revision, &record, found)
+                .unwrap_or(outcome)
+        }
+        reconcile::Reconciled::Failed(why) => Outcome::refused(
+            Category::Unavailable,
+            format!(
+                "the call's answer was lost, and the host then asked the upstream: {why}, so nothing happened (intent {}). The call may be made again.",
+                unknown.intent
+            ),
+        ),
+        reconcile::Reconciled::Held(why) => Outcome::refused(
+            Category::Unknown,
+            format!(
+                "the outcome is unknown and could not be reconciled now ({why}); it is held for an operator as intent {}. {}",
+                unknown.intent,
+                outcome::DO_NOT_RETRY
+            ),
+        ),
     }
 }
 

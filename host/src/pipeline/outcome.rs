@@ -20,6 +20,7 @@ use crate::pipeline::execute::Executed;
 use crate::pipeline::references::Origin;
 use crate::registry::events;
 use crate::runtime::{CallFailure, Observation};
+use crate::store::AttemptState;
 
 /// A bounded category toward the model (DESIGN.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -82,6 +83,9 @@ pub struct Completed {
     pub observations: Vec<Observation>,
     /// sha256 of `value` as JSON text.
     pub content_sha256: String,
+    /// Set when the result was not the call's own answer but what reconciliation found
+    /// after that answer was lost: the intent and how it was found.
+    pub reconciled: Option<Value>,
 }
 
 /// How a call ended, as the front renders it.
@@ -157,7 +161,10 @@ impl Outcome {
 
 /// Turns what the adapter did into the call's outcome.
 pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
-    let (ready, result) = executed.into_parts();
+    let (ready, result, attempt) = executed.into_parts();
+    let summary = attempt.as_ref().map(|a| a.summary());
+    // An effect whose attempt never sent anything certainly did not happen.
+    let may_have_acted = summary.is_none_or(|s| s.may_have_acted());
     let n = ready.intended().authorized().normalized();
     let parts = Parts {
         capability: n.capability(),
@@ -200,10 +207,13 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
                     "session": call.session.id_text(),
                 }),
             );
-            let effectful = parts.capability.semantics.class.has_effect();
+            let effectful = parts.capability.semantics.class.has_effect() && may_have_acted;
             return contained(&mapping.name, failure, effectful);
         }
     };
+    if let Some(a) = &attempt {
+        a.advance(AttemptState::ResultObserved);
+    }
     let Some(result_shape) = &parts.capability.function.result else {
         return Outcome::Completed(Box::new(Completed {
             capability: parts.capability.name.clone(),
@@ -211,6 +221,7 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
             value: None,
             observations: parts.result.observations,
             content_sha256: hex::encode(sha2::Sha256::digest(b"null")),
+            reconciled: None,
         }));
     };
     let mut json =
@@ -247,7 +258,24 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         other => (true, other),
     };
     if !ok {
+        if let Some(s) = summary
+            && s.may_have_acted()
+            && !s.all_answered()
+        {
+            // The adapter reports a failure, but a request it sent got no answer: the
+            // upstream may have acted on it.
+            return unknown_outcome("a request to the upstream was sent and no answer came back");
+        }
         return contract_error(&value);
+    }
+    if let Some(a) = &attempt {
+        if let Err(why) = verify_receipt(n, &value) {
+            tracing::warn!(mapping = %mapping.name, "receipt verification failed: {why}");
+            return unknown_outcome(&format!(
+                "the upstream's receipt does not match what was approved ({why})"
+            ));
+        }
+        a.advance(AttemptState::ReceiptVerified);
     }
     let content_sha256 = hex::encode(sha2::Sha256::digest(value.to_string().as_bytes()));
     Outcome::Completed(Box::new(Completed {
@@ -256,7 +284,50 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         value: Some(value),
         observations: parts.result.observations,
         content_sha256,
+        reconciled: None,
     }))
+}
+
+/// The outcome of a call whose answer was lost and whose effect reconciliation found:
+/// the record the contract's query returned, handles minted as for the call's own result.
+/// `None` when the query's result shape is not `result<option<T>, _>`.
+pub(super) fn reconciled(
+    call: &Call,
+    mapping: &std::sync::Arc<crate::registry::live::ActiveMapping>,
+    revision: i64,
+    intent: &crate::store::IntentRecord,
+    mut found: Value,
+) -> Option<Outcome> {
+    let Some(Shape::Result { ok: Some(ok), .. }) =
+        mapping.query.as_ref().and_then(|q| q.result.as_ref())
+    else {
+        return None;
+    };
+    let Shape::Option(inner) = &**ok else {
+        return None;
+    };
+    let origin = Origin {
+        mapping: mapping.name.as_str().into(),
+        generation: mapping.generation,
+        revision,
+    };
+    let table = call.session.references();
+    swap_handles(inner, &mut found, &mut |kind, locator, facts| {
+        table.mint(&origin, kind, locator, facts)
+    });
+    let content_sha256 = hex::encode(sha2::Sha256::digest(found.to_string().as_bytes()));
+    Some(Outcome::Completed(Box::new(Completed {
+        capability: intent.intent.capability.clone(),
+        mapping: mapping.name.clone(),
+        value: Some(found),
+        observations: Vec::new(),
+        content_sha256,
+        reconciled: Some(json!({
+            "intent": intent.intent.id,
+            "method": "query",
+            "note": "the call's own answer was lost; the host asked the upstream with the call's idempotency key and it reports this record. Nothing was sent twice.",
+        })),
+    })))
 }
 
 struct Parts<'a> {
@@ -265,16 +336,41 @@ struct Parts<'a> {
     result: crate::runtime::CallOutcome,
 }
 
+/// The words of an unknown outcome: what happened, and that the model must not retry.
+pub(crate) const DO_NOT_RETRY: &str = "Do not call it again: the host does not retry it and reconciles it (through the contract's query where it can, otherwise an operator decides with `airlock intents resolve`).";
+
+/// An `unknown` outcome: `why` the host cannot tell whether the effect happened.
+pub(crate) fn unknown_outcome(why: &str) -> Outcome {
+    Outcome::refused(
+        Category::Unknown,
+        format!(
+            "the outcome is unknown: {why}, so the effect may or may not have happened. {DO_NOT_RETRY}"
+        ),
+    )
+}
+
+/// Checks a completed effect's result against what was approved: a result that names
+/// the artifact it acted on (`artifact-sha256`) must name the approved artifact.
+///
+/// # Errors
+/// What does not match.
+fn verify_receipt(n: &crate::pipeline::normalize::Normalized, value: &Value) -> Result<(), String> {
+    let approved = n
+        .artifact()
+        .and_then(|f| f.get("sha256"))
+        .and_then(Value::as_str);
+    let reported = value.get("artifact-sha256").and_then(Value::as_str);
+    match (approved, reported) {
+        (Some(a), Some(r)) if a != r => Err(format!(
+            "it reports artifact sha256 {r}, the call was for {a}"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A contained adapter call, as a bounded outcome.
 fn contained(mapping: &str, failure: CallFailure, effectful: bool) -> Outcome {
-    let unknown = |why: &str| {
-        Outcome::refused(
-            Category::Unknown,
-            format!(
-                "the outcome is unknown: {why} after it may have acted upstream; it is not retried (an operator reconciles it)"
-            ),
-        )
-    };
+    let unknown = |why: &str| unknown_outcome(&format!("{why} after it may have acted upstream"));
     match failure {
         CallFailure::Busy(n) => Outcome::refused(
             Category::RateLimited,

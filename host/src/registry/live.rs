@@ -60,6 +60,12 @@ pub struct ActiveMapping {
     pub contract: String,
     /// The reviewed data class (`[mapping] data_class`).
     pub data_class: String,
+    /// The contract's host-only query function, when a capability of this mapping is
+    /// reconciled through one ([`contract::query_function`]).
+    pub query: Option<ContractFunction>,
+    /// Set once the intents this mapping's calls left open (unknown, or prepared by a
+    /// host that stopped) were reconciled: no call of the mapping runs before.
+    pub reconciled: tokio::sync::OnceCell<()>,
     record: ArcSwap<MappingRecord>,
 }
 
@@ -87,8 +93,10 @@ static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 pub struct ConnectionState {
     /// The configured name.
     pub name: String,
-    /// The rmcp client.
-    pub connection: Arc<Connection>,
+    /// The rmcp client now serving (replaced when the connection is restarted).
+    current: Arc<ArcSwap<Connection>>,
+    /// Serializes restarts; holds when the last one was tried.
+    restarting: tokio::sync::Mutex<Option<std::time::Instant>>,
     /// Local id and configuration revision.
     pub revision: ConnectionRevision,
     catalogue: ArcSwap<Catalogue>,
@@ -101,6 +109,16 @@ pub struct ConnectionState {
 }
 
 impl ConnectionState {
+    /// The rmcp client now serving.
+    pub fn connection(&self) -> Arc<Connection> {
+        self.current.load_full()
+    }
+
+    /// The cell holding the serving client, shared with the mappings' upstream grants.
+    pub fn connection_cell(&self) -> Arc<ArcSwap<Connection>> {
+        self.current.clone()
+    }
+
     /// The latest catalogue.
     pub fn catalogue(&self) -> Arc<Catalogue> {
         self.catalogue.load_full()
@@ -113,14 +131,50 @@ impl ConnectionState {
 
     /// False after a re-discovery failed, until one succeeds.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire) && self.connection.is_open()
+        self.healthy.load(Ordering::Acquire) && self.connection().is_open()
     }
 
     /// True when the server announced a change the current snapshot does not cover, or
     /// the last re-discovery failed.
     pub fn is_stale(&self) -> bool {
-        self.connection.list_changed_count() > self.seen.load(Ordering::Acquire)
+        self.connection().list_changed_count() > self.seen.load(Ordering::Acquire)
             || !self.healthy.load(Ordering::Acquire)
+    }
+}
+
+/// Least time between two restarts of one connection.
+pub const MIN_RESTART_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often a watcher looks whether its connection closed.
+const CLOSED_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// Longest wait between two restart attempts of a connection that keeps failing.
+const MAX_RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn h_again(host: &std::sync::Weak<Live>) -> Option<Arc<Live>> {
+    host.upgrade()
+}
+
+/// Restarts a closed connection, waiting longer after each failure (from
+/// [`MIN_RESTART_INTERVAL`], doubling, at most [`MAX_RESTART_BACKOFF`]); gives up when the
+/// host is gone or someone else restarted it. Calls meanwhile are refused as unavailable.
+async fn restart_with_backoff(host: impl Into<Option<Arc<Live>>>, state: Arc<ConnectionState>) {
+    let Some(host) = host.into() else { return };
+    let weak = Arc::downgrade(&host);
+    drop(host);
+    let mut wait = MIN_RESTART_INTERVAL;
+    loop {
+        let Some(h) = weak.upgrade() else { return };
+        if state.connection().is_open() {
+            return;
+        }
+        match h.restart_connection(&state).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(connection = %state.name, "restart failed: {e:#}; next try in {} ms", wait.as_millis());
+            }
+        }
+        drop(h);
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(MAX_RESTART_BACKOFF);
     }
 }
 
@@ -413,7 +467,7 @@ impl Live {
     async fn connection(self: &Arc<Self>, name: &str, budget: u64) -> Result<Arc<ConnectionState>> {
         let mut connections = self.connections.lock().await;
         if let Some(c) = connections.get(name) {
-            c.connection.raise_message_budget(budget);
+            c.connection().raise_message_budget(budget);
             return Ok(c.clone());
         }
         let server = self
@@ -439,7 +493,8 @@ impl Live {
         tracing::info!(connection = %name, snapshot = %crate::registry::short(&observed.digest), tools = catalogue.tools.len(), "snapshot taken");
         let state = Arc::new(ConnectionState {
             name: name.to_string(),
-            connection,
+            current: Arc::new(ArcSwap::new(connection)),
+            restarting: tokio::sync::Mutex::new(None),
             revision,
             catalogue: ArcSwap::from_pointee(catalogue),
             snapshot: ArcSwap::from_pointee(observed.digest),
@@ -452,6 +507,53 @@ impl Live {
         Ok(state)
     }
 
+    /// Starts a connection again after its server closed it (exited, closed stdout), then
+    /// re-discovers it: a server that comes back with a different catalogue meets the
+    /// same drift verdicts as one that announced a change. At most one restart per
+    /// [`MIN_RESTART_INTERVAL`] per connection; an open connection is left alone.
+    ///
+    /// # Errors
+    /// Restarted too recently; the server could not be started; discovery failed.
+    pub async fn restart_connection(self: &Arc<Self>, state: &Arc<ConnectionState>) -> Result<()> {
+        let mut last = state.restarting.lock().await;
+        let old = state.connection();
+        if old.is_open() {
+            return Ok(());
+        }
+        if let Some(at) = *last
+            && at.elapsed() < MIN_RESTART_INTERVAL
+        {
+            anyhow::bail!(
+                "connection `{}` was restarted {} ms ago; not again before {} ms",
+                state.name,
+                at.elapsed().as_millis(),
+                MIN_RESTART_INTERVAL.as_millis()
+            );
+        }
+        *last = Some(std::time::Instant::now());
+        let server = self
+            .config
+            .connections
+            .get(&state.name)
+            .with_context(|| format!("connection `{}` is not configured", state.name))?;
+        tracing::info!(connection = %state.name, "restarting a closed upstream connection");
+        let connection =
+            Arc::new(Connection::start_stdio(&state.name, server, old.message_budget()).await?);
+        state
+            .seen
+            .store(connection.list_changed_count(), Ordering::Release);
+        state.current.store(connection);
+        drop(last);
+        self.registry.trace(
+            crate::registry::events::CONNECTION_RESTARTED,
+            &state.name,
+            json!({"connection_id": state.revision.connection_id}),
+        );
+        self.refresh(state, true).await?;
+        self.watch_connection(state);
+        Ok(())
+    }
+
     /// Re-snapshots a connection whenever its server announces a list change.
     fn watch_connection(self: &Arc<Self>, state: &Arc<ConnectionState>) {
         let host = Arc::downgrade(self);
@@ -461,7 +563,7 @@ impl Live {
             loop {
                 let Some(s) = state.upgrade() else { return };
                 let seen = s.seen.load(Ordering::Acquire);
-                let conn = s.connection.clone();
+                let conn = s.connection();
                 drop(s);
                 let periodic = async {
                     match interval {
@@ -469,9 +571,21 @@ impl Live {
                         None => std::future::pending::<()>().await,
                     }
                 };
+                let closed = async {
+                    while conn.is_open() {
+                        tokio::time::sleep(CLOSED_POLL_INTERVAL).await;
+                    }
+                };
                 let forced = tokio::select! {
-                    () = conn.list_changed_after(seen) => false,
-                    () = periodic => true,
+                    () = conn.list_changed_after(seen) => Some(false),
+                    () = periodic => Some(true),
+                    () = closed => None,
+                };
+                let Some(forced) = forced else {
+                    let Some(s) = state.upgrade() else { return };
+                    tracing::warn!(connection = %s.name, "upstream connection closed");
+                    restart_with_backoff(h_again(&host), s).await;
+                    return;
                 };
                 let (Some(h), Some(s)) = (host.upgrade(), state.upgrade()) else {
                     return;
@@ -488,6 +602,7 @@ impl Live {
                 }
                 if !conn.is_open() {
                     tracing::warn!(connection = %s.name, "upstream connection closed");
+                    restart_with_backoff(h_again(&host), s).await;
                     return;
                 }
             }
@@ -505,11 +620,12 @@ impl Live {
         force: bool,
     ) -> Result<()> {
         let _one = state.refresh.lock().await;
-        let target = state.connection.list_changed_count();
+        let connection = state.connection();
+        let target = connection.list_changed_count();
         if !force && !state.is_stale() {
             return Ok(());
         }
-        let raw = match state.connection.discover(DISCOVERY_TIMEOUT).await {
+        let raw = match connection.discover(DISCOVERY_TIMEOUT).await {
             Ok(raw) => raw,
             Err(e) => {
                 // Until a discovery succeeds, nothing on this connection is current.
@@ -691,7 +807,7 @@ impl Live {
         let name = m.mapping.name.clone();
         let grant = Arc::new(UpstreamGrant {
             mapping: name.clone(),
-            connection: state.connection.clone(),
+            connection: state.connection_cell(),
             tools: m.upstream.tools.iter().cloned().collect(),
             resource_prefixes: m.upstream.resources.clone(),
             max_output_bytes: m.limits.max_output_bytes,
@@ -707,6 +823,12 @@ impl Live {
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
             contract: p.contract.interface.clone(),
             data_class: m.mapping.data_class.clone(),
+            query: m
+                .capabilities
+                .iter()
+                .find_map(|c| contract::query_function(&p.contract.interface, &c.function))
+                .and_then(|q| p.contract.functions.get(q).cloned()),
+            reconciled: tokio::sync::OnceCell::new(),
             record: ArcSwap::from_pointee(record),
         });
         let mut capabilities = Vec::new();

@@ -93,6 +93,14 @@ pub mod events {
     pub const RECEIPT_REFUSED: &str = "receipt-refused";
     /// The call's intent: one effect id and idempotency key digest for every attempt.
     pub const INTENT_CREATED: &str = "intent-created";
+    /// An intent whose outcome was unknown was resolved: how (query, retry, person), by
+    /// whom, the final state and the evidence.
+    pub const INTENT_RESOLVED: &str = "intent-resolved";
+    /// A reconciliation of an unknown intent ran and could not decide (the upstream was
+    /// unreachable, or the contract cannot be asked): the intent is held for a person.
+    pub const INTENT_HELD: &str = "intent-held";
+    /// An upstream connection that had closed was started again.
+    pub const CONNECTION_RESTARTED: &str = "connection-restarted";
     /// One upstream request an adapter made (protocol layer): connection id, method,
     /// target, JSON-RPC request id, result digest, bytes, time.
     pub const UPSTREAM_REQUEST: &str = "upstream-request";

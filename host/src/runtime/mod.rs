@@ -252,6 +252,25 @@ impl Runtime {
                 })?;
             functions.push((cap.function.clone(), index));
         }
+        // The host-only query functions reconciliation calls for queryable capabilities.
+        for cap in &manifest.capabilities {
+            let Some(query) = crate::contract::query_function(contract_interface, &cap.function)
+            else {
+                continue;
+            };
+            if functions.iter().any(|(n, _)| n == query) {
+                continue;
+            }
+            let index = component
+                .get_export_index(Some(&iface), query)
+                .with_context(|| {
+                    format!(
+                        "mapping `{name}`: the component's `{contract_interface}` has no function `{query}`, which reconciles `{}`",
+                        cap.function
+                    )
+                })?;
+            functions.push((query.to_string(), index));
+        }
         tracing::info!(
             mapping = %name,
             bytes = bytes.len(),
@@ -355,8 +374,9 @@ pub struct LoadedAdapter {
 pub struct UpstreamGrant {
     /// Mapping name (for messages).
     pub mapping: String,
-    /// The mapping's connection.
-    pub connection: Arc<Connection>,
+    /// The mapping's connection: the client serving now (a call keeps the one it started
+    /// with; a restarted connection serves the calls that start after it).
+    pub connection: Arc<arc_swap::ArcSwap<Connection>>,
     /// Upstream tool names the adapter may call.
     pub tools: BTreeSet<String>,
     /// Resource URI prefixes the adapter may read.
@@ -570,6 +590,7 @@ impl LoadedAdapter {
                 Box::pin(async move { allowed })
             });
         }
+        let connection = grant.connection.load_full();
         let state = CallState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
@@ -581,7 +602,8 @@ impl LoadedAdapter {
             },
             flooded,
             bridge: UpstreamBridge {
-                changes_at_start: grant.connection.list_changed_count(),
+                changes_at_start: connection.list_changed_count(),
+                connection,
                 grant,
                 deadline: Instant::now() + deadline,
                 observations: Vec::new(),
@@ -938,6 +960,8 @@ impl WasiView for CallState {
 
 struct UpstreamBridge {
     grant: Arc<UpstreamGrant>,
+    /// The connection this call uses from start to end.
+    connection: Arc<Connection>,
     deadline: Instant,
     observations: Vec<Observation>,
     logs: Vec<String>,
@@ -954,7 +978,7 @@ impl UpstreamBridge {
     fn take_request(&mut self) -> Result<(), upstream::UpstreamError> {
         // The re-check covered the catalogue as it was when the call started. If the
         // server announced a change since, nothing more goes out on the old verdict.
-        if self.grant.connection.list_changed_count() != self.changes_at_start {
+        if self.connection.list_changed_count() != self.changes_at_start {
             return Err(upstream::UpstreamError::Unavailable(
                 "the upstream catalogue changed during this call; nothing was sent".into(),
             ));
@@ -1020,7 +1044,7 @@ impl UpstreamBridge {
             ));
         }
         self.observations.push(Observation {
-            connection: self.grant.connection.name().to_string(),
+            connection: self.connection.name().to_string(),
             method,
             target: target.to_string(),
             request_id,
@@ -1074,7 +1098,6 @@ impl upstream::Host for CallState {
         bridge.take_request()?;
         bridge.sending("tools/call", &name)?;
         let answer = bridge
-            .grant
             .connection
             .call_tool(&name, arguments, timeout, bridge.context.cancel.as_ref())
             .await;
@@ -1098,7 +1121,6 @@ impl upstream::Host for CallState {
         bridge.take_request()?;
         bridge.sending("resources/read", &uri)?;
         let answer = bridge
-            .grant
             .connection
             .read_resource(&uri, timeout, bridge.context.cancel.as_ref())
             .await;

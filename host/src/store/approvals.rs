@@ -297,6 +297,10 @@ pub struct IntentRecord {
     pub state: IntentState,
     pub created_ms: u64,
     pub updated_ms: u64,
+    /// How an unknown intent was resolved: `{"method", "by", "evidence"}`.
+    pub resolution: Option<serde_json::Value>,
+    /// When it was resolved (ms since the epoch).
+    pub resolved_ms: Option<u64>,
 }
 
 /// A random id `prefix` + `bytes` hex-encoded random bytes.
@@ -310,9 +314,9 @@ const APPROVAL_COLUMNS: &str = "id, state, mode, requester, session, profile, ca
      mapping_revision, snapshot_digest, policy_digest, args_digest, artifact_digest, summary, \
      nonce, created_ms, expires_ms, decided_by, decided_ms, reason, consumed_ms, intent_id";
 
-const INTENT_COLUMNS: &str = "id, idempotency_key, call_id, approval_id, requester, session, \
-     capability, mapping, mapping_revision, args_digest, effect_class, state, created_ms, \
-     updated_ms";
+pub(super) const INTENT_COLUMNS: &str = "id, idempotency_key, call_id, approval_id, requester, \
+     session, capability, mapping, mapping_revision, args_digest, effect_class, state, \
+     created_ms, updated_ms, resolution, resolved_ms";
 
 fn opt_ms(row: &Row<'_>, i: usize) -> rusqlite::Result<Option<u64>> {
     Ok(row
@@ -363,7 +367,7 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
     })
 }
 
-fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
+pub(super) fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
     let state: String = row.get(11)?;
     Ok(IntentRecord {
         intent: NewIntent {
@@ -382,6 +386,10 @@ fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
         state: IntentState::parse(&state).ok_or_else(|| bad(11, "intent state", state))?,
         created_ms: ms(row, 12)?,
         updated_ms: ms(row, 13)?,
+        resolution: row
+            .get::<_, Option<String>>(14)?
+            .and_then(|t| serde_json::from_str(&t).ok()),
+        resolved_ms: opt_ms(row, 15)?,
     })
 }
 
@@ -399,30 +407,32 @@ fn insert_intent(
     approval_id: Option<&str>,
     now: i64,
 ) -> anyhow::Result<()> {
-    tx.prepare_cached(&format!(
-        "INSERT INTO intents ({INTENT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12)"
-    ))?
+    tx.prepare_cached(
+        "INSERT INTO intents (id, idempotency_key, call_id, approval_id, requester, session, \
+         capability, mapping, mapping_revision, args_digest, effect_class, state, created_ms, \
+         updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12)",
+    )?
     .execute(params![
-            intent.id,
-            intent.idempotency_key,
-            intent.call_id,
-            approval_id,
-            intent.requester,
-            intent.session,
-            intent.capability,
-            intent.mapping,
-            intent.mapping_revision,
-            intent.args_digest,
-            intent.effect_class,
-            now,
-        ],
-    )?;
+        intent.id,
+        intent.idempotency_key,
+        intent.call_id,
+        approval_id,
+        intent.requester,
+        intent.session,
+        intent.capability,
+        intent.mapping,
+        intent.mapping_revision,
+        intent.args_digest,
+        intent.effect_class,
+        now,
+    ])?;
+    super::intents::insert_attempt(tx, &intent.id, 1, now)?;
     Ok(())
 }
 
 impl SqliteStore {
     /// Runs `work` and appends `events` in one `BEGIN IMMEDIATE` transaction.
-    fn transact<T>(
+    pub(super) fn transact<T>(
         &self,
         what: &str,
         events: &[NewEvent],
@@ -696,6 +706,11 @@ impl SqliteStore {
                 .execute(params![id, state.as_str(), now])?;
             if n != 1 {
                 bail!("intent `{id}` is not prepared (its outcome was already recorded)");
+            }
+            // An unknown outcome leaves the attempt where it stopped (sent, acknowledged):
+            // that is the evidence a reconciler starts from.
+            if state != IntentState::Unknown {
+                super::intents::commit_attempt(tx, id, now)?;
             }
             Ok(())
         })

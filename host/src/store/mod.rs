@@ -40,12 +40,14 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 use sha2::{Digest, Sha256};
 
 pub mod approvals;
+pub mod intents;
 pub mod trace;
 
 pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
 };
+pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
@@ -678,6 +680,46 @@ pub trait Store: Send + Sync {
 
     /// The intent `id`.
     fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>>;
+
+    /// Durably records that attempt `attempt` of intent `intent` is about to send an
+    /// upstream request (the attempt becomes `sent`), before the request is written.
+    /// Errors: the attempt is past the point of sending (it has a result), or the store
+    /// failed — the caller then sends nothing.
+    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()>;
+
+    /// Durably records how one upstream request of the attempt ended: `answered` (a
+    /// JSON-RPC result or error arrived) or not (closed, timed out, cancelled). The
+    /// attempt becomes `acknowledged` once every request it sent was answered.
+    fn attempt_answered(
+        &self,
+        intent: &str,
+        attempt: u32,
+        request_id: &str,
+        answered: bool,
+    ) -> anyhow::Result<()>;
+
+    /// Durably moves an attempt to `to` (result observed, receipt verified).
+    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()>;
+
+    /// Starts the next attempt of an intent (a retry with the same idempotency key);
+    /// returns its number.
+    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32>;
+
+    /// The attempts of an intent, oldest first.
+    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>>;
+
+    /// Intents matching `filter`, newest first.
+    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>>;
+
+    /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
+    /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
+    /// has a definite outcome.
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord>;
 }
 
 /// [`Store`] on one SQLite database file. One connection per value, behind a mutex; open
@@ -1653,6 +1695,45 @@ impl Store for SqliteStore {
 
     fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
         self.intent_impl(id)
+    }
+
+    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
+        self.attempt_sending_impl(intent, attempt)
+    }
+
+    fn attempt_answered(
+        &self,
+        intent: &str,
+        attempt: u32,
+        request_id: &str,
+        answered: bool,
+    ) -> anyhow::Result<()> {
+        self.attempt_answered_impl(intent, attempt, request_id, answered)
+    }
+
+    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
+        self.advance_attempt_impl(intent, attempt, to)
+    }
+
+    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
+        self.new_attempt_impl(intent)
+    }
+
+    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
+        self.attempts_impl(intent)
+    }
+
+    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
+        self.intents_impl(filter)
+    }
+
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord> {
+        self.resolve_intent_impl(id, resolution, events)
     }
 
     fn verify_trace(&self) -> anyhow::Result<TraceVerification> {

@@ -587,6 +587,12 @@ impl Connection {
 
     /// Raises the per-message budget to at least `bytes` (a mapping loaded later may
     /// need more than the ones loaded at start; each mapping still checks its own).
+    /// The largest message accepted now, in bytes (see [`Connection::raise_message_budget`]).
+    pub fn message_budget(&self) -> u64 {
+        self.max_message_bytes.load(Ordering::Acquire) as u64
+    }
+
+    /// Raises the largest accepted message to `bytes` (never lowers it).
     pub fn raise_message_budget(&self, bytes: u64) {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         self.max_message_bytes.fetch_max(bytes, Ordering::AcqRel);

@@ -1,0 +1,178 @@
+//! `airlock intents`: a person lists, inspects and resolves intents — the durable record of
+//! each effect the host was asked to cause, with its attempts.
+//!
+//! Rule: only an intent whose outcome is `unknown` (or one a stopped host left `prepared`)
+//! can be resolved, once, as `completed` or `failed`; the resolution records who decided,
+//! the evidence they give, and is traced (`intent-resolved`). Nothing is retried here.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::json;
+
+use crate::registry::Registry;
+use crate::registry::events;
+use crate::store::{
+    AttemptRecord, AttemptState, IntentFilter, IntentRecord, IntentState, NewEvent, Resolution,
+    ResolutionMethod,
+};
+
+fn when(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// Parses `--state` (`prepared`, `completed`, `failed`, `unknown`).
+///
+/// # Errors
+/// Not a state name.
+pub fn parse_state(s: &str) -> Result<IntentState> {
+    [
+        IntentState::Prepared,
+        IntentState::Completed,
+        IntentState::Failed,
+        IntentState::Unknown,
+    ]
+    .into_iter()
+    .find(|v| v.as_str() == s)
+    .with_context(|| format!("unknown state `{s}`; states: prepared, completed, failed, unknown"))
+}
+
+/// Lists intents, newest first.
+///
+/// # Errors
+/// The store failed.
+pub fn list(
+    registry: &Registry,
+    state: Option<IntentState>,
+    limit: usize,
+) -> Result<Vec<IntentRecord>> {
+    registry.store().intents(&IntentFilter {
+        states: state.into_iter().collect(),
+        mapping: None,
+        created_before_ms: None,
+        limit,
+    })
+}
+
+/// The list as people read it: one line each.
+pub fn list_text(list: &[IntentRecord]) -> String {
+    if list.is_empty() {
+        return "no intents\n".to_string();
+    }
+    let mut out = String::new();
+    for r in list {
+        out.push_str(&format!(
+            "{}  {:<9} {:<18} {:<20} {} rev {}  {}  requester {}\n",
+            r.intent.id,
+            r.state.as_str(),
+            r.intent.effect_class,
+            r.intent.capability,
+            r.intent.mapping,
+            r.intent.mapping_revision,
+            when(r.created_ms),
+            r.intent.requester,
+        ));
+    }
+    out
+}
+
+/// One intent with its attempts, as people read it.
+pub fn show_text(r: &IntentRecord, attempts: &[AttemptRecord]) -> String {
+    let i = &r.intent;
+    let mut out = format!(
+        "intent {}\n  state      {}\n  capability {} (mapping {} revision {}, {})\n  requester  {} (session {})\n  call       {}\n  arguments  sha256 {}\n  created    {}\n",
+        i.id,
+        r.state.as_str(),
+        i.capability,
+        i.mapping,
+        i.mapping_revision,
+        i.effect_class,
+        i.requester,
+        i.session,
+        i.call_id,
+        i.args_digest,
+        when(r.created_ms),
+    );
+    if let Some(a) = &r.approval_id {
+        out.push_str(&format!("  approval   {a}\n"));
+    }
+    for a in attempts {
+        out.push_str(&format!(
+            "  attempt {}  {}  ({} request(s) sent, {} answered{})\n",
+            a.attempt,
+            a.state,
+            a.requests,
+            a.answered,
+            a.last_request_id
+                .as_deref()
+                .map(|id| format!(", last request id {id}"))
+                .unwrap_or_default()
+        ));
+        for (state, at) in AttemptState::ALL.iter().zip(a.at_ms) {
+            if let Some(at) = at {
+                out.push_str(&format!("    {:<17} {}\n", state.as_str(), when(at)));
+            }
+        }
+    }
+    if let Some(res) = &r.resolution {
+        out.push_str(&format!(
+            "  resolved   {} by {} ({}), evidence {}\n",
+            r.resolved_ms.map(when).unwrap_or_default(),
+            res["by"].as_str().unwrap_or("?"),
+            res["method"].as_str().unwrap_or("?"),
+            crate::cli::operate::safe_lines(&res["evidence"].to_string()),
+        ));
+    }
+    if r.state == IntentState::Unknown {
+        out.push_str(&format!(
+            "  This intent may or may not have acted upstream. Check the upstream, then:\n    airlock intents resolve {} --as completed|failed --evidence \"what you saw\"\n",
+            i.id
+        ));
+    }
+    out
+}
+
+/// A person resolves an unknown intent.
+///
+/// # Errors
+/// Unknown id; the intent has a definite outcome already; `state` is not completed or
+/// failed; no evidence.
+pub fn resolve(
+    registry: &Registry,
+    id: &str,
+    state: IntentState,
+    by: &str,
+    evidence: &str,
+) -> Result<IntentRecord> {
+    if !matches!(state, IntentState::Completed | IntentState::Failed) {
+        bail!("--as takes `completed` (it happened) or `failed` (it did not happen)");
+    }
+    if evidence.trim().is_empty() {
+        bail!("--evidence is required: say what you saw upstream that decides it");
+    }
+    let store = registry.store();
+    let record = store
+        .intent(id)?
+        .with_context(|| format!("no intent `{id}` (`airlock intents list` shows them)"))?;
+    let evidence: String = evidence.chars().take(2000).collect();
+    let resolution = Resolution {
+        state,
+        method: ResolutionMethod::Person,
+        by: by.to_string(),
+        evidence: json!({"statement": evidence}),
+    };
+    let event = NewEvent::new(
+        events::INTENT_RESOLVED,
+        record.intent.call_id.clone(),
+        json!({
+            "intent": record.intent.id,
+            "capability": record.intent.capability,
+            "mapping": record.intent.mapping,
+            "state": state,
+            "method": ResolutionMethod::Person,
+            "by": by,
+            "evidence": resolution.evidence,
+        }),
+    );
+    store.resolve_intent(&record.intent.id, &resolution, vec![event])
+}

@@ -1,0 +1,110 @@
+//! One attempt of a durable intent, as the adapter's upstream requests happen.
+//!
+//! Rule (DESIGN.md §5.8): every transition is written to the store at the moment it
+//! becomes true — `sent` before the request's bytes reach the upstream (a failed write
+//! sends nothing), `acknowledged` when every request sent was answered. What the attempt
+//! saw also decides the outcome class of a failed effect: nothing sent → the effect
+//! certainly did not happen (`failed`); a request sent and not answered, or an adapter
+//! that failed after sending → `unknown`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::runtime::AttemptLog;
+use crate::store::{AttemptState, Store};
+
+/// The store-backed [`AttemptLog`] of one attempt.
+pub struct Attempt {
+    store: Arc<dyn Store>,
+    intent: String,
+    number: u32,
+    sent: AtomicU32,
+    answered: AtomicU32,
+    lost: AtomicBool,
+}
+
+/// What one attempt saw of its upstream requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttemptSummary {
+    /// Requests recorded as sent.
+    pub sent: u32,
+    /// Of those, answered.
+    pub answered: u32,
+    /// Some request got no answer (closed, timed out, cancelled).
+    pub lost: bool,
+}
+
+impl AttemptSummary {
+    /// True when something may have reached the upstream.
+    pub fn may_have_acted(&self) -> bool {
+        self.sent > 0
+    }
+
+    /// True when every request that was sent was answered.
+    pub fn all_answered(&self) -> bool {
+        !self.lost && self.answered >= self.sent
+    }
+}
+
+impl Attempt {
+    /// Attempt `number` of `intent` (already recorded as prepared).
+    pub fn new(store: Arc<dyn Store>, intent: &str, number: u32) -> Self {
+        Self {
+            store,
+            intent: intent.to_string(),
+            number,
+            sent: AtomicU32::new(0),
+            answered: AtomicU32::new(0),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// The attempt's number, from 1.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// What the attempt saw so far.
+    pub fn summary(&self) -> AttemptSummary {
+        AttemptSummary {
+            sent: self.sent.load(Ordering::Acquire),
+            answered: self.answered.load(Ordering::Acquire),
+            lost: self.lost.load(Ordering::Acquire),
+        }
+    }
+
+    /// Durably moves the attempt to `to`; a failure is logged (the outcome's commit,
+    /// which follows, reports a store that fails).
+    pub fn advance(&self, to: AttemptState) {
+        if let Err(e) = self.store.advance_attempt(&self.intent, self.number, to) {
+            tracing::error!(intent = %self.intent, attempt = self.number, "could not record {to}: {e:#}");
+        }
+    }
+}
+
+impl AttemptLog for Attempt {
+    fn sending(&self, method: &'static str, target: &str) -> Result<(), String> {
+        self.store
+            .attempt_sending(&self.intent, self.number)
+            .map_err(|e| {
+                tracing::error!(intent = %self.intent, %method, %target, "could not record a request before sending it: {e:#}");
+                format!("{e:#}")
+            })?;
+        self.sent.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn finished(&self, method: &'static str, target: &str, request_id: &str, answered: bool) {
+        if answered {
+            self.answered.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.lost.store(true, Ordering::Release);
+        }
+        if let Err(e) = self
+            .store
+            .attempt_answered(&self.intent, self.number, request_id, answered)
+        {
+            tracing::error!(intent = %self.intent, %method, %target, "could not record an upstream answer: {e:#}");
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Reconciliation: deciding what happened to an intent whose outcome is unknown.
+//!
+//! Rules (DESIGN.md §5.8, §8):
+//! - An unknown outcome is **never retried blindly**. It is decided by evidence only:
+//!   an attempt that never reached `sent` did nothing (`failed`, nothing sent); otherwise
+//!   the contract's query, asked with the intent's idempotency key, says whether the
+//!   effect happened (`completed`) or not (`failed` — only once no request of the intent
+//!   can still be processed: the connection that carried it is gone); everything else is
+//!   **held for a person** (`airlock intents resolve`).
+//! - An unknown call is reconciled at once, within the call (its answer then says what
+//!   the query found); intents a stopped host left open are reconciled before any new call
+//!   of their mapping runs ([`before_calls`]).
+//! - Every resolution is one store transaction with its `intent-resolved` event: the
+//!   final state, the method, who decided (`airlock` for the host) and the evidence.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wasmtime::component::Val;
+
+use crate::contract::{self, ContractFunction};
+use crate::host::Host;
+use crate::registry::events;
+use crate::registry::live::ActiveMapping;
+use crate::runtime::CallContext;
+use crate::store::{
+    AttemptState, IntentFilter, IntentRecord, IntentState, NewEvent, Resolution, ResolutionMethod,
+};
+
+/// Longest wait for a closed connection to come back before a query is given up.
+pub const RESTART_WAIT: Duration = Duration::from_secs(5);
+
+/// What the contract's query said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finding {
+    /// The effect happened: the record the query returned (JSON, adapter locators still
+    /// in place) and its shape.
+    Happened(Value),
+    /// The upstream has no record of the effect.
+    NotFound,
+    /// The query could not be asked or answered; why.
+    Undecided(String),
+}
+
+/// Asks the contract's query function of `mapping` what happened under `key`.
+pub async fn query(host: &Host, mapping: &Arc<ActiveMapping>, intent: &IntentRecord) -> Finding {
+    let Some(function) = &mapping.query else {
+        return Finding::Undecided("the contract has no query for this capability".into());
+    };
+    let state = &mapping.connection;
+    if !state.connection().is_open() {
+        match tokio::time::timeout(RESTART_WAIT, host.live().restart_connection(state)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Finding::Undecided(format!("the upstream is unreachable: {e:#}")),
+            Err(_) => {
+                return Finding::Undecided(format!(
+                    "the upstream did not come back within {} s",
+                    RESTART_WAIT.as_secs()
+                ));
+            }
+        }
+    }
+    let param = match query_param(function, &intent.intent.idempotency_key) {
+        Ok(p) => p,
+        Err(e) => return Finding::Undecided(e),
+    };
+    let outcome = mapping
+        .adapter
+        .call(
+            &function.name,
+            std::slice::from_ref(&param),
+            mapping.grant.clone(),
+            CallContext {
+                intent_id: Some(intent.intent.id.clone()),
+                idempotency_key: Some(intent.intent.idempotency_key.clone()),
+                attempt: 0,
+                attempts: None,
+                cancel: None,
+            },
+        )
+        .await;
+    let val = match outcome.result {
+        Ok(v) => v,
+        Err(failure) => return Finding::Undecided(format!("the query failed: {}", failure.kind())),
+    };
+    let Some(shape) = &function.result else {
+        return Finding::Undecided("the query function returns nothing".into());
+    };
+    let json = match contract::val_to_json(shape, &val, &mut |_, locator| Ok(locator.to_string())) {
+        Ok(j) => j,
+        Err(e) => return Finding::Undecided(format!("the query's result did not convert: {e:#}")),
+    };
+    match json {
+        Value::Object(mut o) if o.contains_key("ok") => match o.remove("ok") {
+            Some(Value::Null) | None => Finding::NotFound,
+            Some(record) => Finding::Happened(record),
+        },
+        Value::Object(o) if o.contains_key("err") => {
+            let err: String = o["err"].to_string().chars().take(300).collect();
+            Finding::Undecided(format!("the query was refused (untrusted text): {err}"))
+        }
+        other => Finding::Undecided(format!(
+            "the query returned an unexpected value ({} bytes)",
+            other.to_string().len()
+        )),
+    }
+}
+
+/// The query's argument: its record with the host-supplied key filled in.
+fn query_param(function: &ContractFunction, key: &str) -> Result<Val, String> {
+    let shape = &function
+        .params
+        .first()
+        .ok_or("the query function takes no argument")?
+        .1;
+    let mut param = contract::json_to_val(shape, &json!({}), &mut |_, _| {
+        Err("the query takes no handles".into())
+    })
+    .map_err(|e| format!("building the query's argument: {e}"))?;
+    if contract::fill_host_supplied(shape, &mut param, key) == 0 {
+        return Err("the query's argument has no host-supplied key".into());
+    }
+    Ok(param)
+}
+
+/// The safe evidence a found record gives: its scalar fields, clipped.
+fn evidence_of(record: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Value::Object(o) = record {
+        for (k, v) in o {
+            match v {
+                Value::String(s) => {
+                    out.insert(k.clone(), Value::String(s.chars().take(128).collect()));
+                }
+                Value::Bool(_) | Value::Number(_) => {
+                    out.insert(k.clone(), v.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// How a reconciliation ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// Resolved completed; the record the query found.
+    Completed(Value),
+    /// Resolved failed (nothing happened), with the reason.
+    Failed(String),
+    /// Still unknown, held for a person, with the reason.
+    Held(String),
+}
+
+/// Reconciles one open intent of `mapping` (see the module rules). `carrier_gone`: no
+/// request of the intent can still be processed (the connection that carried it closed,
+/// or the host that sent it stopped).
+pub async fn reconcile(
+    host: &Host,
+    mapping: &Arc<ActiveMapping>,
+    intent: &IntentRecord,
+    queryable: bool,
+    carrier_gone: bool,
+) -> Reconciled {
+    let store = host.registry().store();
+    let id = &intent.intent.id;
+    let attempts = match store.attempts(id) {
+        Ok(a) => a,
+        Err(e) => return Reconciled::Held(format!("the store failed: {e:#}")),
+    };
+    let sent = attempts
+        .iter()
+        .any(|a| a.state >= AttemptState::Sent || a.requests > 0);
+    let resolve = |state: IntentState, method: ResolutionMethod, evidence: Value| {
+        let resolution = Resolution {
+            state,
+            method,
+            by: "airlock".into(),
+            evidence,
+        };
+        let event = NewEvent::new(
+            events::INTENT_RESOLVED,
+            intent.intent.call_id.clone(),
+            json!({
+                "intent": id,
+                "capability": intent.intent.capability,
+                "mapping": intent.intent.mapping,
+                "state": state,
+                "method": method,
+                "by": "airlock",
+                "evidence": resolution.evidence,
+            }),
+        );
+        store.resolve_intent(id, &resolution, vec![event])
+    };
+    if !sent {
+        return match resolve(
+            IntentState::Failed,
+            ResolutionMethod::NothingSent,
+            json!({"attempts": attempts.len(), "sent": 0}),
+        ) {
+            Ok(_) => Reconciled::Failed("no request of it was ever sent upstream".into()),
+            Err(e) => Reconciled::Held(format!("recording the resolution failed: {e:#}")),
+        };
+    }
+    let finding = if queryable {
+        query(host, mapping, intent).await
+    } else {
+        Finding::Undecided("the mapping says this capability cannot be queried".into())
+    };
+    let decided = match &finding {
+        Finding::Happened(record) => Some((
+            IntentState::Completed,
+            json!({"query": "found", "record": evidence_of(record)}),
+        )),
+        Finding::NotFound if carrier_gone => Some((
+            IntentState::Failed,
+            json!({"query": "not-found", "carrier": "gone"}),
+        )),
+        _ => None,
+    };
+    if let Some((state, evidence)) = decided {
+        return match resolve(state, ResolutionMethod::Query, evidence) {
+            Ok(_) => match finding {
+                Finding::Happened(record) => Reconciled::Completed(record),
+                _ => Reconciled::Failed(
+                    "the upstream has no record of it under its idempotency key".into(),
+                ),
+            },
+            Err(e) => Reconciled::Held(format!("recording the resolution failed: {e:#}")),
+        };
+    }
+    let why = match finding {
+        Finding::Undecided(why) => why,
+        Finding::NotFound => {
+            "the upstream has no record of it yet, but the request may still be processed".into()
+        }
+        Finding::Happened(_) => unreachable!("decided above"),
+    };
+    host.registry().trace(
+        events::INTENT_HELD,
+        &intent.intent.call_id,
+        json!({"intent": id, "capability": intent.intent.capability, "mapping": intent.intent.mapping, "reason": why}),
+    );
+    // An intent a stopped host left prepared, once it may have sent, is unknown.
+    if intent.state == IntentState::Prepared
+        && let Err(e) = store.set_intent_state(id, IntentState::Unknown, Vec::new())
+    {
+        tracing::error!(intent = %id, "could not mark a stale intent unknown: {e:#}");
+    }
+    Reconciled::Held(why)
+}
+
+/// Reconciles the intents `mapping`'s calls left open — every `unknown` one, and the
+/// `prepared` ones a host that stopped left behind — once per loaded mapping, before its
+/// first call runs.
+pub async fn before_calls(host: &Host, mapping: &Arc<ActiveMapping>) {
+    mapping
+        .reconciled
+        .get_or_init(|| async {
+            let filter = IntentFilter {
+                states: vec![IntentState::Unknown, IntentState::Prepared],
+                mapping: Some(mapping.name.clone()),
+                created_before_ms: None,
+                limit: 1000,
+            };
+            let open = match host.registry().store().intents(&filter) {
+                Ok(list) => list,
+                Err(e) => {
+                    tracing::error!(mapping = %mapping.name, "could not list open intents: {e:#}");
+                    return;
+                }
+            };
+            let catalog = host.catalog();
+            for intent in open {
+                // A prepared intent of this host run belongs to a call in flight.
+                if intent.state == IntentState::Prepared && intent.created_ms >= host.started_ms()
+                {
+                    continue;
+                }
+                let queryable = catalog
+                    .capability(&intent.intent.capability)
+                    .is_some_and(|c| c.semantics.queryable);
+                let carrier_gone = intent.created_ms < host.started_ms();
+                let r = reconcile(host, mapping, &intent, queryable, carrier_gone).await;
+                tracing::info!(intent = %intent.intent.id, mapping = %mapping.name, result = ?r, "reconciled an open intent");
+            }
+        })
+        .await;
+}
