@@ -208,6 +208,54 @@ impl Store for NoCallTrace {
     fn intent(&self, id: &str) -> anyhow::Result<Option<airlock::store::IntentRecord>> {
         self.0.intent(id)
     }
+
+    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
+        self.0.attempt_sending(intent, attempt)
+    }
+
+    fn attempt_answered(
+        &self,
+        intent: &str,
+        attempt: u32,
+        request_id: &str,
+        answered: bool,
+    ) -> anyhow::Result<()> {
+        self.0
+            .attempt_answered(intent, attempt, request_id, answered)
+    }
+
+    fn advance_attempt(
+        &self,
+        intent: &str,
+        attempt: u32,
+        to: airlock::store::AttemptState,
+    ) -> anyhow::Result<()> {
+        self.0.advance_attempt(intent, attempt, to)
+    }
+
+    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
+        self.0.new_attempt(intent)
+    }
+
+    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<airlock::store::AttemptRecord>> {
+        self.0.attempts(intent)
+    }
+
+    fn intents(
+        &self,
+        filter: &airlock::store::IntentFilter,
+    ) -> anyhow::Result<Vec<airlock::store::IntentRecord>> {
+        self.0.intents(filter)
+    }
+
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &airlock::store::Resolution,
+        events: Vec<airlock::store::NewEvent>,
+    ) -> anyhow::Result<airlock::store::IntentRecord> {
+        self.0.resolve_intent(id, resolution, events)
+    }
 }
 
 const EXAMPLE_POLICY: &str = include_str!("../../airlock.example.cedar");

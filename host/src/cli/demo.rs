@@ -3,7 +3,8 @@
 //! drives a short session through the real gateway with an in-process MCP client, printing
 //! each step; then a second host with the bundled delivery fixture and `outbox-delivery`
 //! adapter under the example policy: a denied delivery, an approval asked for and granted,
-//! and a delivery that happens exactly once.
+//! and a delivery that happens exactly once; then one whose answer is lost, reconciled
+//! through the contract's query instead of being sent again.
 
 use std::collections::BTreeMap;
 
@@ -312,6 +313,9 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
 
     delivery_scene(&mut p, state_dir.path()).await?;
 
+    p.step("a delivery whose answer is lost: unknown, reconciled through the contract's query")?;
+    lost_answer_scene(&mut p, state_dir.path()).await?;
+
     p.step("the trace of the first host: hash-chained, append-only")?;
     let verified = host.registry().store().verify_trace()?;
     if let Some((seq, why)) = &verified.first_bad {
@@ -336,51 +340,7 @@ async fn delivery_scene<W: std::io::Write>(
     p: &mut Printer<W>,
     state: &std::path::Path,
 ) -> Result<()> {
-    let exe = std::env::current_exe().context("locating the airlock executable")?;
-    let dir = state.join("delivery");
-    std::fs::create_dir_all(&dir)?;
-    let outbox = dir.join("outbox");
-    let log = dir.join("outbox-calls.jsonl");
-    let policy = dir.join("airlock.cedar");
-    std::fs::write(&policy, EXAMPLE_POLICY)?;
-    let mut connections = BTreeMap::new();
-    connections.insert(
-        "outbox".to_string(),
-        StdioServer {
-            command: exe,
-            args: vec![
-                "fixture".into(),
-                "delivery-server".into(),
-                "--outbox".into(),
-                outbox.display().to_string(),
-                "--call-log".into(),
-                log.display().to_string(),
-            ],
-            cwd: dir.clone(),
-            env: BTreeMap::new(),
-            owner: None,
-            credential_scope: None,
-            identity_files: vec![],
-        },
-    );
-    let mut profiles = BTreeMap::new();
-    profiles.insert(
-        "publisher".to_string(),
-        crate::config::Profile::everything("publisher"),
-    );
-    let requester = crate::config::RequesterConfig {
-        name: "demo-operator".into(),
-        roles: vec!["operator".into()],
-    };
-    let config = ServeConfig {
-        connections,
-        state_dir: Some(dir.join("state")),
-        cache_dir: crate::config::default_cache_dir(),
-        policy_files: vec![policy.clone()],
-        profiles,
-        requester,
-        ..ServeConfig::empty()
-    };
+    let (config, outbox, log) = delivery_config(state, "delivery", &[])?;
     let sends = || {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
@@ -578,6 +538,187 @@ async fn delivery_scene<W: std::io::Write>(
         bail!("the delivery host's trace does not verify");
     }
     p.line(format!("{} events, chain intact", verified.events))?;
+    Ok(())
+}
+
+/// The serve configuration of a delivery host in `state/NAME`: the bundled delivery
+/// fixture (with `server_args`) as connection `outbox`, the example policy, requester
+/// `demo-operator` (role operator), profile `publisher`. Returns it with the outbox folder
+/// and the server's call log.
+fn delivery_config(
+    state: &std::path::Path,
+    name: &str,
+    server_args: &[&str],
+) -> Result<(ServeConfig, std::path::PathBuf, std::path::PathBuf)> {
+    let exe = std::env::current_exe().context("locating the airlock executable")?;
+    let dir = state.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let outbox = dir.join("outbox");
+    let log = dir.join("outbox-calls.jsonl");
+    let policy = dir.join("airlock.cedar");
+    std::fs::write(&policy, EXAMPLE_POLICY)?;
+    let mut args = vec![
+        "fixture".to_string(),
+        "delivery-server".into(),
+        "--outbox".into(),
+        outbox.display().to_string(),
+        "--call-log".into(),
+        log.display().to_string(),
+    ];
+    args.extend(server_args.iter().map(|a| a.to_string()));
+    let mut connections = BTreeMap::new();
+    connections.insert(
+        "outbox".to_string(),
+        StdioServer {
+            command: exe,
+            args,
+            cwd: dir.clone(),
+            env: BTreeMap::new(),
+            owner: None,
+            credential_scope: None,
+            identity_files: vec![],
+        },
+    );
+    let mut profiles = BTreeMap::new();
+    profiles.insert(
+        "publisher".to_string(),
+        crate::config::Profile::everything("publisher"),
+    );
+    let requester = crate::config::RequesterConfig {
+        name: "demo-operator".into(),
+        roles: vec!["operator".into()],
+    };
+    let config = ServeConfig {
+        connections,
+        state_dir: Some(dir.join("state")),
+        cache_dir: crate::config::default_cache_dir(),
+        policy_files: vec![policy],
+        profiles,
+        requester,
+        ..ServeConfig::empty()
+    };
+    Ok((config, outbox, log))
+}
+
+/// A delivery whose answer is lost: the delivery server delivers, then exits before
+/// answering. The host records the outcome as unknown, restarts the connection, asks the
+/// contract's query with the intent's idempotency key, and reports what it found; nothing
+/// is sent twice.
+async fn lost_answer_scene<W: std::io::Write>(
+    p: &mut Printer<W>,
+    state: &std::path::Path,
+) -> Result<()> {
+    let (config, outbox, log) = delivery_config(state, "lost-answer", &["--fail-after-send"])?;
+    let count = |tool: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(&format!("\"{tool}\"")))
+            .count()
+    };
+    let host = Host::start_with(
+        &config,
+        vec![MappingSource::from_memory(
+            BUNDLED_DELIVERY_MANIFEST,
+            "<bundled outbox-delivery/mapping.toml>",
+            BUNDLED_DELIVERY_COMPONENT.to_vec(),
+        )?],
+    )
+    .await?;
+    approve_all(&host, "demo-reviewer").await?;
+    let front = host.front(Some("publisher"))?;
+    let call = |name: &'static str, args: Value| {
+        let front = front.clone();
+        async move {
+            front
+                .call(name, args.as_object().cloned())
+                .await
+                .map_err(|e| anyhow::anyhow!("{name}: {e}"))
+        }
+    };
+    p.line("the delivery server now runs with --fail-after-send: it delivers, then exits before answering")?;
+    let prepared = call(
+        "prepare_artifact",
+        json!({"title": "Q4 plan", "media-type": "text/markdown", "content": "# Q4 plan\n"}),
+    )
+    .await?;
+    let artifact = prepared.structured_content.clone().unwrap_or_default()["result"]["artifact"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let destinations = call("list_destinations", json!({})).await?;
+    let team = destinations.structured_content.clone().unwrap_or_default()["result"]
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["label"] == "Team reports outbox"))
+        .and_then(|d| d["destination"].as_str())
+        .map(str::to_string)
+        .context("no team reports destination")?;
+    let args = json!({"artifact": artifact, "destination": team});
+    let asked = call("deliver_artifact", args.clone()).await?;
+    let text = result_text(&asked);
+    let id = text
+        .find("apr_")
+        .map(|at| text[at..at + 28].to_string())
+        .context("no approval request named")?;
+    crate::cli::approvals::decide(
+        host.registry(),
+        &id,
+        crate::store::ApprovalDecision::Approve,
+        "demo-approver",
+        None,
+        host.config().approvals.ttl,
+    )?;
+    p.line(format!("approved {id}; deliver_artifact again:"))?;
+    let done = call("deliver_artifact", args).await?;
+    if done.is_error == Some(true) {
+        bail!("the lost answer was not reconciled: {}", result_text(&done));
+    }
+    for line in result_text(&done).lines().take(2) {
+        p.line(format!("  {line}"))?;
+    }
+    let intents = host
+        .registry()
+        .store()
+        .intents(&crate::store::IntentFilter {
+            limit: 10,
+            ..Default::default()
+        })?;
+    let intent = intents
+        .iter()
+        .find(|i| i.intent.capability == "deliver_artifact")
+        .context("no delivery intent")?;
+    let attempts = host.registry().store().attempts(&intent.intent.id)?;
+    let attempt = attempts.first().context("no attempt")?;
+    p.line(format!(
+        "intent {}: attempt 1 {} ({} sent, {} answered), outcome unknown → {} by {} ({})",
+        intent.intent.id,
+        attempt.state,
+        attempt.requests,
+        attempt.answered,
+        intent.state.as_str(),
+        intent
+            .resolution
+            .as_ref()
+            .map_or("?", |r| r["by"].as_str().unwrap_or("?")),
+        intent
+            .resolution
+            .as_ref()
+            .map_or("?", |r| r["method"].as_str().unwrap_or("?")),
+    ))?;
+    let files = std::fs::read_dir(outbox.join("team-reports"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    if count("send_file") != 1 || files != 1 {
+        bail!(
+            "expected one delivery, got {} sends and {files} files",
+            count("send_file")
+        );
+    }
+    p.line(format!(
+        "send_file requests: {}, lookup_delivery requests: {}, files in the outbox: {files} — reconciled, not repeated",
+        count("send_file"),
+        count("lookup_delivery")
+    ))?;
     Ok(())
 }
 

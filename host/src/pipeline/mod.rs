@@ -284,13 +284,12 @@ async fn reconcile_now(
         Ok(Some(r)) => r,
         Ok(None) | Err(_) => return outcome,
     };
-    let carrier_gone = !unknown.carrier.is_open();
     let result = reconcile::reconcile(
         host,
         &unknown.mapping,
         &record,
         unknown.queryable,
-        carrier_gone,
+        Some(&unknown.carrier),
     )
     .await;
     tracing::info!(intent = %unknown.intent, result = ?result, "reconciled an unknown outcome");

@@ -211,9 +211,6 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
             return contained(&mapping.name, failure, effectful);
         }
     };
-    if let Some(a) = &attempt {
-        a.advance(AttemptState::ResultObserved);
-    }
     let Some(result_shape) = &parts.capability.function.result else {
         return Outcome::Completed(Box::new(Completed {
             capability: parts.capability.name.clone(),
@@ -269,6 +266,8 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         return contract_error(&value);
     }
     if let Some(a) = &attempt {
+        // The adapter's contract result says the effect was done.
+        a.advance(AttemptState::ResultObserved);
         if let Err(why) = verify_receipt(n, &value) {
             tracing::warn!(mapping = %mapping.name, "receipt verification failed: {why}");
             return unknown_outcome(&format!(

@@ -43,24 +43,72 @@ pub enum Finding {
     Undecided(String),
 }
 
-/// Asks the contract's query function of `mapping` what happened under `key`.
+/// Asks the contract's query function of `mapping` what happened under the intent's key.
+/// A connection found closed (before, or by the query itself: the answer that was lost is
+/// often the connection's last) is restarted first, and the query asked once more.
 pub async fn query(host: &Host, mapping: &Arc<ActiveMapping>, intent: &IntentRecord) -> Finding {
     let Some(function) = &mapping.query else {
         return Finding::Undecided("the contract has no query for this capability".into());
     };
+    let mut finding = Finding::Undecided("not asked".into());
+    for _ in 0..2 {
+        if let Err(why) = ensure_open(host, mapping).await {
+            return Finding::Undecided(why);
+        }
+        finding = ask(mapping, function, intent).await;
+        let closed = async {
+            // rmcp notices a closed transport shortly after the request that hit it.
+            for _ in 0..20 {
+                if !mapping.connection.connection().is_open() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            false
+        };
+        match &finding {
+            Finding::Undecided(_) if closed.await => continue,
+            _ => break,
+        }
+    }
+    finding
+}
+
+/// Restarts the mapping's connection if it is closed, waiting at most [`RESTART_WAIT`].
+async fn ensure_open(host: &Host, mapping: &Arc<ActiveMapping>) -> Result<(), String> {
     let state = &mapping.connection;
-    if !state.connection().is_open() {
-        match tokio::time::timeout(RESTART_WAIT, host.live().restart_connection(state)).await {
+    if state.connection().is_open() {
+        return Ok(());
+    }
+    let deadline = tokio::time::Instant::now() + RESTART_WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, host.live().restart_connection(state)).await {
+            Ok(Ok(())) if state.connection().is_open() => return Ok(()),
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Finding::Undecided(format!("the upstream is unreachable: {e:#}")),
+            Ok(Err(e))
+                if tokio::time::Instant::now() + crate::registry::live::MIN_RESTART_INTERVAL
+                    < deadline =>
+            {
+                tracing::debug!(mapping = %mapping.name, "restart for a query failed: {e:#}; trying again");
+            }
+            Ok(Err(e)) => return Err(format!("the upstream is unreachable: {e:#}")),
             Err(_) => {
-                return Finding::Undecided(format!(
+                return Err(format!(
                     "the upstream did not come back within {} s",
                     RESTART_WAIT.as_secs()
                 ));
             }
         }
+        tokio::time::sleep(crate::registry::live::MIN_RESTART_INTERVAL).await;
     }
+}
+
+/// One call of the query function.
+async fn ask(
+    mapping: &Arc<ActiveMapping>,
+    function: &ContractFunction,
+    intent: &IntentRecord,
+) -> Finding {
     let param = match query_param(function, &intent.intent.idempotency_key) {
         Ok(p) => p,
         Err(e) => return Finding::Undecided(e),
@@ -154,15 +202,15 @@ pub enum Reconciled {
     Held(String),
 }
 
-/// Reconciles one open intent of `mapping` (see the module rules). `carrier_gone`: no
-/// request of the intent can still be processed (the connection that carried it closed,
-/// or the host that sent it stopped).
+/// Reconciles one open intent of `mapping` (see the module rules). `carrier`: the
+/// connection that carried the intent's requests, `None` when the host that sent them
+/// stopped; once it is closed, no request of the intent can still be processed.
 pub async fn reconcile(
     host: &Host,
     mapping: &Arc<ActiveMapping>,
     intent: &IntentRecord,
     queryable: bool,
-    carrier_gone: bool,
+    carrier: Option<&crate::upstream::Connection>,
 ) -> Reconciled {
     let store = host.registry().store();
     let id = &intent.intent.id;
@@ -210,6 +258,7 @@ pub async fn reconcile(
     } else {
         Finding::Undecided("the mapping says this capability cannot be queried".into())
     };
+    let carrier_gone = carrier.is_none_or(|c| !c.is_open());
     let decided = match &finding {
         Finding::Happened(record) => Some((
             IntentState::Completed,
@@ -283,8 +332,9 @@ pub async fn before_calls(host: &Host, mapping: &Arc<ActiveMapping>) {
                 let queryable = catalog
                     .capability(&intent.intent.capability)
                     .is_some_and(|c| c.semantics.queryable);
-                let carrier_gone = intent.created_ms < host.started_ms();
-                let r = reconcile(host, mapping, &intent, queryable, carrier_gone).await;
+                // A prepared intent of a stopped host, or an unknown one of this host whose
+                // connection the call saw: either way the request's sender is gone.
+                let r = reconcile(host, mapping, &intent, queryable, None).await;
                 tracing::info!(intent = %intent.intent.id, mapping = %mapping.name, result = ?r, "reconciled an open intent");
             }
         })

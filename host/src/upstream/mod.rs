@@ -131,6 +131,8 @@ pub struct Connection {
     max_message_bytes: Arc<std::sync::atomic::AtomicUsize>,
     client: RunningService<RoleClient, ()>,
     _child: Child,
+    /// Set when the server's stdout ended or a request found the transport closed.
+    closed: Arc<std::sync::atomic::AtomicBool>,
     requests: AtomicU64,
     discarded: Arc<AtomicU64>,
     tap: Arc<Tap>,
@@ -387,13 +389,20 @@ impl Connection {
         let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
             usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
         ));
-        tokio::spawn(filter_messages(
-            stdout,
-            ours,
-            limit.clone(),
-            discarded.clone(),
-            Some(tap.clone()),
-        ));
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let (limit, discarded, tap, closed) = (
+                limit.clone(),
+                discarded.clone(),
+                tap.clone(),
+                closed.clone(),
+            );
+            tokio::spawn(async move {
+                filter_messages(stdout, ours, limit, discarded, Some(tap)).await;
+                // The server closed its stdout (it exited): nothing more will be answered.
+                closed.store(true, Ordering::Release);
+            });
+        }
         let stdin = TapWriter {
             inner: stdin,
             tap: tap.clone(),
@@ -430,6 +439,7 @@ impl Connection {
             tap,
             discovery: tokio::sync::Mutex::new(()),
             first_initialize: std::sync::Mutex::new(None),
+            closed,
         })
     }
 
@@ -453,7 +463,7 @@ impl Connection {
 
     /// True while the rmcp client is running (the server has not closed the connection).
     pub fn is_open(&self) -> bool {
-        !self.client.is_closed()
+        !self.closed.load(Ordering::Acquire) && !self.client.is_closed()
     }
 
     /// Discovery: the raw initialize result and the full paginated lists of tools,
@@ -735,7 +745,15 @@ impl Connection {
                 )
             }
             ServiceError::McpError(e) => UpstreamFailure::Protocol(e.message.into_owned()),
-            other => UpstreamFailure::Unavailable(format!("connection `{}`: {other}", self.name)),
+            other => {
+                if matches!(
+                    other,
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                ) {
+                    self.closed.store(true, Ordering::Release);
+                }
+                UpstreamFailure::Unavailable(format!("connection `{}`: {other}", self.name))
+            }
         }
     }
 }

@@ -46,7 +46,7 @@ async fn ok_call<H: ClientHandler>(
 }
 
 /// Prepares an artifact and finds the destination `dest`; returns their references.
-async fn prepared<H: ClientHandler>(
+pub(crate) async fn prepared<H: ClientHandler>(
     client: &RunningService<RoleClient, H>,
     dest: &str,
 ) -> (String, String) {
@@ -82,7 +82,7 @@ fn approval_in(text: &str) -> String {
     text[at..at + 28].to_string()
 }
 
-fn deliver_args(artifact: &str, destination: &str) -> Value {
+pub(crate) fn deliver_args(artifact: &str, destination: &str) -> Value {
     json!({"artifact": artifact, "destination": destination})
 }
 
@@ -531,14 +531,14 @@ async fn wait_for_trace(d: &Deployment, what: impl Fn(&Value) -> bool) {
 /// A 2025-11-25 client that declares elicitation and answers every request with `action`
 /// (accept with `approve: true`, decline, cancel), counting the requests.
 #[derive(Clone)]
-struct Person {
+pub(crate) struct Person {
     action: ElicitationAction,
-    asked: Arc<AtomicUsize>,
+    pub(crate) asked: Arc<AtomicUsize>,
     last: Arc<std::sync::Mutex<String>>,
 }
 
 impl Person {
-    fn new(action: ElicitationAction) -> Self {
+    pub(crate) fn new(action: ElicitationAction) -> Self {
         Self {
             action,
             asked: Arc::default(),

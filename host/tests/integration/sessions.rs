@@ -44,7 +44,7 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .to_string();
     let sent = host.catalog().mappings["source-library"]
         .connection
-        .connection
+        .connection()
         .requests_sent();
 
     let err = mallory
@@ -60,7 +60,7 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
     assert_eq!(
         host.catalog().mappings["source-library"]
             .connection
-            .connection
+            .connection()
             .requests_sent(),
         sent,
         "no upstream request for a foreign reference"
@@ -74,7 +74,7 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
     assert_eq!(
         host.catalog().mappings["source-library"]
             .connection
-            .connection
+            .connection()
             .requests_sent(),
         sent + 1
     );
@@ -99,7 +99,7 @@ async fn a_reference_minted_before_a_retire_fails_after_the_re_approval() {
         .unwrap();
     let sent = host.catalog().mappings["source-library"]
         .connection
-        .connection
+        .connection()
         .requests_sent();
     let err = s
         .call("retrieve_source", args(json!({"reference": token})))
@@ -110,7 +110,7 @@ async fn a_reference_minted_before_a_retire_fails_after_the_re_approval() {
     assert_eq!(
         host.catalog().mappings["source-library"]
             .connection
-            .connection
+            .connection()
             .requests_sent(),
         sent,
         "a stale reference reaches nothing upstream"

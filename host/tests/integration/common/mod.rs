@@ -76,6 +76,11 @@ impl Deployment {
     /// `outbox/`, logging every request to `outbox-calls.jsonl`, with `extra` server
     /// arguments) and the `outbox-delivery` mapping.
     pub fn with_outbox(self, extra: &[&str]) -> Self {
+        self.with_outbox_edited(extra, |t| t)
+    }
+
+    /// Like [`Deployment::with_outbox`], passing the mapping's manifest through `edit`.
+    pub fn with_outbox_edited(self, extra: &[&str], edit: impl FnOnce(String) -> String) -> Self {
         let outbox = self.dir.path().join("outbox");
         let log = self.dir.path().join("outbox-calls.jsonl");
         std::fs::write(&log, "").unwrap();
@@ -91,7 +96,7 @@ impl Deployment {
         self.connection(&format!(
             "[[connection]]\nname = \"outbox\"\ncommand = \"@airlock\"\nargs = {args:?}\n"
         ))
-        .mapping("outbox-delivery")
+        .mapping_edited("outbox-delivery", edit)
     }
 
     /// Writes `policy` as `airlock.cedar` and lists it in the configuration.

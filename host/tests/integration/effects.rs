@@ -1,0 +1,270 @@
+//! Effects that happen exactly once, on real processes: `airlock serve` with the delivery
+//! fixture (which can lose its answer after delivering), the real outbox-delivery
+//! component, a real SQLite store, and rmcp's client approving in band.
+//!
+//! Every "delivered once" is read from the delivery server's own outbox folder and call
+//! log, never from the host's word.
+
+use rmcp::model::ElicitationAction;
+use serde_json::Value;
+
+use crate::approvals::{Person, deliver_args, prepared};
+use crate::common::*;
+
+fn deployment(server_args: &[&str]) -> Deployment {
+    Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(server_args)
+        .policy(POLICY)
+        .tables(PROFILES)
+}
+
+/// The delivery server's `send_file` and `lookup_delivery` requests, with their keys.
+fn keyed(d: &Deployment, tool: &str) -> Vec<String> {
+    d.outbox_calls()
+        .iter()
+        .filter(|c| c["method"] == "tools/call" && c["tool"] == tool)
+        .map(|c| {
+            c["arguments"]["idempotency_key"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+fn intents(d: &Deployment, state: &str) -> Vec<Value> {
+    d.airlock_json(&["intents", "list", "--state", state])
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn show(d: &Deployment, id: &str) -> Value {
+    d.airlock_json(&["intents", "show", id])
+}
+
+#[tokio::test]
+async fn a_delivery_whose_answer_is_lost_is_reconciled_by_query_not_repeated() {
+    let d = deployment(&["--fail-after-send"]);
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert_ne!(r.is_error, Some(true), "{text}");
+    assert!(text.starts_with("Reconciled (intent int_"), "{text}");
+    let structured = r.structured_content.clone().unwrap();
+    assert_eq!(structured["reconciled"]["method"], "query");
+    // The query reports the delivery made earlier: nothing new was delivered.
+    assert_eq!(structured["result"]["replayed"], true);
+    client.cancel().await.unwrap();
+
+    // Exactly one delivery, one send, and the query used the send's key.
+    assert_eq!(d.delivered("team-reports").len(), 1);
+    let sends = keyed(&d, "send_file");
+    assert_eq!(sends.len(), 1, "never sent twice: {:?}", d.outbox_calls());
+    assert_eq!(keyed(&d, "lookup_delivery"), sends);
+
+    // The intent went unknown (durably), then completed by query, with evidence.
+    let done = intents(&d, "completed");
+    let intent = done
+        .iter()
+        .find(|i| i["capability"] == "deliver_artifact")
+        .expect("the delivery's intent is completed");
+    assert_eq!(intent["resolution"]["method"], "query");
+    assert_eq!(intent["resolution"]["by"], "airlock");
+    assert_eq!(intent["idempotency_key"].as_str().unwrap(), sends[0]);
+    let shown = show(&d, intent["id"].as_str().unwrap());
+    let attempts = shown["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0]["state"], "sent", "its answer never came");
+    assert_eq!(attempts[0]["requests"], 1);
+    assert_eq!(attempts[0]["answered"], 0);
+    let kinds: Vec<String> = d
+        .trace()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    let unknown = d
+        .trace()
+        .iter()
+        .position(|e| e["kind"] == "call-outcome" && e["payload"]["outcome"] == "unknown")
+        .unwrap_or_else(|| panic!("no unknown outcome traced: {kinds:?}"));
+    let resolved = kinds
+        .iter()
+        .position(|k| k == "intent-resolved")
+        .expect("the resolution is traced");
+    assert!(
+        unknown < resolved,
+        "unknown first, then resolved: {kinds:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retried() {
+    // The upstream offers no lookup: the mapping cannot ask it what happened.
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox_edited(&["--fail-after-send"], |m| {
+            m.replace(
+                r#"tools = ["stage_file", "list_outboxes", "send_file", "lookup_delivery"]"#,
+                r#"tools = ["stage_file", "list_outboxes", "send_file"]"#,
+            )
+        })
+        .policy(POLICY)
+        .tables(PROFILES);
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert_eq!(r.is_error, Some(true), "{text}");
+    assert!(text.starts_with("unknown:"), "{text}");
+    assert!(text.contains("held for an operator"), "{text}");
+    assert!(text.contains("Do not call it again"), "{text}");
+    client.cancel().await.unwrap();
+    assert_eq!(keyed(&d, "send_file").len(), 1, "no retry");
+    assert!(keyed(&d, "lookup_delivery").is_empty(), "nothing to ask");
+    assert_eq!(d.delivered("team-reports").len(), 1);
+
+    let held = intents(&d, "unknown");
+    assert_eq!(held.len(), 1, "{held:#?}");
+    let id = held[0]["id"].as_str().unwrap().to_string();
+    let text = d.airlock_ok(&["intents", "show", &id]);
+    assert!(text.contains("airlock intents resolve"), "{text}");
+
+    // A person resolves it, with evidence; the resolution is recorded and traced.
+    let out = d.airlock(&["intents", "resolve", &id, "--as", "completed"]);
+    assert!(!out.status.success(), "evidence is required");
+    let resolved = d.airlock_json(&[
+        "intents",
+        "resolve",
+        &id,
+        "--as",
+        "completed",
+        "--evidence",
+        "the team-reports outbox holds the Q3 report",
+        "--by",
+        "bob",
+    ]);
+    assert_eq!(resolved["intent"]["state"], "completed");
+    assert_eq!(resolved["intent"]["resolution"]["method"], "person");
+    assert_eq!(resolved["intent"]["resolution"]["by"], "bob");
+    let again = d.airlock(&[
+        "intents",
+        "resolve",
+        &id,
+        "--as",
+        "failed",
+        "--evidence",
+        "changed my mind",
+    ]);
+    assert!(!again.status.success());
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("is completed"), "{stderr}");
+    let event = d
+        .trace()
+        .into_iter()
+        .find(|e| e["kind"] == "intent-resolved")
+        .expect("traced");
+    assert_eq!(event["payload"]["by"], "bob");
+    assert_eq!(event["payload"]["intent"], id.as_str());
+}
+
+/// The pids of `airlock serve` processes running this deployment's configuration.
+fn serve_pids(d: &Deployment) -> Vec<i32> {
+    let config = d.write_config().display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.contains(&b"serve".as_slice()) && args.contains(&config.as_bytes())
+            })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_host_killed_mid_delivery_reconciles_before_the_next_call_and_delivers_once() {
+    let d = deployment(&["--hang-after-send"]);
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let peer = client.peer().clone();
+    let mut params = rmcp::model::CallToolRequestParams::new("deliver_artifact");
+    params.arguments = deliver_args(&artifact, &team).as_object().cloned();
+    let in_flight = tokio::spawn(async move { peer.call_tool(params).await });
+    // Wait until the delivery is on the server's disk, with its answer withheld.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while d.delivered("team-reports").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delivery never happened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pids = serve_pids(&d);
+    assert_eq!(pids.len(), 1, "one airlock serve: {pids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pids[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(in_flight.await.unwrap().is_err(), "the call got no answer");
+    drop(client);
+    let prepared_before = intents(&d, "prepared");
+    assert!(
+        prepared_before
+            .iter()
+            .any(|i| i["capability"] == "deliver_artifact"),
+        "the stopped host left the delivery prepared: {prepared_before:#?}"
+    );
+
+    // A new host: the first call of the mapping waits for the reconciliation.
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let r = call(&client, "list_destinations", serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.unwrap();
+    let done = intents(&d, "completed");
+    let intent = done
+        .iter()
+        .find(|i| i["capability"] == "deliver_artifact")
+        .unwrap_or_else(|| {
+            panic!(
+                "reconciled before the next call: {:#?}",
+                d.airlock_json(&["intents", "list"])
+            )
+        });
+    assert_eq!(intent["resolution"]["method"], "query");
+    assert_eq!(d.delivered("team-reports").len(), 1, "delivered once");
+    assert_eq!(keyed(&d, "send_file").len(), 1, "sent once");
+    assert_eq!(keyed(&d, "lookup_delivery").len(), 1, "asked once");
+    // The resolution comes before the next call's outcome in the trace.
+    let trace = d.trace();
+    let resolved = trace
+        .iter()
+        .position(|e| e["kind"] == "intent-resolved")
+        .expect("resolved");
+    let last_outcome = trace
+        .iter()
+        .rposition(|e| e["kind"] == "call-outcome")
+        .unwrap();
+    assert!(resolved < last_outcome);
+}
