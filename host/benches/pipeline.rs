@@ -13,7 +13,7 @@
 //! 5. 200 000 calls in one session and across 8 sessions (in process): failures.
 //!
 //! `AIRLOCK_BENCH_ITERS` sets the sample count (default 5000); `AIRLOCK_BENCH_LONG_CALLS`
-//! the calls of section 5 (default 200000; 0 skips it); `AIRLOCK_BENCH_ONLY=policy|receipts|
+//! the calls of section 5 (default 200000; 0 skips it); `AIRLOCK_BENCH_ONLY=policy|receipts|intents|
 //! trace|references|calls` runs one section (to profile it).
 
 use std::path::Path;
@@ -407,6 +407,78 @@ fn receipts(n: usize) {
     );
 }
 
+/// Intent bookkeeping of one external-effect call: its durable writes, each a store
+/// write at the moment it becomes true (DESIGN.md §5.8).
+fn intent_bookkeeping(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    let intent = |i: usize| NewIntent {
+        id: format!("int_{i:032x}"),
+        idempotency_key: format!("idk_{i:032x}"),
+        call_id: format!("call_{i}"),
+        requester: "alice".into(),
+        session: "ses_0".into(),
+        capability: "deliver_artifact".into(),
+        mapping: "outbox-delivery".into(),
+        mapping_revision: 1,
+        args_digest: "c".repeat(64),
+        effect_class: "external-effect".into(),
+    };
+    let mut next = 0usize;
+    let mut fresh = || {
+        let i = next;
+        next += 1;
+        let record = intent(i);
+        store.create_intent(&record, vec![]).unwrap();
+        record.id
+    };
+    let ids: Vec<String> = (0..3 * (n + n / 10 + 10)).map(|_| fresh()).collect();
+    let mut at = 0usize;
+    print(
+        "intent: attempt sent (one UPDATE, autocommit)",
+        &time(n, |_| {
+            store.attempt_sending(&ids[at], 1).unwrap();
+            at += 1;
+        }),
+    );
+    let mut at = n + n / 10 + 10;
+    print(
+        "intent: the 4 attempt writes of a call (sent, acknowledged, observed, verified)",
+        &time(n, |_| {
+            let id = &ids[at];
+            at += 1;
+            store.attempt_sending(id, 1).unwrap();
+            store.attempt_answered(id, 1, "7", true).unwrap();
+            store
+                .advance_attempt(id, 1, airlock::store::AttemptState::ResultObserved)
+                .unwrap();
+            store
+                .advance_attempt(id, 1, airlock::store::AttemptState::ReceiptVerified)
+                .unwrap();
+        }),
+    );
+    let mut i = 10 * n + 1000;
+    print(
+        "intent: a whole effect call's bookkeeping (create + 4 attempt writes + commit)",
+        &time(n, |_| {
+            let record = intent(i);
+            i += 1;
+            store.create_intent(&record, vec![]).unwrap();
+            store.attempt_sending(&record.id, 1).unwrap();
+            store.attempt_answered(&record.id, 1, "7", true).unwrap();
+            store
+                .advance_attempt(&record.id, 1, airlock::store::AttemptState::ResultObserved)
+                .unwrap();
+            store
+                .advance_attempt(&record.id, 1, airlock::store::AttemptState::ReceiptVerified)
+                .unwrap();
+            store
+                .set_intent_state(&record.id, airlock::store::IntentState::Completed, vec![])
+                .unwrap();
+        }),
+    );
+}
+
 fn call_events(call: &str) -> Vec<NewEvent> {
     let p = |kind: &'static str, extra: Value| {
         let mut o = extra.as_object().cloned().unwrap_or_default();
@@ -703,7 +775,7 @@ async fn main() {
         },
         load_average()
     );
-    // AIRLOCK_BENCH_ONLY=policy|receipts|trace|references|calls runs one section (for
+    // AIRLOCK_BENCH_ONLY=policy|receipts|intents|trace|references|calls runs one section (for
     // profiling it with perf).
     let only = std::env::var("AIRLOCK_BENCH_ONLY").ok();
     let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
@@ -712,6 +784,9 @@ async fn main() {
     }
     if run("receipts") {
         receipts(n.min(5000));
+    }
+    if run("intents") {
+        intent_bookkeeping(n.min(5000));
     }
     if run("trace") {
         trace_append(n);

@@ -238,7 +238,8 @@ impl ServerHandler for McpFront {
             request.arguments,
             abilities(&context),
             retry,
-        );
+        )
+        .with_cancel(context.ct.clone());
         let asker = PeerAsker {
             peer: context.peer.clone(),
         };

@@ -93,9 +93,18 @@ pub struct Candidate {
     pub(super) arguments: JsonObject,
     pub(super) abilities: ClientAbilities,
     pub(super) retry: Option<Retry>,
+    pub(super) cancel: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Candidate {
+    /// The same candidate, cancelled when `token` is (the model-facing request's
+    /// `notifications/cancelled`): the adapter is interrupted and its upstream request
+    /// cancelled; a cancelled effect that may have acted is `unknown`.
+    pub fn with_cancel(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
     /// A candidate call of capability `name` with `arguments` in `session`, from a client
     /// that can do `abilities`; `retry` when this is the retry of an `input_required`.
     pub fn new(
@@ -111,6 +120,7 @@ impl Candidate {
             arguments: arguments.unwrap_or_default(),
             abilities,
             retry,
+            cancel: None,
         }
     }
 
@@ -122,6 +132,7 @@ impl Candidate {
             arguments: self.arguments.clone(),
             abilities: self.abilities.clone(),
             retry: self.retry.clone(),
+            cancel: self.cancel.clone(),
         }
     }
 }

@@ -71,6 +71,8 @@ pub struct Call {
     intent: Option<String>,
     /// Set when the call's effect ended unknown: what reconciling it needs.
     unknown: Option<UnknownEffect>,
+    /// Cancelled when the model-facing request is.
+    cancel: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// What the host needs to reconcile a call whose effect ended unknown.
@@ -97,6 +99,7 @@ impl Call {
             rechecked_policy: None,
             intent: None,
             unknown: None,
+            cancel: None,
         }
     }
 
@@ -166,6 +169,7 @@ impl Finished {
 /// Runs one call through every stage and commits its trace (see [`Finished::respond`]).
 pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Finished {
     let mut call = Call::new(candidate.session.clone());
+    call.cancel = candidate.cancel.clone();
     let mut outcome = stages(host, &mut call, candidate, asker).await;
     let failed = finish(host, &mut call, &outcome).err();
     if failed.is_none()
@@ -253,7 +257,8 @@ async fn stages(
         let (mapping, queryable) = (cap.mapping.clone(), cap.semantics.queryable);
         let revision = ready.intended().authorized().normalized().revision();
         let carrier = mapping.connection.connection();
-        let executed = execute::execute(host, call, ready, None).await;
+        let cancel = call.cancel.clone();
+        let executed = execute::execute(host, call, ready, cancel).await;
         call.stage("execute");
         let outcome = outcome::outcome(call, executed);
         call.stage("outcome");

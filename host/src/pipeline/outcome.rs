@@ -425,6 +425,13 @@ fn contained(mapping: &str, failure: CallFailure, effectful: bool) -> Outcome {
                 )
             }
         }
+        CallFailure::Cancelled if effectful => {
+            unknown("the call was cancelled while it was running")
+        }
+        CallFailure::Cancelled => Outcome::refused(
+            Category::Interrupted,
+            "the call was cancelled; nothing changed",
+        ),
         CallFailure::Host(detail) => {
             tracing::error!(mapping = %mapping, "host failure: {detail}");
             Outcome::refused(Category::Unknown, "the host could not run the adapter")

@@ -459,11 +459,14 @@ pub enum CallFailure {
     Trapped(String),
     /// The host failed to instantiate or call (a broken invariant). Detail for the log.
     Host(String),
+    /// The call was cancelled ([`CallContext::cancel`]): the guest was interrupted at its
+    /// next epoch tick, or its upstream wait ended.
+    Cancelled,
 }
 
 impl CallFailure {
     /// A short stable name for the trace: `deadline`, `memory`, `fuel`, `output-flood`,
-    /// `result-too-large`, `busy`, `trap`, `host`.
+    /// `result-too-large`, `busy`, `trap`, `host`, `cancelled`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::DeadlineExceeded(_) => "deadline",
@@ -473,6 +476,7 @@ impl CallFailure {
             Self::ResultTooLarge(_) => "result-too-large",
             Self::Busy(_) => "busy",
             Self::Trapped(_) => "trap",
+            Self::Cancelled => "cancelled",
             Self::Host(_) => "host",
         }
     }
@@ -617,9 +621,11 @@ impl LoadedAdapter {
         // Every tick the guest yields to the async executor, so a spinning adapter never
         // holds a worker thread; past the deadline the next tick traps it.
         let until = Instant::now() + deadline;
+        let cancel = store.data().bridge.context.cancel.clone();
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
-            Ok(if Instant::now() >= until {
+            let cancelled = cancel.as_ref().is_some_and(|c| c.is_cancelled());
+            Ok(if cancelled || Instant::now() >= until {
                 wasmtime::UpdateDeadline::Interrupt
             } else {
                 wasmtime::UpdateDeadline::Yield(1)
@@ -691,6 +697,7 @@ impl LoadedAdapter {
             return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
         };
         let network = self.network_policy().await;
+        let store_cancel = context.cancel.clone();
         let (mut store, stdout, stderr) = match self.new_store(grant, network, context) {
             Ok(parts) => parts,
             Err(failure) => return failed(failure),
@@ -722,9 +729,18 @@ impl LoadedAdapter {
         };
         // Host calls (upstream requests) are not interruptible by epochs; bound the whole
         // call by the same deadline plus one tick of grace.
+        let cancel = store_cancel.clone();
         let result = match tokio::time::timeout(deadline + EPOCH_TICK * 2, run).await {
             Ok(r) => r,
             Err(_) => Err(CallFailure::DeadlineExceeded(deadline)),
+        };
+        let result = match result {
+            Err(CallFailure::DeadlineExceeded(_)) | Err(CallFailure::Trapped(_))
+                if cancel.as_ref().is_some_and(|c| c.is_cancelled()) =>
+            {
+                Err(CallFailure::Cancelled)
+            }
+            other => other,
         };
         let result = match result {
             Err(CallFailure::Trapped(_)) if store.data().limiter.exceeded => Err(

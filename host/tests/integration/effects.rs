@@ -268,3 +268,120 @@ async fn a_host_killed_mid_delivery_reconciles_before_the_next_call_and_delivers
         .unwrap();
     assert!(resolved < last_outcome);
 }
+
+/// The delivery server's `notifications/cancelled` lines.
+fn cancellations(d: &Deployment) -> Vec<Value> {
+    d.outbox_calls()
+        .into_iter()
+        .filter(|c| c["method"] == "notifications/cancelled")
+        .collect()
+}
+
+async fn wait_for_delivery(d: &Deployment) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while d.delivered("team-reports").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the delivery never happened"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_for_intent(d: &Deployment, state: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(i) = intents(d, state)
+            .into_iter()
+            .find(|i| i["capability"] == "deliver_artifact")
+        {
+            return i;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {state} delivery intent: {:#?}",
+            d.airlock_json(&["intents", "list"])
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_delivery_that_times_out_cancels_the_upstream_request_and_is_reconciled() {
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox_edited(&["--hang-after-send"], |m| {
+            m.replace("deadline_ms = 5000", "deadline_ms = 1500")
+        })
+        .policy(POLICY)
+        .tables(PROFILES);
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    // The answer never came; the query found the delivery.
+    assert_ne!(r.is_error, Some(true), "{text}");
+    assert!(text.starts_with("Reconciled"), "{text}");
+    client.cancel().await.unwrap();
+    let cancelled = cancellations(&d);
+    assert_eq!(
+        cancelled.len(),
+        1,
+        "the timeout reached the upstream: {:?}",
+        d.outbox_calls()
+    );
+    assert_eq!(keyed(&d, "send_file").len(), 1);
+    assert_eq!(d.delivered("team-reports").len(), 1);
+    let intent = wait_for_intent(&d, "completed").await;
+    assert_eq!(intent["resolution"]["method"], "query");
+}
+
+#[tokio::test]
+async fn a_model_cancelled_delivery_cancels_upstream_is_unknown_then_reconciled() {
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest};
+    use rmcp::service::PeerRequestOptions;
+    let d = deployment(&["--hang-after-send"]);
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let mut params = CallToolRequestParams::new("deliver_artifact");
+    params.arguments = deliver_args(&artifact, &team).as_object().cloned();
+    let handle = client
+        .peer()
+        .send_request_with_option(
+            ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    wait_for_delivery(&d).await;
+    assert!(cancellations(&d).is_empty(), "nothing cancelled yet");
+    handle
+        .cancel(Some("the person stopped it".into()))
+        .await
+        .unwrap();
+    // The host cancels its upstream request, records unknown, and reconciles.
+    let intent = wait_for_intent(&d, "completed").await;
+    assert_eq!(intent["resolution"]["method"], "query");
+    assert_eq!(cancellations(&d).len(), 1, "{:?}", d.outbox_calls());
+    let kinds: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "call-outcome" && e["payload"]["outcome"] == "unknown")
+        .collect();
+    assert_eq!(
+        kinds.len(),
+        1,
+        "a cancelled effect is unknown, never failed"
+    );
+    client.cancel().await.unwrap();
+    assert_eq!(keyed(&d, "send_file").len(), 1, "never sent again");
+    assert_eq!(d.delivered("team-reports").len(), 1);
+}
