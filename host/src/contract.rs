@@ -158,6 +158,19 @@ impl EffectClass {
     pub fn has_effect(self) -> bool {
         self != Self::Read
     }
+
+    /// Every class, least consequential first.
+    pub const ALL: [Self; 4] = [
+        Self::Read,
+        Self::LocalTransformation,
+        Self::ReversibleMutation,
+        Self::ExternalEffect,
+    ];
+
+    /// The class named `name` (the kebab-case form of [`EffectClass::as_str`]), if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
 }
 
 impl std::fmt::Display for EffectClass {
@@ -166,7 +179,9 @@ impl std::fmt::Display for EffectClass {
     }
 }
 
-/// Host-side semantics of one contract function.
+/// Host-side semantics of one contract function, as the host declares it for the
+/// contract; a reviewed mapping confirms the class and may only narrow the flags
+/// ([`EffectSemantics::narrowed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct EffectSemantics {
     /// The effect class.
@@ -176,8 +191,69 @@ pub struct EffectSemantics {
     pub idempotent: bool,
     /// Whether the contract can be asked afterwards what happened (a reconciliation query).
     pub queryable: bool,
+    /// Whether the contract has a compensating action: a function that undoes the
+    /// effect's consequences after the fact (a cancel, a refund, a retraction), so that
+    /// a completed effect can be answered by another call rather than only by a person.
+    /// No bundled contract has one.
+    pub compensable: bool,
     /// Called by the host only (reconciliation); a mapping may not offer it to the model.
     pub host_only: bool,
+}
+
+/// A mapping's narrowing of the flags the contract declares for one function:
+/// `Some(false)` turns a flag off, `None` keeps the contract's value, and `Some(true)` is
+/// accepted only where the contract declares it true. (The class is confirmed, not
+/// narrowed: see [`crate::registry::manifest::CapabilitySection::semantics`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Narrowing {
+    /// `idempotent = false`: the upstream does not honour the key, say.
+    pub idempotent: Option<bool>,
+    /// `queryable = false`: the upstream has no lookup, say.
+    pub queryable: Option<bool>,
+    /// `compensable = false`.
+    pub compensable: Option<bool>,
+}
+
+impl EffectSemantics {
+    /// These semantics narrowed by `narrowing`: a flag may go from true to false, never
+    /// from false to true.
+    ///
+    /// # Errors
+    /// A flag set to true that these semantics declare false; the message names it.
+    pub fn narrowed(self, narrowing: Narrowing) -> std::result::Result<Self, String> {
+        let mut out = self;
+        for (key, declared, asked, slot) in [
+            (
+                "idempotent",
+                self.idempotent,
+                narrowing.idempotent,
+                &mut out.idempotent,
+            ),
+            (
+                "queryable",
+                self.queryable,
+                narrowing.queryable,
+                &mut out.queryable,
+            ),
+            (
+                "compensable",
+                self.compensable,
+                narrowing.compensable,
+                &mut out.compensable,
+            ),
+        ] {
+            match asked {
+                Some(true) if !declared => {
+                    return Err(format!(
+                        "`{key} = true` widens the contract, which declares it not {key}; a mapping may only narrow (true -> false)"
+                    ));
+                }
+                Some(value) => *slot = value,
+                None => {}
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// The semantics of `function` in contract `interface`, or `None` for a function this
@@ -187,6 +263,7 @@ pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemanti
         class: EffectClass::Read,
         idempotent: true,
         queryable: false,
+        compensable: false,
         host_only: false,
     };
     Some(match (interface, function) {
@@ -201,7 +278,7 @@ pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemanti
             class: EffectClass::ExternalEffect,
             idempotent: true,
             queryable: true,
-            host_only: false,
+            ..read
         },
         ("airlock:contracts/artifact-delivery@0.2.0", "query") => EffectSemantics {
             host_only: true,

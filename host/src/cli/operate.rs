@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
+use crate::contract::EffectSemantics;
 use crate::registry::drift::{self, Catalogue, Drift};
 use crate::registry::live::{MappingSource, mapping_dir_manifests, open_registry};
 use crate::registry::{Pins, Registry, short};
@@ -400,17 +401,65 @@ pub fn snapshot_show(registry: &Registry, digest: &str) -> Result<(StoredSnapsho
 }
 
 /// `airlock review show`: a mapping's revisions, pins, and drift against its connection's
-/// latest snapshot.
+/// latest snapshot; the effect semantics its capabilities serve with.
 #[derive(Debug, Serialize)]
 pub struct ReviewShow {
     /// Latest revision.
     pub current: MappingRecord,
+    /// The capabilities of the latest revision's recorded manifest, each with the
+    /// effective semantics it serves with (the contract's declaration as the manifest
+    /// confirmed and narrowed it).
+    pub capabilities: Vec<ShownCapability>,
     /// Every revision, oldest first.
     pub revisions: Vec<MappingRecord>,
     /// The connection's latest snapshot, if any.
     pub latest_snapshot: Option<String>,
     /// The check of the pins against it.
     pub check: Option<MappingCheck>,
+}
+
+/// One capability of a recorded manifest and the semantics it serves with.
+#[derive(Debug, Serialize)]
+pub struct ShownCapability {
+    /// The name the model sees.
+    pub name: String,
+    /// The contract function.
+    pub function: String,
+    /// Effective semantics; `None` when the manifest does not confirm them (see `problem`).
+    pub effect: Option<EffectSemantics>,
+    /// What the host declares for the function, before the mapping narrowed it.
+    pub contract_effect: Option<EffectSemantics>,
+    /// Why there are no effective semantics (e.g. a revision recorded before effects were
+    /// confirmed in manifests: a host refuses to load that manifest now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// The capabilities of recorded manifest `text` with their semantics.
+fn shown_capabilities(text: Option<&str>) -> Vec<ShownCapability> {
+    let Some(Ok((contract, caps))) = text.map(crate::registry::manifest::recorded_capabilities)
+    else {
+        return Vec::new();
+    };
+    caps.into_iter()
+        .map(|c| {
+            let (effect, problem) = match c.semantics(&contract) {
+                Ok(Some(s)) => (Some(s), None),
+                Ok(None) => (
+                    None,
+                    Some("this host declares no effect semantics for it".into()),
+                ),
+                Err(e) => (None, Some(format!("{e:#}"))),
+            };
+            ShownCapability {
+                contract_effect: crate::contract::effect_semantics(&contract, &c.function),
+                name: c.name,
+                function: c.function,
+                effect,
+                problem,
+            }
+        })
+        .collect()
 }
 
 /// See [`ReviewShow`].
@@ -444,6 +493,7 @@ pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
         Some(check(registry, &current, &tools, &catalogue))
     });
     Ok(ReviewShow {
+        capabilities: shown_capabilities(current.manifest_text.as_deref()),
         current,
         revisions,
         latest_snapshot: latest.map(|s| s.digest),
@@ -479,6 +529,23 @@ impl ReviewShow {
             "  pinned snapshot {}",
             c.snapshot_digest.as_deref().unwrap_or("(none)")
         );
+        if c.manifest_text.is_none() {
+            let _ = writeln!(o, "  capabilities: unknown (no manifest text recorded)");
+        }
+        for cap in &self.capabilities {
+            let effect = match (&cap.effect, &cap.problem) {
+                (Some(e), _) => crate::cli::review::effect_text(e, cap.contract_effect.as_ref()),
+                (None, problem) => format!(
+                    "NOT CONFIRMED: {}",
+                    problem.as_deref().unwrap_or("no effect semantics")
+                ),
+            };
+            let _ = writeln!(
+                o,
+                "  capability {} -> {} [{effect}]",
+                cap.name, cap.function
+            );
+        }
         let pins = Pins::from_value(&c.pins);
         if pins.tools.is_empty() {
             let _ = writeln!(o, "  pins: none (not reviewed)");

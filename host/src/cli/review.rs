@@ -22,6 +22,10 @@
 //! | `wasi:http/*` | nothing: this host does not link it (FLAGGED) |
 //! | anything else | nothing (FLAGGED) |
 //!
+//! The review also shows each capability's effective effect semantics: the host's
+//! declaration for the contract function as the mapping confirmed and narrowed it, beside
+//! the declaration itself.
+//!
 //! Secret and environment values never appear in a review: only variable names and the
 //! names of the secrets they come from.
 
@@ -33,6 +37,7 @@ use serde::Serialize;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::{Config, Engine};
 
+use crate::contract::EffectSemantics;
 use crate::registry::manifest::{Limits, MappingManifest};
 use crate::runtime::grants::{Access, Destination, EnvValue, Grants};
 
@@ -303,9 +308,14 @@ pub struct CapabilityView {
     pub description: String,
     /// Whether the component exports that function in the mapping's contract.
     pub exported: bool,
-    /// The host's effect semantics for the function (class, idempotent, queryable), as
-    /// policy sees them; `None` when this host does not classify it (it would not load).
-    pub effect: Option<crate::contract::EffectSemantics>,
+    /// The capability's effective semantics (class, idempotent, queryable, compensable)
+    /// as the host serves it and policy sees it: the contract's declaration, confirmed and
+    /// narrowed by the mapping; `None` when this host does not classify the function (it
+    /// would not load).
+    pub effect: Option<EffectSemantics>,
+    /// What the host declares for the function in the contract, before the mapping
+    /// narrowed it.
+    pub contract_effect: Option<EffectSemantics>,
 }
 
 /// Reviews the mapping at `manifest_path`: loads it, reads and verifies its component,
@@ -408,7 +418,11 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
                 exported: contract_items
                     .iter()
                     .any(|i| i.name == c.function && i.kind == "func"),
-                effect: crate::contract::effect_semantics(&manifest.mapping.contract, &c.function),
+                effect: manifest.semantics(c),
+                contract_effect: crate::contract::effect_semantics(
+                    &manifest.mapping.contract,
+                    &c.function,
+                ),
             })
             .collect(),
         flagged,
@@ -993,14 +1007,9 @@ impl Review {
             }
         }
         for c in &self.capabilities {
-            let effect = match &c.effect {
-                Some(e) => format!(
-                    " [{}{}{}]",
-                    e.class,
-                    if e.idempotent { ", idempotent" } else { "" },
-                    if e.queryable { ", queryable" } else { "" }
-                ),
-                None => " [no effect semantics: the host will refuse to offer it]".to_string(),
+            let effect = match (&c.effect, &c.contract_effect) {
+                (Some(e), declared) => format!(" [{}]", effect_text(e, declared.as_ref())),
+                (None, _) => " [no effect semantics: the host will refuse to offer it]".to_string(),
             };
             let _ = writeln!(
                 w,
@@ -1162,13 +1171,21 @@ impl Review {
         }
         let _ = writeln!(
             w,
-            "</table>\n<h2>Capabilities</h2>\n<table>\n<tr><th>name</th><th>function</th><th>description the model sees</th></tr>"
+            "</table>\n<h2>Capabilities</h2>\n<table>\n<tr><th>name</th><th>function</th><th>effect</th><th>description the model sees</th></tr>"
         );
         for c in &self.capabilities {
+            let effect = c.effect.as_ref().map_or_else(
+                || "no effect semantics: the host will refuse to offer it".to_string(),
+                |x| effect_text(x, c.contract_effect.as_ref()),
+            );
             let _ = writeln!(
                 w,
-                "<tr class=\"{}\"><td><code>{}</code></td><td><code>{}</code>{}</td><td>{}</td></tr>",
-                if c.exported { "ok" } else { "flagged" },
+                "<tr class=\"{}\"><td><code>{}</code></td><td><code>{}</code>{}</td><td>{}</td><td>{}</td></tr>",
+                if c.exported && c.effect.is_some() {
+                    "ok"
+                } else {
+                    "flagged"
+                },
                 e(&c.name),
                 e(&c.function),
                 if c.exported {
@@ -1176,6 +1193,7 @@ impl Review {
                 } else {
                     " (not exported by the component)"
                 },
+                e(&effect),
                 e(&c.description)
             );
         }
@@ -1281,6 +1299,45 @@ tr.flagged td{background:#fde2e1}\n\
 .verdict.flagged{color:#a40000;font-weight:bold}\n\
 .verdict.ok{color:#0a6b0a;font-weight:bold}\n\
 .deny{color:#666}\n";
+
+/// `e`'s class and the flags it has, e.g. `external-effect, idempotent, queryable`, and
+/// what the mapping narrowed away from `declared` (`narrowed by the mapping: not queryable`).
+pub fn effect_text(e: &EffectSemantics, declared: Option<&EffectSemantics>) -> String {
+    let mut out = e.class.to_string();
+    let flags = [
+        (
+            "idempotent",
+            e.idempotent,
+            declared.is_some_and(|d| d.idempotent),
+        ),
+        (
+            "queryable",
+            e.queryable,
+            declared.is_some_and(|d| d.queryable),
+        ),
+        (
+            "compensable",
+            e.compensable,
+            declared.is_some_and(|d| d.compensable),
+        ),
+    ];
+    for (name, on, _) in flags {
+        if on {
+            out.push_str(", ");
+            out.push_str(name);
+        }
+    }
+    let narrowed: Vec<String> = flags
+        .iter()
+        .filter(|(_, on, was)| *was && !on)
+        .map(|(name, ..)| format!("not {name}"))
+        .collect();
+    if !narrowed.is_empty() {
+        out.push_str("; narrowed by the mapping: ");
+        out.push_str(&narrowed.join(", "));
+    }
+    out
+}
 
 /// Escapes `text` for HTML element content and quoted attribute values.
 pub fn escape_html(text: &str) -> String {

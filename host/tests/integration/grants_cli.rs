@@ -287,3 +287,88 @@ fn a_missing_manifest_is_an_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("/nonexistent/mapping.toml"));
 }
+
+#[test]
+fn the_review_shows_each_capabilitys_effective_semantics() {
+    let manifest = bundled("outbox-delivery");
+    let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let deliver = v["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["function"] == "deliver")
+        .unwrap();
+    assert_eq!(
+        deliver["effect"],
+        serde_json::json!({"class": "external-effect", "idempotent": true, "queryable": true, "compensable": false, "host_only": false})
+    );
+    assert_eq!(deliver["contract_effect"], deliver["effect"]);
+    let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+    assert!(
+        text.contains(
+            "capability deliver_artifact -> deliver [external-effect, idempotent, queryable]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("capability prepare_artifact -> prepare [local-transformation]"),
+        "{text}"
+    );
+
+    // A mapping may narrow a flag; the review shows what it serves with and what it
+    // narrowed away.
+    let (_dir, narrowed) = copied_mapping(FS_IMPORTER, |t| {
+        t.replacen(
+            "effect = \"read\"",
+            "effect = \"read\"\nidempotent = false",
+            1,
+        )
+    });
+    let out = grants(&[narrowed.to_str().unwrap(), "--json", "--allow-flagged"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["capabilities"][0]["effect"]["idempotent"], false);
+    assert_eq!(v["capabilities"][0]["contract_effect"]["idempotent"], true);
+    let text = stdout(&grants(&[narrowed.to_str().unwrap(), "--allow-flagged"]));
+    assert!(
+        text.contains(
+            "capability search_sources -> search [read; narrowed by the mapping: not idempotent]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("capability retrieve_source -> retrieve [read, idempotent]"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_manifest_that_does_not_confirm_the_contracts_effect_is_refused() {
+    for (edit, needle) in [
+        (
+            ("effect = \"read\"\n", ""),
+            "capability `search_sources` has no `effect`",
+        ),
+        (
+            ("effect = \"read\"", "effect = \"external-effect\""),
+            "capability `search_sources`: effect = \"external-effect\"",
+        ),
+        (
+            ("effect = \"read\"", "effect = \"read-only\""),
+            "effect `read-only` is not an effect class",
+        ),
+        (
+            ("effect = \"read\"", "effect = \"read\"\nqueryable = true"),
+            "`queryable = true` widens the contract",
+        ),
+    ] {
+        let (_dir, manifest) = copied_mapping(FS_IMPORTER, |t| t.replacen(edit.0, edit.1, 1));
+        let out = grants(&[manifest.to_str().unwrap(), "--allow-flagged"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+        assert!(out.stdout.is_empty(), "no review of an unconfirmed mapping");
+        let err = stderr(&out);
+        assert!(err.contains(needle), "expected `{needle}` in: {err}");
+    }
+}
