@@ -973,6 +973,124 @@ mod tests {
         assert!(matches!(shape, Shape::Record(f) if f[0].1 == Shape::Handle("source-ref".into())));
     }
 
+    /// Every WIT file the repository ships, with the sha256 it was released with. A
+    /// released file never changes (STYLE.md §6): a new version goes beside it.
+    const RELEASED_WIT: &[(&str, &str, &str)] = &[
+        (
+            "v0.1.0/deps/host/host.wit",
+            include_str!("../../wit/v0.1.0/deps/host/host.wit"),
+            "dcd7c77aa186036c56a48dbdb822578ff3386d167f9114d60629a89c8a7ca650",
+        ),
+        (
+            "v0.1.0/contracts.wit",
+            include_str!("../../wit/v0.1.0/contracts.wit"),
+            "15afc9b25185d85e9fd172e12a78cd44b442a160572db4002348da0a5496621c",
+        ),
+        (
+            "v0.2.0/contracts.wit",
+            include_str!("../../wit/v0.2.0/contracts.wit"),
+            "b957cc9a24d2dc2e09f8dba9a1b83c7457f4b158e61bad1f5cbbe0a660d5fa5f",
+        ),
+        (
+            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/host-0.2.0/host.wit"),
+            "bfc9d022ff9c093aeb171273fd5ff111242a7a690a1366abbe43fb98e4a37ab2",
+        ),
+        (
+            "worlds-v0.2.0/worlds.wit",
+            include_str!("../../wit/worlds-v0.2.0/worlds.wit"),
+            "d0b1b1c2b6758d3ee4f2ba2e2f26602cbba2fef251c11bcc13b1e9c0445814d8",
+        ),
+    ];
+
+    /// Copies of released packages that other releases carry in their `deps/`.
+    const WIT_COPIES: &[(&str, &str, &str)] = &[
+        (
+            "v0.2.0/deps/host/host.wit",
+            include_str!("../../wit/v0.2.0/deps/host/host.wit"),
+            "v0.1.0/deps/host/host.wit",
+        ),
+        (
+            "worlds-v0.2.0/deps/host-0.1.0/host.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/host-0.1.0/host.wit"),
+            "v0.1.0/deps/host/host.wit",
+        ),
+        (
+            "worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit"),
+            "v0.1.0/contracts.wit",
+        ),
+        (
+            "worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit"),
+            "v0.2.0/contracts.wit",
+        ),
+    ];
+
+    #[test]
+    fn released_wit_is_frozen_and_its_copies_are_identical() {
+        use sha2::Digest as _;
+        for (path, text, released) in RELEASED_WIT {
+            assert_eq!(
+                hex::encode(sha2::Sha256::digest(text.as_bytes())),
+                *released,
+                "wit/{path} changed after its release: add a new version beside it instead"
+            );
+        }
+        for (path, text, original) in WIT_COPIES {
+            let (_, original_text, _) = RELEASED_WIT.iter().find(|(p, ..)| p == original).unwrap();
+            assert_eq!(
+                text, original_text,
+                "wit/{path} must be a byte-identical copy of wit/{original}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_host_0_2_0_worlds_export_the_released_contracts_unchanged() {
+        let file = |path: &str| RELEASED_WIT.iter().find(|(p, ..)| *p == path).unwrap().1;
+        let mut resolve = Resolve::new();
+        let mut worlds = None;
+        for path in [
+            "v0.1.0/deps/host/host.wit",
+            "v0.1.0/contracts.wit",
+            "v0.2.0/contracts.wit",
+            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+            "worlds-v0.2.0/worlds.wit",
+        ] {
+            worlds = Some(resolve.push_str(path, file(path)).unwrap());
+        }
+        let worlds = [worlds.unwrap()];
+        for (world, export) in [
+            (
+                "airlock:worlds/artifact-delivery-adapter@0.2.0",
+                "airlock:contracts/artifact-delivery@0.2.0",
+            ),
+            (
+                "airlock:worlds/source-retrieval-adapter@0.2.0",
+                "airlock:contracts/source-retrieval@0.1.0",
+            ),
+        ] {
+            let id = resolve.select_world(&worlds, Some(world)).unwrap();
+            let w = &resolve.worlds[id];
+            let names = |keys: &mut dyn Iterator<Item = &wit_parser::WorldKey>| {
+                let mut names: Vec<String> = keys.map(|k| resolve.name_world_key(k)).collect();
+                names.sort();
+                names
+            };
+            assert_eq!(names(&mut w.exports.keys()), [export], "{world}");
+            assert_eq!(
+                names(&mut w.imports.keys()),
+                [
+                    "airlock:host/context@0.2.0",
+                    "airlock:host/log@0.1.0",
+                    "airlock:host/upstream@0.1.0"
+                ],
+                "{world}"
+            );
+        }
+    }
+
     #[test]
     fn unknown_contract_names_the_known_ones() {
         let err = load_contract("airlock:contracts/export-everything@0.1.0").unwrap_err();
