@@ -1382,7 +1382,7 @@ mod tests {
         for (name, version) in [
             ("source-library", HostVersion::V0_1_0),
             ("fs-documents", HostVersion::V0_1_0),
-            ("outbox-delivery", HostVersion::V0_1_0),
+            ("outbox-delivery", HostVersion::V0_2_0),
         ] {
             let (manifest, bytes) = bundled_named(name);
             let loaded = runtime
