@@ -23,6 +23,7 @@ use crate::contract::EffectSemantics;
 use crate::registry::drift::{self, Catalogue, Drift};
 use crate::registry::live::{MappingSource, mapping_dir_manifests, open_registry};
 use crate::registry::{Pins, Registry, short};
+use crate::runtime::host_api::{self, HostVersion};
 use crate::store::{MappingRecord, SnapshotSummary, StoredSnapshot, TraceEvent};
 use crate::upstream::Connection;
 
@@ -401,7 +402,8 @@ pub fn snapshot_show(registry: &Registry, digest: &str) -> Result<(StoredSnapsho
 }
 
 /// `airlock review show`: a mapping's revisions, pins, and drift against its connection's
-/// latest snapshot; the effect semantics its capabilities serve with.
+/// latest snapshot; the effect semantics its capabilities serve with; the host version its
+/// component targets.
 #[derive(Debug, Serialize)]
 pub struct ReviewShow {
     /// Latest revision.
@@ -410,6 +412,11 @@ pub struct ReviewShow {
     /// effective semantics it serves with (the contract's declaration as the manifest
     /// confirmed and narrowed it).
     pub capabilities: Vec<ShownCapability>,
+    /// The `airlock:host` version the revision's component targets (from its imports),
+    /// when the component was read (`--config`) and is the revision's.
+    pub host_version: Option<HostVersion>,
+    /// Where `host_version` comes from, or why it is unknown.
+    pub host_version_source: String,
     /// Every revision, oldest first.
     pub revisions: Vec<MappingRecord>,
     /// The connection's latest snapshot, if any.
@@ -462,11 +469,57 @@ fn shown_capabilities(text: Option<&str>) -> Vec<ShownCapability> {
         .collect()
 }
 
-/// See [`ReviewShow`].
+/// The host version of `name`'s component as `config` deploys it, if that component is
+/// the one `record` binds: (version, where it comes from).
+fn shown_host_version(
+    config: Option<&ServeConfig>,
+    name: &str,
+    record: &MappingRecord,
+) -> (Option<HostVersion>, String) {
+    use sha2::Digest as _;
+    let Some(config) = config else {
+        return (
+            None,
+            "unknown: pass --config FILE to read the component's imports".into(),
+        );
+    };
+    let source = match find_mapping(config, name) {
+        Ok(s) => s,
+        Err(e) => return (None, format!("unknown: {e:#}")),
+    };
+    let actual = hex::encode(sha2::Sha256::digest(&source.component));
+    if actual != record.component_sha256 {
+        return (
+            None,
+            format!(
+                "unknown: the configured component has sha256 {}, not this revision's {}",
+                short(&actual),
+                short(&record.component_sha256)
+            ),
+        );
+    }
+    match host_api::component_host_version(&source.component) {
+        Ok(v) => (
+            v,
+            format!(
+                "from the imports of the configured component (sha256 {}, this revision's)",
+                short(&actual)
+            ),
+        ),
+        Err(e) => (None, format!("refused: {e:#}")),
+    }
+}
+
+/// See [`ReviewShow`]. With `config`, the mapping's component as it deploys is read for
+/// its host version.
 ///
 /// # Errors
 /// Unknown mapping; the store fails.
-pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
+pub fn review_show(
+    registry: &Registry,
+    name: &str,
+    config: Option<&ServeConfig>,
+) -> Result<ReviewShow> {
     let current = registry
         .store()
         .mapping(name)?
@@ -492,8 +545,11 @@ pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
             .collect();
         Some(check(registry, &current, &tools, &catalogue))
     });
+    let (host_version, host_version_source) = shown_host_version(config, name, &current);
     Ok(ReviewShow {
         capabilities: shown_capabilities(current.manifest_text.as_deref()),
+        host_version,
+        host_version_source,
         current,
         revisions,
         latest_snapshot: latest.map(|s| s.digest),
@@ -529,6 +585,14 @@ impl ReviewShow {
             "  pinned snapshot {}",
             c.snapshot_digest.as_deref().unwrap_or("(none)")
         );
+        let _ = match self.host_version {
+            Some(v) => writeln!(
+                o,
+                "  host version: airlock:host {v}, {}",
+                self.host_version_source
+            ),
+            None => writeln!(o, "  host version: {}", self.host_version_source),
+        };
         if c.manifest_text.is_none() {
             let _ = writeln!(o, "  capabilities: unknown (no manifest text recorded)");
         }

@@ -11,7 +11,8 @@
 //!
 //! | import | justified by |
 //! |---|---|
-//! | `airlock:host/*` | the host API |
+//! | `airlock:host/*` at a version this host provides ([`crate::runtime::host_api`]) | the host API |
+//! | `airlock:host/*` at any other version | nothing: the host refuses to load it (FLAGGED) |
 //! | `wasi:io/*`, `wasi:cli/{stdin,stdout,stderr,exit,terminal-*}`, `wasi:clocks/*`, `wasi:random/*` | baseline |
 //! | `wasi:cli/environment` | baseline: the adapter sees only its granted variables |
 //! | `wasi:filesystem/*` | a `[[grants.filesystem]]` entry |
@@ -22,9 +23,10 @@
 //! | `wasi:http/*` | nothing: this host does not link it (FLAGGED) |
 //! | anything else | nothing (FLAGGED) |
 //!
-//! The review also shows each capability's effective effect semantics: the host's
-//! declaration for the contract function as the mapping confirmed and narrowed it, beside
-//! the declaration itself.
+//! The review also names the `airlock:host` version the component targets (the highest
+//! among its `airlock:host` imports) and each capability's effective effect semantics:
+//! the host's declaration for the contract function as the mapping confirmed and narrowed
+//! it, beside the declaration itself.
 //!
 //! Secret and environment values never appear in a review: only variable names and the
 //! names of the secrets they come from.
@@ -40,6 +42,7 @@ use wasmtime::{Config, Engine};
 use crate::contract::EffectSemantics;
 use crate::registry::manifest::{Limits, MappingManifest};
 use crate::runtime::grants::{Access, Destination, EnvValue, Grants};
+use crate::runtime::host_api::{self, HostVersion};
 
 /// Placeholder shown where an upstream tool or resource digest will go once the registry
 /// pins them.
@@ -58,6 +61,10 @@ pub struct Review {
     pub mapping: MappingView,
     /// The component file and its verified digest.
     pub component: ComponentView,
+    /// The `airlock:host` version the component targets, from its imports (the highest
+    /// among them); `None` when it imports nothing from `airlock:host` or imports a
+    /// version this host does not provide (then that import is flagged).
+    pub host_version: Option<HostVersion>,
     /// The declared grants (names only for the environment).
     pub grants: GrantsView,
     /// The limits, defaults applied.
@@ -354,6 +361,10 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         })
         .collect();
     imports.sort_by(|a, b| a.name.cmp(&b.name));
+    // A refused host import is flagged above; the version is then unknown.
+    let host_version = host_api::host_version(imports.iter().map(|i| i.name.as_str()))
+        .ok()
+        .flatten();
 
     let contract = manifest.mapping.contract.as_str();
     let mut contract_items = Vec::new();
@@ -399,6 +410,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
             sha256: manifest.pinned_sha256().to_string(),
             size: bytes.len() as u64,
         },
+        host_version,
         grants: grants_view(&manifest),
         limits: manifest.limits,
         imports,
@@ -764,7 +776,14 @@ pub fn classify(name: &str, grants: &Grants) -> (Status, String) {
         )
     };
     match package {
-        "airlock:host" => (Status::HostApi, "host API".to_string()),
+        "airlock:host" => match host_api::host_import(name) {
+            Ok(Some(v)) => (Status::HostApi, format!("host API (airlock:host {v})")),
+            Ok(None) => unknown(),
+            Err(e) => (
+                Status::Flagged,
+                format!("{e:#}; the host refuses to load this component"),
+            ),
+        },
         "wasi:io" | "wasi:clocks" | "wasi:random" => baseline(),
         "wasi:cli" => match interface {
             "stdin" | "stdout" | "stderr" | "exit" => baseline(),
@@ -1219,6 +1238,17 @@ impl Review {
 
     /// (key, value) lines naming the mapping and its verified component.
     fn identity_lines(&self) -> Vec<(&'static str, String)> {
+        let host_version = match self.host_version {
+            Some(v) => format!("airlock:host {v} (the highest version among its imports)"),
+            None if self
+                .imports
+                .iter()
+                .any(|i| i.name.starts_with("airlock:host/") && i.status == Status::Flagged) =>
+            {
+                "none this host provides (see the flagged import)".to_string()
+            }
+            None => "none (it imports nothing from airlock:host)".to_string(),
+        };
         vec![
             ("name", self.mapping.name.clone()),
             ("contract", self.mapping.contract.clone()),
@@ -1229,6 +1259,7 @@ impl Review {
                 format!("{} (matches the pin)", self.component.sha256),
             ),
             ("size", format!("{} bytes", self.component.size)),
+            ("host version", host_version),
         ]
     }
 
@@ -1369,6 +1400,12 @@ mod tests {
         let none = Grants::default();
         for (name, status) in [
             ("airlock:host/upstream@0.1.0", Status::HostApi),
+            ("airlock:host/log@0.1.0", Status::HostApi),
+            ("airlock:host/context@0.2.0", Status::HostApi),
+            ("airlock:host/context@0.3.0", Status::Flagged),
+            ("airlock:host/upstream@0.1.1", Status::Flagged),
+            ("airlock:host/upstream@0.2.0", Status::Flagged),
+            ("airlock:hostile/upstream@0.1.0", Status::Flagged),
             ("wasi:io/streams@0.2.6", Status::Baseline),
             ("wasi:cli/terminal-stdout@0.2.6", Status::Baseline),
             ("wasi:cli/environment@0.2.6", Status::Baseline),

@@ -288,6 +288,79 @@ fn a_missing_manifest_is_an_error() {
     assert!(stderr(&out).contains("/nonexistent/mapping.toml"));
 }
 
+/// A component that imports `airlock:host/context` at a version no host provides.
+const FUTURE_HOST: &str = r#"
+(component
+  (import "airlock:host/context@0.3.0" (instance
+    (export "remaining-ms" (func (result u64)))
+  ))
+)
+"#;
+
+#[test]
+fn the_review_names_the_host_version_each_component_targets() {
+    for (mapping, version, imports) in [
+        (
+            "source-library",
+            "0.1.0",
+            &["airlock:host/upstream@0.1.0"][..],
+        ),
+        (
+            "outbox-delivery",
+            "0.2.0",
+            &[
+                "airlock:host/context@0.2.0",
+                "airlock:host/log@0.1.0",
+                "airlock:host/upstream@0.1.0",
+            ][..],
+        ),
+    ] {
+        let manifest = bundled(mapping);
+        let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["host_version"], version, "{mapping}");
+        let host: Vec<&str> = v["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["name"].as_str().unwrap().starts_with("airlock:host/"))
+            .map(|i| {
+                assert_eq!(i["status"], "host-api", "{i}");
+                i["name"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(host, imports, "{mapping}");
+        let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+        assert!(
+            text.contains(&format!(
+                "host version           airlock:host {version} (the highest version among its imports)"
+            )),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn an_import_of_a_host_version_that_does_not_exist_is_flagged_by_version() {
+    let (_dir, manifest) = copied_mapping(FUTURE_HOST, |t| t);
+    let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["host_version"].is_null());
+    assert_eq!(v["imports"][0]["status"], "flagged");
+    let reason = v["imports"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("airlock:host/context@0.3.0") && reason.contains("airlock:host 0.3.0"),
+        "{reason}"
+    );
+    let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+    assert!(
+        text.contains("host version           none this host provides (see the flagged import)"),
+        "{text}"
+    );
+}
+
 #[test]
 fn the_review_shows_each_capabilitys_effective_semantics() {
     let manifest = bundled("outbox-delivery");

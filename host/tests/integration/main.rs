@@ -14,6 +14,7 @@ mod approvals;
 mod approvals_hostile;
 mod filesystem;
 mod grants_cli;
+mod host_versions;
 mod hostile;
 mod inspector;
 mod python_client;
