@@ -271,6 +271,8 @@ fn policy_decisions(n: usize) {
         function: "deliver",
         effect_class: class,
         idempotent: true,
+        queryable: true,
+        compensable: false,
         mapping: "outbox-delivery",
         mapping_revision: 3,
         mapping_state: "active",

@@ -158,6 +158,19 @@ impl EffectClass {
     pub fn has_effect(self) -> bool {
         self != Self::Read
     }
+
+    /// Every class, least consequential first.
+    pub const ALL: [Self; 4] = [
+        Self::Read,
+        Self::LocalTransformation,
+        Self::ReversibleMutation,
+        Self::ExternalEffect,
+    ];
+
+    /// The class named `name` (the kebab-case form of [`EffectClass::as_str`]), if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
 }
 
 impl std::fmt::Display for EffectClass {
@@ -166,7 +179,9 @@ impl std::fmt::Display for EffectClass {
     }
 }
 
-/// Host-side semantics of one contract function.
+/// Host-side semantics of one contract function, as the host declares it for the
+/// contract; a reviewed mapping confirms the class and may only narrow the flags
+/// ([`EffectSemantics::narrowed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct EffectSemantics {
     /// The effect class.
@@ -176,8 +191,69 @@ pub struct EffectSemantics {
     pub idempotent: bool,
     /// Whether the contract can be asked afterwards what happened (a reconciliation query).
     pub queryable: bool,
+    /// Whether the contract has a compensating action: a function that undoes the
+    /// effect's consequences after the fact (a cancel, a refund, a retraction), so that
+    /// a completed effect can be answered by another call rather than only by a person.
+    /// No bundled contract has one.
+    pub compensable: bool,
     /// Called by the host only (reconciliation); a mapping may not offer it to the model.
     pub host_only: bool,
+}
+
+/// A mapping's narrowing of the flags the contract declares for one function:
+/// `Some(false)` turns a flag off, `None` keeps the contract's value, and `Some(true)` is
+/// accepted only where the contract declares it true. (The class is confirmed, not
+/// narrowed: see [`crate::registry::manifest::CapabilitySection::semantics`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Narrowing {
+    /// `idempotent = false`: the upstream does not honour the key, say.
+    pub idempotent: Option<bool>,
+    /// `queryable = false`: the upstream has no lookup, say.
+    pub queryable: Option<bool>,
+    /// `compensable = false`.
+    pub compensable: Option<bool>,
+}
+
+impl EffectSemantics {
+    /// These semantics narrowed by `narrowing`: a flag may go from true to false, never
+    /// from false to true.
+    ///
+    /// # Errors
+    /// A flag set to true that these semantics declare false; the message names it.
+    pub fn narrowed(self, narrowing: Narrowing) -> std::result::Result<Self, String> {
+        let mut out = self;
+        for (key, declared, asked, slot) in [
+            (
+                "idempotent",
+                self.idempotent,
+                narrowing.idempotent,
+                &mut out.idempotent,
+            ),
+            (
+                "queryable",
+                self.queryable,
+                narrowing.queryable,
+                &mut out.queryable,
+            ),
+            (
+                "compensable",
+                self.compensable,
+                narrowing.compensable,
+                &mut out.compensable,
+            ),
+        ] {
+            match asked {
+                Some(true) if !declared => {
+                    return Err(format!(
+                        "`{key} = true` widens the contract, which declares it not {key}; a mapping may only narrow (true -> false)"
+                    ));
+                }
+                Some(value) => *slot = value,
+                None => {}
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// The semantics of `function` in contract `interface`, or `None` for a function this
@@ -187,6 +263,7 @@ pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemanti
         class: EffectClass::Read,
         idempotent: true,
         queryable: false,
+        compensable: false,
         host_only: false,
     };
     Some(match (interface, function) {
@@ -201,7 +278,7 @@ pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemanti
             class: EffectClass::ExternalEffect,
             idempotent: true,
             queryable: true,
-            host_only: false,
+            ..read
         },
         ("airlock:contracts/artifact-delivery@0.2.0", "query") => EffectSemantics {
             host_only: true,
@@ -905,6 +982,124 @@ mod tests {
         let schema = json_schema(shape);
         assert_eq!(schema["properties"]["reference"]["type"], "string");
         assert!(matches!(shape, Shape::Record(f) if f[0].1 == Shape::Handle("source-ref".into())));
+    }
+
+    /// Every WIT file the repository ships, with the sha256 it was released with. A
+    /// released file never changes (STYLE.md §6): a new version goes beside it.
+    const RELEASED_WIT: &[(&str, &str, &str)] = &[
+        (
+            "v0.1.0/deps/host/host.wit",
+            include_str!("../../wit/v0.1.0/deps/host/host.wit"),
+            "dcd7c77aa186036c56a48dbdb822578ff3386d167f9114d60629a89c8a7ca650",
+        ),
+        (
+            "v0.1.0/contracts.wit",
+            include_str!("../../wit/v0.1.0/contracts.wit"),
+            "15afc9b25185d85e9fd172e12a78cd44b442a160572db4002348da0a5496621c",
+        ),
+        (
+            "v0.2.0/contracts.wit",
+            include_str!("../../wit/v0.2.0/contracts.wit"),
+            "b957cc9a24d2dc2e09f8dba9a1b83c7457f4b158e61bad1f5cbbe0a660d5fa5f",
+        ),
+        (
+            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/host-0.2.0/host.wit"),
+            "bfc9d022ff9c093aeb171273fd5ff111242a7a690a1366abbe43fb98e4a37ab2",
+        ),
+        (
+            "worlds-v0.2.0/worlds.wit",
+            include_str!("../../wit/worlds-v0.2.0/worlds.wit"),
+            "d0b1b1c2b6758d3ee4f2ba2e2f26602cbba2fef251c11bcc13b1e9c0445814d8",
+        ),
+    ];
+
+    /// Copies of released packages that other releases carry in their `deps/`.
+    const WIT_COPIES: &[(&str, &str, &str)] = &[
+        (
+            "v0.2.0/deps/host/host.wit",
+            include_str!("../../wit/v0.2.0/deps/host/host.wit"),
+            "v0.1.0/deps/host/host.wit",
+        ),
+        (
+            "worlds-v0.2.0/deps/host-0.1.0/host.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/host-0.1.0/host.wit"),
+            "v0.1.0/deps/host/host.wit",
+        ),
+        (
+            "worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit"),
+            "v0.1.0/contracts.wit",
+        ),
+        (
+            "worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit",
+            include_str!("../../wit/worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit"),
+            "v0.2.0/contracts.wit",
+        ),
+    ];
+
+    #[test]
+    fn released_wit_is_frozen_and_its_copies_are_identical() {
+        use sha2::Digest as _;
+        for (path, text, released) in RELEASED_WIT {
+            assert_eq!(
+                hex::encode(sha2::Sha256::digest(text.as_bytes())),
+                *released,
+                "wit/{path} changed after its release: add a new version beside it instead"
+            );
+        }
+        for (path, text, original) in WIT_COPIES {
+            let (_, original_text, _) = RELEASED_WIT.iter().find(|(p, ..)| p == original).unwrap();
+            assert_eq!(
+                text, original_text,
+                "wit/{path} must be a byte-identical copy of wit/{original}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_host_0_2_0_worlds_export_the_released_contracts_unchanged() {
+        let file = |path: &str| RELEASED_WIT.iter().find(|(p, ..)| *p == path).unwrap().1;
+        let mut resolve = Resolve::new();
+        let mut worlds = None;
+        for path in [
+            "v0.1.0/deps/host/host.wit",
+            "v0.1.0/contracts.wit",
+            "v0.2.0/contracts.wit",
+            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+            "worlds-v0.2.0/worlds.wit",
+        ] {
+            worlds = Some(resolve.push_str(path, file(path)).unwrap());
+        }
+        let worlds = [worlds.unwrap()];
+        for (world, export) in [
+            (
+                "airlock:worlds/artifact-delivery-adapter@0.2.0",
+                "airlock:contracts/artifact-delivery@0.2.0",
+            ),
+            (
+                "airlock:worlds/source-retrieval-adapter@0.2.0",
+                "airlock:contracts/source-retrieval@0.1.0",
+            ),
+        ] {
+            let id = resolve.select_world(&worlds, Some(world)).unwrap();
+            let w = &resolve.worlds[id];
+            let names = |keys: &mut dyn Iterator<Item = &wit_parser::WorldKey>| {
+                let mut names: Vec<String> = keys.map(|k| resolve.name_world_key(k)).collect();
+                names.sort();
+                names
+            };
+            assert_eq!(names(&mut w.exports.keys()), [export], "{world}");
+            assert_eq!(
+                names(&mut w.imports.keys()),
+                [
+                    "airlock:host/context@0.2.0",
+                    "airlock:host/log@0.1.0",
+                    "airlock:host/upstream@0.1.0"
+                ],
+                "{world}"
+            );
+        }
     }
 
     #[test]

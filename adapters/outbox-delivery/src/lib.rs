@@ -13,9 +13,14 @@
 //! `{"error": CODE, "message": SENTENCE}`.
 //!
 //! Locators (the host turns them into opaque tokens for the model, and back): an
-//! `artifact-ref` is the upstream `file_id`; a `destination-ref` is the outbox id. `deliver`
-//! passes the host-supplied idempotency key to `send_file` unchanged, and `query` looks it
-//! up with `lookup_delivery`. The adapter never retries a `send_file`.
+//! `artifact-ref` is the upstream `file_id`; a `destination-ref` is the outbox id.
+//!
+//! Host version: `airlock:host@0.2.0` (world `airlock:worlds/artifact-delivery-adapter@0.2.0`).
+//! The key `deliver` passes to `send_file`, and `query` looks up with `lookup_delivery`, is
+//! the intent's idempotency key from `airlock:host/context` (`current-intent`), sent
+//! unchanged. The host also fills the requests' `idempotency-key` field with that key; the
+//! two must agree, and a call where they differ (or that carries no intent) is refused as
+//! `invalid-request`, logged, and sends nothing. The adapter never retries a `send_file`.
 //!
 //! Error mapping of the upstream's refusals:
 //!
@@ -34,7 +39,7 @@ use airlock_sdk::artifact_delivery::{
     ContractError, DeliverRequest, Delivery, Destination, DestinationsRequest, Guest,
     PrepareRequest, PreparedArtifact, QueryRequest,
 };
-use airlock_sdk::{log, upstream};
+use airlock_sdk::{context, log, upstream};
 use serde::{Deserialize, Serialize};
 
 /// Destinations returned when the request sets no limit.
@@ -161,6 +166,37 @@ fn required(value: &str, what: &str) -> Result<(), ContractError> {
     Ok(())
 }
 
+/// The key to send upstream: the key of `intent` (its id and idempotency key, from the
+/// host context), when the host-supplied `request_key` agrees with it. Messages name the
+/// intent id, never a key.
+fn agreed_key(intent: Option<(&str, &str)>, request_key: &str) -> Result<String, ContractError> {
+    match intent {
+        None => Err(ContractError::invalid_request(
+            "the call carries no intent in its context; a delivery needs one",
+        )),
+        Some((intent, key)) if key != request_key => Err(ContractError::invalid_request(format!(
+            "the request's idempotency key differs from the key of intent {intent}; nothing was sent"
+        ))),
+        Some((_, key)) => {
+            required(key, "the intent's idempotency key")?;
+            Ok(key.to_owned())
+        }
+    }
+}
+
+/// The intent's idempotency key for a request that carries `request_key` (see
+/// [`agreed_key`]); a refusal is logged.
+fn intent_key(request_key: &str) -> Result<String, ContractError> {
+    let intent = context::current_intent();
+    agreed_key(
+        intent
+            .as_ref()
+            .map(|i| (i.id.as_str(), i.idempotency_key.as_str())),
+        request_key,
+    )
+    .inspect_err(|e| log::error(&format!("refused: {e:?}")))
+}
+
 /// The contract's delivery from what the upstream reported, checked against the
 /// destination that was asked for.
 fn delivery(
@@ -249,6 +285,7 @@ impl Guest for OutboxDelivery {
         required(&request.artifact, "the artifact reference")?;
         required(&request.destination, "the destination reference")?;
         required(&request.idempotency_key, "the idempotency key")?;
+        let key = intent_key(&request.idempotency_key)?;
         // One request, never retried: an unknown outcome is reconciled by the host
         // through `query`.
         let output = call(
@@ -256,7 +293,7 @@ impl Guest for OutboxDelivery {
             &SendArgs {
                 file_id: &request.artifact,
                 outbox: &request.destination,
-                idempotency_key: &request.idempotency_key,
+                idempotency_key: &key,
             },
         )?;
         let sent: Sent = output.structured()?;
@@ -278,10 +315,11 @@ impl Guest for OutboxDelivery {
 
     fn query(request: QueryRequest) -> Result<Option<Delivery>, ContractError> {
         required(&request.idempotency_key, "the idempotency key")?;
+        let key = intent_key(&request.idempotency_key)?;
         let output = call(
             "lookup_delivery",
             &LookupArgs {
-                idempotency_key: &request.idempotency_key,
+                idempotency_key: &key,
             },
         )?;
         let lookup: Lookup = output.structured()?;
@@ -462,6 +500,24 @@ mod tests {
             is_error: true,
         };
         assert!(matches!(refusal(&bare), ContractError::UpstreamFailed(m) if m == "boom"));
+    }
+
+    #[test]
+    fn the_key_sent_is_the_intents_and_must_agree_with_the_request() {
+        let key = "idk_00112233445566778899aabbccddeeff";
+        assert_eq!(agreed_key(Some(("int_1", key)), key).unwrap(), key);
+        assert!(matches!(
+            agreed_key(Some(("int_1", key)), "idk_other"),
+            Err(ContractError::InvalidRequest(w)) if w.contains("differs") && w.contains("int_1") && !w.contains(key)
+        ));
+        assert!(matches!(
+            agreed_key(None, key),
+            Err(ContractError::InvalidRequest(w)) if w.contains("no intent")
+        ));
+        assert!(matches!(
+            agreed_key(Some(("int_1", "")), ""),
+            Err(ContractError::InvalidRequest(_))
+        ));
     }
 
     #[test]

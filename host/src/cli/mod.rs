@@ -247,10 +247,16 @@ enum ReviewAction {
         #[arg(long)]
         json: bool,
     },
-    /// One mapping: pins, drift against its connection's latest snapshot, revisions.
+    /// One mapping: pins, drift against its connection's latest snapshot, the effect
+    /// semantics its capabilities serve with, the host version its component targets,
+    /// revisions.
     Show {
         #[arg(value_name = "MAPPING")]
         mapping: String,
+        /// Serve configuration (TOML) that lists the mapping: its component is read for
+        /// the `airlock:host` version it targets (without it, that version is unknown).
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -587,9 +593,23 @@ pub fn main() -> ExitCode {
                             crate::cli::operate::review_list_text(&list)
                         })
                     }
-                    ReviewAction::Show { mapping, json } => {
-                        let registry = registry_for(state_dir)?;
-                        let show = crate::cli::operate::review_show(&registry, &mapping)?;
+                    ReviewAction::Show {
+                        mapping,
+                        config,
+                        json,
+                    } => {
+                        let config = config
+                            .map(|c| load_config(&c, state_dir.clone()))
+                            .transpose()?;
+                        let registry = match &config {
+                            Some(c) => registry_for(c.state_dir.clone())?,
+                            None => registry_for(state_dir)?,
+                        };
+                        let show = crate::cli::operate::review_show(
+                            &registry,
+                            &mapping,
+                            config.as_ref(),
+                        )?;
                         print(if json {
                             serde_json::to_string_pretty(&show)? + "\n"
                         } else {

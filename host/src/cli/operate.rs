@@ -19,9 +19,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
+use crate::contract::EffectSemantics;
 use crate::registry::drift::{self, Catalogue, Drift};
 use crate::registry::live::{MappingSource, mapping_dir_manifests, open_registry};
 use crate::registry::{Pins, Registry, short};
+use crate::runtime::host_api::{self, HostVersion};
 use crate::store::{MappingRecord, SnapshotSummary, StoredSnapshot, TraceEvent};
 use crate::upstream::Connection;
 
@@ -400,11 +402,21 @@ pub fn snapshot_show(registry: &Registry, digest: &str) -> Result<(StoredSnapsho
 }
 
 /// `airlock review show`: a mapping's revisions, pins, and drift against its connection's
-/// latest snapshot.
+/// latest snapshot; the effect semantics its capabilities serve with; the host version its
+/// component targets.
 #[derive(Debug, Serialize)]
 pub struct ReviewShow {
     /// Latest revision.
     pub current: MappingRecord,
+    /// The capabilities of the latest revision's recorded manifest, each with the
+    /// effective semantics it serves with (the contract's declaration as the manifest
+    /// confirmed and narrowed it).
+    pub capabilities: Vec<ShownCapability>,
+    /// The `airlock:host` version the revision's component targets (from its imports),
+    /// when the component was read (`--config`) and is the revision's.
+    pub host_version: Option<HostVersion>,
+    /// Where `host_version` comes from, or why it is unknown.
+    pub host_version_source: String,
     /// Every revision, oldest first.
     pub revisions: Vec<MappingRecord>,
     /// The connection's latest snapshot, if any.
@@ -413,11 +425,101 @@ pub struct ReviewShow {
     pub check: Option<MappingCheck>,
 }
 
-/// See [`ReviewShow`].
+/// One capability of a recorded manifest and the semantics it serves with.
+#[derive(Debug, Serialize)]
+pub struct ShownCapability {
+    /// The name the model sees.
+    pub name: String,
+    /// The contract function.
+    pub function: String,
+    /// Effective semantics; `None` when the manifest does not confirm them (see `problem`).
+    pub effect: Option<EffectSemantics>,
+    /// What the host declares for the function, before the mapping narrowed it.
+    pub contract_effect: Option<EffectSemantics>,
+    /// Why there are no effective semantics (e.g. a revision recorded before effects were
+    /// confirmed in manifests: a host refuses to load that manifest now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// The capabilities of recorded manifest `text` with their semantics.
+fn shown_capabilities(text: Option<&str>) -> Vec<ShownCapability> {
+    let Some(Ok((contract, caps))) = text.map(crate::registry::manifest::recorded_capabilities)
+    else {
+        return Vec::new();
+    };
+    caps.into_iter()
+        .map(|c| {
+            let (effect, problem) = match c.semantics(&contract) {
+                Ok(Some(s)) => (Some(s), None),
+                Ok(None) => (
+                    None,
+                    Some("this host declares no effect semantics for it".into()),
+                ),
+                Err(e) => (None, Some(format!("{e:#}"))),
+            };
+            ShownCapability {
+                contract_effect: crate::contract::effect_semantics(&contract, &c.function),
+                name: c.name,
+                function: c.function,
+                effect,
+                problem,
+            }
+        })
+        .collect()
+}
+
+/// The host version of `name`'s component as `config` deploys it, if that component is
+/// the one `record` binds: (version, where it comes from).
+fn shown_host_version(
+    config: Option<&ServeConfig>,
+    name: &str,
+    record: &MappingRecord,
+) -> (Option<HostVersion>, String) {
+    use sha2::Digest as _;
+    let Some(config) = config else {
+        return (
+            None,
+            "unknown: pass --config FILE to read the component's imports".into(),
+        );
+    };
+    let source = match find_mapping(config, name) {
+        Ok(s) => s,
+        Err(e) => return (None, format!("unknown: {e:#}")),
+    };
+    let actual = hex::encode(sha2::Sha256::digest(&source.component));
+    if actual != record.component_sha256 {
+        return (
+            None,
+            format!(
+                "unknown: the configured component has sha256 {}, not this revision's {}",
+                short(&actual),
+                short(&record.component_sha256)
+            ),
+        );
+    }
+    match host_api::component_host_version(&source.component) {
+        Ok(v) => (
+            v,
+            format!(
+                "from the imports of the configured component (sha256 {}, this revision's)",
+                short(&actual)
+            ),
+        ),
+        Err(e) => (None, format!("refused: {e:#}")),
+    }
+}
+
+/// See [`ReviewShow`]. With `config`, the mapping's component as it deploys is read for
+/// its host version.
 ///
 /// # Errors
 /// Unknown mapping; the store fails.
-pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
+pub fn review_show(
+    registry: &Registry,
+    name: &str,
+    config: Option<&ServeConfig>,
+) -> Result<ReviewShow> {
     let current = registry
         .store()
         .mapping(name)?
@@ -443,7 +545,11 @@ pub fn review_show(registry: &Registry, name: &str) -> Result<ReviewShow> {
             .collect();
         Some(check(registry, &current, &tools, &catalogue))
     });
+    let (host_version, host_version_source) = shown_host_version(config, name, &current);
     Ok(ReviewShow {
+        capabilities: shown_capabilities(current.manifest_text.as_deref()),
+        host_version,
+        host_version_source,
         current,
         revisions,
         latest_snapshot: latest.map(|s| s.digest),
@@ -479,6 +585,31 @@ impl ReviewShow {
             "  pinned snapshot {}",
             c.snapshot_digest.as_deref().unwrap_or("(none)")
         );
+        let _ = match self.host_version {
+            Some(v) => writeln!(
+                o,
+                "  host version: airlock:host {v}, {}",
+                self.host_version_source
+            ),
+            None => writeln!(o, "  host version: {}", self.host_version_source),
+        };
+        if c.manifest_text.is_none() {
+            let _ = writeln!(o, "  capabilities: unknown (no manifest text recorded)");
+        }
+        for cap in &self.capabilities {
+            let effect = match (&cap.effect, &cap.problem) {
+                (Some(e), _) => crate::cli::review::effect_text(e, cap.contract_effect.as_ref()),
+                (None, problem) => format!(
+                    "NOT CONFIRMED: {}",
+                    problem.as_deref().unwrap_or("no effect semantics")
+                ),
+            };
+            let _ = writeln!(
+                o,
+                "  capability {} -> {} [{effect}]",
+                cap.name, cap.function
+            );
+        }
         let pins = Pins::from_value(&c.pins);
         if pins.tools.is_empty() {
             let _ = writeln!(o, "  pins: none (not reviewed)");

@@ -73,13 +73,13 @@ pub fn check(req: &CheckRequest<'_>) -> Result<Check> {
             manifests.push(MappingManifest::load(&path)?);
         }
     }
-    let (manifest, function) = manifests
+    let (manifest, cap) = manifests
         .iter()
         .find_map(|m| {
             m.capabilities
                 .iter()
                 .find(|c| c.name == req.capability)
-                .map(|c| (m, c.function.clone()))
+                .map(|c| (m, c))
         })
         .with_context(|| {
             format!(
@@ -87,8 +87,11 @@ pub fn check(req: &CheckRequest<'_>) -> Result<Check> {
                 req.capability
             )
         })?;
+    let function = cap.function.clone();
     let c = contract::load_contract(&manifest.mapping.contract)?;
-    let semantics = contract::effect_semantics(&c.interface, &function)
+    // As the capability would serve: the contract's declaration as the mapping narrowed it.
+    let semantics = manifest
+        .semantics(cap)
         .with_context(|| format!("{}#{function} has no effect semantics", c.interface))?;
     let (revision, state) = match req.registry {
         Some(r) => match r.store().mapping(&manifest.mapping.name)? {
@@ -122,6 +125,8 @@ pub fn check(req: &CheckRequest<'_>) -> Result<Check> {
         function: &function,
         effect_class: semantics.class.as_str(),
         idempotent: semantics.idempotent,
+        queryable: semantics.queryable,
+        compensable: semantics.compensable,
         mapping: &manifest.mapping.name,
         mapping_revision: revision,
         mapping_state: &state,

@@ -11,7 +11,8 @@
 //!
 //! | import | justified by |
 //! |---|---|
-//! | `airlock:host/*` | the host API |
+//! | `airlock:host/*` at a version this host provides ([`crate::runtime::host_api`]) | the host API |
+//! | `airlock:host/*` at any other version | nothing: the host refuses to load it (FLAGGED) |
 //! | `wasi:io/*`, `wasi:cli/{stdin,stdout,stderr,exit,terminal-*}`, `wasi:clocks/*`, `wasi:random/*` | baseline |
 //! | `wasi:cli/environment` | baseline: the adapter sees only its granted variables |
 //! | `wasi:filesystem/*` | a `[[grants.filesystem]]` entry |
@@ -21,6 +22,11 @@
 //! | `wasi:sockets/{network,instance-network}` | any network grant |
 //! | `wasi:http/*` | nothing: this host does not link it (FLAGGED) |
 //! | anything else | nothing (FLAGGED) |
+//!
+//! The review also names the `airlock:host` version the component targets (the highest
+//! among its `airlock:host` imports) and each capability's effective effect semantics:
+//! the host's declaration for the contract function as the mapping confirmed and narrowed
+//! it, beside the declaration itself.
 //!
 //! Secret and environment values never appear in a review: only variable names and the
 //! names of the secrets they come from.
@@ -33,8 +39,10 @@ use serde::Serialize;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::{Config, Engine};
 
+use crate::contract::EffectSemantics;
 use crate::registry::manifest::{Limits, MappingManifest};
 use crate::runtime::grants::{Access, Destination, EnvValue, Grants};
+use crate::runtime::host_api::{self, HostVersion};
 
 /// Placeholder shown where an upstream tool or resource digest will go once the registry
 /// pins them.
@@ -53,6 +61,10 @@ pub struct Review {
     pub mapping: MappingView,
     /// The component file and its verified digest.
     pub component: ComponentView,
+    /// The `airlock:host` version the component targets, from its imports (the highest
+    /// among them); `None` when it imports nothing from `airlock:host` or imports a
+    /// version this host does not provide (then that import is flagged).
+    pub host_version: Option<HostVersion>,
     /// The declared grants (names only for the environment).
     pub grants: GrantsView,
     /// The limits, defaults applied.
@@ -303,9 +315,14 @@ pub struct CapabilityView {
     pub description: String,
     /// Whether the component exports that function in the mapping's contract.
     pub exported: bool,
-    /// The host's effect semantics for the function (class, idempotent, queryable), as
-    /// policy sees them; `None` when this host does not classify it (it would not load).
-    pub effect: Option<crate::contract::EffectSemantics>,
+    /// The capability's effective semantics (class, idempotent, queryable, compensable)
+    /// as the host serves it and policy sees it: the contract's declaration, confirmed and
+    /// narrowed by the mapping; `None` when this host does not classify the function (it
+    /// would not load).
+    pub effect: Option<EffectSemantics>,
+    /// What the host declares for the function in the contract, before the mapping
+    /// narrowed it.
+    pub contract_effect: Option<EffectSemantics>,
 }
 
 /// Reviews the mapping at `manifest_path`: loads it, reads and verifies its component,
@@ -344,6 +361,10 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         })
         .collect();
     imports.sort_by(|a, b| a.name.cmp(&b.name));
+    // A refused host import is flagged above; the version is then unknown.
+    let host_version = host_api::host_version(imports.iter().map(|i| i.name.as_str()))
+        .ok()
+        .flatten();
 
     let contract = manifest.mapping.contract.as_str();
     let mut contract_items = Vec::new();
@@ -389,6 +410,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
             sha256: manifest.pinned_sha256().to_string(),
             size: bytes.len() as u64,
         },
+        host_version,
         grants: grants_view(&manifest),
         limits: manifest.limits,
         imports,
@@ -408,7 +430,11 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
                 exported: contract_items
                     .iter()
                     .any(|i| i.name == c.function && i.kind == "func"),
-                effect: crate::contract::effect_semantics(&manifest.mapping.contract, &c.function),
+                effect: manifest.semantics(c),
+                contract_effect: crate::contract::effect_semantics(
+                    &manifest.mapping.contract,
+                    &c.function,
+                ),
             })
             .collect(),
         flagged,
@@ -750,7 +776,14 @@ pub fn classify(name: &str, grants: &Grants) -> (Status, String) {
         )
     };
     match package {
-        "airlock:host" => (Status::HostApi, "host API".to_string()),
+        "airlock:host" => match host_api::host_import(name) {
+            Ok(Some(v)) => (Status::HostApi, format!("host API (airlock:host {v})")),
+            Ok(None) => unknown(),
+            Err(e) => (
+                Status::Flagged,
+                format!("{e:#}; the host refuses to load this component"),
+            ),
+        },
         "wasi:io" | "wasi:clocks" | "wasi:random" => baseline(),
         "wasi:cli" => match interface {
             "stdin" | "stdout" | "stderr" | "exit" => baseline(),
@@ -993,14 +1026,9 @@ impl Review {
             }
         }
         for c in &self.capabilities {
-            let effect = match &c.effect {
-                Some(e) => format!(
-                    " [{}{}{}]",
-                    e.class,
-                    if e.idempotent { ", idempotent" } else { "" },
-                    if e.queryable { ", queryable" } else { "" }
-                ),
-                None => " [no effect semantics: the host will refuse to offer it]".to_string(),
+            let effect = match (&c.effect, &c.contract_effect) {
+                (Some(e), declared) => format!(" [{}]", effect_text(e, declared.as_ref())),
+                (None, _) => " [no effect semantics: the host will refuse to offer it]".to_string(),
             };
             let _ = writeln!(
                 w,
@@ -1162,13 +1190,21 @@ impl Review {
         }
         let _ = writeln!(
             w,
-            "</table>\n<h2>Capabilities</h2>\n<table>\n<tr><th>name</th><th>function</th><th>description the model sees</th></tr>"
+            "</table>\n<h2>Capabilities</h2>\n<table>\n<tr><th>name</th><th>function</th><th>effect</th><th>description the model sees</th></tr>"
         );
         for c in &self.capabilities {
+            let effect = c.effect.as_ref().map_or_else(
+                || "no effect semantics: the host will refuse to offer it".to_string(),
+                |x| effect_text(x, c.contract_effect.as_ref()),
+            );
             let _ = writeln!(
                 w,
-                "<tr class=\"{}\"><td><code>{}</code></td><td><code>{}</code>{}</td><td>{}</td></tr>",
-                if c.exported { "ok" } else { "flagged" },
+                "<tr class=\"{}\"><td><code>{}</code></td><td><code>{}</code>{}</td><td>{}</td><td>{}</td></tr>",
+                if c.exported && c.effect.is_some() {
+                    "ok"
+                } else {
+                    "flagged"
+                },
                 e(&c.name),
                 e(&c.function),
                 if c.exported {
@@ -1176,6 +1212,7 @@ impl Review {
                 } else {
                     " (not exported by the component)"
                 },
+                e(&effect),
                 e(&c.description)
             );
         }
@@ -1201,6 +1238,17 @@ impl Review {
 
     /// (key, value) lines naming the mapping and its verified component.
     fn identity_lines(&self) -> Vec<(&'static str, String)> {
+        let host_version = match self.host_version {
+            Some(v) => format!("airlock:host {v} (the highest version among its imports)"),
+            None if self
+                .imports
+                .iter()
+                .any(|i| i.name.starts_with("airlock:host/") && i.status == Status::Flagged) =>
+            {
+                "none this host provides (see the flagged import)".to_string()
+            }
+            None => "none (it imports nothing from airlock:host)".to_string(),
+        };
         vec![
             ("name", self.mapping.name.clone()),
             ("contract", self.mapping.contract.clone()),
@@ -1211,6 +1259,7 @@ impl Review {
                 format!("{} (matches the pin)", self.component.sha256),
             ),
             ("size", format!("{} bytes", self.component.size)),
+            ("host version", host_version),
         ]
     }
 
@@ -1282,6 +1331,45 @@ tr.flagged td{background:#fde2e1}\n\
 .verdict.ok{color:#0a6b0a;font-weight:bold}\n\
 .deny{color:#666}\n";
 
+/// `e`'s class and the flags it has, e.g. `external-effect, idempotent, queryable`, and
+/// what the mapping narrowed away from `declared` (`narrowed by the mapping: not queryable`).
+pub fn effect_text(e: &EffectSemantics, declared: Option<&EffectSemantics>) -> String {
+    let mut out = e.class.to_string();
+    let flags = [
+        (
+            "idempotent",
+            e.idempotent,
+            declared.is_some_and(|d| d.idempotent),
+        ),
+        (
+            "queryable",
+            e.queryable,
+            declared.is_some_and(|d| d.queryable),
+        ),
+        (
+            "compensable",
+            e.compensable,
+            declared.is_some_and(|d| d.compensable),
+        ),
+    ];
+    for (name, on, _) in flags {
+        if on {
+            out.push_str(", ");
+            out.push_str(name);
+        }
+    }
+    let narrowed: Vec<String> = flags
+        .iter()
+        .filter(|(_, on, was)| *was && !on)
+        .map(|(name, ..)| format!("not {name}"))
+        .collect();
+    if !narrowed.is_empty() {
+        out.push_str("; narrowed by the mapping: ");
+        out.push_str(&narrowed.join(", "));
+    }
+    out
+}
+
 /// Escapes `text` for HTML element content and quoted attribute values.
 pub fn escape_html(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -1312,6 +1400,12 @@ mod tests {
         let none = Grants::default();
         for (name, status) in [
             ("airlock:host/upstream@0.1.0", Status::HostApi),
+            ("airlock:host/log@0.1.0", Status::HostApi),
+            ("airlock:host/context@0.2.0", Status::HostApi),
+            ("airlock:host/context@0.3.0", Status::Flagged),
+            ("airlock:host/upstream@0.1.1", Status::Flagged),
+            ("airlock:host/upstream@0.2.0", Status::Flagged),
+            ("airlock:hostile/upstream@0.1.0", Status::Flagged),
             ("wasi:io/streams@0.2.6", Status::Baseline),
             ("wasi:cli/terminal-stdout@0.2.6", Status::Baseline),
             ("wasi:cli/environment@0.2.6", Status::Baseline),

@@ -45,6 +45,8 @@ pub(crate) fn capability_facts<'a>(
         function: &cap.function.name,
         effect_class: cap.semantics.class.as_str(),
         idempotent: cap.semantics.idempotent,
+        queryable: cap.semantics.queryable,
+        compensable: cap.semantics.compensable,
         mapping: &cap.mapping.name,
         mapping_revision: revision,
         mapping_state: state,

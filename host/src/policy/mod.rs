@@ -507,6 +507,10 @@ pub struct CapabilityFacts<'a> {
     pub effect_class: &'a str,
     /// Whether repeating the call is harmless.
     pub idempotent: bool,
+    /// Whether the contract can be asked afterwards what happened.
+    pub queryable: bool,
+    /// Whether the contract has a compensating action.
+    pub compensable: bool,
     /// The serving mapping's name, revision and lifecycle state.
     pub mapping: &'a str,
     pub mapping_revision: i64,
@@ -659,13 +663,15 @@ impl PolicyEngine {
         let key: EntityKey = (
             principal.key.clone(),
             format!(
-                "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+                "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}{}{}\u{0}{}\u{0}{}",
                 capability.name,
                 capability.mapping,
                 capability.contract,
                 capability.function,
                 capability.effect_class,
-                capability.idempotent,
+                u8::from(capability.idempotent),
+                u8::from(capability.queryable),
+                u8::from(capability.compensable),
                 capability.connection,
                 capability.data_class
             ),
@@ -747,6 +753,14 @@ fn capability_entities(principal: &Principal, c: &CapabilityFacts<'_>) -> Vec<En
                 "idempotent".to_string(),
                 RestrictedExpression::new_bool(c.idempotent),
             ),
+            (
+                "queryable".to_string(),
+                RestrictedExpression::new_bool(c.queryable),
+            ),
+            (
+                "compensable".to_string(),
+                RestrictedExpression::new_bool(c.compensable),
+            ),
             ("contract".to_string(), string(c.contract)),
             ("function".to_string(), string(c.function)),
             (
@@ -827,6 +841,8 @@ mod tests {
             function: "deliver",
             effect_class: effect,
             idempotent: true,
+            queryable: true,
+            compensable: false,
             mapping: "outbox-delivery",
             mapping_revision: 2,
             mapping_state: "active",
@@ -903,6 +919,46 @@ when { context has destination && context.destination == Airlock::Scope::"partne
 forbid (principal, action, resource)
 when { context has artifact_bytes && context.artifact_bytes > 1000000 };
 "#;
+
+    #[test]
+    fn the_narrowed_flags_reach_cedar() {
+        // Only outcomes that can be looked up afterwards run, and nothing compensable is
+        // treated differently: policies see each flag as the reviewed mapping left it.
+        let text = r#"
+@id("queryable-effects")
+permit (principal, action == Airlock::Action::"call", resource)
+when { resource.queryable && resource.idempotent && !resource.compensable };
+"#;
+        let policy = Policy::from_texts(&[("flags.cedar".into(), text.into())]).unwrap();
+        let engine = PolicyEngine::new(policy);
+        let p = principal();
+        let queryable = capability("external-effect", "deliver_artifact");
+        let d = engine.decide_call(&p, &queryable, &call("p", None));
+        assert_eq!(d.verdict, Verdict::Allow);
+        for narrowed in [
+            CapabilityFacts {
+                queryable: false,
+                ..queryable.clone()
+            },
+            CapabilityFacts {
+                idempotent: false,
+                ..queryable.clone()
+            },
+            CapabilityFacts {
+                compensable: true,
+                ..queryable.clone()
+            },
+        ] {
+            // The same capability name with other flags is a fresh entity set, not a
+            // cached one.
+            let d = engine.decide_call(&p, &narrowed, &call("p", None));
+            assert_eq!(
+                d.verdict,
+                Verdict::Deny(DenyCategory::CapabilityUnavailable),
+                "{narrowed:?}"
+            );
+        }
+    }
 
     #[test]
     fn denials_carry_a_bounded_category() {

@@ -188,7 +188,9 @@ pub struct Capability {
     pub function: ContractFunction,
     /// The derived input schema (a closed JSON object schema).
     pub input_schema: Arc<JsonObject>,
-    /// The host's effect semantics for the function.
+    /// Its effective semantics: the host's declaration for the function, confirmed by the
+    /// reviewed mapping and narrowed where it says so (never widened; never from server
+    /// annotations).
     pub semantics: EffectSemantics,
     /// The mapping that serves it.
     pub mapping: Arc<ActiveMapping>,
@@ -836,13 +838,13 @@ impl Live {
             let function = p.contract.functions[&cap.function].clone();
             let input_schema = capability_input_schema(&function)
                 .with_context(|| format!("mapping `{name}`, capability `{}`", cap.name))?;
-            let semantics = contract::effect_semantics(&p.contract.interface, &cap.function)
-                .with_context(|| {
-                    format!(
-                        "mapping `{name}`, capability `{}`: no effect semantics",
-                        cap.name
-                    )
-                })?;
+            // The contract's declaration as the reviewed manifest confirmed and narrowed it.
+            let semantics = m.semantics(cap).with_context(|| {
+                format!(
+                    "mapping `{name}`, capability `{}`: no effect semantics",
+                    cap.name
+                )
+            })?;
             capabilities.push(Capability {
                 name: cap.name.clone(),
                 description: cap.description.clone(),

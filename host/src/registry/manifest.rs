@@ -6,6 +6,14 @@
 //! zero or above the host ceiling: each is an error that names the file and the key.
 //! Grants are deny by default: see [`crate::runtime::grants`] for their accepted forms.
 //!
+//! Effects are confirmed, never taken: each `[[capability]]` repeats the effect class the
+//! host declares for its contract function ([`crate::contract::effect_semantics`]), so a
+//! reviewer signs off on what the call does; a missing, unknown or different class is
+//! refused. The optional flags may only **narrow** the contract's declaration (a
+//! mapping whose upstream has no lookup says `queryable = false`); `true` where the
+//! contract says false is refused. The capability serves with the narrowed semantics.
+//! Server annotations (`readOnlyHint`, ...) play no part: they are hints.
+//!
 //! Accepted form:
 //!
 //! ```toml
@@ -27,6 +35,11 @@
 //! function = "search"
 //! name = "search_sources"                              # the name the model sees
 //! description = "..."                                  # the reviewed text the model sees
+//! effect = "read"          # required: the contract's class, confirmed (read,
+//!                          # local-transformation, reversible-mutation, external-effect)
+//! # idempotent = false     # optional narrowing of the contract's flags: only true -> false
+//! # queryable = false
+//! # compensable = false
 //!
 //! [grants]                                             # empty: no filesystem, network, env
 //!
@@ -47,6 +60,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
+use crate::contract::{EffectClass, EffectSemantics, Narrowing, effect_semantics};
 use crate::runtime::grants::{Grants, GrantsSection};
 
 /// Host-wide ceiling on `limits.memory_mib`.
@@ -135,6 +149,74 @@ pub struct CapabilitySection {
     pub name: String,
     /// The reviewed description the model sees.
     pub description: String,
+    /// The effect class the reviewer confirms (`read`, `local-transformation`,
+    /// `reversible-mutation`, `external-effect`). Required; it must equal the class the
+    /// host declares for the function. (An `Option` only so that a missing one is refused
+    /// with a message naming the capability.)
+    #[serde(default)]
+    pub effect: Option<String>,
+    /// `false` narrows a contract that declares the function idempotent; `true` is only
+    /// accepted where the contract says so too.
+    #[serde(default)]
+    pub idempotent: Option<bool>,
+    /// `false` narrows a contract that declares the function queryable (the upstream has
+    /// no lookup); `true` only where the contract says so too.
+    #[serde(default)]
+    pub queryable: Option<bool>,
+    /// `false` narrows a contract that declares the function compensable; `true` only
+    /// where the contract says so too.
+    #[serde(default)]
+    pub compensable: Option<bool>,
+}
+
+impl CapabilitySection {
+    /// The effective semantics of this capability in contract `contract`: the host's
+    /// declaration for the function, its class confirmed and its flags narrowed by this
+    /// section. `Ok(None)` when the host declares nothing for the function (such a
+    /// capability is refused when the mapping loads).
+    ///
+    /// # Errors
+    /// `effect` is missing, is not a class, or differs from the declared class; a flag
+    /// widens the declaration. The message names the capability.
+    pub fn semantics(&self, contract: &str) -> Result<Option<EffectSemantics>> {
+        let name = &self.name;
+        let declared = effect_semantics(contract, &self.function);
+        let classes = EffectClass::ALL.map(EffectClass::as_str).join(", ");
+        let Some(effect) = &self.effect else {
+            match declared {
+                Some(d) => bail!(
+                    "capability `{name}` has no `effect`; the host declares {contract}#{} as `{}`: confirm it with effect = \"{}\"",
+                    self.function,
+                    d.class,
+                    d.class
+                ),
+                None => bail!("capability `{name}` has no `effect` (one of {classes})"),
+            }
+        };
+        let Some(class) = EffectClass::parse(effect) else {
+            bail!(
+                "capability `{name}`: effect `{effect}` is not an effect class (one of {classes})"
+            );
+        };
+        let Some(declared) = declared else {
+            return Ok(None);
+        };
+        if class != declared.class {
+            bail!(
+                "capability `{name}`: effect = \"{class}\", but the host declares {contract}#{} as `{}`; a mapping confirms the contract's class and cannot change it",
+                self.function,
+                declared.class
+            );
+        }
+        declared
+            .narrowed(Narrowing {
+                idempotent: self.idempotent,
+                queryable: self.queryable,
+                compensable: self.compensable,
+            })
+            .map(Some)
+            .map_err(|why| anyhow::anyhow!("capability `{name}`: {why}"))
+    }
 }
 
 /// `[limits]`, with defaults applied.
@@ -308,6 +390,8 @@ impl MappingManifest {
                     cap.name
                 );
             }
+            cap.semantics(&self.mapping.contract)
+                .map_err(|e| anyhow::anyhow!("mapping manifest {src}: {e}"))?;
         }
         for tool in &self.upstream.tools {
             if tool.is_empty() {
@@ -349,6 +433,13 @@ impl MappingManifest {
         Ok(())
     }
 
+    /// The effective semantics of `cap` (one of this manifest's capabilities): see
+    /// [`CapabilitySection::semantics`]; `None` when the host declares none for it.
+    pub fn semantics(&self, cap: &CapabilitySection) -> Option<EffectSemantics> {
+        // Validated when the manifest was parsed, so only `None` remains possible.
+        cap.semantics(&self.mapping.contract).ok().flatten()
+    }
+
     /// The pinned component digest (validated present by `parse`).
     pub fn pinned_sha256(&self) -> &str {
         self.component.sha256.as_deref().unwrap_or_default()
@@ -358,6 +449,26 @@ impl MappingManifest {
     pub fn component_path(&self, base: &Path) -> PathBuf {
         base.join(&self.component.file)
     }
+}
+
+/// The contract and the `[[capability]]` tables of manifest text, read leniently (every
+/// other key ignored, nothing resolved): for showing what a recorded revision confirmed.
+///
+/// # Errors
+/// The text is not TOML, or those parts do not have their accepted form.
+pub fn recorded_capabilities(text: &str) -> Result<(String, Vec<CapabilitySection>)> {
+    #[derive(Deserialize)]
+    struct Contract {
+        contract: String,
+    }
+    #[derive(Deserialize)]
+    struct Parts {
+        mapping: Contract,
+        #[serde(default)]
+        capability: Vec<CapabilitySection>,
+    }
+    let parts: Parts = toml::from_str(text).context("reading the recorded manifest")?;
+    Ok((parts.mapping.contract, parts.capability))
 }
 
 /// Checks `bytes` against the manifest pin.
@@ -398,10 +509,144 @@ resources = ["notes://"]
 function = "search"
 name = "search_sources"
 description = "Search."
+effect = "read"
 [grants]
 [limits]
 deadline_ms = 100
 "#;
+
+    /// A delivery mapping offering `deliver`, with `extra` lines in its capability.
+    fn delivery(extra: &str) -> String {
+        format!(
+            r#"
+[mapping]
+name = "outbox-delivery"
+contract = "airlock:contracts/artifact-delivery@0.2.0"
+connection = "outbox"
+[component]
+file = "c.wasm"
+sha256 = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+[[capability]]
+function = "deliver"
+name = "deliver_artifact"
+description = "Deliver."
+{extra}
+"#
+        )
+    }
+
+    #[test]
+    fn a_capability_confirms_its_effect_and_may_only_narrow_it() {
+        let m =
+            MappingManifest::parse(&delivery("effect = \"external-effect\""), "d.toml").unwrap();
+        let s = m.semantics(&m.capabilities[0]).unwrap();
+        assert_eq!(
+            s,
+            effect_semantics("airlock:contracts/artifact-delivery@0.2.0", "deliver").unwrap()
+        );
+        assert!(s.idempotent && s.queryable && !s.compensable);
+        let narrowed = MappingManifest::parse(
+            &delivery("effect = \"external-effect\"\nqueryable = false\nidempotent = false\ncompensable = false"),
+            "d.toml",
+        )
+        .unwrap();
+        let s = narrowed.semantics(&narrowed.capabilities[0]).unwrap();
+        assert_eq!(s.class, EffectClass::ExternalEffect);
+        assert!(!s.idempotent && !s.queryable && !s.compensable);
+        // Repeating what the contract declares is no change.
+        let same = MappingManifest::parse(
+            &delivery("effect = \"external-effect\"\nqueryable = true\nidempotent = true"),
+            "d.toml",
+        )
+        .unwrap();
+        assert!(same.semantics(&same.capabilities[0]).unwrap().queryable);
+    }
+
+    #[test]
+    fn hostile_effect_confirmations_are_refused_naming_the_capability() {
+        for (text, needles) in [
+            (
+                delivery(""),
+                &[
+                    "capability `deliver_artifact` has no `effect`",
+                    "effect = \"external-effect\"",
+                ][..],
+            ),
+            (
+                delivery("effect = \"read\""),
+                &[
+                    "capability `deliver_artifact`",
+                    "effect = \"read\"",
+                    "as `external-effect`",
+                ][..],
+            ),
+            (
+                delivery("effect = \"local-transformation\""),
+                &["capability `deliver_artifact`", "cannot change it"][..],
+            ),
+            (
+                delivery("effect = \"harmless\""),
+                &[
+                    "capability `deliver_artifact`",
+                    "`harmless` is not an effect class",
+                    "external-effect",
+                ][..],
+            ),
+            (
+                delivery("effect = \"External-Effect\""),
+                &["`External-Effect` is not an effect class"][..],
+            ),
+            (
+                delivery("effect = \"external-effect\"\ncompensable = true"),
+                &[
+                    "capability `deliver_artifact`",
+                    "`compensable = true` widens the contract",
+                ][..],
+            ),
+            (
+                GOOD.replace("effect = \"read\"", "effect = \"read\"\nqueryable = true"),
+                &["capability `search_sources`", "`queryable = true` widens"][..],
+            ),
+            (
+                GOOD.replace(
+                    "effect = \"read\"",
+                    "effect = \"read\"\nidempotent = \"no\"",
+                ),
+                &["idempotent"][..],
+            ),
+            (
+                GOOD.replace(
+                    "effect = \"read\"",
+                    "effect = \"read\"\nreadOnlyHint = true",
+                ),
+                &["readOnlyHint"][..],
+            ),
+            (
+                GOOD.replace("effect = \"read\"", "effect = 1"),
+                &["effect"][..],
+            ),
+        ] {
+            let err = format!(
+                "{:#}",
+                MappingManifest::parse(&text, "bad.toml").unwrap_err()
+            );
+            for needle in needles {
+                assert!(err.contains(needle), "expected `{needle}` in: {err}");
+            }
+            assert!(err.contains("bad.toml"), "expected the file name in: {err}");
+        }
+    }
+
+    #[test]
+    fn recorded_capabilities_read_only_what_they_need() {
+        let text = GOOD.replace("[grants]", "[grants]\n[[grants.filesystem]]\nhost = \"gone\"\nguest = \"/d\"\naccess = \"read-only\"");
+        let (contract, caps) = recorded_capabilities(&text).unwrap();
+        assert_eq!(contract, "airlock:contracts/source-retrieval@0.1.0");
+        assert_eq!(
+            caps[0].semantics(&contract).unwrap().unwrap().class,
+            EffectClass::Read
+        );
+    }
 
     #[test]
     fn good_manifest_parses_with_defaults() {
@@ -469,7 +714,7 @@ deadline_ms = 100
             ),
             (
                 format!(
-                    "{GOOD}\n[[capability]]\nfunction = \"retrieve\"\nname = \"search_sources\"\ndescription = \"x\""
+                    "{GOOD}\n[[capability]]\nfunction = \"retrieve\"\nname = \"search_sources\"\ndescription = \"x\"\neffect = \"read\""
                 ),
                 "twice",
             ),

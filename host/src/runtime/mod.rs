@@ -19,8 +19,13 @@
 //! - The adapter's `airlock:host/upstream` import reaches only the tools and resource
 //!   prefixes its mapping lists, on its mapping's connection. Anything else returns
 //!   `not-permitted` to the adapter and is never sent.
+//! - Every released `airlock:host` version is linked side by side (one implementation:
+//!   0.2.0 adds `context` and imports 0.1.0's `upstream` and `log`); a component importing
+//!   a host version this host does not provide is refused at load
+//!   ([`crate::runtime::host_api`]).
 
 pub mod grants;
+pub mod host_api;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -39,6 +44,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::registry::manifest::{Limits, MappingManifest};
 use crate::runtime::grants::{Access, Grants, NetworkPolicy, SocketUse};
+use crate::runtime::host_api::HostVersion;
 use crate::upstream::{Connection, UpstreamFailure};
 
 mod bindings {
@@ -189,9 +195,10 @@ impl Runtime {
     /// the deny-by-default host, and prepares it for per-call instantiation.
     ///
     /// # Errors
-    /// Pin mismatch (naming both digests), a component that does not compile, imports
-    /// something the host does not provide, or does not export the mapping's contract
-    /// and capability functions.
+    /// Pin mismatch (naming both digests), a component that does not compile, imports an
+    /// `airlock:host` version this host does not provide (naming the import and version)
+    /// or anything else the host does not provide, or does not export the mapping's
+    /// contract and capability functions.
     pub fn load(
         &self,
         manifest: &MappingManifest,
@@ -219,6 +226,13 @@ impl Runtime {
         let component = self
             .compile(bytes, manifest.pinned_sha256())
             .with_context(|| format!("compiling the component of mapping `{name}`"))?;
+        let host_version = host_api::host_version(
+            component
+                .component_type()
+                .imports(&self.engine)
+                .map(|(import, _)| import),
+        )
+        .with_context(|| format!("mapping `{name}`: refusing its component"))?;
         let mut linker: Linker<CallState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)
@@ -226,7 +240,8 @@ impl Runtime {
         restrict_name_lookup(&mut linker)?;
         bindings::AdapterHost::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(anyhow::Error::from)
-            .context("linking airlock:host")?;
+            .context("linking airlock:host@0.1.0")?;
+        host_api::add_to_linker(&mut linker).context("linking airlock:host@0.2.0")?;
         let pre = linker
             .instantiate_pre(&component)
             .map_err(anyhow::Error::from)
@@ -274,11 +289,13 @@ impl Runtime {
         tracing::info!(
             mapping = %name,
             bytes = bytes.len(),
+            host_version = host_version.map_or("none", HostVersion::as_str),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "component verified, compiled and linked"
         );
         Ok(LoadedAdapter {
             mapping: name.clone(),
+            host_version,
             dns_names: Arc::new(manifest.grants.named_hosts()),
             component_sha256: manifest.pinned_sha256().to_string(),
             limits: manifest.limits,
@@ -359,6 +376,7 @@ impl CompiledCache {
 /// A mapping's compiled, linked adapter, ready for per-call instantiation.
 pub struct LoadedAdapter {
     mapping: String,
+    host_version: Option<HostVersion>,
     dns_names: Arc<BTreeSet<String>>,
     component_sha256: String,
     limits: Limits,
@@ -673,6 +691,12 @@ impl LoadedAdapter {
     /// The sha256 of the loaded component.
     pub fn component_sha256(&self) -> &str {
         &self.component_sha256
+    }
+
+    /// The `airlock:host` version the component targets, derived from its imports (the
+    /// highest version among them); `None` when it imports nothing from `airlock:host`.
+    pub fn host_version(&self) -> Option<HostVersion> {
+        self.host_version
     }
 
     /// Instantiates the adapter in a fresh Store and calls its contract function
@@ -1381,6 +1405,85 @@ mod tests {
             .unwrap()
             .load(&manifest, &bytes, iface)
             .unwrap();
+    }
+
+    fn bundled_named(name: &str) -> (MappingManifest, Vec<u8>) {
+        let dir = std::path::Path::new(crate::ADAPTER_BUNDLE).join(name);
+        let manifest = MappingManifest::load(&dir.join("mapping.toml")).unwrap();
+        let bytes = read_component(&manifest.component_path(&dir)).unwrap();
+        (manifest, bytes)
+    }
+
+    #[test]
+    fn the_host_version_a_component_targets_comes_from_its_imports() {
+        let runtime = Runtime::new().unwrap();
+        for (name, version) in [
+            ("source-library", HostVersion::V0_1_0),
+            ("fs-documents", HostVersion::V0_1_0),
+            ("outbox-delivery", HostVersion::V0_2_0),
+        ] {
+            let (manifest, bytes) = bundled_named(name);
+            let loaded = runtime
+                .load(&manifest, &bytes, &manifest.mapping.contract)
+                .unwrap();
+            assert_eq!(loaded.host_version(), Some(version), "{name}");
+        }
+    }
+
+    /// A manifest for `bytes` (pinned), offering source-retrieval's `search`.
+    fn manifest_for(bytes: &[u8]) -> MappingManifest {
+        let pin = hex::encode(sha2::Sha256::digest(bytes));
+        MappingManifest::parse(
+            &format!(
+                r#"
+[mapping]
+name = "made-up"
+contract = "airlock:contracts/source-retrieval@0.1.0"
+connection = "notes"
+[component]
+file = "c.wasm"
+sha256 = "{pin}"
+[[capability]]
+function = "search"
+name = "search_sources"
+description = "Search."
+effect = "read"
+"#
+            ),
+            "made-up.toml",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_component_built_against_a_host_version_that_does_not_exist_is_refused() {
+        let runtime = Runtime::new().unwrap();
+        for (import, needle) in [
+            ("airlock:host/context@0.3.0", "airlock:host 0.3.0"),
+            ("airlock:host/upstream@0.1.1", "airlock:host 0.1.1"),
+            (
+                "airlock:host/upstream@0.2.0",
+                "airlock:host 0.2.0 has no interface `upstream`",
+            ),
+        ] {
+            let bytes = wat::parse_str(format!(
+                r#"(component (import "{import}" (instance (export "remaining-ms" (func (result u64))))))"#
+            ))
+            .unwrap();
+            let manifest = manifest_for(&bytes);
+            let err = runtime
+                .load(
+                    &manifest,
+                    &bytes,
+                    "airlock:contracts/source-retrieval@0.1.0",
+                )
+                .err()
+                .expect("must refuse");
+            let err = format!("{err:#}");
+            assert!(err.contains(needle), "{err}");
+            assert!(err.contains(import), "{err}");
+            assert!(err.contains("made-up"), "names the mapping: {err}");
+        }
     }
 
     #[test]

@@ -287,3 +287,161 @@ fn a_missing_manifest_is_an_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("/nonexistent/mapping.toml"));
 }
+
+/// A component that imports `airlock:host/context` at a version no host provides.
+const FUTURE_HOST: &str = r#"
+(component
+  (import "airlock:host/context@0.3.0" (instance
+    (export "remaining-ms" (func (result u64)))
+  ))
+)
+"#;
+
+#[test]
+fn the_review_names_the_host_version_each_component_targets() {
+    for (mapping, version, imports) in [
+        (
+            "source-library",
+            "0.1.0",
+            &["airlock:host/upstream@0.1.0"][..],
+        ),
+        (
+            "outbox-delivery",
+            "0.2.0",
+            &[
+                "airlock:host/context@0.2.0",
+                "airlock:host/log@0.1.0",
+                "airlock:host/upstream@0.1.0",
+            ][..],
+        ),
+    ] {
+        let manifest = bundled(mapping);
+        let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["host_version"], version, "{mapping}");
+        let host: Vec<&str> = v["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["name"].as_str().unwrap().starts_with("airlock:host/"))
+            .map(|i| {
+                assert_eq!(i["status"], "host-api", "{i}");
+                i["name"].as_str().unwrap()
+            })
+            .collect();
+        assert_eq!(host, imports, "{mapping}");
+        let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+        assert!(
+            text.contains(&format!(
+                "host version           airlock:host {version} (the highest version among its imports)"
+            )),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn an_import_of_a_host_version_that_does_not_exist_is_flagged_by_version() {
+    let (_dir, manifest) = copied_mapping(FUTURE_HOST, |t| t);
+    let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["host_version"].is_null());
+    assert_eq!(v["imports"][0]["status"], "flagged");
+    let reason = v["imports"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("airlock:host/context@0.3.0") && reason.contains("airlock:host 0.3.0"),
+        "{reason}"
+    );
+    let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+    assert!(
+        text.contains("host version           none this host provides (see the flagged import)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_review_shows_each_capabilitys_effective_semantics() {
+    let manifest = bundled("outbox-delivery");
+    let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let deliver = v["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["function"] == "deliver")
+        .unwrap();
+    assert_eq!(
+        deliver["effect"],
+        serde_json::json!({"class": "external-effect", "idempotent": true, "queryable": true, "compensable": false, "host_only": false})
+    );
+    assert_eq!(deliver["contract_effect"], deliver["effect"]);
+    let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+    assert!(
+        text.contains(
+            "capability deliver_artifact -> deliver [external-effect, idempotent, queryable]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("capability prepare_artifact -> prepare [local-transformation]"),
+        "{text}"
+    );
+
+    // A mapping may narrow a flag; the review shows what it serves with and what it
+    // narrowed away.
+    let (_dir, narrowed) = copied_mapping(FS_IMPORTER, |t| {
+        t.replacen(
+            "effect = \"read\"",
+            "effect = \"read\"\nidempotent = false",
+            1,
+        )
+    });
+    let out = grants(&[narrowed.to_str().unwrap(), "--json", "--allow-flagged"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["capabilities"][0]["effect"]["idempotent"], false);
+    assert_eq!(v["capabilities"][0]["contract_effect"]["idempotent"], true);
+    let text = stdout(&grants(&[narrowed.to_str().unwrap(), "--allow-flagged"]));
+    assert!(
+        text.contains(
+            "capability search_sources -> search [read; narrowed by the mapping: not idempotent]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("capability retrieve_source -> retrieve [read, idempotent]"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_manifest_that_does_not_confirm_the_contracts_effect_is_refused() {
+    for (edit, needle) in [
+        (
+            ("effect = \"read\"\n", ""),
+            "capability `search_sources` has no `effect`",
+        ),
+        (
+            ("effect = \"read\"", "effect = \"external-effect\""),
+            "capability `search_sources`: effect = \"external-effect\"",
+        ),
+        (
+            ("effect = \"read\"", "effect = \"read-only\""),
+            "effect `read-only` is not an effect class",
+        ),
+        (
+            ("effect = \"read\"", "effect = \"read\"\nqueryable = true"),
+            "`queryable = true` widens the contract",
+        ),
+    ] {
+        let (_dir, manifest) = copied_mapping(FS_IMPORTER, |t| t.replacen(edit.0, edit.1, 1));
+        let out = grants(&[manifest.to_str().unwrap(), "--allow-flagged"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+        assert!(out.stdout.is_empty(), "no review of an unconfirmed mapping");
+        let err = stderr(&out);
+        assert!(err.contains(needle), "expected `{needle}` in: {err}");
+    }
+}

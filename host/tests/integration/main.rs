@@ -15,6 +15,7 @@ mod approvals_hostile;
 mod effects;
 mod filesystem;
 mod grants_cli;
+mod host_versions;
 mod hostile;
 mod inspector;
 mod python_client;

@@ -1,0 +1,89 @@
+//! Adapters built against different `airlock:host` versions in one host: `source-library`
+//! imports only `airlock:host@0.1.0`, `outbox-delivery` imports `airlock:host/context@0.2.0`.
+//! Real `airlock serve`, real components, the real delivery fixture and its call log.
+
+use airlock::store::{SqliteStore, Store as _};
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+async fn ok_call<H: rmcp::ClientHandler>(
+    client: &rmcp::service::RunningService<rmcp::service::RoleClient, H>,
+    name: &str,
+    args: Value,
+) -> Value {
+    let r = call(client, name, args).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{name}: {}", text_of(&r));
+    r.structured_content.unwrap()["result"].clone()
+}
+
+#[tokio::test]
+async fn a_0_1_0_and_a_0_2_0_adapter_serve_side_by_side_and_the_key_comes_from_context() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    for (mapping, version) in [("source-library", "0.1.0"), ("outbox-delivery", "0.2.0")] {
+        let shown = d.airlock_json(&["review", "show", mapping, "--config", config]);
+        assert_eq!(shown["host_version"], version, "{mapping}: {shown:#}");
+    }
+    let unknown = d.airlock_json(&["review", "show", "outbox-delivery"]);
+    assert!(unknown["host_version"].is_null());
+    assert!(
+        unknown["host_version_source"]
+            .as_str()
+            .unwrap()
+            .contains("--config")
+    );
+
+    let client = d.serve_profile("publisher", ()).await;
+    // The 0.1.0 adapter serves.
+    let hits = ok_call(&client, "search_sources", json!({"query": "checkpoint"})).await;
+    assert!(!hits.as_array().unwrap().is_empty(), "{hits}");
+    // The 0.2.0 adapter serves, and delivers once a person approved.
+    let artifact = ok_call(
+        &client,
+        "prepare_artifact",
+        json!({"title": "Q3 report", "media-type": "text/markdown", "content": "# Q3\n"}),
+    )
+    .await;
+    let destinations = ok_call(&client, "list_destinations", json!({})).await;
+    let team = destinations
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["label"] == "Team reports outbox")
+        .unwrap_or_else(|| panic!("{destinations}"))["destination"]
+        .clone();
+    let args = json!({"artifact": artifact["artifact"], "destination": team});
+    let asked = call(&client, "deliver_artifact", args.clone())
+        .await
+        .unwrap();
+    let text = text_of(&asked);
+    let at = text.find("apr_").unwrap_or_else(|| panic!("{text}"));
+    d.airlock_ok(&["approvals", "approve", &text[at..at + 28], "--yes"]);
+    let done = ok_call(&client, "deliver_artifact", args).await;
+    assert_eq!(done["replayed"], false);
+    client.cancel().await.unwrap();
+
+    // The key the delivery server received is the intent's, from the store.
+    let sent: Vec<Value> = d
+        .outbox_calls()
+        .into_iter()
+        .filter(|c| c["tool"] == "send_file")
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let key = sent[0]["arguments"]["idempotency_key"].as_str().unwrap();
+    let trace = d.trace();
+    let intent = trace
+        .iter()
+        .find(|e| e["kind"] == "receipt-consumed")
+        .expect("receipt-consumed")["payload"]["intent"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let store = SqliteStore::open(&d.state_dir()).unwrap();
+    let record = store.intent(&intent).unwrap().expect("the intent row");
+    assert_eq!(key, record.intent.idempotency_key);
+    assert!(key.starts_with("idk_") && key.len() == 36, "{key}");
+}
