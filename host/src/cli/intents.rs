@@ -176,3 +176,50 @@ pub fn resolve(
     );
     store.resolve_intent(&record.intent.id, &resolution, vec![event])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_parse_strictly() {
+        assert_eq!(parse_state("unknown").unwrap(), IntentState::Unknown);
+        for bad in ["", "Unknown", "done", "unknown ", "committed"] {
+            let e = parse_state(bad).unwrap_err().to_string();
+            assert!(e.contains("states: prepared, completed, failed, unknown"), "{e}");
+        }
+    }
+
+    #[test]
+    fn show_says_how_to_resolve_an_unknown_intent_and_escapes_evidence() {
+        let r = IntentRecord {
+            intent: crate::store::NewIntent {
+                id: "int_1".into(),
+                idempotency_key: "idk_1".into(),
+                call_id: "call_1".into(),
+                requester: "alice".into(),
+                session: "ses_1".into(),
+                capability: "deliver_artifact".into(),
+                mapping: "outbox-delivery".into(),
+                mapping_revision: 1,
+                args_digest: "c".repeat(64),
+                effect_class: "external-effect".into(),
+            },
+            approval_id: None,
+            state: IntentState::Unknown,
+            created_ms: 0,
+            updated_ms: 0,
+            resolution: None,
+            resolved_ms: None,
+        };
+        let text = show_text(&r, &[]);
+        assert!(text.contains("airlock intents resolve int_1"), "{text}");
+        let mut done = r.clone();
+        done.state = IntentState::Completed;
+        done.resolution = Some(json!({"by": "bob", "method": "person", "evidence": {"statement": "line1\nline2\u{1b}[31m"}}));
+        done.resolved_ms = Some(0);
+        let text = show_text(&done, &[]);
+        assert!(!text.contains('\u{1b}'), "control characters are escaped: {text:?}");
+        assert!(!text.contains("airlock intents resolve"), "{text}");
+    }
+}

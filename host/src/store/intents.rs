@@ -371,3 +371,149 @@ impl SqliteStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NewIntent, Store as _};
+
+    fn store() -> (tempfile::TempDir, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        (dir, s)
+    }
+
+    fn intent(s: &SqliteStore, n: u32) -> String {
+        let record = NewIntent {
+            id: format!("int_{n:032x}"),
+            idempotency_key: format!("idk_{n:032x}"),
+            call_id: format!("call_{n}"),
+            requester: "alice".into(),
+            session: "ses_1".into(),
+            capability: "deliver_artifact".into(),
+            mapping: "outbox-delivery".into(),
+            mapping_revision: 1,
+            args_digest: "c".repeat(64),
+            effect_class: "external-effect".into(),
+        };
+        s.create_intent(&record, vec![]).unwrap();
+        record.id
+    }
+
+    fn person(state: IntentState) -> Resolution {
+        Resolution {
+            state,
+            method: ResolutionMethod::Person,
+            by: "bob".into(),
+            evidence: serde_json::json!({"statement": "seen"}),
+        }
+    }
+
+    #[test]
+    fn an_attempt_is_sent_until_every_request_is_answered() {
+        let (_d, s) = store();
+        let id = intent(&s, 1);
+        let state = |s: &SqliteStore| s.attempts(&id).unwrap()[0].clone();
+        assert_eq!(state(&s).state, AttemptState::Prepared);
+        s.attempt_sending(&id, 1).unwrap();
+        s.attempt_sending(&id, 1).unwrap();
+        s.attempt_answered(&id, 1, "3", true).unwrap();
+        let a = state(&s);
+        assert_eq!((a.state, a.requests, a.answered), (AttemptState::Sent, 2, 1));
+        // An unanswered request leaves the attempt sent.
+        s.attempt_answered(&id, 1, "4", false).unwrap();
+        assert_eq!(state(&s).state, AttemptState::Sent);
+        assert_eq!(state(&s).last_request_id.as_deref(), Some("4"));
+        assert!(state(&s).at_ms[1].is_some() && state(&s).at_ms[2].is_none());
+    }
+
+    #[test]
+    fn nothing_is_sent_once_an_attempt_has_a_result() {
+        let (_d, s) = store();
+        let id = intent(&s, 2);
+        s.attempt_sending(&id, 1).unwrap();
+        s.attempt_answered(&id, 1, "1", true).unwrap();
+        s.advance_attempt(&id, 1, AttemptState::ResultObserved).unwrap();
+        let err = s.attempt_sending(&id, 1).unwrap_err().to_string();
+        assert!(err.contains("cannot send any more"), "{err}");
+        // And an attempt that does not exist cannot send either.
+        assert!(s.attempt_sending(&id, 9).is_err());
+    }
+
+    #[test]
+    fn only_an_unknown_or_stale_prepared_intent_is_resolved_and_only_once() {
+        let (_d, s) = store();
+        let id = intent(&s, 3);
+        s.set_intent_state(&id, IntentState::Unknown, vec![]).unwrap();
+        // The attempt of an unknown outcome is left where it stopped.
+        assert_eq!(s.attempts(&id).unwrap()[0].state, AttemptState::Prepared);
+        let bad = s.resolve_intent(&id, &person(IntentState::Unknown), vec![]);
+        assert!(bad.is_err(), "resolving to unknown is refused");
+        let r = s
+            .resolve_intent(&id, &person(IntentState::Completed), vec![])
+            .unwrap();
+        assert_eq!(r.state, IntentState::Completed);
+        assert_eq!(r.resolution.as_ref().unwrap()["by"], "bob");
+        assert!(r.resolved_ms.is_some());
+        let again = s
+            .resolve_intent(&id, &person(IntentState::Failed), vec![])
+            .unwrap_err()
+            .to_string();
+        assert!(again.contains("is completed"), "{again}");
+        // A completed call's intent is never resolved.
+        let done = intent(&s, 4);
+        s.set_intent_state(&done, IntentState::Completed, vec![]).unwrap();
+        assert_eq!(s.attempts(&done).unwrap()[0].state, AttemptState::Committed);
+        assert!(s
+            .resolve_intent(&done, &person(IntentState::Failed), vec![])
+            .is_err());
+        assert!(s
+            .resolve_intent("int_missing", &person(IntentState::Failed), vec![])
+            .unwrap_err()
+            .to_string()
+            .contains("no intent"));
+    }
+
+    #[test]
+    fn intents_are_listed_by_state_and_mapping_newest_first() {
+        let (_d, s) = store();
+        let a = intent(&s, 5);
+        let b = intent(&s, 6);
+        s.set_intent_state(&a, IntentState::Unknown, vec![]).unwrap();
+        let unknown = s
+            .intents(&IntentFilter {
+                states: vec![IntentState::Unknown],
+                limit: 10,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(unknown.len(), 1);
+        assert_eq!(unknown[0].intent.id, a);
+        let all = s
+            .intents(&IntentFilter {
+                mapping: Some("outbox-delivery".into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(all.len(), 2);
+        let none = s
+            .intents(&IntentFilter {
+                mapping: Some("other".into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(none.is_empty());
+        let _ = b;
+        // A hostile filter value is data, not SQL.
+        let odd = s
+            .intents(&IntentFilter {
+                mapping: Some("x' OR '1'='1".into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(odd.is_empty());
+    }
+}
