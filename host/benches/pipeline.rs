@@ -71,8 +71,9 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
-/// A store that drops per-call trace events (`append_events`) and delegates everything
-/// else: the "without" side of the tracing measurement. Bench only.
+/// A store that drops per-call trace events and observations (`append_events`,
+/// `append_call`) and delegates everything else: the "without" side of the tracing
+/// measurement. Bench only.
 struct NoCallTrace(SqliteStore);
 
 impl Store for NoCallTrace {
@@ -144,6 +145,13 @@ impl Store for NoCallTrace {
     fn append_events(&self, _events: Vec<NewEvent>) -> anyhow::Result<()> {
         Ok(())
     }
+    fn append_call(
+        &self,
+        _events: Vec<NewEvent>,
+        _observations: Vec<airlock::store::NewObservation>,
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
     fn trace(&self, after: i64, limit: usize) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.trace(after, limit)
     }
@@ -204,6 +212,15 @@ impl Store for NoCallTrace {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()> {
         self.0.set_intent_state(id, state, events)
+    }
+    fn finish_intent(
+        &self,
+        id: &str,
+        state: airlock::store::IntentState,
+        events: Vec<NewEvent>,
+        observations: Vec<airlock::store::NewObservation>,
+    ) -> anyhow::Result<()> {
+        self.0.finish_intent(id, state, events, observations)
     }
     fn intent(&self, id: &str) -> anyhow::Result<Option<airlock::store::IntentRecord>> {
         self.0.intent(id)

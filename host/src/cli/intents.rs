@@ -186,7 +186,10 @@ mod tests {
         assert_eq!(parse_state("unknown").unwrap(), IntentState::Unknown);
         for bad in ["", "Unknown", "done", "unknown ", "committed"] {
             let e = parse_state(bad).unwrap_err().to_string();
-            assert!(e.contains("states: prepared, completed, failed, unknown"), "{e}");
+            assert!(
+                e.contains("states: prepared, completed, failed, unknown"),
+                "{e}"
+            );
         }
     }
 
@@ -216,10 +219,15 @@ mod tests {
         assert!(text.contains("airlock intents resolve int_1"), "{text}");
         let mut done = r.clone();
         done.state = IntentState::Completed;
-        done.resolution = Some(json!({"by": "bob", "method": "person", "evidence": {"statement": "line1\nline2\u{1b}[31m"}}));
+        done.resolution = Some(
+            json!({"by": "bob", "method": "person", "evidence": {"statement": "line1\nline2\u{1b}[31m"}}),
+        );
         done.resolved_ms = Some(0);
         let text = show_text(&done, &[]);
-        assert!(!text.contains('\u{1b}'), "control characters are escaped: {text:?}");
+        assert!(
+            !text.contains('\u{1b}'),
+            "control characters are escaped: {text:?}"
+        );
         assert!(!text.contains("airlock intents resolve"), "{text}");
     }
 }

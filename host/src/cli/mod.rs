@@ -479,6 +479,10 @@ enum PolicyAction {
 }
 
 #[derive(Subcommand)]
+#[allow(
+    clippy::enum_variant_names,
+    reason = "each variant is named for its subcommand: notes-server, delivery-server, hostile-server"
+)]
 enum Fixture {
     /// The synthetic notes library (`search_notes`, `read_note`, `notes://` resources).
     NotesServer {
@@ -490,6 +494,13 @@ enum Fixture {
     /// `lookup_delivery`), delivering into `--outbox DIR`.
     DeliveryServer {
         /// Arguments for the fixture server (e.g. `--outbox DIR --call-log FILE`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// A hostile server with the notes server's tools: huge results, wrong media types,
+    /// too many items, malformed JSON-RPC, instructions in errors (`--mode MODE`).
+    HostileServer {
+        /// Arguments for the fixture server (e.g. `--mode huge --call-log FILE`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -926,6 +937,17 @@ pub fn main() -> ExitCode {
                 let options = airlock_fixture_delivery::parse_args(args.into_iter())
                     .map_err(|e| anyhow::anyhow!(e))?;
                 airlock_fixture_delivery::serve_stdio(options).await
+            }
+            Command::Fixture {
+                which: Fixture::HostileServer { args },
+            } => {
+                init_logging("info");
+                let options = airlock_fixture_hostile::parse_args(args.into_iter())
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                // Blocking reads of stdin: on a thread of their own.
+                tokio::task::spawn_blocking(move || airlock_fixture_hostile::serve_stdio(&options))
+                    .await??;
+                Ok(())
             }
         }
     });

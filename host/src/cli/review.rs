@@ -412,7 +412,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         },
         host_version,
         grants: grants_view(&manifest),
-        limits: manifest.limits,
+        limits: manifest.limits.clone(),
         imports,
         exports,
         upstream: UpstreamView {
@@ -1308,6 +1308,8 @@ impl Review {
             ("memory_mib", l.memory_mib.to_string()),
             ("deadline_ms", l.deadline_ms.to_string()),
             ("max_output_bytes", l.max_output_bytes.to_string()),
+            ("max_output_items", l.max_output_items.to_string()),
+            ("allowed_media_types", l.allowed_media_types.join(", ")),
             ("max_result_bytes", l.max_result_bytes.to_string()),
             ("max_stdio_bytes", l.max_stdio_bytes.to_string()),
             ("max_concurrent_calls", l.max_concurrent_calls.to_string()),

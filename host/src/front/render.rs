@@ -27,10 +27,16 @@ pub fn completed(c: &Completed) -> CallToolResult {
         .map(|o| {
             json!({
                 "connection": o.connection,
+                "snapshot": o.snapshot_digest,
                 "method": o.method,
                 "target": o.target,
                 "result_sha256": o.result_sha256,
                 "retrieved_at": o.retrieved_at,
+                "items": o.items.iter().map(|i| json!({
+                    "media_type": i.media_type,
+                    "sha256": i.sha256,
+                    "bytes": i.bytes,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -162,12 +168,16 @@ mod tests {
     fn observation(target: &str) -> Observation {
         Observation {
             connection: "notes".into(),
+            snapshot_digest: "1".repeat(64),
             method: "resources/read",
             target: target.into(),
+            arguments_sha256: None,
             request_id: "1".into(),
             result_sha256: "0".repeat(64),
             result_bytes: 1,
             retrieved_at: "2026-11-29T00:00:00.000Z".into(),
+            retrieved_ms: 0,
+            items: vec![],
         }
     }
 

@@ -21,7 +21,7 @@
 //!   linked by the call id and committed — one transaction per call, shared by concurrent
 //!   calls (group commit) — before the front can reach the outcome ([`Finished`] holds a
 //!   commit failure in its place); a receipt's consumption commits with the intent it
-//!   creates.
+//!   creates, and the observations of the content a call ingested commit with its events.
 //! - [`offer`] computes what a session is offered: profile ∩ serving mappings ∩ healthy
 //!   connections ∩ policy.
 
@@ -50,7 +50,7 @@ pub use session::{Requester, Session, SessionId};
 
 use crate::host::Host;
 use crate::registry::events;
-use crate::store::{IntentState, NewEvent};
+use crate::store::{IntentState, NewEvent, NewObservation};
 
 /// The running state of one call: its id, its session, and the trace events not yet
 /// committed.
@@ -63,6 +63,8 @@ pub struct Call {
     /// Microseconds spent in each stage, in order (recorded in the outcome event).
     stages: Vec<(&'static str, u64)>,
     events: Vec<NewEvent>,
+    /// The content the call ingested, committed with its events.
+    observations: Vec<NewObservation>,
     /// The durable intent whose state the outcome sets, if any.
     durable_intent: Option<String>,
     /// The digest of the policy that allowed the call at the re-check.
@@ -95,6 +97,7 @@ impl Call {
             last: now,
             stages: Vec::with_capacity(8),
             events: Vec::with_capacity(8),
+            observations: Vec::new(),
             durable_intent: None,
             rechecked_policy: None,
             intent: None,
@@ -346,6 +349,7 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
     }
     call.event(events::CALL_OUTCOME, payload);
     let events = call.take_events();
+    let observations = std::mem::take(&mut call.observations);
     let store = host.registry().store();
     match call.durable_intent.take() {
         Some(intent) => {
@@ -356,8 +360,8 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
                 }
                 _ => IntentState::Failed,
             };
-            store.set_intent_state(&intent, state, events)
+            store.finish_intent(&intent, state, events, observations)
         }
-        None => store.append_events(events),
+        None => store.append_call(events, observations),
     }
 }

@@ -9,7 +9,15 @@
 //!   the mapping load and revision that produced them, with the scalar fields of the record
 //!   they came in as facts (an artifact's `sha256` and `bytes`, a destination's `label`).
 //! - Each upstream request the adapter made is one `upstream-request` event (protocol
-//!   layer) linked to the call; payloads stay digests and safe summaries.
+//!   layer) linked to the call; payloads stay digests and safe summaries. Each content
+//!   item of its answer is an observation ([`crate::store::observations`]), named in that
+//!   event by id and committed with the call's events.
+//! - An upstream answer the bridge refused (over the mapping's output budget, or from a
+//!   connection that broke JSON-RPC) is one `upstream-refused` event naming the budget,
+//!   never the content, and decides the outcome whatever the adapter made of it:
+//!   `result exceeds budget` (or `unavailable` for a degraded connection) for a read;
+//!   `unknown` for a capability with an external effect, whose upstream may have acted
+//!   before its answer was refused.
 
 use serde_json::{Map, Value, json};
 use sha2::Digest as _;
@@ -19,8 +27,8 @@ use crate::pipeline::Call;
 use crate::pipeline::execute::Executed;
 use crate::pipeline::references::Origin;
 use crate::registry::events;
-use crate::runtime::{CallFailure, Observation};
-use crate::store::AttemptState;
+use crate::runtime::{CallFailure, Observation, Refused, RefusedAnswer};
+use crate::store::{AttemptState, NewObservation, observation_id};
 
 /// A bounded category toward the model (DESIGN.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -48,6 +56,9 @@ pub enum Category {
     ApprovalRequired,
     /// Allowed when decided, no longer allowed at execution.
     PolicyNoLongerPermits,
+    /// An upstream answer did not fit the mapping's output budget (bytes, items, media
+    /// types) and was discarded before the adapter saw it.
+    ResultExceedsBudget,
 }
 
 impl Category {
@@ -65,6 +76,7 @@ impl Category {
             Self::StateChanged => "state changed",
             Self::ApprovalRequired => "approval required",
             Self::PolicyNoLongerPermits => "policy no longer permits",
+            Self::ResultExceedsBudget => "result exceeds budget",
         }
     }
 }
@@ -172,20 +184,45 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         result,
     };
     let mapping = &parts.capability.mapping;
+    let connection_id = &mapping.connection.revision.connection_id;
     for o in &parts.result.observations {
+        let ids = observe(call, connection_id, o);
         call.event(
             events::UPSTREAM_REQUEST,
             json!({
-                "connection_id": mapping.connection.revision.connection_id,
+                "connection_id": connection_id,
                 "connection": o.connection,
+                "snapshot": o.snapshot_digest,
                 "method": o.method,
                 "target": o.target.chars().take(256).collect::<String>(),
                 "request_id": o.request_id,
                 "result_sha256": o.result_sha256,
                 "bytes": o.result_bytes,
                 "at": o.retrieved_at,
+                "observations": ids,
             }),
         );
+    }
+    for r in &parts.result.refused {
+        let mut payload = json!({
+            "connection_id": connection_id,
+            "connection": r.connection,
+            "method": r.method,
+            "target": r.target.chars().take(256).collect::<String>(),
+            "request_id": r.request_id,
+        });
+        if let Some(o) = payload.as_object_mut() {
+            match &r.why {
+                Refused::Budget(budget) => {
+                    o.insert("refused".into(), json!(budget.kind()));
+                    o.insert("budget".into(), json!(budget));
+                }
+                Refused::Degraded(_) => {
+                    o.insert("refused".into(), json!("degraded-connection"));
+                }
+            }
+        }
+        call.event(events::UPSTREAM_REFUSED, payload);
     }
     for line in &parts.result.logs {
         tracing::debug!(mapping = %mapping.name, "adapter log: {line}");
@@ -193,6 +230,11 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
     if !parts.result.stderr.is_empty() {
         let shown = &parts.result.stderr[..parts.result.stderr.len().min(2000)];
         tracing::debug!(mapping = %mapping.name, bytes = parts.result.stderr.len(), "adapter stderr: {}", String::from_utf8_lossy(shown));
+    }
+    // An effect whose attempt never sent anything certainly did not happen.
+    let effectful = parts.capability.semantics.class.has_effect() && may_have_acted;
+    if let Some(first) = parts.result.refused.first() {
+        return refused_answer(first, effectful);
     }
     let val = match parts.result.result {
         Ok(val) => val,
@@ -207,7 +249,6 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
                     "session": call.session.id_text(),
                 }),
             );
-            let effectful = parts.capability.semantics.class.has_effect() && may_have_acted;
             return contained(&mapping.name, failure, effectful);
         }
     };
@@ -364,6 +405,57 @@ fn verify_receipt(n: &crate::pipeline::normalize::Normalized, value: &Value) -> 
             "it reports artifact sha256 {r}, the call was for {a}"
         )),
         _ => Ok(()),
+    }
+}
+
+/// Queues one observation per item of `o` with the call's trace; returns their ids.
+fn observe(call: &mut Call, connection_id: &str, o: &Observation) -> Vec<String> {
+    let arguments = o.arguments_sha256.as_deref().unwrap_or_default();
+    o.items
+        .iter()
+        .map(|item| {
+            let id = observation_id(
+                connection_id,
+                o.method,
+                &o.target,
+                arguments,
+                &item.key,
+                &item.sha256,
+            );
+            call.observations.push(NewObservation {
+                id: id.clone(),
+                connection_id: connection_id.to_string(),
+                connection: o.connection.clone(),
+                snapshot_digest: o.snapshot_digest.clone(),
+                method: o.method.to_string(),
+                target: o.target.clone(),
+                arguments_sha256: arguments.to_string(),
+                item: item.key.clone(),
+                kind: item.kind.to_string(),
+                media_type: item.media_type.clone(),
+                sha256: item.sha256.clone(),
+                bytes: item.bytes,
+                request_id: o.request_id.clone(),
+                call_id: call.id.clone(),
+                retrieved_ms: o.retrieved_ms,
+            });
+            id
+        })
+        .collect()
+}
+
+/// The outcome of a call one of whose upstream answers was refused (see the module rules).
+fn refused_answer(r: &RefusedAnswer, effectful: bool) -> Outcome {
+    let what = match &r.why {
+        Refused::Budget(budget) => format!("{}; it was discarded unread", budget.for_model()),
+        Refused::Degraded(_) => "the upstream connection broke the protocol during the call and is degraded; it serves no calls until the host restarts it".to_string(),
+    };
+    if effectful {
+        return unknown_outcome(&format!("{what}, after the upstream may have acted"));
+    }
+    match r.why {
+        Refused::Budget(_) => Outcome::refused(Category::ResultExceedsBudget, what),
+        Refused::Degraded(_) => Outcome::refused(Category::Unavailable, what),
     }
 }
 

@@ -211,6 +211,14 @@ pub(super) async fn recheck(
             "the upstream connection's catalogue changed since this call was approved; make the call again to ask anew".into(),
         ));
     }
+    if state.connection().degraded().is_some() {
+        return Err(refuse(
+            call,
+            "connection-degraded",
+            Category::Unavailable,
+            "the upstream connection is degraded: its server broke the protocol, and it serves no calls until the host restarts it".into(),
+        ));
+    }
     if !state.is_healthy() {
         return Err(refuse(
             call,

@@ -100,7 +100,8 @@ pub struct ConnectionState {
     /// Local id and configuration revision.
     pub revision: ConnectionRevision,
     catalogue: ArcSwap<Catalogue>,
-    snapshot: ArcSwap<String>,
+    /// Shared with the grants of the mappings bound to it (observations record it).
+    snapshot: Arc<ArcSwap<String>>,
     /// `list_changed` notifications the current catalogue already covers.
     seen: AtomicU64,
     /// False after a re-discovery failed, until one succeeds: calls are refused meanwhile.
@@ -499,7 +500,7 @@ impl Live {
             restarting: tokio::sync::Mutex::new(None),
             revision,
             catalogue: ArcSwap::from_pointee(catalogue),
-            snapshot: ArcSwap::from_pointee(observed.digest),
+            snapshot: Arc::new(ArcSwap::from_pointee(observed.digest)),
             seen: AtomicU64::new(seen),
             healthy: std::sync::atomic::AtomicBool::new(true),
             refresh: tokio::sync::Mutex::new(()),
@@ -807,12 +808,17 @@ impl Live {
     ) -> Result<(Arc<ActiveMapping>, Vec<Capability>)> {
         let m = &p.source.manifest;
         let name = m.mapping.name.clone();
+        let budget =
+            crate::runtime::budgets::OutputBudget::from_limits(&m.limits).map_err(|why| {
+                anyhow::anyhow!("mapping `{name}`: [limits] allowed_media_types {why}")
+            })?;
         let grant = Arc::new(UpstreamGrant {
             mapping: name.clone(),
             connection: state.connection_cell(),
+            snapshot: state.snapshot.clone(),
             tools: m.upstream.tools.iter().cloned().collect(),
             resource_prefixes: m.upstream.resources.clone(),
-            max_output_bytes: m.limits.max_output_bytes,
+            budget,
         });
         let mapping = Arc::new(ActiveMapping {
             name: name.clone(),

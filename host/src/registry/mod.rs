@@ -101,9 +101,15 @@ pub mod events {
     pub const INTENT_HELD: &str = "intent-held";
     /// An upstream connection that had closed was started again.
     pub const CONNECTION_RESTARTED: &str = "connection-restarted";
-    /// One upstream request an adapter made (protocol layer): connection id, method,
-    /// target, JSON-RPC request id, result digest, bytes, time.
+    /// One upstream request an adapter made (protocol layer): connection id, snapshot,
+    /// method, target, JSON-RPC request id, result digest, bytes, time, and the ids of
+    /// the observations (one per content item) its answer became.
     pub const UPSTREAM_REQUEST: &str = "upstream-request";
+    /// An upstream answer the bridge refused before the adapter saw it (protocol layer):
+    /// connection id, method, target, JSON-RPC request id, which budget it broke
+    /// (`bytes`, `items`, `media-type`, `malformed-media-type`, `malformed`) or
+    /// `degraded-connection`; never its content.
+    pub const UPSTREAM_REFUSED: &str = "upstream-refused";
     /// How the call ended: completed, failed(category), unknown, refused, approval
     /// required, input required (stage `executed` when it ran).
     pub const CALL_OUTCOME: &str = "call-outcome";

@@ -23,7 +23,13 @@
 //!   0.2.0 adds `context` and imports 0.1.0's `upstream` and `log`); a component importing
 //!   a host version this host does not provide is refused at load
 //!   ([`crate::runtime::host_api`]).
+//! - Every upstream answer is held to the mapping's output budgets ([`budgets`]: bytes,
+//!   items, media types) before anything logs, observes, converts or hands it on. A
+//!   refused answer reaches neither the adapter nor the trace; the call reports it in
+//!   [`CallOutcome::refused`]. Each item of an accepted answer becomes an
+//!   [`ObservedItem`] (digest, media type, size) of the request's [`Observation`].
 
+pub mod budgets;
 pub mod grants;
 pub mod host_api;
 
@@ -298,7 +304,7 @@ impl Runtime {
             host_version,
             dns_names: Arc::new(manifest.grants.named_hosts()),
             component_sha256: manifest.pinned_sha256().to_string(),
-            limits: manifest.limits,
+            limits: manifest.limits.clone(),
             grants: manifest.grants.clone(),
             env,
             permits: Arc::new(tokio::sync::Semaphore::new(
@@ -395,12 +401,15 @@ pub struct UpstreamGrant {
     /// The mapping's connection: the client serving now (a call keeps the one it started
     /// with; a restarted connection serves the calls that start after it).
     pub connection: Arc<arc_swap::ArcSwap<Connection>>,
+    /// The digest of the connection's current snapshot (swapped by re-discovery); each
+    /// observation records the one current when its answer arrived.
+    pub snapshot: Arc<arc_swap::ArcSwap<String>>,
     /// Upstream tool names the adapter may call.
     pub tools: BTreeSet<String>,
     /// Resource URI prefixes the adapter may read.
     pub resource_prefixes: Vec<String>,
-    /// Largest upstream answer the adapter may receive, in bytes.
-    pub max_output_bytes: u64,
+    /// What one upstream answer may be: bytes, items, media types.
+    pub budget: budgets::OutputBudget,
 }
 
 /// What the host tells one adapter call about the call it serves (DESIGN.md §4,
@@ -439,15 +448,22 @@ pub trait AttemptLog: Send + Sync {
     fn finished(&self, method: &'static str, target: &str, request_id: &str, answered: bool);
 }
 
-/// One upstream request made during a call, for provenance.
+/// One upstream request made during a call whose answer was accepted, for provenance:
+/// the request, and one [`ObservedItem`] per content item of its answer (DESIGN.md §2,
+/// observation).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Observation {
     /// The connection's name.
     pub connection: String,
+    /// The digest of the connection's snapshot current when the answer arrived.
+    pub snapshot_digest: String,
     /// `tools/call` or `resources/read`.
     pub method: &'static str,
     /// The upstream tool name or resource URI.
     pub target: String,
+    /// sha256 (hex) of the RFC 8785 canonical JSON of a `tools/call`'s arguments; `None`
+    /// for `resources/read`.
+    pub arguments_sha256: Option<String>,
     /// The request's JSON-RPC id on the connection.
     pub request_id: String,
     /// sha256 (hex) of the upstream result as JSON, as received.
@@ -456,6 +472,51 @@ pub struct Observation {
     pub result_bytes: u64,
     /// When the result arrived (RFC 3339, UTC).
     pub retrieved_at: String,
+    /// The same time, in unix milliseconds.
+    pub retrieved_ms: u64,
+    /// The answer's content items, in order.
+    pub items: Vec<ObservedItem>,
+}
+
+/// One content item of an accepted upstream answer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ObservedItem {
+    /// Where it is in the result: `content/N`, `structuredContent` or `contents/N`.
+    pub key: String,
+    /// What it is (see [`budgets::Item::kind`]).
+    pub kind: &'static str,
+    /// Its media type's essence; empty for a `resource_link` that declares none.
+    pub media_type: String,
+    /// sha256 (hex) of the item's RFC 8785 canonical JSON.
+    pub sha256: String,
+    /// Size of that JSON, in bytes.
+    pub bytes: u64,
+}
+
+/// An upstream answer the host refused to hand to the adapter, or a request the
+/// connection could not answer because it broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedAnswer {
+    /// The connection's name.
+    pub connection: String,
+    /// `tools/call` or `resources/read`.
+    pub method: &'static str,
+    /// The upstream tool name or resource URI.
+    pub target: String,
+    /// The request's JSON-RPC id, when it was sent.
+    pub request_id: Option<String>,
+    /// Why.
+    pub why: Refused,
+}
+
+/// Why an answer was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// It did not fit the mapping's output budget.
+    Budget(budgets::Refusal),
+    /// The connection is degraded: the server sent something that is not valid JSON-RPC
+    /// (the host's own sentence saying what).
+    Degraded(String),
 }
 
 /// Why a call into an adapter did not return a value.
@@ -559,8 +620,10 @@ pub fn name_lookup_permitted(granted: &BTreeSet<String>, name: &str) -> bool {
 pub struct CallOutcome {
     /// The function's return value, or why there is none.
     pub result: Result<Val, CallFailure>,
-    /// Upstream requests the adapter made, in order.
+    /// Upstream requests the adapter made whose answers it received, in order.
     pub observations: Vec<Observation>,
+    /// Upstream answers refused (over budget, or a degraded connection), in order.
+    pub refused: Vec<RefusedAnswer>,
     /// The adapter's log messages (bounded).
     pub logs: Vec<String>,
     /// The adapter's captured stdout and stderr (bounded).
@@ -629,6 +692,7 @@ impl LoadedAdapter {
                 grant,
                 deadline: Instant::now() + deadline,
                 observations: Vec::new(),
+                refused: Vec::new(),
                 logs: Vec::new(),
                 requests_left: self.limits.max_upstream_requests,
                 context,
@@ -713,6 +777,7 @@ impl LoadedAdapter {
         let failed = |failure| CallOutcome {
             result: Err(failure),
             observations: Vec::new(),
+            refused: Vec::new(),
             logs: Vec::new(),
             stdout: Vec::new(),
             stderr: Vec::new(),
@@ -781,11 +846,13 @@ impl LoadedAdapter {
             other => other,
         };
         let observations = std::mem::take(&mut store.data_mut().bridge.observations);
+        let refused = std::mem::take(&mut store.data_mut().bridge.refused);
         let logs = std::mem::take(&mut store.data_mut().bridge.logs);
         drop(store);
         CallOutcome {
             result,
             observations,
+            refused,
             logs,
             stdout: stdout.contents().to_vec(),
             stderr: stderr.contents().to_vec(),
@@ -1004,6 +1071,7 @@ struct UpstreamBridge {
     connection: Arc<Connection>,
     deadline: Instant,
     observations: Vec<Observation>,
+    refused: Vec<RefusedAnswer>,
     logs: Vec<String>,
     /// Upstream requests this call may still make.
     requests_left: u64,
@@ -1046,7 +1114,7 @@ impl UpstreamBridge {
 
     /// Records how a request ended (see [`AttemptLog::finished`]) and passes its result on.
     fn finished(
-        &self,
+        &mut self,
         method: &'static str,
         target: &str,
         answer: Result<(Value, String), (UpstreamFailure, Option<String>)>,
@@ -1058,7 +1126,53 @@ impl UpstreamBridge {
             };
             log.finished(method, target, id, answered);
         }
-        answer.map_err(|(failure, _)| to_guest_error(failure))
+        answer.map_err(|(failure, id)| {
+            let why = match &failure {
+                // The transport discarded it while reading; the mapping's own budget is
+                // the one to name (the connection reads up to the largest of its mappings').
+                UpstreamFailure::OutputTooLarge(_) => {
+                    Some(Refused::Budget(budgets::Refusal::Bytes {
+                        limit: self.grant.budget.max_bytes,
+                    }))
+                }
+                UpstreamFailure::Unavailable(_) => {
+                    self.connection.degraded().map(Refused::Degraded)
+                }
+                _ => None,
+            };
+            match why {
+                Some(why) => {
+                    let error = match &why {
+                        Refused::Budget(r) => budget_error(r),
+                        Refused::Degraded(_) => to_guest_error(failure),
+                    };
+                    self.refuse(method, target, id, why);
+                    error
+                }
+                None => to_guest_error(failure),
+            }
+        })
+    }
+
+    /// Records a refused answer.
+    fn refuse(
+        &mut self,
+        method: &'static str,
+        target: &str,
+        request_id: Option<String>,
+        why: Refused,
+    ) {
+        tracing::warn!(mapping = %self.grant.mapping, method, request_id = request_id.as_deref().unwrap_or(""), "upstream answer refused: {}", match &why {
+            Refused::Budget(r) => r.to_string(),
+            Refused::Degraded(d) => d.clone(),
+        });
+        self.refused.push(RefusedAnswer {
+            connection: self.connection.name().to_string(),
+            method,
+            target: target.to_string(),
+            request_id,
+            why,
+        });
     }
 
     fn remaining(&self) -> Result<Duration, upstream::UpstreamError> {
@@ -1070,29 +1184,109 @@ impl UpstreamBridge {
             })
     }
 
+    /// Holds `result` to the mapping's output budget (see [`budgets`]) and, when it fits,
+    /// records it as observed, one [`ObservedItem`] per content item. Nothing of a refused
+    /// answer is kept: the refusal names only the budget.
     fn observe(
         &mut self,
         method: &'static str,
         target: &str,
+        arguments_sha256: Option<String>,
         request_id: String,
         result: &Value,
     ) -> Result<(), upstream::UpstreamError> {
-        let bytes = serde_json::to_vec(result).unwrap_or_default();
-        if bytes.len() as u64 > self.grant.max_output_bytes {
-            return Err(upstream::UpstreamError::OutputTooLarge(
-                self.grant.max_output_bytes,
-            ));
-        }
+        let budget = &self.grant.budget;
+        let (result_sha256, result_bytes) = digest_json(result);
+        let checked = if result_bytes > budget.max_bytes {
+            Err(budgets::Refusal::Bytes {
+                limit: budget.max_bytes,
+            })
+        } else if method == "resources/read" {
+            budget.resource_contents(result)
+        } else {
+            budget.tool_result(result)
+        };
+        let items = match checked {
+            Ok(items) => items,
+            Err(refusal) => {
+                let error = budget_error(&refusal);
+                self.refuse(method, target, Some(request_id), Refused::Budget(refusal));
+                return Err(error);
+            }
+        };
+        let items = items
+            .into_iter()
+            .map(|item| {
+                let (sha256, bytes) = digest_canonical(item.value);
+                ObservedItem {
+                    key: item.key,
+                    kind: item.kind,
+                    media_type: item.media_type,
+                    sha256,
+                    bytes,
+                }
+            })
+            .collect();
+        let now = SystemTime::now();
         self.observations.push(Observation {
             connection: self.connection.name().to_string(),
+            snapshot_digest: self.grant.snapshot.load().to_string(),
             method,
             target: target.to_string(),
+            arguments_sha256,
             request_id,
-            result_sha256: hex::encode(sha2::Sha256::digest(&bytes)),
-            result_bytes: bytes.len() as u64,
-            retrieved_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            result_sha256,
+            result_bytes,
+            retrieved_at: humantime::format_rfc3339_millis(now).to_string(),
+            retrieved_ms: now
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            items,
         });
         Ok(())
+    }
+}
+
+/// Counts and hashes what is written to it.
+struct Digesting(sha2::Sha256, u64);
+
+impl std::io::Write for Digesting {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        self.1 += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// sha256 (hex) and size of `value` as compact JSON, serialized straight into the hash.
+fn digest_json(value: &Value) -> (String, u64) {
+    let mut out = Digesting(sha2::Sha256::new(), 0);
+    // Writing a `Value` into an infallible writer cannot fail.
+    let _ = serde_json::to_writer(&mut out, value);
+    (hex::encode(out.0.finalize()), out.1)
+}
+
+/// sha256 (hex) and size of `value` as RFC 8785 canonical JSON: the same content has the
+/// same digest whatever order the server (or rmcp) wrote its keys in.
+fn digest_canonical(value: &Value) -> (String, u64) {
+    let mut out = Digesting(sha2::Sha256::new(), 0);
+    if serde_json_canonicalizer::to_writer(value, &mut out).is_err() {
+        // Not canonicalizable (a number outside IEEE 754): the compact form instead.
+        return digest_json(value);
+    }
+    (hex::encode(out.0.finalize()), out.1)
+}
+
+/// The error the adapter gets for an answer refused by its budget (the 0.1.0 WIT has no
+/// case of its own for items or media types: see [`budgets`]).
+fn budget_error(refusal: &budgets::Refusal) -> upstream::UpstreamError {
+    match refusal {
+        budgets::Refusal::Bytes { limit } => upstream::UpstreamError::OutputTooLarge(*limit),
+        other => upstream::UpstreamError::ProtocolError(other.to_string()),
     }
 }
 
@@ -1134,6 +1328,9 @@ impl upstream::Host for CallState {
                 )));
             }
         };
+        let arguments_sha256 = serde_json_canonicalizer::to_vec(&arguments)
+            .map(|c| hex::encode(sha2::Sha256::digest(&c)))
+            .ok();
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
         bridge.sending("tools/call", &name)?;
@@ -1142,7 +1339,7 @@ impl upstream::Host for CallState {
             .call_tool(&name, arguments, timeout, bridge.context.cancel.as_ref())
             .await;
         let (result, request_id) = bridge.finished("tools/call", &name, answer)?;
-        bridge.observe("tools/call", &name, request_id, &result)?;
+        bridge.observe("tools/call", &name, arguments_sha256, request_id, &result)?;
         Ok(tool_output(&result))
     }
 
@@ -1165,7 +1362,7 @@ impl upstream::Host for CallState {
             .read_resource(&uri, timeout, bridge.context.cancel.as_ref())
             .await;
         let (result, request_id) = bridge.finished("resources/read", &uri, answer)?;
-        bridge.observe("resources/read", &uri, request_id, &result)?;
+        bridge.observe("resources/read", &uri, None, request_id, &result)?;
         let contents = result["contents"].as_array().cloned().unwrap_or_default();
         Ok(contents
             .iter()

@@ -696,9 +696,11 @@ impl SqliteStore {
         id: &str,
         state: IntentState,
         events: Vec<NewEvent>,
+        observations: &[super::NewObservation],
     ) -> anyhow::Result<()> {
         let now = ms_to_sql(now_ms())?;
         self.transact("recording an intent's outcome", &events, |tx| {
+            super::observations::write_in(tx, observations)?;
             let n = tx
                 .prepare_cached(
                     "UPDATE intents SET state = ?2, updated_ms = ?3 WHERE id = ?1 AND state = 'prepared'",

@@ -419,7 +419,10 @@ mod tests {
         s.attempt_sending(&id, 1).unwrap();
         s.attempt_answered(&id, 1, "3", true).unwrap();
         let a = state(&s);
-        assert_eq!((a.state, a.requests, a.answered), (AttemptState::Sent, 2, 1));
+        assert_eq!(
+            (a.state, a.requests, a.answered),
+            (AttemptState::Sent, 2, 1)
+        );
         // An unanswered request leaves the attempt sent.
         s.attempt_answered(&id, 1, "4", false).unwrap();
         assert_eq!(state(&s).state, AttemptState::Sent);
@@ -433,7 +436,8 @@ mod tests {
         let id = intent(&s, 2);
         s.attempt_sending(&id, 1).unwrap();
         s.attempt_answered(&id, 1, "1", true).unwrap();
-        s.advance_attempt(&id, 1, AttemptState::ResultObserved).unwrap();
+        s.advance_attempt(&id, 1, AttemptState::ResultObserved)
+            .unwrap();
         let err = s.attempt_sending(&id, 1).unwrap_err().to_string();
         assert!(err.contains("cannot send any more"), "{err}");
         // And an attempt that does not exist cannot send either.
@@ -444,7 +448,8 @@ mod tests {
     fn only_an_unknown_or_stale_prepared_intent_is_resolved_and_only_once() {
         let (_d, s) = store();
         let id = intent(&s, 3);
-        s.set_intent_state(&id, IntentState::Unknown, vec![]).unwrap();
+        s.set_intent_state(&id, IntentState::Unknown, vec![])
+            .unwrap();
         // The attempt of an unknown outcome is left where it stopped.
         assert_eq!(s.attempts(&id).unwrap()[0].state, AttemptState::Prepared);
         let bad = s.resolve_intent(&id, &person(IntentState::Unknown), vec![]);
@@ -462,16 +467,19 @@ mod tests {
         assert!(again.contains("is completed"), "{again}");
         // A completed call's intent is never resolved.
         let done = intent(&s, 4);
-        s.set_intent_state(&done, IntentState::Completed, vec![]).unwrap();
+        s.set_intent_state(&done, IntentState::Completed, vec![])
+            .unwrap();
         assert_eq!(s.attempts(&done).unwrap()[0].state, AttemptState::Committed);
-        assert!(s
-            .resolve_intent(&done, &person(IntentState::Failed), vec![])
-            .is_err());
-        assert!(s
-            .resolve_intent("int_missing", &person(IntentState::Failed), vec![])
-            .unwrap_err()
-            .to_string()
-            .contains("no intent"));
+        assert!(
+            s.resolve_intent(&done, &person(IntentState::Failed), vec![])
+                .is_err()
+        );
+        assert!(
+            s.resolve_intent("int_missing", &person(IntentState::Failed), vec![])
+                .unwrap_err()
+                .to_string()
+                .contains("no intent")
+        );
     }
 
     #[test]
@@ -479,7 +487,8 @@ mod tests {
         let (_d, s) = store();
         let a = intent(&s, 5);
         let b = intent(&s, 6);
-        s.set_intent_state(&a, IntentState::Unknown, vec![]).unwrap();
+        s.set_intent_state(&a, IntentState::Unknown, vec![])
+            .unwrap();
         let unknown = s
             .intents(&IntentFilter {
                 states: vec![IntentState::Unknown],

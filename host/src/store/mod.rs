@@ -41,6 +41,7 @@ use sha2::{Digest, Sha256};
 
 pub mod approvals;
 pub mod intents;
+pub mod observations;
 pub mod trace;
 
 pub use approvals::{
@@ -48,10 +49,11 @@ pub use approvals::{
     IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
 };
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
+pub use observations::{NewObservation, observation_id};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -228,6 +230,46 @@ CREATE TABLE intent_attempts (
 ALTER TABLE intents ADD COLUMN resolution TEXT;
 ALTER TABLE intents ADD COLUMN resolved_ms INTEGER;
 CREATE INDEX intents_open ON intents (mapping, created_ms) WHERE state IN ('prepared', 'unknown');
+"#,
+    // 5 → 6: observations, one per content item of an accepted upstream answer
+    // (store/observations.rs): content-addressed ids, a changed item linked to what it was
+    // (`previous`), provenance immutable (only last_seen_ms and seen move).
+    r#"
+CREATE TABLE observations (
+    seq              INTEGER PRIMARY KEY,
+    id               TEXT NOT NULL UNIQUE,
+    connection_id    TEXT NOT NULL,
+    connection       TEXT NOT NULL,
+    snapshot_digest  TEXT NOT NULL,
+    method           TEXT NOT NULL CHECK (method IN ('tools/call', 'resources/read')),
+    target           TEXT NOT NULL,
+    arguments_sha256 TEXT NOT NULL,
+    item             TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    media_type       TEXT NOT NULL,
+    sha256           TEXT NOT NULL,
+    bytes            INTEGER NOT NULL CHECK (bytes >= 0),
+    request_id       TEXT NOT NULL,
+    call_id          TEXT NOT NULL,
+    retrieved_ms     INTEGER NOT NULL,
+    last_seen_ms     INTEGER NOT NULL,
+    seen             INTEGER NOT NULL CHECK (seen >= 1),
+    previous         TEXT REFERENCES observations (id)
+) STRICT;
+CREATE INDEX observations_by_identity
+    ON observations (connection_id, method, target, arguments_sha256, item, last_seen_ms);
+CREATE TRIGGER observations_keep_provenance
+    BEFORE UPDATE OF seq, id, connection_id, connection, snapshot_digest, method, target,
+        arguments_sha256, item, kind, media_type, sha256, bytes, request_id, call_id,
+        retrieved_ms, previous
+    ON observations
+BEGIN
+    SELECT RAISE(ABORT, 'an observation''s provenance is immutable');
+END;
+CREATE TRIGGER observations_no_delete BEFORE DELETE ON observations
+BEGIN
+    SELECT RAISE(ABORT, 'observations are not deleted');
+END;
 "#,
 ];
 
@@ -612,6 +654,14 @@ pub trait Store: Send + Sync {
     /// answered with the result of the transaction that held its events.
     fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()>;
 
+    /// [`Store::append_events`] with the observations of the call the events are about, in
+    /// the same transaction (see [`observations`]): both are committed, or neither.
+    fn append_call(
+        &self,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()>;
+
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>>;
 
@@ -676,6 +726,16 @@ pub trait Store: Send + Sync {
         id: &str,
         state: IntentState,
         events: Vec<NewEvent>,
+    ) -> anyhow::Result<()>;
+
+    /// [`Store::set_intent_state`] with the observations of the call, in the same
+    /// transaction.
+    fn finish_intent(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
     ) -> anyhow::Result<()>;
 
     /// The intent `id`.
@@ -1580,10 +1640,18 @@ impl Store for SqliteStore {
     }
 
     fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()> {
-        if events.is_empty() {
+        self.append_call(events, Vec::new())
+    }
+
+    fn append_call(
+        &self,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()> {
+        if events.is_empty() && observations.is_empty() {
             return Ok(());
         }
-        let mine = self.commit.enqueue(events);
+        let mine = self.commit.enqueue(events, observations);
         let conn = self.lock();
         if let Some(result) = mine.get() {
             // Committed (or failed) by whoever held the lock before us.
@@ -1591,16 +1659,24 @@ impl Store for SqliteStore {
                 .clone()
                 .map_err(|why| anyhow!("appending to the trace failed: {why}"));
         }
-        let (batches, slots): (Vec<_>, Vec<_>) = self.commit.take().into_iter().unzip();
-        let all: Vec<NewEvent> = batches.into_iter().flatten().collect();
+        let mut all: Vec<NewEvent> = Vec::new();
+        let mut seen: Vec<NewObservation> = Vec::new();
+        let mut slots = Vec::new();
+        for (events, observations, slot) in self.commit.take() {
+            all.extend(events);
+            seen.extend(observations);
+            slots.push(slot);
+        }
         // Cached statements for BEGIN and COMMIT too: this runs once per call (or per batch
         // of concurrent calls).
         let result = (|| -> anyhow::Result<()> {
             conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-            let written = trace::append_in(&conn, &all).and_then(|_| {
-                conn.prepare_cached("COMMIT")?.execute([])?;
-                Ok(())
-            });
+            let written = observations::write_in(&conn, &seen)
+                .and_then(|()| trace::append_in(&conn, &all))
+                .and_then(|_| {
+                    conn.prepare_cached("COMMIT")?.execute([])?;
+                    Ok(())
+                });
             if written.is_err() && !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
@@ -1690,7 +1766,17 @@ impl Store for SqliteStore {
         state: IntentState,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events)
+        self.set_intent_state_impl(id, state, events, &[])
+    }
+
+    fn finish_intent(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()> {
+        self.set_intent_state_impl(id, state, events, &observations)
     }
 
     fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {

@@ -232,28 +232,36 @@ pub(super) fn chained_hash(
 /// The result slot of one queued batch, filled by whoever commits it.
 type Slot = std::sync::Arc<std::sync::OnceLock<Result<(), String>>>;
 
+/// One queued batch: a call's events, its observations, and where its result goes.
+type Batch = (Vec<NewEvent>, Vec<super::NewObservation>, Slot);
+
 /// Events waiting for a commit. Concurrent callers queue here, then take the database
 /// lock; whoever holds it commits everything queued in one transaction and fills the
 /// result slot of every batch it committed. A caller returns its own batch's result, and
 /// nothing else: there is no counter to infer success from.
 #[derive(Default)]
 pub(super) struct GroupCommit {
-    queue: std::sync::Mutex<Vec<(Vec<NewEvent>, Slot)>>,
+    queue: std::sync::Mutex<Vec<Batch>>,
 }
 
 impl GroupCommit {
-    /// Queues `events`; returns their result slot.
-    pub(super) fn enqueue(&self, events: Vec<NewEvent>) -> Slot {
+    /// Queues `events` and `observations`; returns their result slot.
+    pub(super) fn enqueue(
+        &self,
+        events: Vec<NewEvent>,
+        observations: Vec<super::NewObservation>,
+    ) -> Slot {
         let slot = Slot::default();
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((events, slot.clone()));
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push((
+            events,
+            observations,
+            slot.clone(),
+        ));
         slot
     }
 
     /// Takes everything queued (called with the database lock held).
-    pub(super) fn take(&self) -> Vec<(Vec<NewEvent>, Slot)> {
+    pub(super) fn take(&self) -> Vec<Batch> {
         std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }

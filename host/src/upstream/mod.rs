@@ -7,6 +7,14 @@
 //! - Every message the server sends is measured while it is read. A message larger than
 //!   the connection's output budget is discarded before anything parses or logs it; the
 //!   request it answered fails with [`UpstreamFailure::OutputTooLarge`].
+//! - Every message that fits is checked to be JSON-RPC 2.0 before rmcp sees it: a JSON
+//!   object with `"jsonrpc": "2.0"` that is a notification, a request (string or number
+//!   id), or an answer (exactly one of `result` / `error`) whose id is a request this
+//!   client sent and has not had answered. Anything else — a line that is not JSON, a
+//!   JSON value that is not such a message, an answer to an id never sent or answered
+//!   twice — **degrades the connection**: nothing more from the server is read, every
+//!   waiting request fails at once as unavailable (none waits for its deadline), and no
+//!   new request is sent ([`Connection::degraded`] says why). Blank lines are ignored.
 //! - Which tools and resources a particular adapter may reach is decided one layer up
 //!   (the runtime's upstream bridge); this layer only transports.
 
@@ -170,6 +178,40 @@ struct Tap {
     captured: std::sync::Mutex<Vec<(&'static str, Value)>>,
     list_changed: AtomicU64,
     changed: tokio::sync::Notify,
+    /// Requests written to the server and not yet answered.
+    open: std::sync::Mutex<OpenRequests>,
+    /// The connection's name (for the log).
+    label: String,
+    /// Set once, when the server broke the protocol: what it sent (the host's words).
+    degraded: std::sync::OnceLock<String>,
+    degraded_now: tokio::sync::Notify,
+}
+
+/// The ids (as JSON text) of requests sent and not yet answered. Past
+/// [`MAX_OPEN_REQUESTS`] (requests the server never answered pile up) the set is
+/// forgotten, and from then on an answer to an unknown id is let through: rmcp drops it.
+#[derive(Default)]
+struct OpenRequests {
+    ids: std::collections::HashSet<String>,
+    forgot: bool,
+}
+
+/// Most unanswered requests tracked per connection (see [`OpenRequests`]).
+const MAX_OPEN_REQUESTS: usize = 65_536;
+
+/// The envelope of a JSON-RPC message; payloads are skipped, not built.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    result: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
 }
 
 impl Tap {
@@ -177,64 +219,129 @@ impl Tap {
         m.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An outgoing line (client → server).
+    /// An outgoing line (client → server): a request's id becomes open.
     fn outgoing(&self, line: &[u8]) {
-        let Ok(msg) = serde_json::from_slice::<Value>(line) else {
+        let Ok(head) = serde_json::from_slice::<Envelope<'_>>(line) else {
             return;
         };
-        let (Some(method), Some(id)) = (msg.get("method").and_then(Value::as_str), msg.get("id"))
-        else {
+        let (Some(method), Some(id)) = (head.method.as_deref(), head.id.as_ref()) else {
             return;
         };
-        if let Some(m) = CAPTURED_METHODS.iter().find(|m| **m == method) {
-            Self::lock(&self.pending).insert(id.to_string(), m);
+        let id = id.to_string();
+        if self.armed.load(Ordering::Acquire)
+            && let Some(m) = CAPTURED_METHODS.iter().find(|m| **m == method)
+        {
+            Self::lock(&self.pending).insert(id.clone(), m);
+        }
+        let mut open = Self::lock(&self.open);
+        if open.ids.len() >= MAX_OPEN_REQUESTS {
+            open.ids.clear();
+            open.forgot = true;
+        }
+        open.ids.insert(id);
+    }
+
+    /// An answer with id `id` (JSON text) arrived: it must answer an open request.
+    fn answered(&self, id: &str) -> Result<(), String> {
+        let mut open = Self::lock(&self.open);
+        if open.ids.remove(id) || open.forgot {
+            return Ok(());
+        }
+        // The id itself is the server's text: not repeated.
+        Err("an answer to no request this client sent (or a second answer to one)".into())
+    }
+
+    /// Marks the connection degraded (once) and wakes every request waiting on it.
+    fn degrade(&self, why: String) {
+        if self.degraded.set(why).is_ok() {
+            self.degraded_now.notify_waiters();
         }
     }
 
-    /// An incoming line (server → client) that fits the budget.
-    fn incoming(&self, line: &[u8]) {
+    /// Resolves once the connection is degraded.
+    async fn until_degraded(&self) {
+        let notified = self.degraded_now.notified();
+        if self.degraded.get().is_some() {
+            return;
+        }
+        notified.await;
+    }
+
+    /// An incoming line (server → client) that fits the budget. An error says how the
+    /// line breaks JSON-RPC (the host's words; nothing of the line itself).
+    fn incoming(&self, line: &[u8]) -> Result<(), String> {
         let watching = self.armed.load(Ordering::Acquire);
+        let body = line.trim_ascii();
+        if body.is_empty() {
+            return Ok(());
+        }
         // Decode the envelope of EVERY message the way rmcp will (JSON escapes and any
         // size included): a byte search for `list_changed` misses `list\u005fchanged` and
         // padded notifications, which rmcp still accepts. `IgnoredAny` skips the payload
         // without building it.
-        #[derive(serde::Deserialize)]
-        struct Envelope<'a> {
-            #[serde(borrow, default)]
-            method: Option<std::borrow::Cow<'a, str>>,
-            #[serde(default)]
-            id: Option<serde::de::IgnoredAny>,
+        let body = body.strip_prefix(b"\xef\xbb\xbf").unwrap_or(body);
+        if body.first() != Some(&b'{') {
+            return Err(
+                if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() {
+                    "a JSON value that is not a JSON-RPC message object".into()
+                } else {
+                    "a line that is not JSON".into()
+                },
+            );
         }
-        if let Ok(head) = serde_json::from_slice::<Envelope<'_>>(line)
-            && head.id.is_none()
-            && head
-                .method
-                .as_deref()
-                .is_some_and(|m| LIST_CHANGED.contains(&m))
-        {
-            self.list_changed.fetch_add(1, Ordering::AcqRel);
-            self.changed.notify_waiters();
-            return;
+        let head = match serde_json::from_slice::<Envelope<'_>>(body) {
+            Ok(head) => head,
+            Err(e) if e.is_data() => {
+                return Err("a JSON object that is not a JSON-RPC message".into());
+            }
+            Err(_) => return Err("a line that is not JSON".into()),
+        };
+        if head.jsonrpc.as_deref() != Some("2.0") {
+            return Err("a message without \"jsonrpc\": \"2.0\"".into());
+        }
+        match (head.method.as_deref(), &head.id) {
+            (Some(method), None) => {
+                if LIST_CHANGED.contains(&method) {
+                    self.list_changed.fetch_add(1, Ordering::AcqRel);
+                    self.changed.notify_waiters();
+                }
+                return Ok(());
+            }
+            (Some(_), Some(id)) if id.is_string() || id.is_number() => return Ok(()),
+            (Some(_), Some(_)) => {
+                return Err("a request whose id is neither a string nor a number".into());
+            }
+            (None, Some(id)) if head.result.is_some() != head.error.is_some() => {
+                self.answered(&id.to_string())?;
+            }
+            (None, Some(_)) => {
+                return Err("an answer with neither or both of `result` and `error`".into());
+            }
+            (None, None) => {
+                return Err(
+                    "a message that is neither a request, a notification nor an answer with an id"
+                        .into(),
+                );
+            }
         }
         if !watching {
-            return;
+            return Ok(());
         }
-        let Ok(mut msg) = serde_json::from_slice::<Value>(line) else {
-            return;
+        let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
+            return Ok(());
         };
-        {
-            let Some(id) = msg.get("id").map(Value::to_string) else {
-                return;
-            };
-            let Some(method) = Self::lock(&self.pending).remove(&id) else {
-                return;
-            };
-            let result = msg
-                .get_mut("result")
-                .map(Value::take)
-                .unwrap_or(Value::Null);
-            Self::lock(&self.captured).push((method, result));
-        }
+        let Some(id) = msg.get("id").map(Value::to_string) else {
+            return Ok(());
+        };
+        let Some(method) = Self::lock(&self.pending).remove(&id) else {
+            return Ok(());
+        };
+        let result = msg
+            .get_mut("result")
+            .map(Value::take)
+            .unwrap_or(Value::Null);
+        Self::lock(&self.captured).push((method, result));
+        Ok(())
     }
 
     /// Takes the raw answer captured for `method` (the most recent one).
@@ -260,11 +367,11 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for TapWriter<W> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        let armed = this.tap.armed.load(Ordering::Acquire);
-        if armed {
+        {
             // Register request ids BEFORE the bytes reach the server: its answer can be read
             // on another thread before this write returns. A line seen twice (a retried or
-            // partial write) registers the same id again, which is harmless.
+            // partial write) registers the same id again, which is harmless: it cannot have
+            // been answered before all of it was written.
             let mut start = 0;
             let mut pending = this.partial.clone();
             for (i, &b) in buf.iter().enumerate() {
@@ -278,16 +385,12 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for TapWriter<W> {
         }
         let poll = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = &poll {
-            if armed {
-                this.partial.extend_from_slice(&buf[..*n]);
-                if let Some(end) = this.partial.iter().rposition(|&b| b == b'\n') {
-                    this.partial.drain(..=end);
-                }
-                // Requests are small; a runaway partial line is not a request we track.
-                if this.partial.len() > 1 << 20 {
-                    this.partial.clear();
-                }
-            } else if !this.partial.is_empty() {
+            this.partial.extend_from_slice(&buf[..*n]);
+            if let Some(end) = this.partial.iter().rposition(|&b| b == b'\n') {
+                this.partial.drain(..=end);
+            }
+            // Requests are small; a runaway partial line is not a request we track.
+            if this.partial.len() > 1 << 20 {
                 this.partial.clear();
             }
         }
@@ -382,7 +485,10 @@ impl Connection {
             });
         }
         let discarded = Arc::new(AtomicU64::new(0));
-        let tap = Arc::new(Tap::default());
+        let tap = Arc::new(Tap {
+            label: name.to_string(),
+            ..Tap::default()
+        });
         // Armed from the start: the initialize answer is part of the first snapshot.
         tap.armed.store(true, Ordering::Release);
         let (filtered, ours) = tokio::io::duplex(64 * 1024);
@@ -461,9 +567,38 @@ impl Connection {
         }
     }
 
-    /// True while the rmcp client is running (the server has not closed the connection).
+    /// True while the rmcp client is running (the server has not closed the connection)
+    /// and the connection is not degraded.
     pub fn is_open(&self) -> bool {
-        !self.closed.load(Ordering::Acquire) && !self.client.is_closed()
+        !self.closed.load(Ordering::Acquire)
+            && !self.client.is_closed()
+            && self.tap.degraded.get().is_none()
+    }
+
+    /// Why the connection is degraded (the server broke JSON-RPC; see the module rules),
+    /// as a sentence naming the connection; `None` while it is not.
+    pub fn degraded(&self) -> Option<String> {
+        self.tap.degraded.get().map(|why| {
+            format!(
+                "connection `{}` is degraded: the server sent {why}; it serves no requests until the host restarts it",
+                self.name
+            )
+        })
+    }
+
+    /// `work`, unless the connection degrades first.
+    async fn unless_degraded<T>(
+        &self,
+        work: impl Future<Output = T>,
+    ) -> Result<T, UpstreamFailure> {
+        tokio::select! {
+            done = work => Ok(done),
+            () = self.tap.until_degraded() => Err(self.degraded_failure()),
+        }
+    }
+
+    fn degraded_failure(&self) -> UpstreamFailure {
+        UpstreamFailure::Unavailable(self.degraded().unwrap_or_default())
     }
 
     /// Discovery: the raw initialize result and the full paginated lists of tools,
@@ -553,8 +688,8 @@ impl Connection {
                     _ => peer.list_prompts(params).await.map(|_| ()),
                 }
             };
-            tokio::time::timeout(timeout, call)
-                .await
+            self.unless_degraded(tokio::time::timeout(timeout, call))
+                .await?
                 .map_err(|_| self.timed_out(timeout))?
                 .map_err(|e| self.failure(e))?;
             let raw = self.tap.take(method).ok_or_else(|| {
@@ -699,6 +834,9 @@ impl Connection {
         timeout: Duration,
         cancel: Option<&CancellationToken>,
     ) -> Result<(ServerResult, String), (UpstreamFailure, Option<String>)> {
+        if self.tap.degraded.get().is_some() {
+            return Err((self.degraded_failure(), None));
+        }
         self.requests.fetch_add(1, Ordering::Relaxed);
         let peer = self.client.peer();
         let handle = peer
@@ -719,6 +857,7 @@ impl Connection {
                 Err(_) => (self.timed_out(timeout), "the caller's deadline passed"),
             },
             () = cancelled => (UpstreamFailure::Cancelled, "the caller cancelled the request"),
+            () = self.tap.until_degraded() => return Err((self.degraded_failure(), Some(id.to_string()))),
         };
         let _ = peer
             .notify_cancelled(CancelledNotificationParam::new(
@@ -745,6 +884,7 @@ impl Connection {
                 )
             }
             ServiceError::McpError(e) => UpstreamFailure::Protocol(e.message.into_owned()),
+            _ if self.tap.degraded.get().is_some() => self.degraded_failure(),
             other => {
                 if matches!(
                     other,
@@ -810,7 +950,14 @@ async fn filter_messages(
                         limit,
                         "discarded an upstream message larger than the output budget"
                     );
-                    match scan.id() {
+                    let id = scan.id();
+                    if let (Some(tap), Some(id)) = (&tap, &id)
+                        && let Err(why) = tap.answered(&id.to_string())
+                    {
+                        degrade(tap, why);
+                        break;
+                    }
+                    match id {
                         Some(id) => {
                             let reply = serde_json::json!({
                                 "jsonrpc": "2.0",
@@ -828,8 +975,11 @@ async fn filter_messages(
                     }
                 }
                 None => {
-                    if let Some(tap) = &tap {
-                        tap.incoming(&line);
+                    if let Some(tap) = &tap
+                        && let Err(why) = tap.incoming(&line)
+                    {
+                        degrade(tap, why);
+                        break;
                     }
                     to.write_all(&line).await.is_ok()
                 }
@@ -841,6 +991,15 @@ async fn filter_messages(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// Degrades the connection: the reader stops here, so rmcp sees the stream end.
+fn degrade(tap: &Tap, why: String) {
+    tracing::warn!(
+        connection = %tap.label,
+        "upstream broke JSON-RPC: it sent {why}; the connection is degraded and reads nothing more"
+    );
+    tap.degrade(why);
 }
 
 /// Finds the top-level `"id"` member of a JSON object streamed through [`IdScanner::feed`],
@@ -863,6 +1022,10 @@ impl IdScanner {
     const MAX_ID_BYTES: usize = 128;
 
     fn feed(&mut self, bytes: &[u8]) {
+        if self.found.is_some() {
+            // Nothing after the id matters: the rest is skipped, not scanned.
+            return;
+        }
         for &b in bytes {
             if self.capturing {
                 if !self.in_string && self.depth == 1 && (b == b',' || b == b'}') {
@@ -977,7 +1140,7 @@ mod tests {
             r#"{"method":"notifications/resources/list_changed","jsonrpc":"2.0"}"#.to_string(),
         ] {
             let before = tap.list_changed.load(Ordering::Acquire);
-            tap.incoming(line.as_bytes());
+            tap.incoming(line.as_bytes()).unwrap();
             assert_eq!(
                 tap.list_changed.load(Ordering::Acquire),
                 before + 1,
@@ -985,15 +1148,121 @@ mod tests {
             );
         }
         // Not notifications of a change: a request, an answer, another method, garbage.
+        tap.outgoing(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{}}"#);
         for line in [
             r#"{"jsonrpc":"2.0","id":1,"method":"notifications/tools/list_changed"}"#,
             r#"{"jsonrpc":"2.0","id":2,"result":{"method":"notifications/tools/list_changed"}}"#,
             r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"list_changed"}}"#,
-            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed""#,
         ] {
-            tap.incoming(line.as_bytes());
+            tap.incoming(line.as_bytes()).unwrap();
         }
+        tap.incoming(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed""#)
+            .unwrap_err();
         assert_eq!(tap.list_changed.load(Ordering::Acquire), 4);
+    }
+
+    #[test]
+    fn only_json_rpc_that_answers_an_open_request_passes() {
+        let tap = Tap::default();
+        tap.outgoing(br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{}}"#);
+        tap.outgoing(br#"{"jsonrpc":"2.0","id":"s-1","method":"ping"}"#);
+        // Our answer to a server request is not a request of ours.
+        tap.outgoing(br#"{"jsonrpc":"2.0","id":9,"result":{}}"#);
+        for ok in [
+            &br#"{"jsonrpc":"2.0","id":5,"result":{"content":[]}}"#[..],
+            br#"{"jsonrpc":"2.0","id":"s-1","error":{"code":-1,"message":"x"}}"#,
+            b"   \r\n",
+            b"\xef\xbb\xbf{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\"}",
+            br#"{"jsonrpc":"2.0","id":77,"method":"roots/list"}"#,
+        ] {
+            tap.incoming(ok)
+                .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(ok)));
+        }
+        for (bad, why) in [
+            (
+                &br#"{"jsonrpc":"2.0","id":5,"result":{}}"#[..],
+                "no request",
+            ),
+            (br#"{"jsonrpc":"2.0","id":9,"result":{}}"#, "no request"),
+            (br#"{"jsonrpc":"2.0","id":"5","result":{}}"#, "no request"),
+            (b"this is not JSON", "not JSON"),
+            (b"\xff\xfe\x00garbage", "not JSON"),
+            (b"[1, 2, 3]", "not a JSON-RPC message object"),
+            (b"\"text\"", "not a JSON-RPC message object"),
+            (br#"{"hello":"world"}"#, "jsonrpc"),
+            (br#"{"jsonrpc":"1.0","id":5,"result":{}}"#, "jsonrpc"),
+            (
+                br#"{"jsonrpc":2,"id":5,"result":{}}"#,
+                "not a JSON-RPC message",
+            ),
+            (br#"{"jsonrpc":"2.0","id":5}"#, "neither or both"),
+            (
+                br#"{"jsonrpc":"2.0","id":5,"result":{},"error":{"code":1,"message":""}}"#,
+                "neither or both",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse error"}}"#,
+                "neither a request",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
+                "neither a string",
+            ),
+            (br#"{"jsonrpc":"2.0","method":"x""#, "not JSON"),
+        ] {
+            let err = tap.incoming(bad).unwrap_err();
+            assert!(
+                err.contains(why),
+                "{}: expected `{why}` in {err}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_malformed_line_degrades_and_nothing_after_it_passes() {
+        let tap = Arc::new(Tap::default());
+        tap.outgoing(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#);
+        tap.outgoing(br#"{"jsonrpc":"2.0","id":2,"method":"tools/call"}"#);
+        let input = "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\nnot json at all\n{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n";
+        let mut out = Vec::new();
+        filter_messages(
+            input.as_bytes(),
+            &mut out,
+            Arc::new(std::sync::atomic::AtomicUsize::new(1 << 20)),
+            Arc::new(AtomicU64::new(0)),
+            Some(tap.clone()),
+        )
+        .await;
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"
+        );
+        assert_eq!(
+            tap.degraded.get().map(String::as_str),
+            Some("a line that is not JSON")
+        );
+        tokio::time::timeout(Duration::from_secs(1), tap.until_degraded())
+            .await
+            .expect("a waiter learns it at once");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_to_no_request_degrades() {
+        let tap = Arc::new(Tap::default());
+        let big = "x".repeat(10_000);
+        let input = format!("{{\"jsonrpc\":\"2.0\",\"id\":42,\"result\":{{\"t\":\"{big}\"}}}}\n");
+        let mut out = Vec::new();
+        filter_messages(
+            input.as_bytes(),
+            &mut out,
+            Arc::new(std::sync::atomic::AtomicUsize::new(1000)),
+            Arc::new(AtomicU64::new(0)),
+            Some(tap.clone()),
+        )
+        .await;
+        assert!(out.is_empty());
+        assert!(tap.degraded.get().unwrap().contains("no request"));
     }
 
     async fn run_filter(input: &str, limit: usize) -> (String, u64) {

@@ -12,6 +12,7 @@ mod common;
 
 mod approvals;
 mod approvals_hostile;
+mod budgets;
 mod effects;
 mod filesystem;
 mod grants_cli;

@@ -410,6 +410,47 @@ impl Deployment {
         self.serve_unreviewed().await
     }
 
+    /// A `[[connection]]` named `name` running the hostile fixture server (`airlock
+    /// fixture hostile-server`) with `extra` arguments, logging every request to `log`
+    /// (a file name in the deployment's folder).
+    pub fn hostile_connection(&self, name: &str, log: &str, extra: &[&str]) -> String {
+        let log = self.dir.path().join(log);
+        std::fs::write(&log, "").unwrap();
+        let mut args = vec![
+            "fixture".to_string(),
+            "hostile-server".to_string(),
+            "--call-log".to_string(),
+            log.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        format!("[[connection]]\nname = \"{name}\"\ncommand = \"@airlock\"\nargs = {args:?}\n")
+    }
+
+    /// Every request logged to `log` (a file name in the deployment's folder).
+    pub fn logged_calls(&self, log: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join(log))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// Approves every mapping, starts `airlock serve`, and returns the client with the
+    /// process id of `airlock serve`.
+    pub async fn serve_with_pid(&self) -> (RunningService<RoleClient, ()>, u32) {
+        self.approve_all();
+        let transport = TokioChildProcess::new(self.serve_command()).expect("spawn airlock serve");
+        let pid = transport.id().expect("airlock serve has a pid");
+        let client = ().serve(transport).await.expect("MCP initialize with airlock serve");
+        (client, pid)
+    }
+
+    /// The deployment's store, opened directly (as an attacker with the file, or a test).
+    pub fn database(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.state_dir().join("airlock.db")).unwrap()
+    }
+
     /// Starts `airlock serve` without approving anything first.
     pub async fn serve_unreviewed(&self) -> RunningService<RoleClient, ()> {
         self.serve_with(()).await
@@ -445,6 +486,17 @@ impl Deployment {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
+}
+
+/// A `/proc/PID/status` figure in KiB (`VmHWM`: peak resident set; `VmRSS`: now).
+pub fn proc_status_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
 }
 
 /// A client handler that counts `notifications/tools/list_changed` from the gateway.
