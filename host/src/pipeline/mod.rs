@@ -83,6 +83,9 @@ struct UnknownEffect {
     intent: String,
     queryable: bool,
     revision: i64,
+    /// The contract function and the exact value it ran with, kept for an idempotent
+    /// capability: a retry sends the same value, with the same idempotency key.
+    retry: Option<(crate::contract::ContractFunction, wasmtime::component::Val)>,
     /// The connection that carried the call's requests.
     carrier: Arc<crate::upstream::Connection>,
 }
@@ -260,6 +263,9 @@ async fn stages(
         let (mapping, queryable) = (cap.mapping.clone(), cap.semantics.queryable);
         let revision = ready.intended().authorized().normalized().revision();
         let carrier = mapping.connection.connection();
+        // Only an idempotent effect keeps what a retry needs; reads pay nothing.
+        let retry = (call.durable_intent.is_some() && cap.semantics.idempotent)
+            .then(|| (cap.function.clone(), ready.param().clone()));
         let cancel = call.cancel.clone();
         let executed = execute::execute(host, call, ready, cancel).await;
         call.stage("execute");
@@ -273,6 +279,7 @@ async fn stages(
                 intent: intent.clone(),
                 queryable,
                 revision,
+                retry,
                 carrier,
             });
         }
@@ -292,7 +299,7 @@ async fn reconcile_now(
         Ok(Some(r)) => r,
         Ok(None) | Err(_) => return outcome,
     };
-    let result = reconcile::reconcile(
+    let mut result = reconcile::reconcile(
         host,
         &unknown.mapping,
         &record,
@@ -300,11 +307,57 @@ async fn reconcile_now(
         Some(&unknown.carrier),
     )
     .await;
+    // An idempotent effect that cannot be asked is sent again, with the same key: the
+    // upstream replays what it did, or does it once.
+    if let (reconcile::Reconciled::Held(_), false, Some((function, param))) =
+        (&result, unknown.queryable, &unknown.retry)
+    {
+        match reconcile::retry_same_key(host, &unknown.mapping, &record, function, param).await {
+            reconcile::Retried::Completed(value) => {
+                return outcome::reconciled(
+                    call,
+                    &unknown.mapping,
+                    unknown.revision,
+                    &record,
+                    value,
+                    function.result.as_ref(),
+                    "retry",
+                )
+                .unwrap_or(outcome);
+            }
+            reconcile::Retried::Failed(why) => result = reconcile::Reconciled::Held(why),
+        }
+    }
     tracing::info!(intent = %unknown.intent, result = ?result, "reconciled an unknown outcome");
     match result {
         reconcile::Reconciled::Completed(found) => {
-            outcome::reconciled(call, &unknown.mapping, unknown.revision, &record, found)
-                .unwrap_or(outcome)
+            // The query returns `result<option<T>, _>`; `T` is the record found.
+            let inner = unknown
+                .mapping
+                .query
+                .as_ref()
+                .and_then(|q| q.result.as_ref())
+                .and_then(|shape| match shape {
+                    crate::contract::Shape::Result { ok: Some(ok), .. } => match &**ok {
+                        crate::contract::Shape::Option(inner) => Some((**inner).clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+            let wrapped = inner.map(|t| crate::contract::Shape::Result {
+                ok: Some(Box::new(t)),
+                err: None,
+            });
+            outcome::reconciled(
+                call,
+                &unknown.mapping,
+                unknown.revision,
+                &record,
+                found,
+                wrapped.as_ref(),
+                "query",
+            )
+            .unwrap_or(outcome)
         }
         reconcile::Reconciled::Failed(why) => Outcome::refused(
             Category::Unavailable,

@@ -328,22 +328,24 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
     }))
 }
 
-/// The outcome of a call whose answer was lost and whose effect reconciliation found:
-/// the record the contract's query returned, handles minted as for the call's own result.
-/// `None` when the query's result shape is not `result<option<T>, _>`.
+/// The outcome of a call whose answer was lost and whose effect reconciliation decided:
+/// `found` (JSON, adapter locators in place) is the ok value of `shape` (a
+/// `result<T, _>`), found by `method` (`query`: the contract's query reported it;
+/// `retry`: a retry with the same idempotency key returned it). Handles are minted as for
+/// the call's own result. `None` when `shape` is not a result with an ok type.
 pub(super) fn reconciled(
     call: &Call,
     mapping: &std::sync::Arc<crate::registry::live::ActiveMapping>,
     revision: i64,
     intent: &crate::store::IntentRecord,
     mut found: Value,
+    shape: Option<&Shape>,
+    method: &str,
 ) -> Option<Outcome> {
-    let Some(Shape::Result { ok: Some(ok), .. }) =
-        mapping.query.as_ref().and_then(|q| q.result.as_ref())
+    let Some(Shape::Result {
+        ok: Some(inner), ..
+    }) = shape
     else {
-        return None;
-    };
-    let Shape::Option(inner) = &**ok else {
         return None;
     };
     let origin = Origin {
@@ -356,6 +358,14 @@ pub(super) fn reconciled(
         table.mint(&origin, kind, locator, facts)
     });
     let content_sha256 = hex::encode(sha2::Sha256::digest(found.to_string().as_bytes()));
+    let note = match method {
+        "retry" => {
+            "the call's own answer was lost; the host sent it again with the same idempotency key (the capability is idempotent) and this is the upstream's answer. Nothing was done twice."
+        }
+        _ => {
+            "the call's own answer was lost; the host asked the upstream with the call's idempotency key and it reports this record. Nothing was sent twice."
+        }
+    };
     Some(Outcome::Completed(Box::new(Completed {
         capability: intent.intent.capability.clone(),
         mapping: mapping.name.clone(),
@@ -364,8 +374,8 @@ pub(super) fn reconciled(
         content_sha256,
         reconciled: Some(json!({
             "intent": intent.intent.id,
-            "method": "query",
-            "note": "the call's own answer was lost; the host asked the upstream with the call's idempotency key and it reports this record. Nothing was sent twice.",
+            "method": method,
+            "note": note,
         })),
     })))
 }

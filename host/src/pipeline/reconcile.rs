@@ -1,7 +1,10 @@
 //! Reconciliation: deciding what happened to an intent whose outcome is unknown.
 //!
 //! Rules (DESIGN.md §5.8, §8):
-//! - An unknown outcome is **never retried blindly**. It is decided by evidence only:
+//! - An unknown outcome is **never retried blindly**: only a capability the contract and
+//!   mapping declare idempotent, and not queryable, is sent again — as a new attempt of
+//!   the same intent, with the same idempotency key ([`retry_same_key`]). Otherwise it is
+//!   decided by evidence only:
 //!   an attempt that never reached `sent` did nothing (`failed`, nothing sent); otherwise
 //!   the contract's query, asked with the intent's idempotency key, says whether the
 //!   effect happened (`completed`) or not (`failed` — only once no request of the intent
@@ -300,6 +303,104 @@ pub async fn reconcile(
         tracing::error!(intent = %id, "could not mark a stale intent unknown: {e:#}");
     }
     Reconciled::Held(why)
+}
+
+/// How a retry with the same idempotency key ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Retried {
+    /// The upstream answered; the intent is resolved completed (method `retry`). The
+    /// contract's ok value (JSON, adapter locators in place).
+    Completed(Value),
+    /// The retry did not settle it; why (the intent stays unknown, held for a person).
+    Failed(String),
+}
+
+/// Sends an idempotent effect again with the same idempotency key (DESIGN.md §5 rule
+/// "retry by semantics": only what the contract declares idempotent, only with the same
+/// key): a new attempt of the same intent, recorded like the first. `param` is the exact
+/// value the first attempt ran with (the key already filled in).
+pub async fn retry_same_key(
+    host: &Host,
+    mapping: &Arc<ActiveMapping>,
+    intent: &IntentRecord,
+    function: &ContractFunction,
+    param: &Val,
+) -> Retried {
+    if let Err(why) = ensure_open(host, mapping).await {
+        return Retried::Failed(why);
+    }
+    let store = host.registry().store();
+    let id = &intent.intent.id;
+    let number = match store.new_attempt(id) {
+        Ok(n) => n,
+        Err(e) => return Retried::Failed(format!("the store failed: {e:#}")),
+    };
+    let attempt = Arc::new(crate::pipeline::attempt::Attempt::new(
+        host.registry().shared_store(),
+        id,
+        number,
+    ));
+    let outcome = mapping
+        .adapter
+        .call(
+            &function.name,
+            std::slice::from_ref(param),
+            mapping.grant.clone(),
+            CallContext {
+                intent_id: Some(id.clone()),
+                idempotency_key: Some(intent.intent.idempotency_key.clone()),
+                attempt: number,
+                attempts: Some(attempt.clone() as Arc<dyn crate::runtime::AttemptLog>),
+                cancel: None,
+            },
+        )
+        .await;
+    let summary = attempt.summary();
+    let val = match outcome.result {
+        Ok(v) => v,
+        Err(failure) => return Retried::Failed(format!("the retry failed: {}", failure.kind())),
+    };
+    let Some(shape) = &function.result else {
+        return Retried::Failed("the function returns nothing to confirm it".into());
+    };
+    let json = match contract::val_to_json(shape, &val, &mut |_, locator| Ok(locator.to_string())) {
+        Ok(j) => j,
+        Err(e) => return Retried::Failed(format!("the retry's result did not convert: {e:#}")),
+    };
+    let value = match json {
+        Value::Object(mut o) if o.contains_key("ok") && summary.all_answered() => {
+            o.remove("ok").unwrap_or_default()
+        }
+        Value::Object(o) if o.contains_key("err") => {
+            let err: String = o["err"].to_string().chars().take(300).collect();
+            return Retried::Failed(format!("the retry was refused (untrusted text): {err}"));
+        }
+        _ => return Retried::Failed("the retry's answer was lost too".into()),
+    };
+    attempt.advance(AttemptState::ResultObserved);
+    let resolution = Resolution {
+        state: IntentState::Completed,
+        method: ResolutionMethod::Retry,
+        by: "airlock".into(),
+        evidence: json!({"attempt": number, "record": evidence_of(&value)}),
+    };
+    let event = NewEvent::new(
+        events::INTENT_RESOLVED,
+        intent.intent.call_id.clone(),
+        json!({
+            "intent": id,
+            "capability": intent.intent.capability,
+            "mapping": intent.intent.mapping,
+            "state": IntentState::Completed,
+            "method": ResolutionMethod::Retry,
+            "by": "airlock",
+            "evidence": resolution.evidence,
+        }),
+    );
+    match store.resolve_intent(id, &resolution, vec![event]) {
+        Ok(_) => Retried::Completed(value),
+        Err(e) => Retried::Failed(format!("recording the resolution failed: {e:#}")),
+    }
 }
 
 /// Reconciles the intents `mapping`'s calls left open — every `unknown` one, and the

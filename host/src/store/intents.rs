@@ -460,10 +460,11 @@ mod tests {
         assert_eq!(r.state, IntentState::Completed);
         assert_eq!(r.resolution.as_ref().unwrap()["by"], "bob");
         assert!(r.resolved_ms.is_some());
-        let again = s
-            .resolve_intent(&id, &person(IntentState::Failed), vec![])
-            .unwrap_err()
-            .to_string();
+        let again = format!(
+            "{:#}",
+            s.resolve_intent(&id, &person(IntentState::Failed), vec![])
+                .unwrap_err()
+        );
         assert!(again.contains("is completed"), "{again}");
         // A completed call's intent is never resolved.
         let done = intent(&s, 4);
@@ -474,12 +475,10 @@ mod tests {
             s.resolve_intent(&done, &person(IntentState::Failed), vec![])
                 .is_err()
         );
-        assert!(
-            s.resolve_intent("int_missing", &person(IntentState::Failed), vec![])
-                .unwrap_err()
-                .to_string()
-                .contains("no intent")
-        );
+        let missing = s
+            .resolve_intent("int_missing", &person(IntentState::Failed), vec![])
+            .unwrap_err();
+        assert!(format!("{missing:#}").contains("no intent"), "{missing:#}");
     }
 
     #[test]

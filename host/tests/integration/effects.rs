@@ -107,13 +107,13 @@ async fn a_delivery_whose_answer_is_lost_is_reconciled_by_query_not_repeated() {
 
 #[tokio::test]
 async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retried() {
-    // The upstream offers no lookup: the mapping cannot ask it what happened.
+    // The reviewed mapping says this upstream can be neither asked nor safely repeated.
     let d = Deployment::with_notes()
         .mapping("source-library")
         .with_outbox_edited(&["--fail-after-send"], |m| {
             m.replace(
-                r#"tools = ["stage_file", "list_outboxes", "send_file", "lookup_delivery"]"#,
-                r#"tools = ["stage_file", "list_outboxes", "send_file"]"#,
+                r#"effect = "external-effect""#,
+                "effect = \"external-effect\"\nidempotent = false\nqueryable = false",
             )
         })
         .policy(POLICY)
@@ -384,4 +384,50 @@ async fn a_model_cancelled_delivery_cancels_upstream_is_unknown_then_reconciled(
     client.cancel().await.unwrap();
     assert_eq!(keyed(&d, "send_file").len(), 1, "never sent again");
     assert_eq!(d.delivered("team-reports").len(), 1);
+}
+
+#[tokio::test]
+async fn an_idempotent_delivery_that_cannot_be_queried_is_retried_with_the_same_key() {
+    // Queryable narrowed away; idempotent (the contract's) kept.
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox_edited(&["--fail-after-send"], |m| {
+            m.replace(
+                r#"effect = "external-effect""#,
+                "effect = \"external-effect\"\nqueryable = false",
+            )
+        })
+        .policy(POLICY)
+        .tables(PROFILES);
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert_ne!(r.is_error, Some(true), "{text}");
+    let structured = r.structured_content.clone().unwrap();
+    assert_eq!(structured["reconciled"]["method"], "retry", "{text}");
+    assert_eq!(
+        structured["result"]["replayed"], true,
+        "the server replayed"
+    );
+    client.cancel().await.unwrap();
+    // Two sends, one key, one delivery; nothing asked.
+    let sends = keyed(&d, "send_file");
+    assert_eq!(sends.len(), 2, "{:?}", d.outbox_calls());
+    assert_eq!(sends[0], sends[1], "the retry reuses the key");
+    assert!(keyed(&d, "lookup_delivery").is_empty());
+    assert_eq!(d.delivered("team-reports").len(), 1);
+    let intent = wait_for_intent(&d, "completed").await;
+    assert_eq!(intent["resolution"]["method"], "retry");
+    assert_eq!(intent["idempotency_key"].as_str().unwrap(), sends[0]);
+    let shown = show(&d, intent["id"].as_str().unwrap());
+    let attempts = shown["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{attempts:#?}");
+    assert_eq!(attempts[0]["state"], "sent");
+    assert_eq!(attempts[1]["answered"], 1);
 }
