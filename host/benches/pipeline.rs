@@ -476,6 +476,27 @@ fn intent_bookkeeping(n: usize) {
                 .unwrap();
         }),
     );
+    // The floor: the same one-row UPDATE with rusqlite directly, same database file and
+    // settings, no store mutex, no statement lookup by text.
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.path().join("airlock.db")).unwrap();
+    conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+    let mut stmt = conn
+        .prepare(
+            "UPDATE intent_attempts SET requests = requests + 1 WHERE intent_id = ?1 AND attempt = 1",
+        )
+        .unwrap();
+    let mut at = 0usize;
+    print(
+        "sqlite: one-row UPDATE, autocommit (the floor)",
+        &time(n, |_| {
+            stmt.execute(rusqlite::params![ids[at % ids.len()]]).unwrap();
+            at += 1;
+        }),
+    );
+    drop(stmt);
+    drop(conn);
+    let store = SqliteStore::open(dir.path()).unwrap();
     let mut i = 10 * n + 1000;
     print(
         "intent: a whole effect call's bookkeeping (create + 4 attempt writes + commit)",
