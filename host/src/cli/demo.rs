@@ -341,33 +341,9 @@ async fn delivery_scene<W: std::io::Write>(
     state: &std::path::Path,
 ) -> Result<()> {
     let (config, outbox, log) = delivery_config(state, "delivery", &[])?;
-    let sends = || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("\"send_file\""))
-            .count()
-    };
-    let host = Host::start_with(
-        &config,
-        vec![MappingSource::from_memory(
-            BUNDLED_DELIVERY_MANIFEST,
-            "<bundled outbox-delivery/mapping.toml>",
-            BUNDLED_DELIVERY_COMPONENT.to_vec(),
-        )?],
-    )
-    .await?;
-    approve_all(&host, "demo-reviewer").await?;
-    let front = host.front(Some("publisher"))?;
-    let call = |name: &'static str, args: Value| {
-        let front = front.clone();
-        async move {
-            front
-                .call(name, args.as_object().cloned())
-                .await
-                .map_err(|e| anyhow::anyhow!("{name}: {e}"))
-        }
-    };
+    let sends = || requests(&log, "send_file");
+    let (host, front) = delivery_host(&config).await?;
+    let call = |name: &'static str, args: Value| front_call(&front, name, args);
 
     p.step("policy: a Cedar policy decides what runs (the example policy, airlock.example.cedar)")?;
     p.line(format!(
@@ -541,6 +517,44 @@ async fn delivery_scene<W: std::io::Write>(
     Ok(())
 }
 
+/// Starts a delivery host on `config` with the bundled `outbox-delivery` mapping, every
+/// revision approved, and its front for profile `publisher`.
+async fn delivery_host(config: &ServeConfig) -> Result<(std::sync::Arc<Host>, crate::front::McpFront)> {
+    let host = Host::start_with(
+        config,
+        vec![MappingSource::from_memory(
+            BUNDLED_DELIVERY_MANIFEST,
+            "<bundled outbox-delivery/mapping.toml>",
+            BUNDLED_DELIVERY_COMPONENT.to_vec(),
+        )?],
+    )
+    .await?;
+    approve_all(&host, "demo-reviewer").await?;
+    let front = host.front(Some("publisher"))?;
+    Ok((host, front))
+}
+
+/// `tools/call` `name` with `args` on `front`.
+async fn front_call(
+    front: &crate::front::McpFront,
+    name: &'static str,
+    args: Value,
+) -> Result<CallToolResult> {
+    front
+        .call(name, args.as_object().cloned())
+        .await
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))
+}
+
+/// How many `tools/call` requests of `tool` the delivery server's call log holds.
+fn requests(log: &std::path::Path, tool: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&format!("\"tool\":\"{tool}\"")))
+        .count()
+}
+
 /// The serve configuration of a delivery host in `state/NAME`: the bundled delivery
 /// fixture (with `server_args`) as connection `outbox`, the example policy, requester
 /// `demo-operator` (role operator), profile `publisher`. Returns it with the outbox folder
@@ -609,33 +623,9 @@ async fn lost_answer_scene<W: std::io::Write>(
     state: &std::path::Path,
 ) -> Result<()> {
     let (config, outbox, log) = delivery_config(state, "lost-answer", &["--fail-after-send"])?;
-    let count = |tool: &str| {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(&format!("\"{tool}\"")))
-            .count()
-    };
-    let host = Host::start_with(
-        &config,
-        vec![MappingSource::from_memory(
-            BUNDLED_DELIVERY_MANIFEST,
-            "<bundled outbox-delivery/mapping.toml>",
-            BUNDLED_DELIVERY_COMPONENT.to_vec(),
-        )?],
-    )
-    .await?;
-    approve_all(&host, "demo-reviewer").await?;
-    let front = host.front(Some("publisher"))?;
-    let call = |name: &'static str, args: Value| {
-        let front = front.clone();
-        async move {
-            front
-                .call(name, args.as_object().cloned())
-                .await
-                .map_err(|e| anyhow::anyhow!("{name}: {e}"))
-        }
-    };
+    let count = |tool: &str| requests(&log, tool);
+    let (host, front) = delivery_host(&config).await?;
+    let call = |name: &'static str, args: Value| front_call(&front, name, args);
     p.line("the delivery server now runs with --fail-after-send: it delivers, then exits before answering")?;
     let prepared = call(
         "prepare_artifact",

@@ -46,9 +46,10 @@ pub enum Finding {
     Undecided(String),
 }
 
-/// Asks the contract's query function of `mapping` what happened under the intent's key.
-/// A connection found closed (before, or by the query itself: the answer that was lost is
-/// often the connection's last) is restarted first, and the query asked once more.
+/// Asks the contract's query function of `mapping` what happened under the intent's key,
+/// at most twice: an undecided answer is asked again, after restarting a connection found
+/// closed (before, or by the query itself: the answer that was lost is often the
+/// connection's last).
 pub async fn query(host: &Host, mapping: &Arc<ActiveMapping>, intent: &IntentRecord) -> Finding {
     let Some(function) = &mapping.query else {
         return Finding::Undecided("the contract has no query for this capability".into());
@@ -69,8 +70,14 @@ pub async fn query(host: &Host, mapping: &Arc<ActiveMapping>, intent: &IntentRec
             }
             false
         };
+        // An undecided answer is asked once more (a closed connection is restarted
+        // first): a query is a read, retried within its budget of two.
         match &finding {
-            Finding::Undecided(_) if closed.await => continue,
+            Finding::Undecided(why) => {
+                let was_closed = closed.await;
+                tracing::debug!(mapping = %mapping.name, closed = was_closed, "query undecided ({why}); asking once more");
+                continue;
+            }
             _ => break,
         }
     }

@@ -12,11 +12,26 @@ use crate::approvals::{Person, deliver_args, prepared};
 use crate::common::*;
 
 fn deployment(server_args: &[&str]) -> Deployment {
+    edited(server_args, |m| m)
+}
+
+/// The deployment with the outbox-delivery manifest passed through `edit`.
+fn edited(server_args: &[&str], edit: impl FnOnce(String) -> String) -> Deployment {
     Deployment::with_notes()
         .mapping("source-library")
-        .with_outbox(server_args)
+        .with_outbox_edited(server_args, edit)
         .policy(POLICY)
         .tables(PROFILES)
+}
+
+/// A manifest edit: the delivery capability confirms its effect with `flags` after it.
+fn narrowed(flags: &'static str) -> impl FnOnce(String) -> String {
+    move |m| {
+        m.replace(
+            r#"effect = "external-effect""#,
+            &format!("effect = \"external-effect\"\n{flags}"),
+        )
+    }
 }
 
 /// The delivery server's `send_file` and `lookup_delivery` requests, with their keys.
@@ -108,16 +123,10 @@ async fn a_delivery_whose_answer_is_lost_is_reconciled_by_query_not_repeated() {
 #[tokio::test]
 async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retried() {
     // The reviewed mapping says this upstream can be neither asked nor safely repeated.
-    let d = Deployment::with_notes()
-        .mapping("source-library")
-        .with_outbox_edited(&["--fail-after-send"], |m| {
-            m.replace(
-                r#"effect = "external-effect""#,
-                "effect = \"external-effect\"\nidempotent = false\nqueryable = false",
-            )
-        })
-        .policy(POLICY)
-        .tables(PROFILES);
+    let d = edited(
+        &["--fail-after-send"],
+        narrowed("idempotent = false\nqueryable = false"),
+    );
     d.approve_all();
     let client = d
         .serve_profile("publisher", Person::new(ElicitationAction::Accept))
@@ -308,13 +317,9 @@ async fn wait_for_intent(d: &Deployment, state: &str) -> Value {
 
 #[tokio::test]
 async fn a_delivery_that_times_out_cancels_the_upstream_request_and_is_reconciled() {
-    let d = Deployment::with_notes()
-        .mapping("source-library")
-        .with_outbox_edited(&["--hang-after-send"], |m| {
-            m.replace("deadline_ms = 5000", "deadline_ms = 1500")
-        })
-        .policy(POLICY)
-        .tables(PROFILES);
+    let d = edited(&["--hang-after-send"], |m| {
+        m.replace("deadline_ms = 5000", "deadline_ms = 1500")
+    });
     d.approve_all();
     let client = d
         .serve_profile("publisher", Person::new(ElicitationAction::Accept))
@@ -389,16 +394,7 @@ async fn a_model_cancelled_delivery_cancels_upstream_is_unknown_then_reconciled(
 #[tokio::test]
 async fn an_idempotent_delivery_that_cannot_be_queried_is_retried_with_the_same_key() {
     // Queryable narrowed away; idempotent (the contract's) kept.
-    let d = Deployment::with_notes()
-        .mapping("source-library")
-        .with_outbox_edited(&["--fail-after-send"], |m| {
-            m.replace(
-                r#"effect = "external-effect""#,
-                "effect = \"external-effect\"\nqueryable = false",
-            )
-        })
-        .policy(POLICY)
-        .tables(PROFILES);
+    let d = edited(&["--fail-after-send"], narrowed("queryable = false"));
     d.approve_all();
     let client = d
         .serve_profile("publisher", Person::new(ElicitationAction::Accept))
