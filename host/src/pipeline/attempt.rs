@@ -108,3 +108,45 @@ impl AttemptLog for Attempt {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NewIntent, SqliteStore};
+
+    #[test]
+    fn a_request_the_store_cannot_record_is_refused_and_counts_as_not_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path()).unwrap());
+        let record = NewIntent {
+            id: "int_1".into(),
+            idempotency_key: "idk_1".into(),
+            call_id: "call_1".into(),
+            requester: "alice".into(),
+            session: "ses_1".into(),
+            capability: "deliver_artifact".into(),
+            mapping: "outbox-delivery".into(),
+            mapping_revision: 1,
+            args_digest: "c".repeat(64),
+            effect_class: "external-effect".into(),
+        };
+        store.create_intent(&record, vec![]).unwrap();
+        // Attempt 1 already has its result: the store refuses to record another request.
+        store.attempt_sending("int_1", 1).unwrap();
+        store.attempt_answered("int_1", 1, "1", true).unwrap();
+        store
+            .advance_attempt("int_1", 1, AttemptState::ResultObserved)
+            .unwrap();
+        for number in [1, 9] {
+            let attempt = Attempt::new(store.clone(), "int_1", number);
+            let refused = attempt.sending("tools/call", "send_file");
+            assert!(refused.is_err(), "attempt {number}: {refused:?}");
+            let summary = attempt.summary();
+            assert_eq!(summary.sent, 0, "attempt {number}");
+            assert!(!summary.may_have_acted(), "attempt {number}");
+        }
+        // The store's record is unchanged: one request, answered.
+        let attempts = store.attempts("int_1").unwrap();
+        assert_eq!((attempts[0].requests, attempts[0].answered), (1, 1));
+    }
+}

@@ -154,6 +154,19 @@ async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retr
     // A person resolves it, with evidence; the resolution is recorded and traced.
     let out = d.airlock(&["intents", "resolve", &id, "--as", "completed"]);
     assert!(!out.status.success(), "evidence is required");
+    let blank = d.airlock(&[
+        "intents",
+        "resolve",
+        &id,
+        "--as",
+        "completed",
+        "--evidence",
+        " \t ",
+    ]);
+    assert!(!blank.status.success(), "blank evidence is no evidence");
+    let stderr = String::from_utf8_lossy(&blank.stderr);
+    assert!(stderr.contains("--evidence is required"), "{stderr}");
+    assert_eq!(intents(&d, "unknown").len(), 1, "still held");
     let resolved = d.airlock_json(&[
         "intents",
         "resolve",
@@ -385,6 +398,19 @@ async fn a_model_cancelled_delivery_cancels_upstream_is_unknown_then_reconciled(
         kinds.len(),
         1,
         "a cancelled effect is unknown, never failed"
+    );
+    // The model's cancel stopped the call (not the adapter's deadline, which would also
+    // cancel the upstream request).
+    let contained: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "call-contained")
+        .collect();
+    assert!(
+        contained
+            .iter()
+            .any(|e| e["payload"]["failure"] == "cancelled"),
+        "the model's cancel reached the call: {contained:?}"
     );
     client.cancel().await.unwrap();
     assert_eq!(keyed(&d, "send_file").len(), 1, "never sent again");
