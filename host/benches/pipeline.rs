@@ -490,7 +490,8 @@ fn intent_bookkeeping(n: usize) {
     print(
         "sqlite: one-row UPDATE, autocommit (the floor)",
         &time(n, |_| {
-            stmt.execute(rusqlite::params![ids[at % ids.len()]]).unwrap();
+            stmt.execute(rusqlite::params![ids[at % ids.len()]])
+                .unwrap();
             at += 1;
         }),
     );

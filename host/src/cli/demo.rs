@@ -519,7 +519,9 @@ async fn delivery_scene<W: std::io::Write>(
 
 /// Starts a delivery host on `config` with the bundled `outbox-delivery` mapping, every
 /// revision approved, and its front for profile `publisher`.
-async fn delivery_host(config: &ServeConfig) -> Result<(std::sync::Arc<Host>, crate::front::McpFront)> {
+async fn delivery_host(
+    config: &ServeConfig,
+) -> Result<(std::sync::Arc<Host>, crate::front::McpFront)> {
     let host = Host::start_with(
         config,
         vec![MappingSource::from_memory(
