@@ -182,7 +182,8 @@ recorded before anything is sent. An attempt moves prepared → sent → acknowl
 observed → receipt verified → committed, each written when it becomes true. When the answer
 to a sent request is lost (the upstream closed, timed out, the call was cancelled) the
 outcome is `unknown`: the host never retries it blindly. It asks the contract's query (by
-idempotency key) where the mapping says it can; otherwise the intent is held for a person.
+idempotency key) where the mapping says it can; a capability the mapping keeps idempotent but
+not queryable is sent again with the same key; otherwise the intent is held for a person.
 
 Example:
   airlock intents list --state unknown
