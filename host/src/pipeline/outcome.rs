@@ -409,6 +409,11 @@ fn verify_receipt(n: &crate::pipeline::normalize::Normalized, value: &Value) -> 
         .artifact()
         .and_then(|f| f.get("sha256"))
         .and_then(Value::as_str);
+    receipt_matches(approved, value)
+}
+
+/// [`verify_receipt`] on the approved artifact digest `approved`.
+fn receipt_matches(approved: Option<&str>, value: &Value) -> Result<(), String> {
     let reported = value.get("artifact-sha256").and_then(Value::as_str);
     match (approved, reported) {
         (Some(a), Some(r)) if a != r => Err(format!(
@@ -654,5 +659,22 @@ fn is_fact(shape: &Shape) -> bool {
         | Shape::S64
         | Shape::Enum(_) => true,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_for_another_artifact_than_approved_does_not_verify() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        assert!(receipt_matches(Some(&a), &json!({"artifact-sha256": a})).is_ok());
+        let e = receipt_matches(Some(&a), &json!({"artifact-sha256": b})).unwrap_err();
+        assert!(e.contains(&b) && e.contains(&a), "{e}");
+        // Nothing to compare: a result that names no artifact, or a call without one.
+        assert!(receipt_matches(Some(&a), &json!({"delivery-id": "d"})).is_ok());
+        assert!(receipt_matches(None, &json!({"artifact-sha256": b})).is_ok());
     }
 }

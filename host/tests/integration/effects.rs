@@ -453,3 +453,39 @@ async fn an_idempotent_delivery_that_cannot_be_queried_is_retried_with_the_same_
     assert_eq!(attempts[0]["state"], "sent");
     assert_eq!(attempts[1]["answered"], 1);
 }
+
+#[tokio::test]
+async fn an_unanswered_send_the_query_cannot_find_is_held_while_its_request_may_still_run() {
+    // The server holds the send without delivering and never answers; it stays up, so
+    // the request may still be processed: "not found" proves nothing yet.
+    let d = edited(&["--hang-before-send"], |m| {
+        m.replace("deadline_ms = 5000", "deadline_ms = 1500")
+    });
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let text = text_of(&r);
+    assert_eq!(r.is_error, Some(true), "{text}");
+    assert!(text.starts_with("unknown:"), "{text}");
+    assert!(text.contains("may still be processed"), "{text}");
+    client.cancel().await.unwrap();
+    assert_eq!(keyed(&d, "send_file").len(), 1, "never re-sent");
+    assert!(
+        !keyed(&d, "lookup_delivery").is_empty(),
+        "the query was asked"
+    );
+    assert!(d.delivered("team-reports").is_empty());
+    let held = intents(&d, "unknown");
+    assert_eq!(
+        held.len(),
+        1,
+        "held, not failed: {:#?}",
+        d.airlock_json(&["intents", "list"])
+    );
+    assert!(intents(&d, "failed").is_empty());
+}
