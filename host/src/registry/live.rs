@@ -154,7 +154,7 @@ fn h_again(host: &std::sync::Weak<Live>) -> Option<Arc<Live>> {
     host.upgrade()
 }
 
-/// Restarts a closed connection, waiting longer after each failure (from
+/// Restarts a connection whose server exited, waiting longer after each failure (from
 /// [`MIN_RESTART_INTERVAL`], doubling, at most [`MAX_RESTART_BACKOFF`]); gives up when the
 /// host is gone or someone else restarted it. Calls meanwhile are refused as unavailable.
 async fn restart_with_backoff(host: impl Into<Option<Arc<Live>>>, state: Arc<ConnectionState>) {
@@ -164,7 +164,7 @@ async fn restart_with_backoff(host: impl Into<Option<Arc<Live>>>, state: Arc<Con
     let mut wait = MIN_RESTART_INTERVAL;
     loop {
         let Some(h) = weak.upgrade() else { return };
-        if state.connection().is_open() {
+        if !state.connection().has_exited() {
             return;
         }
         match h.restart_connection(&state).await {
@@ -510,7 +510,8 @@ impl Live {
         Ok(state)
     }
 
-    /// Starts a connection again after its server closed it (exited, closed stdout), then
+    /// Starts a connection again after its server closed it (exited, closed stdout) — never
+    /// a degraded one, whose server broke the protocol — then
     /// re-discovers it: a server that comes back with a different catalogue meets the
     /// same drift verdicts as one that announced a change. At most one restart per
     /// [`MIN_RESTART_INTERVAL`] per connection; an open connection is left alone.
@@ -522,6 +523,13 @@ impl Live {
         let old = state.connection();
         if old.is_open() {
             return Ok(());
+        }
+        if !old.has_exited() {
+            anyhow::bail!(
+                "{}",
+                old.degraded()
+                    .unwrap_or_else(|| format!("connection `{}` is not usable", state.name))
+            );
         }
         if let Some(at) = *last
             && at.elapsed() < MIN_RESTART_INTERVAL
@@ -575,7 +583,7 @@ impl Live {
                     }
                 };
                 let closed = async {
-                    while conn.is_open() {
+                    while !conn.has_exited() {
                         tokio::time::sleep(CLOSED_POLL_INTERVAL).await;
                     }
                 };
@@ -603,7 +611,7 @@ impl Live {
                     // still re-check first).
                     tokio::time::sleep(MIN_REDISCOVERY_INTERVAL).await;
                 }
-                if !conn.is_open() {
+                if conn.has_exited() {
                     tracing::warn!(connection = %s.name, "upstream connection closed");
                     restart_with_backoff(h_again(&host), s).await;
                     return;

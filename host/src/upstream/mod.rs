@@ -567,6 +567,13 @@ impl Connection {
         }
     }
 
+    /// True once the server closed the connection (its stdout ended, or a request found
+    /// the transport closed). A degraded connection has not exited: it is refused, not
+    /// restarted (a server that broke the protocol is not started again by itself).
+    pub fn has_exited(&self) -> bool {
+        self.closed.load(Ordering::Acquire) || self.client.is_closed()
+    }
+
     /// True while the rmcp client is running (the server has not closed the connection)
     /// and the connection is not degraded.
     pub fn is_open(&self) -> bool {
