@@ -571,7 +571,9 @@ impl Connection {
     /// the transport closed). A degraded connection has not exited: it is refused, not
     /// restarted (a server that broke the protocol is not started again by itself).
     pub fn has_exited(&self) -> bool {
-        self.closed.load(Ordering::Acquire) || self.client.is_closed()
+        // Degrading stops the reader too; that is not the server going away.
+        (self.closed.load(Ordering::Acquire) || self.client.is_closed())
+            && self.tap.degraded.get().is_none()
     }
 
     /// True while the rmcp client is running (the server has not closed the connection)
