@@ -48,6 +48,25 @@ fn keyed(d: &Deployment, tool: &str) -> Vec<String> {
         .collect()
 }
 
+/// Serves `d` (every mapping approved) to a client that approves in band, prepares an
+/// artifact and delivers it to the team reports outbox; returns the client and the answer.
+async fn deliver(
+    d: &Deployment,
+) -> (
+    rmcp::service::RunningService<rmcp::service::RoleClient, Person>,
+    rmcp::model::CallToolResult,
+) {
+    d.approve_all();
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    (client, r)
+}
+
 fn intents(d: &Deployment, state: &str) -> Vec<Value> {
     d.airlock_json(&["intents", "list", "--state", state])
         .as_array()
@@ -62,14 +81,7 @@ fn show(d: &Deployment, id: &str) -> Value {
 #[tokio::test]
 async fn a_delivery_whose_answer_is_lost_is_reconciled_by_query_not_repeated() {
     let d = deployment(&["--fail-after-send"]);
-    d.approve_all();
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let (artifact, team) = prepared(&client, "team-reports").await;
-    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap();
+    let (client, r) = deliver(&d).await;
     let text = text_of(&r);
     assert_ne!(r.is_error, Some(true), "{text}");
     assert!(text.starts_with("Reconciled (intent int_"), "{text}");
@@ -127,14 +139,7 @@ async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retr
         &["--fail-after-send"],
         narrowed("idempotent = false\nqueryable = false"),
     );
-    d.approve_all();
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let (artifact, team) = prepared(&client, "team-reports").await;
-    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap();
+    let (client, r) = deliver(&d).await;
     let text = text_of(&r);
     assert_eq!(r.is_error, Some(true), "{text}");
     assert!(text.starts_with("unknown:"), "{text}");
@@ -333,14 +338,7 @@ async fn a_delivery_that_times_out_cancels_the_upstream_request_and_is_reconcile
     let d = edited(&["--hang-after-send"], |m| {
         m.replace("deadline_ms = 5000", "deadline_ms = 1500")
     });
-    d.approve_all();
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let (artifact, team) = prepared(&client, "team-reports").await;
-    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap();
+    let (client, r) = deliver(&d).await;
     let text = text_of(&r);
     // The answer never came; the query found the delivery.
     assert_ne!(r.is_error, Some(true), "{text}");
@@ -421,14 +419,7 @@ async fn a_model_cancelled_delivery_cancels_upstream_is_unknown_then_reconciled(
 async fn an_idempotent_delivery_that_cannot_be_queried_is_retried_with_the_same_key() {
     // Queryable narrowed away; idempotent (the contract's) kept.
     let d = edited(&["--fail-after-send"], narrowed("queryable = false"));
-    d.approve_all();
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let (artifact, team) = prepared(&client, "team-reports").await;
-    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap();
+    let (client, r) = deliver(&d).await;
     let text = text_of(&r);
     assert_ne!(r.is_error, Some(true), "{text}");
     let structured = r.structured_content.clone().unwrap();
@@ -461,14 +452,7 @@ async fn an_unanswered_send_the_query_cannot_find_is_held_while_its_request_may_
     let d = edited(&["--hang-before-send"], |m| {
         m.replace("deadline_ms = 5000", "deadline_ms = 1500")
     });
-    d.approve_all();
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let (artifact, team) = prepared(&client, "team-reports").await;
-    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap();
+    let (client, r) = deliver(&d).await;
     let text = text_of(&r);
     assert_eq!(r.is_error, Some(true), "{text}");
     assert!(text.starts_with("unknown:"), "{text}");
