@@ -28,6 +28,10 @@
 //! state_dir = "state"            # optional: the store's folder (default: see default_state_dir)
 //! snapshot_interval = "10m"      # re-discover every connection this often (default 10m;
 //!                                # "off" = only on start and list_changed)
+//! start_timeout = "10s"          # how long one connection may take to start: spawn,
+//!                                # initialize and discovery (default 10s, 1s..=10m); a
+//!                                # connection that takes longer is disconnected and
+//!                                # retried in the background
 //!
 //! policy = ["airlock.cedar"]     # Cedar policy files, in order (default: the built-in
 //!                                # policy, see crate::policy::DEFAULT_POLICY)
@@ -63,6 +67,10 @@ use crate::upstream::StdioServer;
 /// caught within this time.
 pub const DEFAULT_SNAPSHOT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// How long one connection may take to start (spawn, `initialize`, discovery) when the
+/// configuration does not say (`start_timeout`).
+pub const DEFAULT_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The command value that means "this airlock executable".
 pub const SELF_COMMAND: &str = "@airlock";
 
@@ -80,6 +88,9 @@ pub struct ServeConfig {
     /// Re-discover every connection this often (besides start and `list_changed`);
     /// default [`DEFAULT_SNAPSHOT_INTERVAL`], `None` = off.
     pub snapshot_interval: Option<std::time::Duration>,
+    /// How long one connection may take to start or restart: spawn, `initialize` and
+    /// discovery together (`start_timeout`; default [`DEFAULT_START_TIMEOUT`]).
+    pub start_timeout: std::time::Duration,
     /// Where compiled components are cached; `None` compiles on every start. Set by the
     /// command line (`--cache-dir`), not by the file.
     pub cache_dir: Option<PathBuf>,
@@ -192,6 +203,7 @@ impl ServeConfig {
             mappings_dir: None,
             state_dir: None,
             snapshot_interval: None,
+            start_timeout: DEFAULT_START_TIMEOUT,
             cache_dir: None,
             secrets: BTreeMap::new(),
             requester: RequesterConfig::default(),
@@ -270,6 +282,7 @@ struct RawConfig {
     mappings_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     snapshot_interval: Option<String>,
+    start_timeout: Option<String>,
     #[serde(default)]
     policy: Vec<PathBuf>,
     default_profile: Option<String>,
@@ -423,6 +436,10 @@ impl ServeConfig {
                 Some(d)
             }
         };
+        let start_timeout = match raw.start_timeout {
+            None => DEFAULT_START_TIMEOUT,
+            Some(text) => parse_bounded_duration("start_timeout", &text, 1, 600)?,
+        };
         let mut seen = BTreeSet::new();
         let mut mappings = Vec::new();
         for m in raw.mapping {
@@ -540,6 +557,7 @@ impl ServeConfig {
             mappings_dir,
             state_dir: raw.state_dir.map(|d| base.join(d)),
             snapshot_interval,
+            start_timeout,
             cache_dir: None,
             secrets,
             requester,

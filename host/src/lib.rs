@@ -18,6 +18,8 @@
 //!   hash-chained trace (group commit).
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`config`]: the serve configuration.
+//! - [`shutdown`]: stopping a serving host — signals, draining calls in flight, stopping
+//!   every upstream process group.
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
 //! - [`cli`]: the `airlock` command line and its operator commands.
 
@@ -30,6 +32,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod registry;
 pub mod runtime;
+pub mod shutdown;
 pub mod store;
 pub mod upstream;
 

@@ -1067,6 +1067,8 @@ async fn serve(
     state_dir: Option<PathBuf>,
     profile: Option<String>,
 ) -> Result<()> {
+    // From here on SIGTERM/SIGINT stop the host cleanly (crate::shutdown).
+    crate::shutdown::catch_signals();
     let mut config = load_config(&config_path, state_dir)?;
     config.cache_dir = cache_dir;
     // Fail before anything starts when the profile does not exist.
@@ -1083,10 +1085,15 @@ async fn serve(
         "serving MCP on stdio"
     );
     let front = crate::front::McpFront::new(host.clone(), session);
-    let running = front
-        .serve(rmcp::transport::stdio())
-        .await
-        .context("MCP initialize with the client on stdio")?;
-    running.waiting().await.context("MCP session")?;
-    Ok(())
+    // Stdin's end is passed on once the calls in flight drained (see crate::shutdown).
+    let input = crate::shutdown::drain_before_eof(tokio::io::stdin(), host.live().clone());
+    crate::shutdown::run(host.live(), async move {
+        let running = front
+            .serve((input, tokio::io::stdout()))
+            .await
+            .context("MCP initialize with the client on stdio")?;
+        running.waiting().await.context("MCP session")?;
+        Ok(())
+    })
+    .await
 }

@@ -123,12 +123,32 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
     let registry = open_registry(config)?;
     let rev = registry.identify(name, server)?;
     let previous = registry.store().latest_snapshot(&rev.connection_id)?;
-    let conn =
-        Connection::start_stdio(name, server, crate::registry::manifest::MAX_OUTPUT_BYTES).await?;
-    let raw = conn
-        .discover(crate::registry::live::DISCOVERY_TIMEOUT)
-        .await
-        .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
+    // Start and discovery together are bounded by `start_timeout`; on any failure the
+    // server's whole process group is stopped (nothing is left running).
+    let limit = config.start_timeout;
+    let started = tokio::time::timeout(limit, async {
+        let conn = Connection::start_stdio(
+            name,
+            server,
+            crate::registry::manifest::MAX_OUTPUT_BYTES,
+            limit,
+        )
+        .await?;
+        let raw = conn
+            .discover(limit)
+            .await
+            .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
+        conn.terminate(crate::shutdown::STOP_GRACE).await;
+        anyhow::Ok(raw)
+    })
+    .await;
+    let raw = match started {
+        Ok(result) => result?,
+        Err(_) => anyhow::bail!(
+            "connection `{name}` did not start and answer discovery within {} ms (start_timeout); its server was stopped",
+            limit.as_millis()
+        ),
+    };
     let catalogue = Registry::catalogue(&rev, raw);
     let observed = registry.record_snapshot(name, &rev, &catalogue, None)?;
     let previous_catalogue = previous

@@ -174,6 +174,17 @@ impl Finished {
 
 /// Runs one call through every stage and commits its trace (see [`Finished::respond`]).
 pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Finished {
+    // Counted while it runs, so a stopping host drains it; refused once the host stops.
+    let Some(_in_flight) = host.live().call_started() else {
+        return Finished {
+            call: String::new(),
+            outcome: Outcome::refused(
+                Category::Unavailable,
+                "the host is shutting down; make the call again once it is back",
+            ),
+            failed: None,
+        };
+    };
     let mut call = Call::new(candidate.session.clone());
     call.cancel = candidate.cancel.clone();
     let mut outcome = stages(host, &mut call, candidate, asker).await;

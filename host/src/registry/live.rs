@@ -14,6 +14,18 @@
 //!   first (see [`crate::pipeline::recheck`]).
 //! - Every change to what could be offered bumps [`Live::changes`], which the fronts turn
 //!   into `notifications/tools/list_changed` for their clients.
+//! - Connections have a lifecycle ([`ConnectionStatus`]): `connecting` → `ready`;
+//!   `disconnected` (it failed to start within `start_timeout`, or its server exited:
+//!   retried in the background, waiting 0.5 s, doubling up to 30 s); `degraded` (its
+//!   server broke the protocol: not restarted by itself); `stopped` (the host is shutting
+//!   down). Only a `ready` connection's capabilities are offered. Every transition is
+//!   traced (`connection-state`) and logged. A connection serves again only after it was
+//!   started, initialized, snapshotted and every mapping bound to it judged against its
+//!   pins.
+//! - At start, every connection starts in parallel; one that fails never stops the host.
+//!   A mapping that cannot be loaded (component not matching its pin, a capability name
+//!   another mapping already offers, a connection that cannot be identified) is refused
+//!   alone (`mapping-load-failed`); the host refuses to start only when every mapping is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -107,6 +119,66 @@ pub struct ConnectionState {
     /// False after a re-discovery failed, until one succeeds: calls are refused meanwhile.
     healthy: std::sync::atomic::AtomicBool,
     refresh: tokio::sync::Mutex<()>,
+    /// Where the connection is in its lifecycle.
+    status: ArcSwap<ConnectionStatus>,
+}
+
+/// Where a connection is in its lifecycle (DESIGN.md §2). Only [`ConnectionStatus::Ready`]
+/// serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionStatus {
+    /// Being started for the first time.
+    Connecting,
+    /// Started, initialized, snapshotted; its mappings were judged against their pins.
+    Ready,
+    /// Not running: it failed to start (or to start in time), or its server exited. The
+    /// host starts it again in the background, with backoff.
+    Disconnected(String),
+    /// Its server broke the protocol: refused, and not restarted by itself.
+    Degraded(String),
+    /// The host is shutting down; its server was stopped.
+    Stopped,
+}
+
+impl ConnectionStatus {
+    /// The state's name, as traced.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Ready => "ready",
+            Self::Disconnected(_) => "disconnected",
+            Self::Degraded(_) => "degraded",
+            Self::Stopped => "stopped",
+        }
+    }
+
+    /// Why it is not ready (the host's words), if it says.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Disconnected(why) | Self::Degraded(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.reason() {
+            Some(why) => write!(f, "{} ({why})", self.as_str()),
+            None => f.write_str(self.as_str()),
+        }
+    }
+}
+
+/// A call being run (see [`Live::call_started`]); dropping it ends the count.
+pub struct InFlight<'a>(&'a Live);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.drained.notify_waiters();
+        }
+    }
 }
 
 impl ConnectionState {
@@ -125,9 +197,14 @@ impl ConnectionState {
         self.catalogue.load_full()
     }
 
-    /// The latest snapshot's digest.
+    /// The latest snapshot's digest (empty before the first snapshot).
     pub fn snapshot_digest(&self) -> Arc<String> {
         self.snapshot.load_full()
+    }
+
+    /// Where the connection is in its lifecycle now.
+    pub fn status(&self) -> Arc<ConnectionStatus> {
+        self.status.load_full()
     }
 
     /// False after a re-discovery failed, until one succeeds.
@@ -143,10 +220,12 @@ impl ConnectionState {
     }
 }
 
+/// Longest time `Live::start` waits for its connections' first start before it serves
+/// (never longer than `start_timeout`); a connection still starting then comes later.
+pub const START_WAIT: Duration = Duration::from_secs(5);
+
 /// Least time between two restarts of one connection.
 pub const MIN_RESTART_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
-/// How often a watcher looks whether its connection closed.
-const CLOSED_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 /// Longest wait between two restart attempts of a connection that keeps failing.
 const MAX_RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -154,27 +233,28 @@ fn h_again(host: &std::sync::Weak<Live>) -> Option<Arc<Live>> {
     host.upgrade()
 }
 
-/// Restarts a connection whose server exited, waiting longer after each failure (from
-/// [`MIN_RESTART_INTERVAL`], doubling, at most [`MAX_RESTART_BACKOFF`]); gives up when the
-/// host is gone or someone else restarted it. Calls meanwhile are refused as unavailable.
+/// Restarts a connection whose server exited (or never started), waiting longer after
+/// each failure (from [`MIN_RESTART_INTERVAL`], doubling, at most
+/// [`MAX_RESTART_BACKOFF`]); gives up when the host is gone or stopping, or someone else
+/// restarted it. Calls meanwhile are refused as unavailable.
 async fn restart_with_backoff(host: impl Into<Option<Arc<Live>>>, state: Arc<ConnectionState>) {
     let Some(host) = host.into() else { return };
     let weak = Arc::downgrade(&host);
     drop(host);
     let mut wait = MIN_RESTART_INTERVAL;
     loop {
+        tokio::time::sleep(wait).await;
         let Some(h) = weak.upgrade() else { return };
-        if !state.connection().has_exited() {
+        if h.is_closing() || !state.connection().has_exited() {
             return;
         }
         match h.restart_connection(&state).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(connection = %state.name, "restart failed: {e:#}; next try in {} ms", wait.as_millis());
+                tracing::debug!(connection = %state.name, "restart failed: {e:#}; next try in {} ms", wait.as_millis());
             }
         }
         drop(h);
-        tokio::time::sleep(wait).await;
         wait = (wait * 2).min(MAX_RESTART_BACKOFF);
     }
 }
@@ -237,6 +317,12 @@ pub struct Live {
     reload: tokio::sync::Mutex<()>,
     /// Changed manifests waiting for approval while their reviewed revision serves.
     staged: std::sync::Mutex<BTreeMap<String, LoadedMapping>>,
+    /// Set once the host stops: new calls are refused, nothing is restarted.
+    closing: std::sync::atomic::AtomicBool,
+    /// Calls being run now.
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Woken when `in_flight` drops to zero.
+    drained: tokio::sync::Notify,
 }
 
 /// A bound mapping and its capabilities.
@@ -375,26 +461,100 @@ impl Live {
             changes: tokio::sync::watch::Sender::new(0),
             reload: tokio::sync::Mutex::new(()),
             staged: std::sync::Mutex::new(BTreeMap::new()),
+            closing: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            drained: tokio::sync::Notify::new(),
         });
         // Verify pins, compile and link every mapping before any upstream process starts:
-        // a refused component never causes upstream traffic.
+        // a refused component never causes upstream traffic. A mapping that fails is
+        // refused alone.
+        let total = sources.len();
+        let mut refused: Vec<String> = Vec::new();
         let mut names = BTreeSet::new();
         let mut prepared = Vec::new();
         for source in sources {
-            if !names.insert(source.manifest.mapping.name.clone()) {
-                bail!("two mappings are named `{}`", source.manifest.mapping.name);
+            let name = source.manifest.mapping.name.clone();
+            let path = source.path.clone();
+            if !names.insert(name.clone()) {
+                let e = anyhow::anyhow!(
+                    "two mappings are named `{name}`; the later one ({}) is refused",
+                    path.as_deref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "memory".into())
+                );
+                refused.push(host.refuse_mapping(&name, path.as_deref(), &e));
+                continue;
             }
-            prepared.push(host.prepare(source)?);
+            match host.prepare(source) {
+                Ok(p) => prepared.push(p),
+                Err(e) => refused.push(host.refuse_mapping(&name, path.as_deref(), &e)),
+            }
         }
+        // Every connection a mapping uses starts now, in parallel, each within
+        // `start_timeout`; one that fails is disconnected (retried in the background).
+        let mut budgets: BTreeMap<String, u64> = BTreeMap::new();
+        for p in &prepared {
+            let m = &p.source.manifest;
+            let b = budgets.entry(m.mapping.connection.clone()).or_default();
+            *b = (*b).max(m.limits.max_output_bytes);
+        }
+        let mut starts = Vec::new();
+        for (name, budget) in budgets {
+            match host.open_connection(&name, budget) {
+                Ok((state, first)) => {
+                    host.connections.lock().await.insert(name, state);
+                    starts.push(first);
+                }
+                Err(e) => {
+                    tracing::error!(connection = %name, "connection cannot be started: {e:#}");
+                }
+            }
+        }
+        // Serve once every connection is ready or failed, or after START_WAIT: one that is
+        // still starting keeps starting in the background, and its capabilities appear
+        // (with list_changed) once it is ready and its mappings judged.
+        let deadline = tokio::time::Instant::now() + START_WAIT.min(config.start_timeout);
+        for first in starts {
+            let _ = tokio::time::timeout_at(deadline, first).await;
+        }
+        // Bound and swapped in under the reload lock, which a connection becoming ready
+        // takes to judge its mappings: each mapping is judged either here or there.
+        let _one = host.reload.lock().await;
         let mut catalog = Catalog::default();
         for p in prepared {
-            match host.bind(p, false).await? {
-                Bound::Loaded(m, caps) => catalog = catalog_with(&catalog, &[], (m, caps))?,
-                Bound::Staged(..) => unreachable!("nothing is staged at start"),
+            let name = p.source.manifest.mapping.name.clone();
+            let path = p.source.path.clone();
+            let bound = match host.bind(p, false).await {
+                Ok(Bound::Loaded(m, caps)) => catalog_with(&catalog, &[], (m, caps)),
+                Ok(Bound::Staged(..)) => Err(anyhow::anyhow!("nothing is staged at start")),
+                Err(e) => Err(e),
+            };
+            match bound {
+                Ok(next) => catalog = next,
+                Err(e) => refused.push(host.refuse_mapping(&name, path.as_deref(), &e)),
             }
         }
+        if total > 0 && catalog.mappings.is_empty() {
+            bail!("no mapping could be loaded:\n  {}", refused.join("\n  "));
+        }
         host.catalog.store(Arc::new(catalog));
+        drop(_one);
         Ok(host)
+    }
+
+    /// Logs and traces a mapping refused at start (the others load); returns the reason.
+    fn refuse_mapping(&self, name: &str, path: Option<&Path>, e: &anyhow::Error) -> String {
+        let why = format!("mapping `{name}` refused: {e:#}");
+        tracing::error!(mapping = %name, "{why}; the other mappings load");
+        self.registry.trace(
+            crate::registry::events::MAPPING_LOAD_FAILED,
+            &path.map_or_else(|| name.to_string(), |p| p.display().to_string()),
+            json!({
+                "mapping": name,
+                "error": format!("{e:#}").chars().take(2000).collect::<String>(),
+            }),
+        );
+        why
     }
 
     /// Verifies, compiles and links one mapping (no upstream traffic).
@@ -466,13 +626,31 @@ impl Live {
         })
     }
 
-    /// The connection `name`, started (identified, connected, discovered) on first use.
+    /// The connection `name`; identified and started (in the background) on first use.
     async fn connection(self: &Arc<Self>, name: &str, budget: u64) -> Result<Arc<ConnectionState>> {
         let mut connections = self.connections.lock().await;
         if let Some(c) = connections.get(name) {
             c.connection().raise_message_budget(budget);
             return Ok(c.clone());
         }
+        let (state, _first) = self.open_connection(name, budget)?;
+        connections.insert(name.to_string(), state.clone());
+        Ok(state)
+    }
+
+    /// Identifies connection `name` and starts it in the background (within
+    /// `start_timeout`); the handle resolves when that first start succeeded or failed.
+    /// A start that fails leaves it `disconnected`, with its reason, and retried in the
+    /// background.
+    ///
+    /// # Errors
+    /// The connection is not configured or cannot be identified (its executable cannot
+    /// be read); the store fails.
+    fn open_connection(
+        self: &Arc<Self>,
+        name: &str,
+        budget: u64,
+    ) -> Result<(Arc<ConnectionState>, tokio::task::JoinHandle<()>)> {
         let server = self
             .config
             .connections
@@ -480,49 +658,170 @@ impl Live {
             .with_context(|| format!("connection `{name}` is not configured"))?;
         let revision = self.registry.identify(name, server)?;
         tracing::info!(connection = %name, id = %revision.connection_id, revision = revision.revision, command = %server.command.display(), "starting upstream connection");
-        let connection = Arc::new(Connection::start_stdio(name, server, budget).await?);
-        if let Some((sname, sversion)) = connection.server_info() {
-            tracing::info!(connection = %name, server = %sname, version = %sversion, "upstream connected (reported name: an observation, not an identity)");
-        }
-        let seen = connection.list_changed_count();
-        let raw = connection
-            .discover(DISCOVERY_TIMEOUT)
-            .await
-            .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
-        let catalogue = Registry::catalogue(&revision, raw);
-        let observed = self
-            .registry
-            .record_snapshot(name, &revision, &catalogue, None)?;
-        tracing::info!(connection = %name, snapshot = %crate::registry::short(&observed.digest), tools = catalogue.tools.len(), "snapshot taken");
+        let empty = Catalogue {
+            connection_id: revision.connection_id.clone(),
+            config_digest: revision.config_digest.clone(),
+            server_info: Value::Null,
+            protocol_version: String::new(),
+            capabilities: Value::Null,
+            instructions: None,
+            tools: vec![],
+            resources: vec![],
+            resource_templates: vec![],
+            prompts: vec![],
+        };
         let state = Arc::new(ConnectionState {
             name: name.to_string(),
-            current: Arc::new(ArcSwap::new(connection)),
+            current: Arc::new(ArcSwap::from_pointee(Connection::unstarted(
+                name,
+                "it is starting".into(),
+                budget,
+            ))),
             restarting: tokio::sync::Mutex::new(None),
             revision,
-            catalogue: ArcSwap::from_pointee(catalogue),
-            snapshot: Arc::new(ArcSwap::from_pointee(observed.digest)),
-            seen: AtomicU64::new(seen),
-            healthy: std::sync::atomic::AtomicBool::new(true),
+            catalogue: ArcSwap::from_pointee(empty),
+            snapshot: Arc::new(ArcSwap::from_pointee(String::new())),
+            seen: AtomicU64::new(0),
+            healthy: std::sync::atomic::AtomicBool::new(false),
             refresh: tokio::sync::Mutex::new(()),
+            status: ArcSwap::from_pointee(ConnectionStatus::Connecting),
         });
-        connections.insert(name.to_string(), state.clone());
-        self.watch_connection(&state);
-        Ok(state)
+        self.trace_status(&state, None, &ConnectionStatus::Connecting);
+        let (host, s, server) = (self.clone(), state.clone(), server.clone());
+        let first = tokio::spawn(async move {
+            let installed = match host.establish(&s, &server, budget).await {
+                Ok((connection, raw, seen)) => host.install(&s, connection, raw, seen).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = installed {
+                let why = format!("{e:#}");
+                s.current
+                    .store(Arc::new(Connection::unstarted(&s.name, why.clone(), budget)));
+                host.set_status(&s, ConnectionStatus::Disconnected(why));
+                host.watch_connection(&s);
+            }
+        });
+        Ok((state, first))
     }
 
-    /// Starts a connection again after its server closed it (exited, closed stdout) — never
-    /// a degraded one, whose server broke the protocol — then
-    /// re-discovers it: a server that comes back with a different catalogue meets the
-    /// same drift verdicts as one that announced a change. At most one restart per
+    /// Starts the server of `state` and discovers its catalogue, together within
+    /// `start_timeout`. Returns the connection, the raw discovery and the `list_changed`
+    /// count it covers. On failure nothing of the server is left running.
+    async fn establish(
+        &self,
+        state: &ConnectionState,
+        server: &crate::upstream::StdioServer,
+        budget: u64,
+    ) -> Result<(Connection, crate::upstream::RawDiscovery, u64)> {
+        let name = state.name.as_str();
+        let limit = self.config.start_timeout;
+        let started = tokio::time::timeout(limit, async {
+            let connection = Connection::start_stdio(name, server, budget, limit).await?;
+            if let Some((sname, sversion)) = connection.server_info() {
+                tracing::info!(connection = %name, server = %sname, version = %sversion, "upstream connected (reported name: an observation, not an identity)");
+            }
+            let seen = connection.list_changed_count();
+            let raw = connection
+                .discover(DISCOVERY_TIMEOUT.min(limit))
+                .await
+                .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
+            anyhow::Ok((connection, raw, seen))
+        })
+        .await;
+        match started {
+            Ok(result) => result,
+            Err(_) => bail!(
+                "connection `{name}` did not start and answer discovery within {} ms (start_timeout); its server was stopped",
+                limit.as_millis()
+            ),
+        }
+    }
+
+    /// Puts a freshly established connection into service: records its snapshot, judges
+    /// every mapping bound to it against its pins, and only then marks it ready (and tells
+    /// the clients the list changed).
+    ///
+    /// # Errors
+    /// The catalogue is malformed; the store fails. The connection is then not installed.
+    async fn install(
+        self: &Arc<Self>,
+        state: &Arc<ConnectionState>,
+        connection: Connection,
+        raw: crate::upstream::RawDiscovery,
+        seen: u64,
+    ) -> Result<()> {
+        let _mappings = self.reload.lock().await;
+        let _one = state.refresh.lock().await;
+        state.healthy.store(false, Ordering::Release);
+        let catalogue = Registry::catalogue(&state.revision, raw);
+        let previous = state.snapshot_digest();
+        let observed = self.registry.record_snapshot(
+            &state.name,
+            &state.revision,
+            &catalogue,
+            (!previous.is_empty()).then_some(previous.as_str()),
+        )?;
+        tracing::info!(connection = %state.name, snapshot = %crate::registry::short(&observed.digest), tools = catalogue.tools.len(), "snapshot taken");
+        connection.raise_message_budget(state.connection().message_budget());
+        state.current.store(Arc::new(connection));
+        state.catalogue.store(Arc::new(catalogue));
+        state.snapshot.store(Arc::new(observed.digest));
+        // Judged before the connection counts as ready: a call that finds it ready also
+        // finds every verdict applied.
+        self.evaluate_connection(state).await;
+        state.seen.store(seen, Ordering::Release);
+        state.healthy.store(true, Ordering::Release);
+        self.set_status(state, ConnectionStatus::Ready);
+        self.notify_changed();
+        self.watch_connection(state);
+        Ok(())
+    }
+
+    /// Moves `state` to `next`, tracing and logging the transition (nothing when it is
+    /// already there).
+    fn set_status(&self, state: &ConnectionState, next: ConnectionStatus) {
+        let previous = state.status.swap(Arc::new(next.clone()));
+        if *previous != next {
+            self.trace_status(state, Some(&previous), &next);
+        }
+    }
+
+    fn trace_status(&self, state: &ConnectionState, from: Option<&ConnectionStatus>, to: &ConnectionStatus) {
+        tracing::warn!(
+            connection = %state.name,
+            from = from.map_or("none", |f| f.as_str()),
+            "connection is now {to}"
+        );
+        self.registry.trace(
+            crate::registry::events::CONNECTION_STATE,
+            &state.name,
+            json!({
+                "connection_id": state.revision.connection_id,
+                "from": from.map(ConnectionStatus::as_str),
+                "to": to.as_str(),
+                "reason": to.reason().map(|r| r.chars().take(2000).collect::<String>()),
+            }),
+        );
+    }
+
+    /// Starts a connection again after its server closed it (exited, closed stdout) or
+    /// never started — never a degraded one, whose server broke the protocol — within
+    /// `start_timeout`, re-discovers it and judges its mappings against their pins before
+    /// it serves: a server that comes back with a different catalogue meets the same drift
+    /// verdicts as one that announced a change. At most one restart per
     /// [`MIN_RESTART_INTERVAL`] per connection; an open connection is left alone.
     ///
     /// # Errors
-    /// Restarted too recently; the server could not be started; discovery failed.
+    /// Restarted too recently; the host is stopping; the server could not be started;
+    /// discovery failed.
     pub async fn restart_connection(self: &Arc<Self>, state: &Arc<ConnectionState>) -> Result<()> {
         let mut last = state.restarting.lock().await;
         let old = state.connection();
         if old.is_open() {
             return Ok(());
+        }
+        if self.is_closing() {
+            bail!("the host is shutting down");
         }
         if !old.has_exited() {
             anyhow::bail!(
@@ -548,24 +847,48 @@ impl Live {
             .get(&state.name)
             .with_context(|| format!("connection `{}` is not configured", state.name))?;
         tracing::info!(connection = %state.name, "restarting a closed upstream connection");
-        let connection =
-            Arc::new(Connection::start_stdio(&state.name, server, old.message_budget()).await?);
-        state
-            .seen
-            .store(connection.list_changed_count(), Ordering::Release);
-        state.current.store(connection);
+        let budget = old.message_budget();
+        let installed = match self.establish(state, server, budget).await {
+            Ok((connection, raw, seen)) => self.install(state, connection, raw, seen).await,
+            Err(e) => Err(e),
+        };
         drop(last);
+        if let Err(e) = installed {
+            let why = format!("{e:#}");
+            self.set_status(state, ConnectionStatus::Disconnected(why));
+            return Err(e);
+        }
         self.registry.trace(
             crate::registry::events::CONNECTION_RESTARTED,
             &state.name,
             json!({"connection_id": state.revision.connection_id}),
         );
-        self.refresh(state, true).await?;
-        self.watch_connection(state);
         Ok(())
     }
 
-    /// Re-snapshots a connection whenever its server announces a list change.
+    /// The connection's server went away (or broke the protocol): it stops serving at
+    /// once, the clients are told the list changed, and the transition is traced.
+    fn connection_lost(&self, state: &ConnectionState, degraded: bool) {
+        state.healthy.store(false, Ordering::Release);
+        let conn = state.connection();
+        let why = conn
+            .down_reason()
+            .unwrap_or_else(|| "the server closed the connection".into());
+        let next = if degraded {
+            ConnectionStatus::Degraded(why)
+        } else {
+            ConnectionStatus::Disconnected(why)
+        };
+        let was_ready = *state.status() == ConnectionStatus::Ready;
+        self.set_status(state, next);
+        if was_ready {
+            self.notify_changed();
+        }
+    }
+
+    /// Watches one connection: re-snapshots it whenever its server announces a list
+    /// change (and every `snapshot_interval`); the moment its server goes away, takes it
+    /// out of service and restarts it with backoff.
     fn watch_connection(self: &Arc<Self>, state: &Arc<ConnectionState>) {
         let host = Arc::downgrade(self);
         let state = Arc::downgrade(state);
@@ -582,24 +905,40 @@ impl Live {
                         None => std::future::pending::<()>().await,
                     }
                 };
-                let closed = async {
-                    while !conn.has_exited() {
-                        tokio::time::sleep(CLOSED_POLL_INTERVAL).await;
+                enum Woke {
+                    Changed(bool),
+                    Gone,
+                    Degraded,
+                }
+                let woke = if conn.has_exited() {
+                    Woke::Gone
+                } else {
+                    tokio::select! {
+                        () = conn.list_changed_after(seen) => Woke::Changed(false),
+                        () = periodic => Woke::Changed(true),
+                        () = conn.until_gone() => Woke::Gone,
+                        () = conn.until_degraded() => Woke::Degraded,
                     }
-                };
-                let forced = tokio::select! {
-                    () = conn.list_changed_after(seen) => Some(false),
-                    () = periodic => Some(true),
-                    () = closed => None,
-                };
-                let Some(forced) = forced else {
-                    let Some(s) = state.upgrade() else { return };
-                    tracing::warn!(connection = %s.name, "upstream connection closed");
-                    restart_with_backoff(h_again(&host), s).await;
-                    return;
                 };
                 let (Some(h), Some(s)) = (host.upgrade(), state.upgrade()) else {
                     return;
+                };
+                if h.is_closing() {
+                    return;
+                }
+                let forced = match woke {
+                    Woke::Changed(forced) => forced,
+                    Woke::Gone => {
+                        h.connection_lost(&s, false);
+                        drop(h);
+                        restart_with_backoff(h_again(&host), s).await;
+                        return;
+                    }
+                    Woke::Degraded => {
+                        // Not restarted by itself (a server that broke the protocol).
+                        h.connection_lost(&s, true);
+                        return;
+                    }
                 };
                 if let Err(e) = h.refresh(&s, forced).await {
                     tracing::warn!(connection = %s.name, "re-discovery failed: {e:#}");
@@ -611,9 +950,8 @@ impl Live {
                     // still re-check first).
                     tokio::time::sleep(MIN_REDISCOVERY_INTERVAL).await;
                 }
-                if conn.has_exited() {
-                    tracing::warn!(connection = %s.name, "upstream connection closed");
-                    restart_with_backoff(h_again(&host), s).await;
+                if !Arc::ptr_eq(&conn, &s.connection()) {
+                    // Replaced meanwhile (restarted elsewhere): that start watches it.
                     return;
                 }
             }
@@ -635,6 +973,15 @@ impl Live {
         let target = connection.list_changed_count();
         if !force && !state.is_stale() {
             return Ok(());
+        }
+        if !connection.is_open() {
+            // Down: nothing to discover; it serves again once restarted and installed.
+            state.healthy.store(false, Ordering::Release);
+            bail!(
+                "connection `{}` is {}",
+                state.name,
+                state.status()
+            );
         }
         let raw = match connection.discover(DISCOVERY_TIMEOUT).await {
             Ok(raw) => raw,
@@ -762,6 +1109,11 @@ impl Live {
                 return Ok(Bound::Staged(mapping, caps));
             }
         };
+        if state.snapshot_digest().is_empty() {
+            // The connection has not started yet: its mappings are judged against their
+            // pins once it has (see `install`), before anything of theirs is offered.
+            tracing::warn!(mapping = %name, connection = %m.mapping.connection, status = %state.status(), "mapping loaded; not offered until its connection starts and its pins are checked");
+        } else {
         match self
             .registry
             .evaluate(&record, &m.upstream.tools, &state.catalogue())
@@ -791,6 +1143,7 @@ impl Live {
                     "mapping loaded but not offered: {reason}. Review it: `airlock discover {connection} --config FILE`, `airlock review show {name}`, then `airlock review approve {name} --config FILE --reviewer NAME`", connection = m.mapping.connection
                 );
             }
+        }
         }
         self.registry.trace(
             crate::registry::events::MAPPING_LOADED,
@@ -895,6 +1248,61 @@ impl Live {
     /// `notifications/tools/list_changed` to their clients).
     pub fn notify_changed(&self) {
         self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Counts a call as running until the guard drops; `None` once the host is stopping
+    /// (the call must be refused).
+    pub fn call_started(&self) -> Option<InFlight<'_>> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let guard = InFlight(self);
+        (!self.is_closing()).then_some(guard)
+    }
+
+    /// Calls running now.
+    pub fn calls_in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// True once the host is stopping.
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Marks the host as stopping: new calls are refused, no connection is restarted.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// Waits until no call runs, at most `limit`. Returns false when calls still ran.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let drained = self.drained.notified();
+            if self.calls_in_flight() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, drained).await.is_err() {
+                return self.calls_in_flight() == 0;
+            }
+        }
+    }
+
+    /// Stops every connection: each server and its process group gets `SIGTERM`, then
+    /// `SIGKILL` after `grace` (all connections at once). Marks the host as stopping.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.begin_shutdown();
+        let states: Vec<Arc<ConnectionState>> =
+            self.connections.lock().await.values().cloned().collect();
+        let mut stops = tokio::task::JoinSet::new();
+        for state in &states {
+            state.healthy.store(false, Ordering::Release);
+            let conn = state.connection();
+            stops.spawn(async move { conn.terminate(grace).await });
+        }
+        while stops.join_next().await.is_some() {}
+        for state in &states {
+            self.set_status(state, ConnectionStatus::Stopped);
+        }
     }
 
     /// A receiver that sees every [`Live::notify_changed`].

@@ -101,6 +101,9 @@ pub mod events {
     pub const INTENT_HELD: &str = "intent-held";
     /// An upstream connection that had closed was started again.
     pub const CONNECTION_RESTARTED: &str = "connection-restarted";
+    /// An upstream connection changed state (`connecting`, `ready`, `disconnected`,
+    /// `degraded`, `stopped`): connection id, from, to, and the reason (the host's words).
+    pub const CONNECTION_STATE: &str = "connection-state";
     /// One upstream request an adapter made (protocol layer): connection id, snapshot,
     /// method, target, JSON-RPC request id, result digest, bytes, time, and the ids of
     /// the observations (one per content item) its answer became.

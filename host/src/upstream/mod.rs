@@ -15,8 +15,14 @@
 //!   twice — **degrades the connection**: nothing more from the server is read, every
 //!   waiting request fails at once as unavailable (none waits for its deadline), and no
 //!   new request is sent ([`Connection::degraded`] says why). Blank lines are ignored.
+//! - Each server runs in its own process group, dies with the host, and is reaped the
+//!   moment it exits (see [`process`]); a connection whose server exited or closed its
+//!   stdout [has exited](Connection::has_exited), and [`Connection::until_gone`] wakes at
+//!   once. A start that fails or times out leaves no process behind.
 //! - Which tools and resources a particular adapter may reach is decided one layer up
 //!   (the runtime's upstream bridge); this layer only transports.
+
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,10 +39,12 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-/// How long an upstream server has to answer `initialize`.
+use self::process::Process;
+
+/// How long an upstream server has to answer `initialize` when the caller sets no bound.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Explains a server that failed its handshake: the error, whether it exited, and the last
@@ -45,14 +53,14 @@ async fn startup_failure(
     name: &str,
     server: &StdioServer,
     error: String,
-    child: &mut Child,
+    child: &Process,
     recent: &std::sync::Mutex<std::collections::VecDeque<String>>,
 ) -> anyhow::Error {
     // Give the process a moment to exit and flush its last words.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let status = match child.try_wait() {
-        Ok(Some(status)) => format!("the server exited ({status})"),
-        _ => "the server is still running".to_string(),
+    let _ = tokio::time::timeout(Duration::from_millis(200), child.exited()).await;
+    let status = match child.exit_status() {
+        Some(status) => format!("the server exited ({status})"),
+        None => "the server is still running (it is stopped now)".to_string(),
     };
     let last: Vec<String> = recent
         .lock()
@@ -137,10 +145,17 @@ impl std::fmt::Display for UpstreamFailure {
 pub struct Connection {
     name: String,
     max_message_bytes: Arc<std::sync::atomic::AtomicUsize>,
-    client: RunningService<RoleClient, ()>,
-    _child: Child,
-    /// Set when the server's stdout ended or a request found the transport closed.
+    /// `None` for a connection that never started ([`Connection::unstarted`]).
+    client: Option<RunningService<RoleClient, ()>>,
+    /// The server process (`None` when it never started).
+    process: Option<Arc<Process>>,
+    /// Why a connection that never started did not (the host's words).
+    unstarted: Option<String>,
+    /// Set when the server's stdout ended, the server exited, or a request found the
+    /// transport closed.
     closed: Arc<std::sync::atomic::AtomicBool>,
+    /// Woken when `closed` is set.
+    gone: Arc<tokio::sync::Notify>,
     requests: AtomicU64,
     discarded: Arc<AtomicU64>,
     tap: Arc<Tap>,
@@ -438,38 +453,37 @@ pub const MAX_DISCOVERY_PAGES: usize = 1000;
 pub const MAX_DISCOVERY_ITEMS: usize = 20_000;
 
 impl Connection {
-    /// Starts `server`, performs the MCP initialize handshake, and returns the connection.
-    /// Messages from the server longer than `max_message_bytes` are discarded.
+    /// Starts `server`, performs the MCP initialize handshake (waiting at most
+    /// `initialize_timeout` for its answer), and returns the connection. Messages from the
+    /// server longer than `max_message_bytes` are discarded. On any failure the server's
+    /// process group is killed.
     ///
     /// # Errors
-    /// The process could not start, or the handshake failed.
+    /// The process could not start, or the handshake failed or timed out.
     pub async fn start_stdio(
         name: &str,
         server: &StdioServer,
         max_message_bytes: u64,
+        initialize_timeout: Duration,
     ) -> Result<Self> {
         let mut cmd = Command::new(&server.command);
         // Cleared environment: only what the connection declares.
         cmd.args(&server.args)
             .env_clear()
             .envs(&server.env)
-            .current_dir(&server.cwd)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().with_context(|| {
+            .current_dir(&server.cwd);
+        let (child, pipes) = Process::spawn(cmd).with_context(|| {
             format!(
                 "starting upstream server for connection `{name}`: {} (cwd {})",
                 server.command.display(),
                 server.cwd.display()
             )
         })?;
-        let stdout = child.stdout.take().context("child stdout")?;
-        let stdin = child.stdin.take().context("child stdin")?;
+        let child = Arc::new(child);
+        let (stdout, stdin) = (pipes.stdout, pipes.stdin);
         // The last few stderr lines are kept to explain a server that dies at start.
         let recent: Arc<std::sync::Mutex<std::collections::VecDeque<String>>> = Arc::default();
-        if let Some(stderr) = child.stderr.take() {
+        if let Some(stderr) = pipes.stderr {
             let (conn, recent) = (name.to_string(), recent.clone());
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
@@ -496,17 +510,30 @@ impl Connection {
             usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
         ));
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gone = Arc::new(tokio::sync::Notify::new());
         {
-            let (limit, discarded, tap, closed) = (
+            let (limit, discarded, tap, closed, gone) = (
                 limit.clone(),
                 discarded.clone(),
                 tap.clone(),
                 closed.clone(),
+                gone.clone(),
             );
             tokio::spawn(async move {
                 filter_messages(stdout, ours, limit, discarded, Some(tap)).await;
                 // The server closed its stdout (it exited): nothing more will be answered.
                 closed.store(true, Ordering::Release);
+                gone.notify_waiters();
+            });
+        }
+        {
+            // The server exited (reaped): even if a descendant still holds its stdout open,
+            // nothing more will be answered.
+            let (mut exit, closed, gone) = (child.exit_watch(), closed.clone(), gone.clone());
+            tokio::spawn(async move {
+                let _ = exit.wait_for(Option::is_some).await;
+                closed.store(true, Ordering::Release);
+                gone.notify_waiters();
             });
         }
         let stdin = TapWriter {
@@ -514,20 +541,18 @@ impl Connection {
             tap: tap.clone(),
             partial: Vec::new(),
         };
-        let handshake = tokio::time::timeout(INITIALIZE_TIMEOUT, ().serve((filtered, stdin))).await;
+        let handshake = tokio::time::timeout(initialize_timeout, ().serve((filtered, stdin))).await;
         let client = match handshake.map_err(|_| {
             format!(
-                "no answer to initialize within {} s",
-                INITIALIZE_TIMEOUT.as_secs()
+                "no answer to initialize within {} ms",
+                initialize_timeout.as_millis()
             )
         }) {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
-                return Err(
-                    startup_failure(name, server, e.to_string(), &mut child, &recent).await,
-                );
+                return Err(startup_failure(name, server, e.to_string(), &child, &recent).await);
             }
-            Err(e) => return Err(startup_failure(name, server, e, &mut child, &recent).await),
+            Err(e) => return Err(startup_failure(name, server, e, &child, &recent).await),
         };
         // Never answer from a cache: a stale tools/list or resources/read would hide drift
         // and serve content the server no longer stands behind.
@@ -538,15 +563,98 @@ impl Connection {
         Ok(Self {
             name: name.to_string(),
             max_message_bytes: limit,
-            client,
-            _child: child,
+            client: Some(client),
+            process: Some(child),
+            unstarted: None,
             requests: AtomicU64::new(0),
             discarded,
             tap,
             discovery: tokio::sync::Mutex::new(()),
             first_initialize: std::sync::Mutex::new(None),
             closed,
+            gone,
         })
+    }
+
+    /// A connection whose server could not be started (`why`, the host's words): it has
+    /// [exited](Connection::has_exited), so the host's watcher starts it again; every
+    /// request fails at once as unavailable.
+    pub fn unstarted(name: &str, why: String, max_message_bytes: u64) -> Self {
+        Self {
+            name: name.to_string(),
+            max_message_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(
+                usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+            )),
+            client: None,
+            process: None,
+            unstarted: Some(why),
+            requests: AtomicU64::new(0),
+            discarded: Arc::default(),
+            tap: Arc::new(Tap {
+                label: name.to_string(),
+                ..Tap::default()
+            }),
+            discovery: tokio::sync::Mutex::new(()),
+            first_initialize: std::sync::Mutex::new(None),
+            closed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            gone: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// The server's process id (its process group id too); `None` if it never started.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pid())
+    }
+
+    /// Why the connection is not serving, in the host's words: it never started (and
+    /// why), the server exited (and how), or it closed its stdout. `None` while open.
+    pub fn down_reason(&self) -> Option<String> {
+        if let Some(why) = &self.unstarted {
+            return Some(why.clone());
+        }
+        if let Some(d) = self.degraded() {
+            return Some(d);
+        }
+        if self.is_open() {
+            return None;
+        }
+        Some(
+            match self.process.as_ref().and_then(|p| p.exit_status()) {
+                Some(status) => format!("the server exited ({status})"),
+                None => "the server closed the connection".to_string(),
+            },
+        )
+    }
+
+    /// Resolves once the connection [has exited](Connection::has_exited) (never for a
+    /// degraded one, which is not restarted by itself).
+    pub async fn until_gone(&self) {
+        loop {
+            let notified = self.gone.notified();
+            if self.has_exited() {
+                return;
+            }
+            if self.tap.degraded.get().is_some() {
+                return std::future::pending().await;
+            }
+            // Polled too, in case the transport closed under rmcp without our reader ending.
+            let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+        }
+    }
+
+    /// Resolves once the connection is degraded (see the module rules).
+    pub async fn until_degraded(&self) {
+        self.tap.until_degraded().await;
+    }
+
+    /// Stops the server and every process of its group: `SIGTERM`, up to `grace`, then
+    /// `SIGKILL` (see [`process`]). Returns how it ended (`None`: it never started).
+    pub async fn terminate(&self, grace: Duration) -> Option<String> {
+        let process = self.process.as_ref()?;
+        let how = process.terminate(grace).await;
+        self.closed.store(true, Ordering::Release);
+        self.gone.notify_waiters();
+        how
     }
 
     /// How many `notifications/*/list_changed` the server has sent so far. Counted as the
@@ -572,7 +680,7 @@ impl Connection {
     /// restarted (a server that broke the protocol is not started again by itself).
     pub fn has_exited(&self) -> bool {
         // Degrading stops the reader too; that is not the server going away.
-        (self.closed.load(Ordering::Acquire) || self.client.is_closed())
+        (self.closed.load(Ordering::Acquire) || self.client.as_ref().is_none_or(|c| c.is_closed()))
             && self.tap.degraded.get().is_none()
     }
 
@@ -580,7 +688,7 @@ impl Connection {
     /// and the connection is not degraded.
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
-            && !self.client.is_closed()
+            && self.client.as_ref().is_some_and(|c| !c.is_closed())
             && self.tap.degraded.get().is_none()
     }
 
@@ -678,7 +786,7 @@ impl Connection {
         key: &str,
         timeout: Duration,
     ) -> Result<Vec<Value>, UpstreamFailure> {
-        let peer = self.client.peer();
+        let peer = self.peer().map_err(|e| e.0)?;
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         let mut seen_cursors = std::collections::BTreeSet::new();
@@ -769,7 +877,7 @@ impl Connection {
 
     /// The server's reported implementation name and version (an observation, not a key).
     pub fn server_info(&self) -> Option<(String, String)> {
-        self.client.peer_info().and_then(|i| {
+        self.client.as_ref()?.peer_info().and_then(|i| {
             i.server_info
                 .as_ref()
                 .map(|s| (s.name.clone(), s.version.clone()))
@@ -846,8 +954,8 @@ impl Connection {
         if self.tap.degraded.get().is_some() {
             return Err((self.degraded_failure(), None));
         }
+        let peer = self.peer()?;
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let peer = self.client.peer();
         let handle = peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
             .await
@@ -875,6 +983,21 @@ impl Connection {
             ))
             .await;
         Err((failure, Some(id.to_string())))
+    }
+
+    /// The rmcp peer, or why there is none (the server never started).
+    fn peer(&self) -> Result<&rmcp::service::Peer<RoleClient>, (UpstreamFailure, Option<String>)> {
+        match &self.client {
+            Some(c) => Ok(c.peer()),
+            None => Err((
+                UpstreamFailure::Unavailable(format!(
+                    "connection `{}` is not connected: {}",
+                    self.name,
+                    self.unstarted.as_deref().unwrap_or("it never started")
+                )),
+                None,
+            )),
+        }
     }
 
     fn timed_out(&self, timeout: Duration) -> UpstreamFailure {
