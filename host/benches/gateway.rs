@@ -615,14 +615,14 @@ async fn snapshot_and_diff(n: usize) {
     let registry = Registry::new(Arc::new(SqliteStore::open(state.path()).unwrap()));
 
     let rev_d = registry.identify("notes", &drifted).unwrap();
-    let conn_d = Connection::start_stdio("notes", &drifted, budget)
+    let conn_d = Connection::start_stdio("notes", &drifted, budget, airlock::upstream::INITIALIZE_TIMEOUT)
         .await
         .unwrap();
     let drifted_catalogue =
         Registry::catalogue(&rev_d, conn_d.discover(DISCOVERY_TIMEOUT).await.unwrap());
 
     let rev = registry.identify("notes", &plain).unwrap();
-    let conn = Connection::start_stdio("notes", &plain, budget)
+    let conn = Connection::start_stdio("notes", &plain, budget, airlock::upstream::INITIALIZE_TIMEOUT)
         .await
         .unwrap();
     let first = Registry::catalogue(&rev, conn.discover(DISCOVERY_TIMEOUT).await.unwrap());
@@ -654,7 +654,7 @@ async fn snapshot_and_diff(n: usize) {
     drop(conn);
 
     let rev_p = registry.identify("notes", &paged).unwrap();
-    let conn_p = Connection::start_stdio("notes", &paged, budget)
+    let conn_p = Connection::start_stdio("notes", &paged, budget, airlock::upstream::INITIALIZE_TIMEOUT)
         .await
         .unwrap();
     let mut paged_discover = Vec::new();

@@ -583,7 +583,7 @@ async fn the_adapter_gets_an_upstream_error_never_the_refused_answer() {
             credential_scope: None,
             identity_files: vec![],
         };
-        let connection = Connection::start_stdio("hostile", &server, budget.max_bytes)
+        let connection = Connection::start_stdio("hostile", &server, budget.max_bytes, airlock::upstream::INITIALIZE_TIMEOUT)
             .await
             .unwrap();
         let grant = Arc::new(UpstreamGrant {

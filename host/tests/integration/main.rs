@@ -19,6 +19,7 @@ mod grants_cli;
 mod host_versions;
 mod hostile;
 mod inspector;
+mod lifecycle;
 mod python_client;
 mod registry;
 mod reload;
