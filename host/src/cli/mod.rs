@@ -41,10 +41,12 @@ struct Cli {
 enum Command {
     /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
     ///
-    /// Loads each mapping (refusing any component whose sha256 differs from its pin),
-    /// starts every connection a mapping uses and snapshots its catalogue, offers the
-    /// mappings whose pins match, then answers tools/list and tools/call until stdin
-    /// closes.
+    /// Loads each mapping (refusing, alone, any component whose sha256 differs from its
+    /// pin), starts every connection a mapping uses in parallel (each within
+    /// start_timeout) and snapshots its catalogue, offers the mappings whose pins match,
+    /// then answers tools/list and tools/call until stdin closes or SIGTERM/SIGINT; then
+    /// drains the calls in flight (at most 10 s) and stops every upstream server and its
+    /// process group.
     #[command(after_help = "\
 Configuration (TOML; relative paths resolve against the file's folder):
 
@@ -58,7 +60,9 @@ Configuration (TOML; relative paths resolve against the file's folder):
   manifest = \"target/airlock/adapters/source-library/mapping.toml\"
 
   # Top-level keys (before any table): mappings_dir = \"mappings\" (watched, hot-reloaded),
-  # state_dir = \"state\", snapshot_interval = \"10m\".
+  # state_dir = \"state\", snapshot_interval = \"10m\", start_timeout = \"10s\" (spawn +
+  # initialize + discovery of one connection; one that fails or takes longer is retried in
+  # the background, 0.5 s doubling to 30 s, and offered once it is ready).
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.

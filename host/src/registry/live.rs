@@ -682,7 +682,8 @@ impl Live {
             catalogue: ArcSwap::from_pointee(empty),
             snapshot: Arc::new(ArcSwap::from_pointee(String::new())),
             seen: AtomicU64::new(0),
-            healthy: std::sync::atomic::AtomicBool::new(false),
+            // Not stale: it is refused for not being open until its first start installs it.
+            healthy: std::sync::atomic::AtomicBool::new(true),
             refresh: tokio::sync::Mutex::new(()),
             status: ArcSwap::from_pointee(ConnectionStatus::Connecting),
         });
@@ -752,7 +753,6 @@ impl Live {
     ) -> Result<()> {
         let _mappings = self.reload.lock().await;
         let _one = state.refresh.lock().await;
-        state.healthy.store(false, Ordering::Release);
         let catalogue = Registry::catalogue(&state.revision, raw);
         let previous = state.snapshot_digest();
         let observed = self.registry.record_snapshot(
@@ -763,6 +763,8 @@ impl Live {
         )?;
         tracing::info!(connection = %state.name, snapshot = %crate::registry::short(&observed.digest), tools = catalogue.tools.len(), "snapshot taken");
         connection.raise_message_budget(state.connection().message_budget());
+        // Not healthy until its mappings are judged, though its new connection is open.
+        state.healthy.store(false, Ordering::Release);
         state.current.store(Arc::new(connection));
         state.catalogue.store(Arc::new(catalogue));
         state.snapshot.store(Arc::new(observed.digest));
@@ -869,7 +871,7 @@ impl Live {
     /// The connection's server went away (or broke the protocol): it stops serving at
     /// once, the clients are told the list changed, and the transition is traced.
     fn connection_lost(&self, state: &ConnectionState, degraded: bool) {
-        state.healthy.store(false, Ordering::Release);
+        // It is refused already: its connection is not open (see `is_healthy`).
         let conn = state.connection();
         let why = conn
             .down_reason()
@@ -976,7 +978,6 @@ impl Live {
         }
         if !connection.is_open() {
             // Down: nothing to discover; it serves again once restarted and installed.
-            state.healthy.store(false, Ordering::Release);
             bail!(
                 "connection `{}` is {}",
                 state.name,
@@ -1350,12 +1351,7 @@ impl Live {
                     }
                 };
                 if let Some((staged, caps)) = staged {
-                    let record = self.registry.judge(
-                        latest,
-                        &staged.tools,
-                        &staged.connection.catalogue(),
-                        &staged.connection.snapshot_digest(),
-                    )?;
+                    let record = self.judge(latest, &staged.tools, &staged.connection)?;
                     tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "approved staged manifest swapped in");
                     self.registry.trace(
                         crate::registry::events::MAPPING_LOADED,
@@ -1393,12 +1389,7 @@ impl Live {
                 changed |= was != mapping.serves();
                 continue;
             }
-            let record = self.registry.judge(
-                latest,
-                &mapping.tools,
-                &mapping.connection.catalogue(),
-                &mapping.connection.snapshot_digest(),
-            )?;
+            let record = self.judge(latest, &mapping.tools, &mapping.connection)?;
             tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "mapping record changed in the store");
             mapping.record.store(Arc::new(record));
             changed |= was != mapping.serves();
@@ -1410,6 +1401,23 @@ impl Live {
             self.notify_changed();
         }
         Ok(changed)
+    }
+
+    /// Judges `record` against its connection's current snapshot; before the connection's
+    /// first snapshot there is nothing to judge against, and the judgement happens when
+    /// it is ready (see `install`).
+    fn judge(
+        &self,
+        record: MappingRecord,
+        tools: &[String],
+        state: &ConnectionState,
+    ) -> Result<MappingRecord> {
+        let snapshot = state.snapshot_digest();
+        if snapshot.is_empty() {
+            return Ok(record);
+        }
+        self.registry
+            .judge(record, tools, &state.catalogue(), &snapshot)
     }
 
     /// Loads (or reloads) the mapping at `path` and swaps it into the catalog atomically.
