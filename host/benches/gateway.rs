@@ -615,16 +615,26 @@ async fn snapshot_and_diff(n: usize) {
     let registry = Registry::new(Arc::new(SqliteStore::open(state.path()).unwrap()));
 
     let rev_d = registry.identify("notes", &drifted).unwrap();
-    let conn_d = Connection::start_stdio("notes", &drifted, budget, airlock::upstream::INITIALIZE_TIMEOUT)
-        .await
-        .unwrap();
+    let conn_d = Connection::start_stdio(
+        "notes",
+        &drifted,
+        budget,
+        airlock::upstream::INITIALIZE_TIMEOUT,
+    )
+    .await
+    .unwrap();
     let drifted_catalogue =
         Registry::catalogue(&rev_d, conn_d.discover(DISCOVERY_TIMEOUT).await.unwrap());
 
     let rev = registry.identify("notes", &plain).unwrap();
-    let conn = Connection::start_stdio("notes", &plain, budget, airlock::upstream::INITIALIZE_TIMEOUT)
-        .await
-        .unwrap();
+    let conn = Connection::start_stdio(
+        "notes",
+        &plain,
+        budget,
+        airlock::upstream::INITIALIZE_TIMEOUT,
+    )
+    .await
+    .unwrap();
     let first = Registry::catalogue(&rev, conn.discover(DISCOVERY_TIMEOUT).await.unwrap());
     assert_eq!(first.tools.len(), 500);
     let tools_bytes = serde_json::to_vec(&first.tools).unwrap().len();
@@ -654,9 +664,14 @@ async fn snapshot_and_diff(n: usize) {
     drop(conn);
 
     let rev_p = registry.identify("notes", &paged).unwrap();
-    let conn_p = Connection::start_stdio("notes", &paged, budget, airlock::upstream::INITIALIZE_TIMEOUT)
-        .await
-        .unwrap();
+    let conn_p = Connection::start_stdio(
+        "notes",
+        &paged,
+        budget,
+        airlock::upstream::INITIALIZE_TIMEOUT,
+    )
+    .await
+    .unwrap();
     let mut paged_discover = Vec::new();
     for i in 0..=n {
         let start = Instant::now();

@@ -696,8 +696,11 @@ impl Live {
             };
             if let Err(e) = installed {
                 let why = format!("{e:#}");
-                s.current
-                    .store(Arc::new(Connection::unstarted(&s.name, why.clone(), budget)));
+                s.current.store(Arc::new(Connection::unstarted(
+                    &s.name,
+                    why.clone(),
+                    budget,
+                )));
                 host.set_status(&s, ConnectionStatus::Disconnected(why));
                 host.watch_connection(&s);
             }
@@ -788,7 +791,12 @@ impl Live {
         }
     }
 
-    fn trace_status(&self, state: &ConnectionState, from: Option<&ConnectionStatus>, to: &ConnectionStatus) {
+    fn trace_status(
+        &self,
+        state: &ConnectionState,
+        from: Option<&ConnectionStatus>,
+        to: &ConnectionStatus,
+    ) {
         tracing::warn!(
             connection = %state.name,
             from = from.map_or("none", |f| f.as_str()),
@@ -978,11 +986,7 @@ impl Live {
         }
         if !connection.is_open() {
             // Down: nothing to discover; it serves again once restarted and installed.
-            bail!(
-                "connection `{}` is {}",
-                state.name,
-                state.status()
-            );
+            bail!("connection `{}` is {}", state.name, state.status());
         }
         let raw = match connection.discover(DISCOVERY_TIMEOUT).await {
             Ok(raw) => raw,
@@ -1115,36 +1119,36 @@ impl Live {
             // pins once it has (see `install`), before anything of theirs is offered.
             tracing::warn!(mapping = %name, connection = %m.mapping.connection, status = %state.status(), "mapping loaded; not offered until its connection starts and its pins are checked");
         } else {
-        match self
-            .registry
-            .evaluate(&record, &m.upstream.tools, &state.catalogue())
-        {
-            Verdict::Serves => {
-                tracing::info!(mapping = %name, revision = record.revision, state = %record.state, "mapping serves");
-            }
-            Verdict::Blocked {
-                reason,
-                drift,
-                needs_review,
-            } => {
-                if needs_review
-                    && let Some(new) = self.registry.require_review(
-                        &record,
-                        &reason,
-                        &drift,
-                        &state.snapshot_digest(),
-                    )?
-                {
-                    record = new;
+            match self
+                .registry
+                .evaluate(&record, &m.upstream.tools, &state.catalogue())
+            {
+                Verdict::Serves => {
+                    tracing::info!(mapping = %name, revision = record.revision, state = %record.state, "mapping serves");
                 }
-                tracing::warn!(
-                    mapping = %name,
-                    revision = record.revision,
-                    state = %record.state,
-                    "mapping loaded but not offered: {reason}. Review it: `airlock discover {connection} --config FILE`, `airlock review show {name}`, then `airlock review approve {name} --config FILE --reviewer NAME`", connection = m.mapping.connection
-                );
+                Verdict::Blocked {
+                    reason,
+                    drift,
+                    needs_review,
+                } => {
+                    if needs_review
+                        && let Some(new) = self.registry.require_review(
+                            &record,
+                            &reason,
+                            &drift,
+                            &state.snapshot_digest(),
+                        )?
+                    {
+                        record = new;
+                    }
+                    tracing::warn!(
+                        mapping = %name,
+                        revision = record.revision,
+                        state = %record.state,
+                        "mapping loaded but not offered: {reason}. Review it: `airlock discover {connection} --config FILE`, `airlock review show {name}`, then `airlock review approve {name} --config FILE --reviewer NAME`", connection = m.mapping.connection
+                    );
+                }
             }
-        }
         }
         self.registry.trace(
             crate::registry::events::MAPPING_LOADED,

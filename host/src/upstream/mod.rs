@@ -618,12 +618,10 @@ impl Connection {
         if self.is_open() {
             return None;
         }
-        Some(
-            match self.process.as_ref().and_then(|p| p.exit_status()) {
-                Some(status) => format!("the server exited ({status})"),
-                None => "the server closed the connection".to_string(),
-            },
-        )
+        Some(match self.process.as_ref().and_then(|p| p.exit_status()) {
+            Some(status) => format!("the server exited ({status})"),
+            None => "the server closed the connection".to_string(),
+        })
     }
 
     /// Resolves once the connection [has exited](Connection::has_exited) (never for a

@@ -68,8 +68,13 @@ impl Process {
         // async-signal-safe functions (prctl, getppid, _exit).
         unsafe {
             cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0)
-                    == -1
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) == -1
                 {
                     return Err(std::io::Error::last_os_error());
                 }

@@ -583,9 +583,14 @@ async fn the_adapter_gets_an_upstream_error_never_the_refused_answer() {
             credential_scope: None,
             identity_files: vec![],
         };
-        let connection = Connection::start_stdio("hostile", &server, budget.max_bytes, airlock::upstream::INITIALIZE_TIMEOUT)
-            .await
-            .unwrap();
+        let connection = Connection::start_stdio(
+            "hostile",
+            &server,
+            budget.max_bytes,
+            airlock::upstream::INITIALIZE_TIMEOUT,
+        )
+        .await
+        .unwrap();
         let grant = Arc::new(UpstreamGrant {
             mapping: "hostile".into(),
             connection: Arc::new(arc_swap::ArcSwap::from_pointee(connection)),

@@ -274,7 +274,11 @@ async fn a_failed_upstream_comes_back_judged_and_announced() {
         Some("connecting"),
         "{states:?}"
     );
-    assert_eq!(states.last().map(String::as_str), Some("ready"), "{states:?}");
+    assert_eq!(
+        states.last().map(String::as_str),
+        Some("ready"),
+        "{states:?}"
+    );
     assert!(states.contains(&"disconnected".to_string()), "{states:?}");
     client.cancel().await.unwrap();
 }
@@ -334,13 +338,18 @@ async fn a_killed_upstream_leaves_the_list_is_reaped_and_comes_back() {
                 assert_eq!(result.is_error, Some(true), "{}", text_of(&result));
             }
             Err(e) => {
-                assert!(error_code(&e).is_some(), "a JSON-RPC answer, not a hang: {e}");
+                assert!(
+                    error_code(&e).is_some(),
+                    "a JSON-RPC answer, not a hang: {e}"
+                );
             }
         }
     }
     // It comes back, re-snapshotted and judged, and serves again.
-    let (ok, names) =
-        until_names(&client, 20, |names| names == ["search_sources", "retrieve_source"]).await;
+    let (ok, names) = until_names(&client, 20, |names| {
+        names == ["search_sources", "retrieve_source"]
+    })
+    .await;
     assert!(ok, "{names:?}");
     let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
         .await
@@ -489,7 +498,9 @@ async fn a_mapping_whose_component_does_not_match_its_pin_is_refused_alone() {
         .mapping("source-library")
         .with_outbox(&[]);
     d.approve_all();
-    let wasm = d.mapping_dir("outbox-delivery").join("outbox_delivery.wasm");
+    let wasm = d
+        .mapping_dir("outbox-delivery")
+        .join("outbox_delivery.wasm");
     let mut bytes = std::fs::read(&wasm).unwrap();
     bytes.extend_from_slice(&[0x00, 0x05, 0x04, b'e', b'v', b'i', b'l']);
     std::fs::write(&wasm, &bytes).unwrap();
