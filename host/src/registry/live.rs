@@ -220,9 +220,14 @@ impl ConnectionState {
     }
 }
 
-/// Longest time `Live::start` waits for its connections' first start before it serves
-/// (never longer than `start_timeout`); a connection still starting then comes later.
-pub const START_WAIT: Duration = Duration::from_secs(5);
+/// `Live::start` serves once every connection's first start succeeded or failed, except
+/// that it does not wait for a straggler: once the first connection is done it waits at
+/// most [`START_WAIT_FACTOR`] times as long as that one took, and at least this long
+/// (never beyond `start_timeout`). A connection still starting then comes later.
+pub const START_WAIT_MIN: Duration = Duration::from_secs(2);
+
+/// See [`START_WAIT_MIN`].
+pub const START_WAIT_FACTOR: u32 = 3;
 
 /// Least time between two restarts of one connection.
 pub const MIN_RESTART_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
@@ -500,22 +505,41 @@ impl Live {
         }
         let mut starts = Vec::new();
         for (name, budget) in budgets {
-            match host.open_connection(&name, budget) {
+            match host.open_connection(&name, budget, false).await {
                 Ok((state, first)) => {
                     host.connections.lock().await.insert(name, state);
-                    starts.push(first);
+                    starts.extend(first);
                 }
                 Err(e) => {
                     tracing::error!(connection = %name, "connection cannot be started: {e:#}");
                 }
             }
         }
-        // Serve once every connection is ready or failed, or after START_WAIT: one that is
-        // still starting keeps starting in the background, and its capabilities appear
-        // (with list_changed) once it is ready and its mappings judged.
-        let deadline = tokio::time::Instant::now() + START_WAIT.min(config.start_timeout);
+        // Serve once every connection is ready or failed — but a straggler is not waited
+        // for: see `START_WAIT_MIN`. It keeps starting in the background, and its
+        // capabilities appear (with list_changed) once it is ready and its mappings judged.
+        let begun = tokio::time::Instant::now();
+        let limit = begun + config.start_timeout;
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+        let pending = starts.len();
         for first in starts {
-            let _ = tokio::time::timeout_at(deadline, first).await;
+            let done = done_tx.clone();
+            tokio::spawn(async move {
+                let _ = first.await;
+                let _ = done.send(());
+            });
+        }
+        drop(done_tx);
+        let mut deadline = limit;
+        for finished in 0..pending {
+            match tokio::time::timeout_at(deadline, done_rx.recv()).await {
+                Ok(Some(())) if finished == 0 => {
+                    let first = begun.elapsed();
+                    deadline = limit.min(begun + START_WAIT_MIN.max(first * START_WAIT_FACTOR));
+                }
+                Ok(Some(())) => {}
+                Ok(None) | Err(_) => break,
+            }
         }
         // Bound and swapped in under the reload lock, which a connection becoming ready
         // takes to judge its mappings: each mapping is judged either here or there.
@@ -633,24 +657,27 @@ impl Live {
             c.connection().raise_message_budget(budget);
             return Ok(c.clone());
         }
-        let (state, _first) = self.open_connection(name, budget)?;
+        // Started inline: the caller (a mapping loaded while serving) holds the reload lock
+        // and binds against the connection's first snapshot, as at start.
+        let (state, _) = self.open_connection(name, budget, true).await?;
         connections.insert(name.to_string(), state.clone());
         Ok(state)
     }
 
-    /// Identifies connection `name` and starts it in the background (within
-    /// `start_timeout`); the handle resolves when that first start succeeded or failed.
-    /// A start that fails leaves it `disconnected`, with its reason, and retried in the
-    /// background.
+    /// Identifies connection `name` and starts it (within `start_timeout`): in the
+    /// background, the handle resolving when that first start succeeded or failed; or
+    /// `inline` (the caller holds the reload lock), returning once it did. A start that
+    /// fails leaves it `disconnected`, with its reason, and retried in the background.
     ///
     /// # Errors
     /// The connection is not configured or cannot be identified (its executable cannot
     /// be read); the store fails.
-    fn open_connection(
+    async fn open_connection(
         self: &Arc<Self>,
         name: &str,
         budget: u64,
-    ) -> Result<(Arc<ConnectionState>, tokio::task::JoinHandle<()>)> {
+        inline: bool,
+    ) -> Result<(Arc<ConnectionState>, Option<tokio::task::JoinHandle<()>>)> {
         let server = self
             .config
             .connections
@@ -689,9 +716,11 @@ impl Live {
         });
         self.trace_status(&state, None, &ConnectionStatus::Connecting);
         let (host, s, server) = (self.clone(), state.clone(), server.clone());
-        let first = tokio::spawn(async move {
+        let first = async move {
             let installed = match host.establish(&s, &server, budget).await {
-                Ok((connection, raw, seen)) => host.install(&s, connection, raw, seen).await,
+                Ok((connection, raw, seen)) => {
+                    host.install(&s, connection, raw, seen, inline).await
+                }
                 Err(e) => Err(e),
             };
             if let Err(e) = installed {
@@ -704,8 +733,12 @@ impl Live {
                 host.set_status(&s, ConnectionStatus::Disconnected(why));
                 host.watch_connection(&s);
             }
-        });
-        Ok((state, first))
+        };
+        if inline {
+            first.await;
+            return Ok((state, None));
+        }
+        Ok((state, Some(tokio::spawn(first))))
     }
 
     /// Starts the server of `state` and discovers its catalogue, together within
@@ -753,8 +786,14 @@ impl Live {
         connection: Connection,
         raw: crate::upstream::RawDiscovery,
         seen: u64,
+        reload_held: bool,
     ) -> Result<()> {
-        let _mappings = self.reload.lock().await;
+        // Mappings are judged under the reload lock (see `start_with_registry`).
+        let _mappings = if reload_held {
+            None
+        } else {
+            Some(self.reload.lock().await)
+        };
         let _one = state.refresh.lock().await;
         let catalogue = Registry::catalogue(&state.revision, raw);
         let previous = state.snapshot_digest();
@@ -859,7 +898,7 @@ impl Live {
         tracing::info!(connection = %state.name, "restarting a closed upstream connection");
         let budget = old.message_budget();
         let installed = match self.establish(state, server, budget).await {
-            Ok((connection, raw, seen)) => self.install(state, connection, raw, seen).await,
+            Ok((connection, raw, seen)) => self.install(state, connection, raw, seen, false).await,
             Err(e) => Err(e),
         };
         drop(last);
