@@ -1084,7 +1084,7 @@ async fn serve(
     );
     let front = crate::front::McpFront::new(host.clone(), session);
     let running = front
-        .serve(rmcp::transport::stdio())
+        .serve(crate::front::stdio::transport())
         .await
         .context("MCP initialize with the client on stdio")?;
     running.waiting().await.context("MCP session")?;

@@ -15,6 +15,7 @@
 //!   request with an id gets an answer.
 
 pub mod render;
+pub mod stdio;
 
 use std::future::Future;
 use std::pin::Pin;
