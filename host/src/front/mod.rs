@@ -10,9 +10,17 @@
 //!   `notifications/tools/list_changed`; a 2026-07-28 client (per-request `_meta`, no
 //!   server→client requests) receives an `input_required` result whose `elicitation/create`
 //!   input request it answers on its retry.
-//! - Refusals the model should read are tool results with `isError: true` (SEP-1303);
-//!   unknown tools and arguments that do not convert are `-32602 invalid params`. Every
-//!   request with an id gets an answer.
+//! - Refusals the model should read are tool results with `isError: true` (SEP-1303),
+//!   arguments that do not convert and references that do not resolve among them; only an
+//!   unknown tool is `-32602 invalid params` (the spec's own example). Every request with
+//!   an id gets an answer: on stdio, [`stdio`] answers what never reaches rmcp.
+//! - `tools/list` is in a fixed order (sorted by name, [`crate::pipeline::offer`]) and, for
+//!   2026-07-28, carries `ttlMs` [`TOOLS_LIST_TTL_MS`] and `cacheScope: "private"` (what is
+//!   offered depends on the requester and profile).
+//! - A 2026-07-28 client opens `subscriptions/listen` with `toolsListChanged` and receives
+//!   `notifications/tools/list_changed` on that stream whenever what could be offered
+//!   changes, until it cancels or the transport closes. Airlock offers no resources or
+//!   prompts, so their categories are not accepted.
 
 pub mod render;
 pub mod stdio;
@@ -28,9 +36,9 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
     ElicitRequestParams, ElicitationAction, Implementation, InputRequest, InputRequests,
     InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool,
+    ServerConfig, SubscriptionFilter, Tool, CacheScope,
 };
-use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 
 use crate::host::Host;
 use crate::pipeline::approve::{INPUT_KEY, approval_schema};
@@ -40,6 +48,12 @@ use crate::pipeline::{
 
 /// The first protocol version of the stateless generation.
 pub const STATELESS_SINCE: &str = "2026-07-28";
+
+/// How long a 2026-07-28 client may reuse a `tools/list` result (`ttlMs`, SEP-2549): one
+/// minute. Nothing depends on the cache for safety (every call is resolved and re-checked
+/// against what serves now); a change is announced at once to a client listening on
+/// `subscriptions/listen`, and one that does not listen sees it within this bound.
+pub const TOOLS_LIST_TTL_MS: u64 = 60_000;
 
 /// One model-facing MCP session over one transport.
 #[derive(Clone)]
@@ -162,7 +176,8 @@ impl Asker for PeerAsker {
 /// Renders an outcome as the MCP answer to `tools/call`.
 ///
 /// # Errors
-/// [`Outcome::Invalid`] is a `-32602` protocol error.
+/// [`Outcome::Invalid`] (an unknown tool) is a `-32602` protocol error; everything else,
+/// refusals of arguments included, is a tool result.
 pub fn respond(outcome: Outcome) -> Result<CallToolResponse, McpError> {
     match outcome {
         Outcome::Completed(c) => Ok(render::completed(&c).into()),
@@ -219,8 +234,16 @@ impl ServerHandler for McpFront {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let offered = pipeline::offer::offered(&self.host, &self.session, &abilities(&context));
-        Ok(ListToolsResult::with_all_items(offered.tools))
+        let abilities = abilities(&context);
+        let offered = pipeline::offer::offered(&self.host, &self.session, &abilities);
+        let result = ListToolsResult::with_all_items(offered.tools);
+        Ok(if abilities.stateless {
+            result
+                .with_ttl_ms(TOOLS_LIST_TTL_MS)
+                .with_cache_scope(CacheScope::Private)
+        } else {
+            result
+        })
     }
 
     async fn call_tool(
@@ -248,6 +271,47 @@ impl ServerHandler for McpFront {
         match finished.respond(respond).await {
             Ok(r) => r,
             Err(failed) => respond(failed),
+        }
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        // Only the tool list changes here: Airlock offers no resources or prompts.
+        Some(if requested.tools_list_changed == Some(true) {
+            SubscriptionFilter::builder().tools_list_changed().build()
+        } else {
+            SubscriptionFilter::new()
+        })
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        if subscription.accepted().tools_list_changed != Some(true) {
+            subscription.cancelled().await;
+            return Ok(());
+        }
+        let mut changes = self.host.live().changes();
+        changes.mark_unchanged();
+        let sink = subscription.sink().clone();
+        let peer = subscription.request_context().peer.clone();
+        loop {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // The host is stopping: end the stream gracefully.
+                        return Ok(());
+                    }
+                    if let Err(e) = sink.notify_tool_list_changed().await {
+                        tracing::debug!("subscription closed: {e}");
+                        return Ok(());
+                    }
+                    if peer.is_transport_closed() {
+                        return Ok(());
+                    }
+                }
+            }
         }
     }
 

@@ -1016,7 +1016,6 @@ fn degrade(tap: &Tap, why: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn list_changed_is_counted_however_it_is_spelled_or_padded() {
