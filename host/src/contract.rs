@@ -604,9 +604,11 @@ fn expected_kind(shape: &Shape) -> &'static str {
         | Shape::S32
         | Shape::S64 => "an integer",
         Shape::F32 | Shape::F64 => "a number",
-        Shape::Char | Shape::String | Shape::Handle(_) | Shape::HostSupplied(_) | Shape::Enum(_) => {
-            "a string"
-        }
+        Shape::Char
+        | Shape::String
+        | Shape::Handle(_)
+        | Shape::HostSupplied(_)
+        | Shape::Enum(_) => "a string",
         Shape::List(_) | Shape::Tuple(_) | Shape::Flags(_) => "an array",
         Shape::Record(_) | Shape::Result { .. } => "an object",
         Shape::Option(_) | Shape::Variant(_) => "an allowed value",

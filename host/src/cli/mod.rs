@@ -43,8 +43,11 @@ enum Command {
     ///
     /// Loads each mapping (refusing any component whose sha256 differs from its pin),
     /// starts every connection a mapping uses and snapshots its catalogue, offers the
-    /// mappings whose pins match, then answers tools/list and tools/call until stdin
-    /// closes.
+    /// mappings whose pins match, then answers tools/list, tools/call and (2026-07-28)
+    /// subscriptions/listen until stdin closes. Every request with an id is answered:
+    /// lines that are not JSON, longer than 16 MiB or batches get a JSON-RPC error, and
+    /// arguments a tool refuses are a tool result with isError (README "What the front
+    /// answers").
     #[command(after_help = "\
 Configuration (TOML; relative paths resolve against the file's folder):
 

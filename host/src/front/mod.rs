@@ -33,10 +33,10 @@ use std::time::Duration;
 use rmcp::ErrorData as McpError;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
-    ElicitRequestParams, ElicitationAction, Implementation, InputRequest, InputRequests,
-    InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, SubscriptionFilter, Tool, CacheScope,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    ElicitRequest, ElicitRequestParams, ElicitationAction, Implementation, InputRequest,
+    InputRequests, InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 
@@ -130,6 +130,16 @@ pub fn abilities(context: &RequestContext<RoleServer>) -> ClientAbilities {
         protocol,
         stateless,
         elicitation,
+    }
+}
+
+/// What of a `subscriptions/listen` filter is accepted: the tool list only (Airlock
+/// offers no resources or prompts).
+pub fn accepted_filter(requested: &SubscriptionFilter) -> SubscriptionFilter {
+    if requested.tools_list_changed == Some(true) {
+        SubscriptionFilter::builder().tools_list_changed().build()
+    } else {
+        SubscriptionFilter::new()
     }
 }
 
@@ -278,12 +288,7 @@ impl ServerHandler for McpFront {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        // Only the tool list changes here: Airlock offers no resources or prompts.
-        Some(if requested.tools_list_changed == Some(true) {
-            SubscriptionFilter::builder().tools_list_changed().build()
-        } else {
-            SubscriptionFilter::new()
-        })
+        Some(accepted_filter(requested))
     }
 
     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
@@ -326,5 +331,53 @@ impl ServerHandler for McpFront {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Category;
+
+    #[test]
+    fn only_an_unknown_tool_is_a_protocol_error() {
+        let err = respond(Outcome::Invalid {
+            message: "unknown tool `x`".into(),
+        })
+        .unwrap_err();
+        assert_eq!(err.code.0, -32602);
+        let refused = respond(Outcome::refused(
+            Category::InvalidRequest,
+            "invalid arguments for `search_sources`: /query: expected a string, got a number",
+        ))
+        .unwrap();
+        let CallToolResponse::Complete(result) = refused else {
+            panic!("not a complete result");
+        };
+        assert_eq!(result.is_error, Some(true));
+        let text = &result.content[0].as_text().unwrap().text;
+        assert!(
+            text.starts_with("invalid request: invalid arguments for `search_sources`: /query"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn listen_accepts_only_the_tool_list() {
+        let everything = SubscriptionFilter::builder()
+            .tools_list_changed()
+            .prompts_list_changed()
+            .resources_list_changed()
+            .resource_subscription("notes://x")
+            .build();
+        let accepted = accepted_filter(&everything);
+        assert_eq!(
+            accepted_filter(&SubscriptionFilter::new()),
+            SubscriptionFilter::new()
+        );
+        assert_eq!(accepted.tools_list_changed, Some(true));
+        assert_eq!(accepted.prompts_list_changed, None);
+        assert_eq!(accepted.resources_list_changed, None);
+        assert_eq!(accepted.resource_subscriptions, None);
     }
 }

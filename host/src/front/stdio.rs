@@ -28,8 +28,8 @@
 //! resolved; no candidate exists to refuse, and a well-formed client never produces it.
 //!
 //! Cost: one parse per line (the strict parse builds the JSON tree rmcp's typed messages
-//! are then read from); reads and writes run on the runtime's IO driver when stdin and
-//! stdout are pipes ([`rmcp::transport::stdio_pipes`]), so no thread hand-off per line.
+//! are then read from); reads and writes go through tokio's stdin and stdout handles, the
+//! same hand-off rmcp's own `stdio()` makes, and no other.
 //! The reader is cancel safe (rmcp polls `receive` inside `select!`): a partial line stays
 //! in the transport, and answers are queued in it before they are written.
 
@@ -61,8 +61,14 @@ pub const INVALID_REQUEST: i32 = -32600;
 pub const INVALID_PARAMS: i32 = -32602;
 
 /// The front's transport over the process's stdin and stdout.
-pub fn transport() -> StdioFront<rmcp::transport::StdioReader, rmcp::transport::StdioWriter> {
-    let (read, write) = rmcp::transport::stdio_pipes();
+///
+/// These are tokio's blocking-pool handles, as rmcp's own `stdio()` uses. Not
+/// `stdio_pipes()` (the IO driver): its readiness is polled by the runtime workers, and
+/// while every worker runs a spinning guest (each yielding per epoch tick) a line waits
+/// for the driver's next turn — `hostile::neighbours_are_served_while_adapters_spin`
+/// measured the neighbour's answer past its bound that way.
+pub fn transport() -> StdioFront<tokio::io::Stdin, tokio::io::Stdout> {
+    let (read, write) = rmcp::transport::stdio();
     StdioFront::new(read, write)
 }
 
@@ -171,8 +177,7 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send + 'static> StdioF
                 let chunk = &available[..take];
                 if let Some(scan) = self.skipping.as_mut() {
                     scan.feed(chunk);
-                } else if self.line.len() + take > self.max_line + usize::from(newline.is_some())
-                {
+                } else if self.line.len() + take > self.max_line + usize::from(newline.is_some()) {
                     let mut scan = IdScanner::default();
                     scan.feed(&self.line);
                     scan.feed(chunk);
@@ -398,9 +403,7 @@ fn judge_value(value: Value) -> Verdict {
                 let answered = match item {
                     Value::Object(m) if m.contains_key("method") => m.get("id").map(Some),
                     // A response inside a batch is not answered.
-                    Value::Object(m) if m.contains_key("result") || m.contains_key("error") => {
-                        None
-                    }
+                    Value::Object(m) if m.contains_key("result") || m.contains_key("error") => None,
                     _ => Some(None),
                 };
                 if let Some(id) = answered {
@@ -428,8 +431,8 @@ fn judge_value(value: Value) -> Verdict {
 fn judge_object(map: Map<String, Value>) -> Verdict {
     let is_request = map.contains_key("method") && map.contains_key("id");
     let is_notification = map.contains_key("method") && !map.contains_key("id");
-    let is_response = !map.contains_key("method")
-        && (map.contains_key("result") || map.contains_key("error"));
+    let is_response =
+        !map.contains_key("method") && (map.contains_key("result") || map.contains_key("error"));
     let refuse = |id: Option<&Value>, code: i32, message: &str| {
         if is_notification || is_response {
             tracing::info!("dropped a malformed notification or response: {message}");
@@ -457,12 +460,20 @@ fn judge_object(map: Map<String, Value>) -> Verdict {
     }
     if let Some(method) = map.get("method") {
         if !method.is_string() {
-            return refuse(id, INVALID_REQUEST, "Invalid Request: `method` must be a string");
+            return refuse(
+                id,
+                INVALID_REQUEST,
+                "Invalid Request: `method` must be a string",
+            );
         }
         if let Some(params) = map.get("params")
             && !params.is_object()
         {
-            return refuse(id, INVALID_PARAMS, "Invalid params: `params` must be an object");
+            return refuse(
+                id,
+                INVALID_PARAMS,
+                "Invalid params: `params` must be an object",
+            );
         }
     } else if !is_response {
         return refuse(
@@ -588,10 +599,7 @@ impl<'de> Visitor<'de> for Strict<'_> {
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        let child = Strict {
-            top: false,
-            ..self
-        };
+        let child = Strict { top: false, ..self };
         while let Some(item) = seq.next_element_seed(child)? {
             items.push(item);
         }
@@ -666,19 +674,26 @@ mod tests {
             "]".repeat(200)
         );
         assert_eq!(one(&deep), (json!(7), -32700));
-        let surrogate = r#"{"jsonrpc":"2.0","id":"s","method":"tools/call","params":{"name":"\ud800"}}"#;
+        let surrogate =
+            r#"{"jsonrpc":"2.0","id":"s","method":"tools/call","params":{"name":"\ud800"}}"#;
         assert_eq!(one(surrogate), (json!("s"), -32700));
         let big = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"x","arguments":{"n":1e400}}}"#;
         assert_eq!(one(big), (json!(8), -32700));
-        let mut utf8 = br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":""#.to_vec();
+        let mut utf8 =
+            br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":""#.to_vec();
         utf8.extend_from_slice(b"\xff\xfe\"}}");
         let a = answer_bytes(&utf8);
-        assert_eq!((a[0]["id"].clone(), a[0]["error"]["code"].clone()), (json!(9), json!(-32700)));
+        assert_eq!(
+            (a[0]["id"].clone(), a[0]["error"]["code"].clone()),
+            (json!(9), json!(-32700))
+        );
         assert!(a[0]["error"]["message"].as_str().unwrap().contains("UTF-8"));
         assert_eq!(one("{not json"), (Value::Null, -32700));
         // The id is found wherever it stands, never inside params.
         assert_eq!(
-            one(r#"{"params":{"id":1,"x":1e400},"id":"last","method":"tools/call","jsonrpc":"2.0"}"#),
+            one(
+                r#"{"params":{"id":1,"x":1e400},"id":"last","method":"tools/call","jsonrpc":"2.0"}"#
+            ),
             (json!("last"), -32700)
         );
     }
@@ -697,18 +712,39 @@ mod tests {
 
     #[test]
     fn json_that_is_not_a_request_is_invalid_request() {
-        assert_eq!(one(r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#), (json!(1), -32600));
+        assert_eq!(
+            one(r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#),
+            (json!(1), -32600)
+        );
         assert_eq!(one(r#"{"id":2,"method":"ping"}"#), (json!(2), -32600));
-        assert_eq!(one(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#), (Value::Null, -32600));
-        assert_eq!(one(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#), (Value::Null, -32600));
-        assert_eq!(one(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#), (Value::Null, -32600));
-        assert_eq!(one(r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#), (Value::Null, -32600));
-        assert_eq!(one(r#"{"jsonrpc":"2.0","id":3,"method":7}"#), (json!(3), -32600));
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#),
+            (Value::Null, -32600)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#),
+            (Value::Null, -32600)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#),
+            (Value::Null, -32600)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#),
+            (Value::Null, -32600)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":3,"method":7}"#),
+            (json!(3), -32600)
+        );
         assert_eq!(one(r#"{"jsonrpc":"2.0","id":4}"#), (json!(4), -32600));
         assert_eq!(one(r#""text""#), (Value::Null, -32600));
         // Notifications and responses are never answered, however malformed.
         assert!(answer(r#"{"jsonrpc":"1.0","method":"notifications/initialized"}"#).is_empty());
-        assert!(answer(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":[1]}"#).is_empty());
+        assert!(
+            answer(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":[1]}"#)
+                .is_empty()
+        );
         assert!(answer(r#"{"jsonrpc":"2.0","id":{"x":1},"result":{}}"#).is_empty());
     }
 
@@ -723,15 +759,21 @@ mod tests {
         ] {
             assert_eq!(one(line), (json!(1), -32602), "{line}");
         }
-        let a = answer(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#);
-        assert!(a[0]["error"]["message"].as_str().unwrap().contains("name"), "{a:?}");
+        let a =
+            answer(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#);
+        assert!(
+            a[0]["error"]["message"].as_str().unwrap().contains("name"),
+            "{a:?}"
+        );
         // An unknown method goes to rmcp (which answers -32601).
         assert!(matches!(
             delivered(r#"{"jsonrpc":"2.0","id":1,"method":"tools/unknown","params":{}}"#),
             JsonRpcMessage::Request(_)
         ));
         assert!(matches!(
-            delivered(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":1}}}"#),
+            delivered(
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":1}}}"#
+            ),
             JsonRpcMessage::Request(rmcp::model::JsonRpcRequest {
                 request: ClientRequest::CallToolRequest(_),
                 ..
@@ -742,11 +784,15 @@ mod tests {
     #[test]
     fn duplicate_keys_are_refused() {
         assert_eq!(
-            one(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"q":"a","q":"b"}}}"#),
+            one(
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"q":"a","q":"b"}}}"#
+            ),
             (json!(1), -32602)
         );
         assert_eq!(
-            one(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","name":"y"}}"#),
+            one(
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","name":"y"}}"#
+            ),
             (json!(1), -32602)
         );
         assert_eq!(
@@ -758,7 +804,10 @@ mod tests {
             one(r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list"}"#),
             (Value::Null, -32600)
         );
-        assert!(answer(r#"{"jsonrpc":"2.0","method":"notifications/x","params":{"a":1,"a":2}}"#).is_empty());
+        assert!(
+            answer(r#"{"jsonrpc":"2.0","method":"notifications/x","params":{"a":1,"a":2}}"#)
+                .is_empty()
+        );
     }
 
     #[test]
@@ -792,5 +841,30 @@ mod tests {
         let answer: Value = serde_json::from_str(written.trim()).unwrap();
         assert_eq!(answer["id"], 41);
         assert_eq!(answer["error"]["code"], -32600);
+    }
+
+    /// What the strict judgement costs against rmcp's own typed parse of the same line
+    /// (`cargo test -p airlock --release --lib -- --ignored judging_costs --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn judging_costs() {
+        let line = br#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"search_sources","arguments":{"query":"checkpoint starvation","limit":5},"_meta":{"progressToken":3}}}"#;
+        let n = 100_000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(
+                serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line).unwrap(),
+            );
+        }
+        let typed = t.elapsed() / n;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            assert!(matches!(
+                std::hint::black_box(judge(line)),
+                Verdict::Deliver(_)
+            ));
+        }
+        let judged = t.elapsed() / n;
+        eprintln!("rmcp typed parse {typed:?} per line; strict judge {judged:?} per line");
     }
 }

@@ -505,7 +505,8 @@ async fn a_reference_is_a_capability_of_one_kind() {
     client.cancel().await.unwrap();
     // A reference from this session is nothing in another one.
     let other = d.serve_profile("publisher", ()).await;
-    let err = refused_arguments(call(&other, "retrieve_source", json!({"reference": source})).await);
+    let err =
+        refused_arguments(call(&other, "retrieve_source", json!({"reference": source})).await);
     assert!(err.contains("not valid in this session"), "{err}");
     other.cancel().await.unwrap();
     assert_eq!(d.sends(), 0);
@@ -872,11 +873,9 @@ async fn a_new_mapping_revision_after_the_approval_needs_a_new_one() {
     // A reviewer approves the mapping again: a new revision serves.
     d.approve("outbox-delivery", "carol", &[]);
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    let err = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap_err();
-    assert_eq!(error_code(&err), Some(INVALID_PARAMS));
-    assert!(err.to_string().contains("issued before"), "{err}");
+    let err =
+        refused_arguments(call(&client, "deliver_artifact", deliver_args(&artifact, &team)).await);
+    assert!(err.contains("issued before"), "{err}");
     assert_eq!(d.sends(), 0);
     assert_eq!(
         d.airlock_json(&["approvals", "show", &id])["state"],

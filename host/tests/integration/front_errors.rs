@@ -104,8 +104,12 @@ impl Raw {
 
     /// A normal request still works: `tools/list` names, in order.
     async fn tools(&mut self, id: i64) -> Vec<String> {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}).to_string().as_bytes())
-            .await;
+        self.send(
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
+                .to_string()
+                .as_bytes(),
+        )
+        .await;
         let listed = self.answer(&json!(id)).await;
         listed["result"]["tools"]
             .as_array()
@@ -129,27 +133,35 @@ async fn every_hostile_line_is_answered_and_the_session_goes_on() {
     assert_eq!(s.tools(1).await, offered);
 
     // Not JSON: -32700 with the id found in the raw bytes.
-    let deep = format!(
-        r#"{{"query":{}"x"{}}}"#,
-        "[".repeat(200),
-        "]".repeat(200)
-    );
+    let deep = format!(r#"{{"query":{}"x"{}}}"#, "[".repeat(200), "]".repeat(200));
     let parse_errors: Vec<(Vec<u8>, Value)> = vec![
         (
-            call_line(json!(101), &format!(r#"{{"name":"search_sources","arguments":{deep}}}"#)),
+            call_line(
+                json!(101),
+                &format!(r#"{{"name":"search_sources","arguments":{deep}}}"#),
+            ),
             json!(101),
         ),
         (
-            call_line(json!("lone"), r#"{"name":"search_sources","arguments":{"query":"\ud800"}}"#),
+            call_line(
+                json!("lone"),
+                r#"{"name":"search_sources","arguments":{"query":"\ud800"}}"#,
+            ),
             json!("lone"),
         ),
         (
-            call_line(json!(103), r#"{"name":"search_sources","arguments":{"query":"x","limit":1e400}}"#),
+            call_line(
+                json!(103),
+                r#"{"name":"search_sources","arguments":{"query":"x","limit":1e400}}"#,
+            ),
             json!(103),
         ),
         (
             {
-                let mut l = call_line(json!(104), r#"{"name":"search_sources","arguments":{"query":"X"}}"#);
+                let mut l = call_line(
+                    json!(104),
+                    r#"{"name":"search_sources","arguments":{"query":"X"}}"#,
+                );
                 let at = l.iter().position(|&b| b == b'X').unwrap();
                 l.splice(at..=at, [0xff, 0xfe]);
                 l
@@ -182,21 +194,45 @@ async fn every_hostile_line_is_answered_and_the_session_goes_on() {
     for id in [106, 107] {
         let a = s.answer(&json!(id)).await;
         assert_eq!(a["error"]["code"], -32600, "{a}");
-        assert!(a["error"]["message"].as_str().unwrap().contains("batch"), "{a}");
+        assert!(
+            a["error"]["message"].as_str().unwrap().contains("batch"),
+            "{a}"
+        );
     }
     assert_eq!(s.tools(4).await, offered);
 
     // JSON, but not a request.
-    s.refused(br#"{"jsonrpc":"1.0","id":108,"method":"tools/list"}"#, json!(108), -32600)
-        .await;
-    s.refused(br#"{"jsonrpc":"2.0","id":{"x":1},"method":"tools/list"}"#, Value::Null, -32600)
-        .await;
-    s.refused(br#"{"jsonrpc":"2.0","id":null,"method":"tools/list"}"#, Value::Null, -32600)
-        .await;
+    s.refused(
+        br#"{"jsonrpc":"1.0","id":108,"method":"tools/list"}"#,
+        json!(108),
+        -32600,
+    )
+    .await;
+    s.refused(
+        br#"{"jsonrpc":"2.0","id":{"x":1},"method":"tools/list"}"#,
+        Value::Null,
+        -32600,
+    )
+    .await;
+    s.refused(
+        br#"{"jsonrpc":"2.0","id":null,"method":"tools/list"}"#,
+        Value::Null,
+        -32600,
+    )
+    .await;
 
     // A served method with params of the wrong shape: -32602, never -32601.
-    let a = s.refused(&call_line(json!(109), r#"{"arguments":{}}"#), json!(109), -32602).await;
-    assert!(a["error"]["message"].as_str().unwrap().contains("name"), "{a}");
+    let a = s
+        .refused(
+            &call_line(json!(109), r#"{"arguments":{}}"#),
+            json!(109),
+            -32602,
+        )
+        .await;
+    assert!(
+        a["error"]["message"].as_str().unwrap().contains("name"),
+        "{a}"
+    );
     s.refused(
         &call_line(json!(110), r#"{"name":"search_sources","arguments":"wal"}"#),
         json!(110),
@@ -206,15 +242,25 @@ async fn every_hostile_line_is_answered_and_the_session_goes_on() {
     // Duplicate keys in arguments: which query was meant is ambiguous.
     let a = s
         .refused(
-            &call_line(json!(111), r#"{"name":"search_sources","arguments":{"query":"wal","query":"secret"}}"#),
+            &call_line(
+                json!(111),
+                r#"{"name":"search_sources","arguments":{"query":"wal","query":"secret"}}"#,
+            ),
             json!(111),
             -32602,
         )
         .await;
-    assert!(a["error"]["message"].as_str().unwrap().contains("twice"), "{a}");
+    assert!(
+        a["error"]["message"].as_str().unwrap().contains("twice"),
+        "{a}"
+    );
     // An unknown method: -32601.
-    s.refused(br#"{"jsonrpc":"2.0","id":112,"method":"tools/destroy","params":{}}"#, json!(112), -32601)
-        .await;
+    s.refused(
+        br#"{"jsonrpc":"2.0","id":112,"method":"tools/destroy","params":{}}"#,
+        json!(112),
+        -32601,
+    )
+    .await;
     // An unknown tool stays -32602 (the spec's own example).
     s.refused(
         &call_line(json!(113), r#"{"name":"read_note","arguments":{"id":"x"}}"#),
@@ -235,21 +281,38 @@ async fn every_hostile_line_is_answered_and_the_session_goes_on() {
     assert_eq!(s.tools(5).await, offered);
 
     // Arguments that do not convert are a tool result the model reads (SEP-1303).
-    s.send(&call_line(json!(114), r#"{"name":"search_sources","arguments":{"query":42}}"#))
-        .await;
+    s.send(&call_line(
+        json!(114),
+        r#"{"name":"search_sources","arguments":{"query":42}}"#,
+    ))
+    .await;
     let a = s.answer(&json!(114)).await;
     assert_eq!(a["result"]["isError"], true, "{a}");
     let text = a["result"]["content"][0]["text"].as_str().unwrap();
-    assert!(text.starts_with("invalid request: invalid arguments for `search_sources`: /query: expected a string"), "{text}");
+    assert!(
+        text.starts_with(
+            "invalid request: invalid arguments for `search_sources`: /query: expected a string"
+        ),
+        "{text}"
+    );
     // null is not a string either, and 2.0 is an integer.
-    s.send(&call_line(json!(115), r#"{"name":"search_sources","arguments":{"query":null}}"#))
-        .await;
+    s.send(&call_line(
+        json!(115),
+        r#"{"name":"search_sources","arguments":{"query":null}}"#,
+    ))
+    .await;
     assert_eq!(s.answer(&json!(115)).await["result"]["isError"], true);
-    s.send(&call_line(json!(116), r#"{"name":"search_sources","arguments":{"query":"wal","limit":2.0}}"#))
-        .await;
+    s.send(&call_line(
+        json!(116),
+        r#"{"name":"search_sources","arguments":{"query":"wal","limit":2.0}}"#,
+    ))
+    .await;
     let a = s.answer(&json!(116)).await;
     assert_ne!(a["result"]["isError"], true, "{a}");
-    assert!(d.upstream_tool_calls() == ["search_notes"], "only the valid call reached the server");
+    assert!(
+        d.upstream_tool_calls() == ["search_notes"],
+        "only the valid call reached the server"
+    );
 
     // The order is fixed across calls.
     for id in 6..9 {
@@ -356,7 +419,10 @@ impl Listener {
     async fn wait_until(&mut self, done: impl Fn(&[Value]) -> bool) -> Value {
         for _ in 0..5 {
             let event = self.command("wait").await;
-            assert_eq!(event["event"], "ToolsListChanged", "no change event: {event}");
+            assert_eq!(
+                event["event"], "ToolsListChanged",
+                "no change event: {event}"
+            );
             if done(event["tools"].as_array().unwrap()) {
                 return event;
             }
@@ -374,8 +440,16 @@ async fn a_2026_07_28_client_hears_approvals_and_drift_on_listen() {
         .mapping("source-library");
     let (mut l, ready) = Listener::start(&d).await;
     assert_eq!(ready["protocol"], "2026-07-28", "{ready}");
-    assert_eq!(ready["honored"], json!({"toolsListChanged": true}), "{ready}");
-    assert_eq!(ready["tools"], json!([]), "nothing is approved yet: {ready}");
+    assert_eq!(
+        ready["honored"],
+        json!({"toolsListChanged": true}),
+        "{ready}"
+    );
+    assert_eq!(
+        ready["tools"],
+        json!([]),
+        "nothing is approved yet: {ready}"
+    );
     assert_eq!(ready["ttl_ms"], 60_000, "{ready}");
     assert_eq!(ready["cache_scope"], "private", "{ready}");
 
@@ -389,9 +463,13 @@ async fn a_2026_07_28_client_hears_approvals_and_drift_on_listen() {
         .command(r#"call search_sources {"query": "checkpoint"}"#)
         .await;
     assert_eq!(hits["is_error"], false, "{hits}");
-    let reference = hits["structured"]["result"][0]["reference"].as_str().unwrap();
+    let reference = hits["structured"]["result"][0]["reference"]
+        .as_str()
+        .unwrap();
     let next = l
-        .command(&format!(r#"call retrieve_source {{"reference": "{reference}"}}"#))
+        .command(&format!(
+            r#"call retrieve_source {{"reference": "{reference}"}}"#
+        ))
         .await;
     assert_eq!(next["is_error"], true, "{next}");
     let event = l.wait_until(|tools| tools.is_empty()).await;

@@ -193,9 +193,8 @@ async fn removing_a_mapping_closes_its_capabilities_and_references() {
         assert!(Instant::now() < deadline, "the mapping did not come back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let stale = refused_arguments(
-        call(&client, "retrieve_source", json!({"reference": reference})).await,
-    );
+    let stale =
+        refused_arguments(call(&client, "retrieve_source", json!({"reference": reference})).await);
     assert!(stale.contains("issued before"), "{stale}");
     assert_eq!(
         d.upstream_tool_calls(),

@@ -144,7 +144,10 @@ async fn unknown_or_mistyped_arguments_never_reach_the_upstream() {
         json!({"query": "wal", "limit": "3"}),
     ] {
         let text = refused_arguments(call(&client, "search_sources", args.clone()).await);
-        assert!(text.contains("invalid arguments for `search_sources`"), "{args}: {text}");
+        assert!(
+            text.contains("invalid arguments for `search_sources`"),
+            "{args}: {text}"
+        );
     }
     let err = call(&client, "read_note", json!({"id": "wal-checkpoints"}))
         .await
