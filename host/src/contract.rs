@@ -45,8 +45,9 @@ pub const CONTRACTS_WIT_0_2_0: &str = include_str!("../../wit/v0.2.0/contracts.w
 /// it, and never shown in a result.
 pub const HOST_SUPPLIED_KEY: &str = "idempotency-key";
 
-/// Longest string the model may pass in any argument, in bytes (UTF-8).
-pub const MAX_STRING_BYTES: usize = 64 * 1024;
+/// Longest string the model may pass in any argument, in characters (Unicode scalar
+/// values, as JSON Schema `maxLength` counts them).
+pub const MAX_STRING_CHARS: usize = 64 * 1024;
 
 /// Suffix that marks a `string` alias as a handle: an opaque reference the host mints.
 pub const HANDLE_SUFFIX: &str = "-ref";
@@ -493,7 +494,7 @@ pub fn json_schema(shape: &Shape) -> Value {
         Shape::S64 => int(i64::MIN.into(), i64::MAX.into()),
         Shape::F32 | Shape::F64 => json!({"type": "number"}),
         Shape::Char => json!({"type": "string", "minLength": 1, "maxLength": 1}),
-        Shape::String => json!({"type": "string", "maxLength": MAX_STRING_BYTES}),
+        Shape::String => json!({"type": "string", "maxLength": MAX_STRING_CHARS}),
         Shape::Handle(kind) => json!({
             "type": "string",
             "description": format!("An opaque {kind} handle issued by this server. Pass it back unchanged."),
@@ -590,6 +591,30 @@ fn fail<T>(path: &str, message: impl Into<String>) -> Result<T, ConvertError> {
     })
 }
 
+/// What a value of `shape` is, in words, for a refusal.
+fn expected_kind(shape: &Shape) -> &'static str {
+    match shape {
+        Shape::Bool => "a boolean",
+        Shape::U8
+        | Shape::U16
+        | Shape::U32
+        | Shape::U64
+        | Shape::S8
+        | Shape::S16
+        | Shape::S32
+        | Shape::S64 => "an integer",
+        Shape::F32 | Shape::F64 => "a number",
+        Shape::Char
+        | Shape::String
+        | Shape::Handle(_)
+        | Shape::HostSupplied(_)
+        | Shape::Enum(_) => "a string",
+        Shape::List(_) | Shape::Tuple(_) | Shape::Flags(_) => "an array",
+        Shape::Record(_) | Shape::Result { .. } => "an object",
+        Shape::Option(_) | Shape::Variant(_) => "an allowed value",
+    }
+}
+
 fn kind_of(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -610,10 +635,17 @@ fn to_val(
     macro_rules! int {
         ($t:ty, $variant:ident) => {{
             let n = match value {
+                // JSON Schema's `integer` is any number with a zero fractional part, so
+                // `2.0` is one; `2.5` and out-of-range values are not.
                 Value::Number(n) => n
                     .as_i64()
                     .map(i128::from)
-                    .or_else(|| n.as_u64().map(i128::from)),
+                    .or_else(|| n.as_u64().map(i128::from))
+                    .or_else(|| {
+                        n.as_f64()
+                            .filter(|f| f.fract() == 0.0 && f.abs() < 1e38)
+                            .map(|f| f as i128)
+                    }),
                 _ => None,
             };
             match n.and_then(|n| <$t>::try_from(n).ok()) {
@@ -669,10 +701,12 @@ fn to_val(
         }
         Shape::String => {
             let text = expect_str("a string")?;
-            if text.len() > MAX_STRING_BYTES {
+            // `maxLength` counts characters (Unicode scalar values), as JSON Schema does;
+            // counting only when the bytes could exceed it.
+            if text.len() > MAX_STRING_CHARS && text.chars().count() > MAX_STRING_CHARS {
                 return fail(
                     path,
-                    format!("string is longer than {MAX_STRING_BYTES} bytes"),
+                    format!("string is longer than {MAX_STRING_CHARS} characters"),
                 );
             }
             Ok(Val::String(text.to_string()))
@@ -767,6 +801,17 @@ fn to_val(
                 let v = match (obj.get(name), field_shape) {
                     (_, Shape::HostSupplied(_)) => Val::String(String::new()),
                     (None, Shape::Option(_)) => Val::Option(None),
+                    // The schema of an optional property is its inner type, which `null`
+                    // is not: leaving it out is how it is omitted.
+                    (Some(Value::Null), Shape::Option(inner)) => {
+                        return fail(
+                            &p,
+                            format!(
+                                "null is not {}; leave the property out instead",
+                                expected_kind(inner)
+                            ),
+                        );
+                    }
                     (None, _) => return fail(&p, "required property is missing"),
                     (Some(v), s) => to_val(s, v, &p, on_handle)?,
                 };
@@ -788,7 +833,7 @@ fn to_val(
             };
             let p = format!("{path}/{}", escape_pointer(name));
             let payload = match (shape, payload) {
-                (None, None) | (None, Some(Value::Null)) => None,
+                (None, None) => None,
                 (Some(s), Some(v)) => Some(Box::new(to_val(s, v, &p, on_handle)?)),
                 (Some(_), None) => return fail(&p, "this case needs a value"),
                 (None, Some(_)) => return fail(&p, "this case takes no value"),
@@ -1119,12 +1164,18 @@ mod tests {
                 ("limit".into(), Val::Option(None)),
             ])
         );
+        // `2.0` is an integer (JSON Schema: a number with a zero fractional part).
         let v = json_to_val(
             &shape,
-            &json!({"query": "wal", "limit": null}),
+            &json!({"query": "wal", "limit": 2.0}),
             &mut no_handles,
-        );
-        assert!(v.is_ok());
+        )
+        .unwrap();
+        assert!(matches!(v, Val::Record(f) if f[1].1 == Val::Option(Some(Box::new(Val::U32(2))))));
+        // maxLength counts characters, not bytes: MAX_STRING_CHARS four-byte characters fit.
+        let wide = "\u{1F600}".repeat(MAX_STRING_CHARS);
+        assert_eq!(wide.len(), 4 * MAX_STRING_CHARS);
+        assert!(json_to_val(&shape, &json!({"query": wide}), &mut no_handles).is_ok());
         let v = json_to_val(
             &shape,
             &json!({"query": "wal", "limit": 3}),
@@ -1148,7 +1199,12 @@ mod tests {
             (json!(["query"]), ""),
             (json!(null), ""),
             (json!({"query": "x", "a/b~c": 1}), "/a~1b~0c"),
-            (json!({"query": "x".repeat(MAX_STRING_BYTES + 1)}), "/query"),
+            (json!({"query": "x".repeat(MAX_STRING_CHARS + 1)}), "/query"),
+            (json!({"query": "é".repeat(MAX_STRING_CHARS + 1)}), "/query"),
+            // null is not a string or an integer: the schema says so, and so does this.
+            (json!({"query": null}), "/query"),
+            (json!({"query": "x", "limit": null}), "/limit"),
+            (json!({"query": "x", "limit": 2.5}), "/limit"),
         ];
         for (args, path) in cases {
             let err = json_to_val(&shape, &args, &mut no_handles).unwrap_err();

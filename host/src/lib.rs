@@ -28,6 +28,7 @@ pub mod config;
 pub mod contract;
 pub mod front;
 pub mod host;
+pub mod jsonrpc;
 pub mod pipeline;
 pub mod policy;
 pub mod registry;

@@ -44,9 +44,12 @@ enum Command {
     /// Loads each mapping (refusing, alone, any component whose sha256 differs from its
     /// pin), starts every connection a mapping uses in parallel (each within
     /// start_timeout) and snapshots its catalogue, offers the mappings whose pins match,
-    /// then answers tools/list and tools/call until stdin closes or SIGTERM/SIGINT; then
-    /// drains the calls in flight (at most 10 s) and stops every upstream server and its
-    /// process group.
+    /// then answers tools/list, tools/call and (2026-07-28) subscriptions/listen until
+    /// stdin closes or SIGTERM/SIGINT; then drains the calls in flight (at most 10 s) and
+    /// stops every upstream server and its process group. Every request with an id is
+    /// answered: lines that are not JSON, longer than 16 MiB or batches get a JSON-RPC
+    /// error, and arguments a tool refuses are a tool result with isError (README "What
+    /// the front answers").
     #[command(after_help = "\
 Configuration (TOML; relative paths resolve against the file's folder):
 
@@ -1089,11 +1092,13 @@ async fn serve(
         "serving MCP on stdio"
     );
     let front = crate::front::McpFront::new(host.clone(), session);
-    // Stdin's end is passed on once the calls in flight drained (see crate::shutdown).
-    let input = crate::shutdown::drain_before_eof(tokio::io::stdin(), host.live().clone());
+    // The front's own transport answers every request with an id; stdin's end is passed
+    // on once the calls in flight drained (see crate::shutdown).
+    let (read, write) = rmcp::transport::stdio();
+    let input = crate::shutdown::drain_before_eof(read, host.live().clone());
     crate::shutdown::run(host.live(), async move {
         let running = front
-            .serve((input, tokio::io::stdout()))
+            .serve(crate::front::stdio::StdioFront::new(input, write))
             .await
             .context("MCP initialize with the client on stdio")?;
         running.waiting().await.context("MCP session")?;

@@ -10,11 +10,20 @@
 //!   `notifications/tools/list_changed`; a 2026-07-28 client (per-request `_meta`, no
 //!   server→client requests) receives an `input_required` result whose `elicitation/create`
 //!   input request it answers on its retry.
-//! - Refusals the model should read are tool results with `isError: true` (SEP-1303);
-//!   unknown tools and arguments that do not convert are `-32602 invalid params`. Every
-//!   request with an id gets an answer.
+//! - Refusals the model should read are tool results with `isError: true` (SEP-1303),
+//!   arguments that do not convert and references that do not resolve among them; only an
+//!   unknown tool is `-32602 invalid params` (the spec's own example). Every request with
+//!   an id gets an answer: on stdio, [`stdio`] answers what never reaches rmcp.
+//! - `tools/list` is in a fixed order (sorted by name, [`crate::pipeline::offer`]) and, for
+//!   2026-07-28, carries `ttlMs` [`TOOLS_LIST_TTL_MS`] and `cacheScope: "private"` (what is
+//!   offered depends on the requester and profile).
+//! - A 2026-07-28 client opens `subscriptions/listen` with `toolsListChanged` and receives
+//!   `notifications/tools/list_changed` on that stream whenever what could be offered
+//!   changes, until it cancels or the transport closes. Airlock offers no resources or
+//!   prompts, so their categories are not accepted.
 
 pub mod render;
+pub mod stdio;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,12 +33,12 @@ use std::time::Duration;
 use rmcp::ErrorData as McpError;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
-    ElicitRequestParams, ElicitationAction, Implementation, InputRequest, InputRequests,
-    InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    ElicitRequest, ElicitRequestParams, ElicitationAction, Implementation, InputRequest,
+    InputRequests, InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
 
 use crate::host::Host;
 use crate::pipeline::approve::{INPUT_KEY, approval_schema};
@@ -39,6 +48,12 @@ use crate::pipeline::{
 
 /// The first protocol version of the stateless generation.
 pub const STATELESS_SINCE: &str = "2026-07-28";
+
+/// How long a 2026-07-28 client may reuse a `tools/list` result (`ttlMs`, SEP-2549): one
+/// minute. Nothing depends on the cache for safety (every call is resolved and re-checked
+/// against what serves now); a change is announced at once to a client listening on
+/// `subscriptions/listen`, and one that does not listen sees it within this bound.
+pub const TOOLS_LIST_TTL_MS: u64 = 60_000;
 
 /// One model-facing MCP session over one transport.
 #[derive(Clone)]
@@ -118,6 +133,16 @@ pub fn abilities(context: &RequestContext<RoleServer>) -> ClientAbilities {
     }
 }
 
+/// What of a `subscriptions/listen` filter is accepted: the tool list only (Airlock
+/// offers no resources or prompts).
+pub fn accepted_filter(requested: &SubscriptionFilter) -> SubscriptionFilter {
+    if requested.tools_list_changed == Some(true) {
+        SubscriptionFilter::builder().tools_list_changed().build()
+    } else {
+        SubscriptionFilter::new()
+    }
+}
+
 /// Asks through a 2025-11-25 peer with `elicitation/create`.
 struct PeerAsker {
     peer: Peer<RoleServer>,
@@ -161,7 +186,8 @@ impl Asker for PeerAsker {
 /// Renders an outcome as the MCP answer to `tools/call`.
 ///
 /// # Errors
-/// [`Outcome::Invalid`] is a `-32602` protocol error.
+/// [`Outcome::Invalid`] (an unknown tool) is a `-32602` protocol error; everything else,
+/// refusals of arguments included, is a tool result.
 pub fn respond(outcome: Outcome) -> Result<CallToolResponse, McpError> {
     match outcome {
         Outcome::Completed(c) => Ok(render::completed(&c).into()),
@@ -218,8 +244,16 @@ impl ServerHandler for McpFront {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let offered = pipeline::offer::offered(&self.host, &self.session, &abilities(&context));
-        Ok(ListToolsResult::with_all_items(offered.tools))
+        let abilities = abilities(&context);
+        let offered = pipeline::offer::offered(&self.host, &self.session, &abilities);
+        let result = ListToolsResult::with_all_items(offered.tools);
+        Ok(if abilities.stateless {
+            result
+                .with_ttl_ms(TOOLS_LIST_TTL_MS)
+                .with_cache_scope(CacheScope::Private)
+        } else {
+            result
+        })
     }
 
     async fn call_tool(
@@ -250,6 +284,42 @@ impl ServerHandler for McpFront {
         }
     }
 
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(accepted_filter(requested))
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), McpError> {
+        if subscription.accepted().tools_list_changed != Some(true) {
+            subscription.cancelled().await;
+            return Ok(());
+        }
+        let mut changes = self.host.live().changes();
+        changes.mark_unchanged();
+        let sink = subscription.sink().clone();
+        let peer = subscription.request_context().peer.clone();
+        loop {
+            tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // The host is stopping: end the stream gracefully.
+                        return Ok(());
+                    }
+                    if let Err(e) = sink.notify_tool_list_changed().await {
+                        tracing::debug!("subscription closed: {e}");
+                        return Ok(());
+                    }
+                    if peer.is_transport_closed() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         // Tell this client whenever what could be offered changes.
         let mut changes = self.host.live().changes();
@@ -261,5 +331,53 @@ impl ServerHandler for McpFront {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Category;
+
+    #[test]
+    fn only_an_unknown_tool_is_a_protocol_error() {
+        let err = respond(Outcome::Invalid {
+            message: "unknown tool `x`".into(),
+        })
+        .unwrap_err();
+        assert_eq!(err.code.0, -32602);
+        let refused = respond(Outcome::refused(
+            Category::InvalidRequest,
+            "invalid arguments for `search_sources`: /query: expected a string, got a number",
+        ))
+        .unwrap();
+        let CallToolResponse::Complete(result) = refused else {
+            panic!("not a complete result");
+        };
+        assert_eq!(result.is_error, Some(true));
+        let text = &result.content[0].as_text().unwrap().text;
+        assert!(
+            text.starts_with("invalid request: invalid arguments for `search_sources`: /query"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn listen_accepts_only_the_tool_list() {
+        let everything = SubscriptionFilter::builder()
+            .tools_list_changed()
+            .prompts_list_changed()
+            .resources_list_changed()
+            .resource_subscription("notes://x")
+            .build();
+        let accepted = accepted_filter(&everything);
+        assert_eq!(
+            accepted_filter(&SubscriptionFilter::new()),
+            SubscriptionFilter::new()
+        );
+        assert_eq!(accepted.tools_list_changed, Some(true));
+        assert_eq!(accepted.prompts_list_changed, None);
+        assert_eq!(accepted.resources_list_changed, None);
+        assert_eq!(accepted.resource_subscriptions, None);
     }
 }

@@ -7,9 +7,12 @@
 //!   no hint of what exists elsewhere.
 //! - Arguments convert strictly into the contract function's WIT types
 //!   ([`crate::contract`]): an unknown or missing property, a wrong type, or a value for a
-//!   host-supplied field is an invalid-params error and nothing runs.
+//!   host-supplied field refuses the call (`invalid request`, a tool result with
+//!   `isError: true` whose text names the path and what was expected, so the model can
+//!   correct it — SEP-1303) and nothing runs.
 //! - Every handle argument resolves in the session's reference table, for its kind, its
-//!   mapping and the revision that serves now ([`crate::pipeline::references`]).
+//!   mapping and the revision that serves now ([`crate::pipeline::references`]); one
+//!   that does not is refused the same way, saying which reference to use instead.
 //! - The **normalized-arguments digest** is sha256 of the RFC 8785 canonical JSON of the
 //!   converted value with each handle replaced by its locator and host-supplied fields
 //!   left out: it names the consequence (what the handles stand for), not the tokens.
@@ -32,7 +35,7 @@ use crate::contract;
 use crate::host::Host;
 use crate::pipeline::candidate::Candidate;
 use crate::pipeline::references::{Origin, Resolved};
-use crate::pipeline::{Call, Outcome};
+use crate::pipeline::{Call, Category, Outcome};
 use crate::registry::events;
 use crate::registry::live::{Capability, Catalog};
 
@@ -128,7 +131,9 @@ fn unknown_tool(name: &str) -> Outcome {
 /// Normalizes `candidate` (see the module rules).
 ///
 /// # Errors
-/// An [`Outcome::Invalid`] for an unknown capability or arguments that do not convert.
+/// An [`Outcome::Invalid`] for an unknown capability; an `invalid request`
+/// [`Outcome::Refused`] for arguments that do not convert or references that do not
+/// resolve.
 pub(super) async fn normalize(
     host: &Host,
     call: &mut Call,
@@ -204,9 +209,13 @@ pub(super) async fn normalize(
     })
     .map_err(|e| {
         tracing::info!(capability = %cap.name, error = %e, "refused arguments before the adapter");
-        Outcome::Invalid {
-            message: format!("invalid arguments for `{}`: {e}", cap.name),
-        }
+        Outcome::refused(
+            Category::InvalidRequest,
+            format!(
+                "invalid arguments for `{}`: {e}. Nothing ran; correct the arguments (see the tool's input schema) and call again.",
+                cap.name
+            ),
+        )
     })?;
     let normalized = contract::val_to_json(
         shape,
@@ -218,9 +227,10 @@ pub(super) async fn normalize(
     })
     .map_err(|e| {
         tracing::error!(capability = %cap.name, "normalized arguments did not convert back: {e:#}");
-        Outcome::Invalid {
-            message: format!("invalid arguments for `{}`", cap.name),
-        }
+        Outcome::refused(
+            Category::InvalidRequest,
+            format!("invalid arguments for `{}`", cap.name),
+        )
     })?;
     let args_digest = hex::encode(sha2::Sha256::digest(&normalized));
     let snapshot = mapping.connection.snapshot_digest();

@@ -8,6 +8,9 @@
 //!   profile (allow or require-approval, decided without argument facts).
 //! - The model sees the local name, the reviewed description and the input schema derived
 //!   from the contract, never an upstream name or description.
+//! - The order is fixed: sorted by capability name (byte order), the same on every call
+//!   whatever order mappings were loaded or reloaded in, so a client's cache and the
+//!   digest below change only when what is offered changes.
 //! - The offered catalogue's digest is sha256 of the RFC 8785 canonical JSON of the exact
 //!   list sent, order included; a session whose offer changed gets a `catalog-offered`
 //!   trace event with it.
@@ -27,7 +30,7 @@ use crate::store::NewEvent;
 /// The catalogue offered to one session now.
 #[derive(Debug, Clone)]
 pub struct Offered {
-    /// The tools, in catalogue order.
+    /// The tools, sorted by name.
     pub tools: Vec<Tool>,
     /// sha256 of their canonical JSON.
     pub digest: String,
@@ -90,7 +93,7 @@ pub fn offerable(
 /// and a changed offer is traced.
 pub fn offered(host: &Host, session: &Session, abilities: &ClientAbilities) -> Offered {
     let catalog = host.catalog();
-    let tools: Vec<Tool> = catalog
+    let mut tools: Vec<Tool> = catalog
         .capabilities
         .iter()
         .filter(|c| offerable(host, session, c, abilities))
@@ -102,6 +105,7 @@ pub fn offered(host: &Host, session: &Session, abilities: &ClientAbilities) -> O
             )
         })
         .collect();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
     let canonical = serde_json::to_value(&tools)
         .ok()
         .and_then(|v| serde_json_canonicalizer::to_vec(&v).ok())

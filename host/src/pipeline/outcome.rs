@@ -113,8 +113,9 @@ pub enum Outcome {
         /// Safe detail for the model.
         detail: String,
     },
-    /// Not a call this session can make at all (unknown tool, arguments that do not
-    /// convert): a protocol error, `-32602`.
+    /// Not a call this session can make at all (an unknown tool): a protocol error,
+    /// `-32602`. Arguments that do not convert are a [`Category::InvalidRequest`]
+    /// refusal instead (a tool result the model reads, SEP-1303).
     Invalid {
         /// The message.
         message: String,

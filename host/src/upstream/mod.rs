@@ -43,6 +43,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use self::process::Process;
+use crate::jsonrpc::IdScanner;
 
 /// How long an upstream server has to answer `initialize` when the caller sets no bound.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -1132,130 +1133,9 @@ fn degrade(tap: &Tap, why: String) {
     tap.degrade(why);
 }
 
-/// Finds the top-level `"id"` member of a JSON object streamed through [`IdScanner::feed`],
-/// without buffering the object. Nested `id` keys and `id` text inside strings are ignored.
-#[derive(Default)]
-struct IdScanner {
-    depth: u32,
-    in_string: bool,
-    escape: bool,
-    expect_key: bool,
-    in_key: bool,
-    key: Vec<u8>,
-    key_is_id: bool,
-    capturing: bool,
-    value: Vec<u8>,
-    found: Option<Vec<u8>>,
-}
-
-impl IdScanner {
-    const MAX_ID_BYTES: usize = 128;
-
-    fn feed(&mut self, bytes: &[u8]) {
-        if self.found.is_some() {
-            // Nothing after the id matters: the rest is skipped, not scanned.
-            return;
-        }
-        for &b in bytes {
-            if self.capturing {
-                if !self.in_string && self.depth == 1 && (b == b',' || b == b'}') {
-                    self.capturing = false;
-                    self.found = Some(std::mem::take(&mut self.value));
-                } else if self.value.len() < Self::MAX_ID_BYTES {
-                    self.value.push(b);
-                } else {
-                    self.capturing = false;
-                    self.value.clear();
-                }
-            }
-            if self.in_string {
-                if self.in_key && self.key.len() <= 2 {
-                    self.key.push(b);
-                }
-                if self.escape {
-                    self.escape = false;
-                } else if b == b'\\' {
-                    self.escape = true;
-                } else if b == b'"' {
-                    self.in_string = false;
-                    if self.in_key {
-                        self.in_key = false;
-                        self.key_is_id = self.key == b"id\"";
-                    }
-                }
-                continue;
-            }
-            match b {
-                b'"' => {
-                    self.in_string = true;
-                    if self.depth == 1 && self.expect_key {
-                        self.in_key = true;
-                        self.expect_key = false;
-                        self.key.clear();
-                    }
-                }
-                b'{' | b'[' => {
-                    self.depth += 1;
-                    if self.depth == 1 {
-                        self.expect_key = b == b'{';
-                    }
-                }
-                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
-                b',' if self.depth == 1 => self.expect_key = true,
-                b':' if self.depth == 1 => {
-                    if self.key_is_id && self.found.is_none() {
-                        self.capturing = true;
-                        self.value.clear();
-                    }
-                    self.key_is_id = false;
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// The id, when it was a JSON number or string.
-    fn id(&self) -> Option<Value> {
-        let v: Value = serde_json::from_slice(self.found.as_deref()?).ok()?;
-        (v.is_number() || v.is_string()).then_some(v)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn scan(text: &str) -> Option<Value> {
-        let mut s = IdScanner::default();
-        for chunk in text.as_bytes().chunks(3) {
-            s.feed(chunk);
-        }
-        s.id()
-    }
-
-    #[test]
-    fn scanner_finds_only_the_top_level_id() {
-        assert_eq!(
-            scan(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
-            Some(json!(7))
-        );
-        assert_eq!(
-            scan(r#"{"result":{"id":"inner","x":[{"id":1}]},"id": "a,}b" }"#),
-            Some(json!("a,}b"))
-        );
-        assert_eq!(
-            scan(r#"{"result":{"text":"\"id\":9"},"id":3}"#),
-            Some(json!(3))
-        );
-        assert_eq!(
-            scan(r#"{"method":"notifications/x","params":{"id":5}}"#),
-            None
-        );
-        assert_eq!(scan(r#"{"i\u0064":4}"#), None);
-        assert_eq!(scan(r#"{"id":{"nested":1}}"#), None);
-        assert_eq!(scan(r#"[{"id":1}]"#), None);
-    }
 
     #[test]
     fn list_changed_is_counted_however_it_is_spelled_or_padded() {

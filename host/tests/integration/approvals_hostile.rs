@@ -766,7 +766,7 @@ async fn a_capability_policy_denies_outright_is_neither_offered_nor_named() {
     let names: Vec<String> = front.list().iter().map(|t| t.name.to_string()).collect();
     assert_eq!(
         names,
-        ["prepare_artifact", "list_destinations"],
+        ["list_destinations", "prepare_artifact"],
         "{names:?}"
     );
     let err = front

@@ -45,7 +45,7 @@ async fn search_and_retrieve_documents_without_ever_showing_a_path() {
     let client = d.serve().await;
     let tools = client.peer().list_all_tools().await.unwrap();
     let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, ["search_documents", "retrieve_document"]);
+    assert_eq!(names, ["retrieve_document", "search_documents"]);
     let listing = serde_json::to_string(&tools).unwrap();
     for upstream_only in ["read_text_file", "search_files", "write_file", "path"] {
         assert!(
@@ -94,9 +94,9 @@ async fn a_file_outside_the_served_folder_is_unreachable() {
         "retrieve_document",
         json!({"path": "../outside-secret.txt"}),
     )
-    .await
-    .unwrap_err();
-    assert_eq!(error_code(&err), Some(-32602));
+    .await;
+    let err = refused_arguments(err);
+    assert!(err.contains("/path: unknown property"), "{err}");
     // Searching for it, with or without traversal, finds nothing outside the folder.
     for query in [
         "outside-secret",
@@ -137,8 +137,8 @@ async fn a_file_outside_the_served_folder_is_unreachable() {
         "retrieve_document",
         json!({"reference": "../outside-secret.txt"}),
     )
-    .await
-    .unwrap_err();
-    assert_eq!(error_code(&err), Some(-32602));
+    .await;
+    let err = refused_arguments(err);
+    assert!(err.contains("not valid in this session"), "{err}");
     client.cancel().await.unwrap();
 }

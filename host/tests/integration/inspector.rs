@@ -46,7 +46,7 @@ fn the_inspector_cli_lists_and_calls_through_airlock() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["search_sources", "retrieve_source"]);
+    assert_eq!(names, ["retrieve_source", "search_sources"]);
 
     let called = inspector(
         &config,

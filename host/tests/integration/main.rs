@@ -15,6 +15,7 @@ mod approvals_hostile;
 mod budgets;
 mod effects;
 mod filesystem;
+mod front_errors;
 mod grants_cli;
 mod host_versions;
 mod hostile;

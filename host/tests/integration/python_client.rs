@@ -57,11 +57,11 @@ fn the_python_sdk_approves_in_both_generations_and_delivers_once() {
         assert_eq!(
             out["tools"],
             json!([
-                "search_sources",
-                "retrieve_source",
-                "prepare_artifact",
+                "deliver_artifact",
                 "list_destinations",
-                "deliver_artifact"
+                "prepare_artifact",
+                "retrieve_source",
+                "search_sources"
             ])
         );
         assert_eq!(out["delivered"], true, "{out}");

@@ -238,7 +238,7 @@ async fn a_server_with_the_same_display_name_inherits_nothing() {
         .into_iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert_eq!(names, ["search_sources", "retrieve_source"]);
+    assert_eq!(names, ["retrieve_source", "search_sources"]);
     // Never offered to this session: unknown, with no hint that it exists.
     let r = call(&client, "twin_search", json!({"query": "x"})).await;
     assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");

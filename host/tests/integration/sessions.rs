@@ -7,6 +7,13 @@ use airlock::registry::live::MappingSource;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
 
+fn refused_text(r: &rmcp::model::CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
 fn args(v: Value) -> Option<JsonObject> {
     match v {
         Value::Object(o) => Some(o),
@@ -47,16 +54,14 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .connection()
         .requests_sent();
 
-    let err = mallory
+    // A tool result the model reads (SEP-1303), not a protocol error.
+    let refused = mallory
         .call("retrieve_source", args(json!({"reference": token})))
         .await
-        .unwrap_err();
-    assert_eq!(err.code.0, -32602);
-    assert!(
-        err.message.contains("not valid in this session"),
-        "{}",
-        err.message
-    );
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true));
+    let text = refused_text(&refused);
+    assert!(text.contains("not valid in this session"), "{text}");
     assert_eq!(
         host.catalog().mappings["source-library"]
             .connection
@@ -101,12 +106,13 @@ async fn a_reference_minted_before_a_retire_fails_after_the_re_approval() {
         .connection
         .connection()
         .requests_sent();
-    let err = s
+    let refused = s
         .call("retrieve_source", args(json!({"reference": token})))
         .await
-        .unwrap_err();
-    assert_eq!(err.code.0, -32602);
-    assert!(err.message.contains("issued before"), "{}", err.message);
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true));
+    let text = refused_text(&refused);
+    assert!(text.contains("issued before"), "{text}");
     assert_eq!(
         host.catalog().mappings["source-library"]
             .connection

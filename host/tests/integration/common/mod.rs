@@ -627,3 +627,17 @@ pub fn approvals_deployment() -> Deployment {
         .policy(POLICY)
         .tables(PROFILES)
 }
+
+/// Asserts that a call was refused before anything ran for arguments or references the
+/// model must correct: a tool result with `isError: true` (SEP-1303) in the `invalid
+/// request` category, not a protocol error. Returns its text.
+pub fn refused_arguments(r: Result<CallToolResult, ServiceError>) -> String {
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => panic!("a protocol error instead of a tool result with isError: {e}"),
+    };
+    let text = text_of(&r);
+    assert_eq!(r.is_error, Some(true), "{text}");
+    assert!(text.starts_with("invalid request: "), "{text}");
+    text
+}
