@@ -48,6 +48,9 @@
 //!
 //! [secrets]                      # named secrets that mappings' env grants may use
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
+//!
+//! [http]                         # `serve --http`: see crate::front::http
+//! [http.auth]                    # bearer tokens: see crate::front::auth
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -96,6 +99,8 @@ pub struct ServeConfig {
     pub policy_files: Vec<PathBuf>,
     /// `[approvals]`.
     pub approvals: ApprovalSettings,
+    /// `[http]`: the HTTP front (`serve --http`), see [`crate::front::http`].
+    pub http: crate::front::http::HttpSettings,
 }
 
 /// The profile a configuration without `[[profile]]` entries gets: every capability.
@@ -199,6 +204,7 @@ impl ServeConfig {
             default_profile: None,
             policy_files: Vec::new(),
             approvals: ApprovalSettings::default(),
+            http: Default::default(),
         }
     }
 
@@ -277,6 +283,7 @@ struct RawConfig {
     #[serde(default)]
     profile: Vec<RawProfile>,
     approvals: Option<RawApprovals>,
+    http: Option<crate::front::http::RawHttp>,
 }
 
 #[derive(Deserialize)]
@@ -547,6 +554,7 @@ impl ServeConfig {
             default_profile: raw.default_profile,
             policy_files,
             approvals,
+            http: crate::front::http::HttpSettings::from_raw(raw.http, base)?,
         })
     }
 }

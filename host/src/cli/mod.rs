@@ -39,7 +39,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
+    /// Serve the gateway over stdio (MCP on stdin/stdout, logs on stderr), or over
+    /// Streamable HTTP with --http.
     ///
     /// Loads each mapping (refusing any component whose sha256 differs from its pin),
     /// starts every connection a mapping uses and snapshots its catalogue, offers the
@@ -80,6 +81,14 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         /// policy must let it use the profile.
         #[arg(long, value_name = "NAME")]
         profile: Option<String>,
+        /// Serve MCP over Streamable HTTP on ADDR instead of stdio (default ADDR
+        /// 127.0.0.1:8787; port 0 picks a free one), endpoint /mcp, both protocol
+        /// generations; prints the URL to stderr. Without [http.auth] only a loopback
+        /// address is accepted and every request acts as [requester]; with it, each
+        /// request needs a bearer JWT whose `sub` is the requester. --profile is then the
+        /// profile of a token that names none. See README.md ("Serving over HTTP").
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::front::http::DEFAULT_ADDR)]
+        http: Option<String>,
     },
     /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
     /// its component actually has, and a verdict for every import.
@@ -548,6 +557,7 @@ pub fn main() -> ExitCode {
                 cache_dir,
                 no_cache,
                 profile,
+                http,
             } => {
                 init_logging("airlock=info");
                 let cache_dir = match (no_cache, cache_dir) {
@@ -555,6 +565,11 @@ pub fn main() -> ExitCode {
                     (false, Some(dir)) => Some(dir),
                     (false, None) => crate::config::default_cache_dir(),
                 };
+                if let Some(addr) = http {
+                    let mut config = load_config(&config, state_dir)?;
+                    config.cache_dir = cache_dir;
+                    return crate::front::http::serve(config, &addr, profile).await;
+                }
                 serve(config, cache_dir, state_dir, profile).await
             }
             Command::Discover {

@@ -14,6 +14,8 @@
 //!   unknown tools and arguments that do not convert are `-32602 invalid params`. Every
 //!   request with an id gets an answer.
 
+pub mod auth;
+pub mod http;
 pub mod render;
 
 use std::future::Future;
@@ -44,18 +46,45 @@ pub const STATELESS_SINCE: &str = "2026-07-28";
 #[derive(Clone)]
 pub struct McpFront {
     host: Arc<Host>,
-    session: Arc<Session>,
+    session: Bound,
+}
+
+/// Where a front's session comes from.
+#[derive(Clone)]
+enum Bound {
+    /// One session for the transport's life (stdio).
+    Fixed(Arc<Session>),
+    /// The session the HTTP front bound to each request's principal ([`http`]).
+    Http(http::PerRequest),
 }
 
 impl McpFront {
     /// A front for `session` on `host`.
     pub fn new(host: Arc<Host>, session: Arc<Session>) -> Self {
-        Self { host, session }
+        Self {
+            host,
+            session: Bound::Fixed(session),
+        }
     }
 
     /// The session.
+    ///
+    /// # Panics
+    /// On a front of the HTTP transport, whose session is per request (those are built
+    /// only inside [`http`]).
     pub fn session(&self) -> &Arc<Session> {
-        &self.session
+        match &self.session {
+            Bound::Fixed(s) => s,
+            Bound::Http(_) => panic!("an HTTP front binds its session per request"),
+        }
+    }
+
+    /// The session of the request of `context`.
+    fn session_for(&self, context: &RequestContext<RoleServer>) -> Result<Arc<Session>, McpError> {
+        match &self.session {
+            Bound::Fixed(s) => Ok(s.clone()),
+            Bound::Http(per_request) => per_request.session(context),
+        }
     }
 
     /// The host.
@@ -65,7 +94,7 @@ impl McpFront {
 
     /// `tools/list` without the transport, for a 2025-11-25 client without elicitation.
     pub fn list(&self) -> Vec<Tool> {
-        pipeline::offer::offered(&self.host, &self.session, &ClientAbilities::plain()).tools
+        pipeline::offer::offered(&self.host, self.session(), &ClientAbilities::plain()).tools
     }
 
     /// `tools/call` without the transport, for a 2025-11-25 client without elicitation
@@ -79,7 +108,7 @@ impl McpFront {
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, McpError> {
         let candidate = Candidate::new(
-            self.session.clone(),
+            self.session().clone(),
             name,
             arguments,
             ClientAbilities::plain(),
@@ -218,7 +247,8 @@ impl ServerHandler for McpFront {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let offered = pipeline::offer::offered(&self.host, &self.session, &abilities(&context));
+        let session = self.session_for(&context)?;
+        let offered = pipeline::offer::offered(&self.host, &session, &abilities(&context));
         Ok(ListToolsResult::with_all_items(offered.tools))
     }
 
@@ -233,7 +263,7 @@ impl ServerHandler for McpFront {
                 input_responses: request.input_responses.clone().unwrap_or_default(),
             });
         let candidate = Candidate::new(
-            self.session.clone(),
+            self.session_for(&context)?,
             request.name.to_string(),
             request.arguments,
             abilities(&context),

@@ -18,6 +18,7 @@ mod filesystem;
 mod grants_cli;
 mod host_versions;
 mod hostile;
+mod http;
 mod inspector;
 mod python_client;
 mod registry;
