@@ -381,23 +381,20 @@ impl Verifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = self.settings.leeway.as_secs();
         validation.validate_nbf = true;
-        let data = jsonwebtoken::decode::<serde_json::Map<String, Value>>(
-            token,
-            &key.key,
-            &validation,
-        )
-        .map_err(|e| {
-            use jsonwebtoken::errors::ErrorKind;
-            invalid(match e.kind() {
-                ErrorKind::ExpiredSignature => "the token has expired",
-                ErrorKind::ImmatureSignature => "the token is not valid yet",
-                ErrorKind::InvalidIssuer => "the token's issuer is not accepted",
-                ErrorKind::InvalidAudience => "the token is not for this resource",
-                ErrorKind::InvalidSignature => "the signature does not verify",
-                ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim",
-                _ => "the token does not verify",
-            })
-        })?;
+        let data =
+            jsonwebtoken::decode::<serde_json::Map<String, Value>>(token, &key.key, &validation)
+                .map_err(|e| {
+                    use jsonwebtoken::errors::ErrorKind;
+                    invalid(match e.kind() {
+                        ErrorKind::ExpiredSignature => "the token has expired",
+                        ErrorKind::ImmatureSignature => "the token is not valid yet",
+                        ErrorKind::InvalidIssuer => "the token's issuer is not accepted",
+                        ErrorKind::InvalidAudience => "the token is not for this resource",
+                        ErrorKind::InvalidSignature => "the signature does not verify",
+                        ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim",
+                        _ => "the token does not verify",
+                    })
+                })?;
         let claims = data.claims;
         let subject = match claims.get("sub") {
             Some(Value::String(s)) => s.clone(),
@@ -540,7 +537,9 @@ pub fn check_principal(name: &str) -> Result<(), String> {
 
 /// RFC 9728 §3.1: `https://host/.well-known/oauth-protected-resource` + the resource's path.
 fn metadata_url(audience: &str) -> String {
-    let uri: http::Uri = audience.parse().expect("checked when the settings were read");
+    let uri: http::Uri = audience
+        .parse()
+        .expect("checked when the settings were read");
     let scheme = uri.scheme_str().unwrap_or("https");
     let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
     let path = uri.path().trim_end_matches('/');
@@ -611,11 +610,11 @@ mod tests {
 
     /// base64url without padding (RFC 4648 §5).
     fn b64(bytes: &[u8]) -> String {
-        const A: &[u8; 64] =
-            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut out = String::new();
         for chunk in bytes.chunks(3) {
-            let n = chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
+            let n =
+                chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
             for i in 0..=chunk.len() {
                 out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
             }
@@ -640,14 +639,52 @@ mod tests {
     fn every_claim_that_is_wrong_is_invalid_token() {
         let v = verifier();
         let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
-            ("expired", Box::new(|c| c["exp"] = json!(now() - 120)), "expired"),
-            ("issuer", Box::new(|c| c["iss"] = json!("https://evil.test")), "issuer"),
-            ("audience", Box::new(|c| c["aud"] = json!("https://other.test/mcp")), "not for this resource"),
-            ("no audience", Box::new(|c| { c.as_object_mut().unwrap().remove("aud"); }), "required claim"),
-            ("no exp", Box::new(|c| { c.as_object_mut().unwrap().remove("exp"); }), "required claim"),
-            ("no sub", Box::new(|c| { c.as_object_mut().unwrap().remove("sub"); }), "required claim"),
-            ("sub not a string", Box::new(|c| c["sub"] = json!(7)), "required claim"),
-            ("future nbf", Box::new(|c| c["nbf"] = json!(now() + 600)), "not valid yet"),
+            (
+                "expired",
+                Box::new(|c| c["exp"] = json!(now() - 120)),
+                "expired",
+            ),
+            (
+                "issuer",
+                Box::new(|c| c["iss"] = json!("https://evil.test")),
+                "issuer",
+            ),
+            (
+                "audience",
+                Box::new(|c| c["aud"] = json!("https://other.test/mcp")),
+                "not for this resource",
+            ),
+            (
+                "no audience",
+                Box::new(|c| {
+                    c.as_object_mut().unwrap().remove("aud");
+                }),
+                "required claim",
+            ),
+            (
+                "no exp",
+                Box::new(|c| {
+                    c.as_object_mut().unwrap().remove("exp");
+                }),
+                "required claim",
+            ),
+            (
+                "no sub",
+                Box::new(|c| {
+                    c.as_object_mut().unwrap().remove("sub");
+                }),
+                "required claim",
+            ),
+            (
+                "sub not a string",
+                Box::new(|c| c["sub"] = json!(7)),
+                "required claim",
+            ),
+            (
+                "future nbf",
+                Box::new(|c| c["nbf"] = json!(now() + 600)),
+                "not valid yet",
+            ),
         ];
         for (name, edit, needle) in cases {
             let mut c = claims();
@@ -661,13 +698,39 @@ mod tests {
             }
         }
         let unusable: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
-            ("sub with newline", Box::new(|c| c["sub"] = json!("alice\nadmin")), "`sub`"),
+            (
+                "sub with newline",
+                Box::new(|c| c["sub"] = json!("alice\nadmin")),
+                "`sub`",
+            ),
             ("empty sub", Box::new(|c| c["sub"] = json!("")), "`sub`"),
-            ("long sub", Box::new(|c| c["sub"] = json!("a".repeat(129))), "`sub`"),
-            ("roles not names", Box::new(|c| c["roles"] = json!([1, 2])), "roles"),
-            ("role with space", Box::new(|c| c["roles"] = json!(["a b"])), "roles"),
-            ("too many roles", Box::new(|c| c["roles"] = json!((0..40).map(|i| format!("r{i}")).collect::<Vec<_>>())), "roles"),
-            ("profile not a name", Box::new(|c| c["airlock_profile"] = json!("../x")), "profile"),
+            (
+                "long sub",
+                Box::new(|c| c["sub"] = json!("a".repeat(129))),
+                "`sub`",
+            ),
+            (
+                "roles not names",
+                Box::new(|c| c["roles"] = json!([1, 2])),
+                "roles",
+            ),
+            (
+                "role with space",
+                Box::new(|c| c["roles"] = json!(["a b"])),
+                "roles",
+            ),
+            (
+                "too many roles",
+                Box::new(|c| {
+                    c["roles"] = json!((0..40).map(|i| format!("r{i}")).collect::<Vec<_>>())
+                }),
+                "roles",
+            ),
+            (
+                "profile not a name",
+                Box::new(|c| c["airlock_profile"] = json!("../x")),
+                "profile",
+            ),
         ];
         for (name, edit, needle) in unusable {
             let mut c = claims();
@@ -684,7 +747,10 @@ mod tests {
         // Within the leeway an expired token still passes; beyond it, not.
         let mut c = claims();
         c["exp"] = json!(now() - 30);
-        assert!(v.verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1")))).is_ok());
+        assert!(
+            v.verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1"))))
+                .is_ok()
+        );
     }
 
     #[test]
@@ -697,11 +763,17 @@ mod tests {
         assert_eq!(r, Rejection::InsufficientScope(vec!["mcp".into()]));
         assert_eq!(r.status(), 403);
         let challenge = v.challenge(&r);
-        assert!(challenge.contains("error=\"insufficient_scope\""), "{challenge}");
+        assert!(
+            challenge.contains("error=\"insufficient_scope\""),
+            "{challenge}"
+        );
         assert!(challenge.contains("scope=\"mcp\""), "{challenge}");
         // `scp` as an array counts too.
         c["scp"] = json!(["mcp"]);
-        assert!(v.verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1")))).is_ok());
+        assert!(
+            v.verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1"))))
+                .is_ok()
+        );
     }
 
     #[test]
@@ -709,24 +781,39 @@ mod tests {
         let v = verifier();
         // Signed by another key, claiming the issuer's kid.
         let forged = sign(&claims(), OTHER_KEY, "test-issuer-1");
-        assert!(matches!(v.verify(Some(&bearer(&forged))), Err(Rejection::Invalid(w)) if w.contains("signature")));
+        assert!(
+            matches!(v.verify(Some(&bearer(&forged))), Err(Rejection::Invalid(w)) if w.contains("signature"))
+        );
         // Another key's kid: no key matches.
         let other = sign(&claims(), OTHER_KEY, "test-other-1");
-        assert!(matches!(v.verify(Some(&bearer(&other))), Err(Rejection::Invalid(w)) if w.contains("no key")));
+        assert!(
+            matches!(v.verify(Some(&bearer(&other))), Err(Rejection::Invalid(w)) if w.contains("no key"))
+        );
         let payload = b64(claims().to_string().as_bytes());
         // alg none, with and without a signature segment.
         let none = b64(br#"{"alg":"none","typ":"JWT"}"#);
-        for t in [format!("{none}.{payload}."), format!("{none}.{payload}.c2ln")] {
-            assert!(matches!(v.verify(Some(&bearer(&t))), Err(Rejection::Invalid(_))), "{t}");
+        for t in [
+            format!("{none}.{payload}."),
+            format!("{none}.{payload}.c2ln"),
+        ] {
+            assert!(
+                matches!(v.verify(Some(&bearer(&t))), Err(Rejection::Invalid(_))),
+                "{t}"
+            );
         }
         // HS256 "signed" with the public JWKS text as the secret (key confusion).
         let mut h = Header::new(Algorithm::HS256);
         h.kid = Some("test-issuer-1".into());
         let hs = encode(&h, &claims(), &EncodingKey::from_secret(JWKS.as_bytes())).unwrap();
-        assert!(matches!(v.verify(Some(&bearer(&hs))), Err(Rejection::Invalid(w)) if w.contains("alg")));
+        assert!(
+            matches!(v.verify(Some(&bearer(&hs))), Err(Rejection::Invalid(w)) if w.contains("alg"))
+        );
         // The other issuer's verifier refuses this issuer's token.
         let o = Verifier::from_jwks(settings(), OTHER_JWKS).unwrap();
-        assert!(o.verify(Some(&bearer(&sign(&claims(), KEY, "test-issuer-1")))).is_err());
+        assert!(
+            o.verify(Some(&bearer(&sign(&claims(), KEY, "test-issuer-1"))))
+                .is_err()
+        );
     }
 
     #[test]

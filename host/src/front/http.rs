@@ -192,7 +192,10 @@ impl HttpSettings {
             .auth
             .as_ref()
             .and_then(|a| a.audience.parse::<http::Uri>().ok())
-            .and_then(|u| u.host().map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase()))
+            .and_then(|u| {
+                u.host()
+                    .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+            })
             && !hosts.contains(&host)
         {
             hosts.push(host);
@@ -428,9 +431,19 @@ impl HttpFront {
             .map(|v| v.to_str().map(str::to_string));
         match &session_id {
             None => {}
-            Some(Err(_)) => return plain(StatusCode::BAD_REQUEST, "Bad Request: invalid Mcp-Session-Id"),
+            Some(Err(_)) => {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: invalid Mcp-Session-Id",
+                );
+            }
             Some(Ok(id)) => {
-                let owner = self.legacy.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
+                let owner = self
+                    .legacy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(id)
+                    .cloned();
                 match owner {
                     None => return plain(StatusCode::NOT_FOUND, "Not Found: Session not found"),
                     Some(owner) if owner != bound.key => {
@@ -456,7 +469,12 @@ impl HttpFront {
                     );
                 }
                 Some(_) => {}
-                None => return plain(StatusCode::BAD_REQUEST, "Bad Request: invalid Content-Length"),
+                None => {
+                    return plain(
+                        StatusCode::BAD_REQUEST,
+                        "Bad Request: invalid Content-Length",
+                    );
+                }
             }
         }
         let key = bound.key.clone();
@@ -474,7 +492,10 @@ impl HttpFront {
                 }
             }
             Some(Ok(id)) if deleting && response.status().is_success() => {
-                self.legacy.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                self.legacy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
             }
             Some(_) => {}
         }
@@ -514,7 +535,10 @@ impl HttpFront {
                 .and_then(|a| parse_authority(a.as_str()).ok()),
         };
         let Some((name, port)) = host else {
-            return Err(plain(StatusCode::BAD_REQUEST, "Bad Request: missing or invalid Host header"));
+            return Err(plain(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: missing or invalid Host header",
+            ));
         };
         let allowed = self
             .allowed_hosts
@@ -522,7 +546,10 @@ impl HttpFront {
             .any(|(h, p)| *h == name && p.is_none_or(|p| Some(p) == port));
         if !allowed {
             tracing::warn!(host = %name, "refused a request whose Host is not allowed (DNS rebinding?)");
-            return Err(plain(StatusCode::FORBIDDEN, "Forbidden: Host header is not allowed"));
+            return Err(plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Host header is not allowed",
+            ));
         }
         if self.allowed_origins.is_empty() {
             return Ok(());
@@ -535,7 +562,10 @@ impl HttpFront {
                 .is_some_and(|o| origin_allowed(&o, &self.allowed_origins));
             if !ok {
                 tracing::warn!(origin = ?origin, "refused a request whose Origin is not allowed");
-                return Err(plain(StatusCode::FORBIDDEN, "Forbidden: Origin header is not allowed"));
+                return Err(plain(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden: Origin header is not allowed",
+                ));
             }
         }
         Ok(())
@@ -547,7 +577,8 @@ impl HttpFront {
         };
         if method != Method::GET {
             let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
-            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET"));
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET"));
             return r;
         }
         let body = serde_json::to_vec(&v.metadata()).expect("metadata serializes");
@@ -562,7 +593,10 @@ impl HttpFront {
     /// The principal of `req`, its session opened (or found) and allowed its profile.
     fn principal<B>(&self, req: &Request<B>) -> Result<BoundPrincipal, Response<Body>> {
         let Some(verifier) = &self.verifier else {
-            return Ok(self.fixed.clone().expect("a fixed principal without [http.auth]"));
+            return Ok(self
+                .fixed
+                .clone()
+                .expect("a fixed principal without [http.auth]"));
         };
         let verified = verifier
             .verify(req.headers().get(header::AUTHORIZATION))
@@ -571,7 +605,11 @@ impl HttpFront {
                 challenge(verifier, &r)
             })?;
         let config = self.host.config();
-        let profile = match verified.profile.as_deref().or(self.default_profile.as_deref()) {
+        let profile = match verified
+            .profile
+            .as_deref()
+            .or(self.default_profile.as_deref())
+        {
             Some(p) if config.profiles.contains_key(p) => p.to_string(),
             Some(p) => {
                 return Err(plain(
@@ -607,9 +645,15 @@ impl HttpFront {
             .cloned();
         if let Some(session) = cached {
             // Policy may have changed since the session was opened.
-            let d = self.host.policy().may_use_profile(session.principal(), &profile);
+            let d = self
+                .host
+                .policy()
+                .may_use_profile(session.principal(), &profile);
             if d.verdict != Verdict::Allow {
-                self.principals.lock().unwrap_or_else(|e| e.into_inner()).pop(&key);
+                self.principals
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop(&key);
                 return Err(forbidden());
             }
             return Ok(BoundPrincipal { key, session });
@@ -708,8 +752,14 @@ mod tests {
 
     #[test]
     fn authorities_and_origins_parse_strictly() {
-        assert_eq!(parse_authority("LocalHost:8787").unwrap(), ("localhost".into(), Some(8787)));
-        assert_eq!(parse_authority("[::1]:80").unwrap(), ("::1".into(), Some(80)));
+        assert_eq!(
+            parse_authority("LocalHost:8787").unwrap(),
+            ("localhost".into(), Some(8787))
+        );
+        assert_eq!(
+            parse_authority("[::1]:80").unwrap(),
+            ("::1".into(), Some(80))
+        );
         assert_eq!(parse_authority("::1").unwrap(), ("::1".into(), None));
         for bad in ["", "a b", "user@host", "host:port", "http://x"] {
             assert!(parse_authority(bad).is_err(), "{bad}");
@@ -719,11 +769,19 @@ mod tests {
         for bad in ["app.example.com", "https://a/b", "://a"] {
             assert!(parse_origin(bad).is_err(), "{bad}");
         }
-        let allowed = vec!["https://app.test".to_string(), "http://localhost:*".to_string()];
+        let allowed = vec![
+            "https://app.test".to_string(),
+            "http://localhost:*".to_string(),
+        ];
         assert!(origin_allowed("https://app.test", &allowed));
         assert!(origin_allowed("http://localhost:3000", &allowed));
         assert!(origin_allowed("http://localhost", &allowed));
-        for bad in ["https://app.test.evil", "http://localhost.evil:3000", "http://localhost:", "null"] {
+        for bad in [
+            "https://app.test.evil",
+            "http://localhost.evil:3000",
+            "http://localhost:",
+            "null",
+        ] {
             assert!(!origin_allowed(bad, &allowed), "{bad}");
         }
     }
@@ -733,7 +791,10 @@ mod tests {
         let base = Path::new("/etc/airlock");
         let s = HttpSettings::from_raw(None, base).unwrap();
         assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
-        assert_eq!(s.effective_allowed_hosts(), ["localhost", "127.0.0.1", "::1"]);
+        assert_eq!(
+            s.effective_allowed_hosts(),
+            ["localhost", "127.0.0.1", "::1"]
+        );
         let parse = |t: &str| {
             let raw: RawHttp = toml::from_str(t).unwrap();
             HttpSettings::from_raw(Some(raw), base)

@@ -45,7 +45,10 @@ capabilities = ["search_sources"]
 fn auth_tables() -> String {
     format!(
         "[http]\nmax_body_bytes = {MAX_BODY}\n\n[http.auth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_file = {:?}\nrequired_scopes = [\"mcp\"]\nroles_claim = \"roles\"\nprofile_claim = \"airlock_profile\"\n",
-        workspace().join("fixtures/jwt/jwks.json").display().to_string()
+        workspace()
+            .join("fixtures/jwt/jwks.json")
+            .display()
+            .to_string()
     )
 }
 
@@ -93,7 +96,10 @@ fn token(sub: &str, extra: Value) -> String {
 }
 
 fn alice() -> String {
-    token("alice", json!({"roles": ["analyst"], "airlock_profile": "research"}))
+    token(
+        "alice",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    )
 }
 
 /// A running `airlock serve --http`, killed on drop.
@@ -122,7 +128,10 @@ impl Served {
         let task_dir = format!("/proc/{}/task", self.child.id());
         for t in std::fs::read_dir(task_dir).unwrap().flatten() {
             let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            pids.extend(list.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            pids.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
         }
         pids
     }
@@ -158,12 +167,14 @@ fn serve_http(d: &Deployment, addr: &str) -> Served {
             log.lock().unwrap().push_str(&(line + "\n"));
         }
     });
-    let addr = rx.recv_timeout(Duration::from_secs(180)).unwrap_or_else(|_| {
-        panic!(
-            "airlock serve --http did not start:\n{}",
-            stderr.lock().unwrap()
-        )
-    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(180))
+        .unwrap_or_else(|_| {
+            panic!(
+                "airlock serve --http did not start:\n{}",
+                stderr.lock().unwrap()
+            )
+        });
     Served {
         child,
         addr,
@@ -221,7 +232,14 @@ fn parse_reply(bytes: &[u8]) -> Reply {
         .split_once("\r\n\r\n")
         .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
     let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
@@ -229,7 +247,11 @@ fn parse_reply(bytes: &[u8]) -> Reply {
     let chunked = headers
         .iter()
         .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
     Reply {
         status,
         headers,
@@ -240,7 +262,9 @@ fn parse_reply(bytes: &[u8]) -> Reply {
 fn dechunk(mut rest: &str) -> String {
     let mut out = String::new();
     while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || after.len() < n {
             break;
         }
@@ -262,7 +286,13 @@ fn stateless(method: &str, params: Value) -> String {
 }
 
 /// POSTs a stateless `method` to `/mcp` with `token` (if any) and `extra` header lines.
-fn post_stateless(s: &Served, token: Option<&str>, method: &str, params: Value, extra: &str) -> Reply {
+fn post_stateless(
+    s: &Served,
+    token: Option<&str>,
+    method: &str,
+    params: Value,
+    extra: &str,
+) -> Reply {
     let body = stateless(method, params.clone());
     let mut head = format!(
         "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\nContent-Length: {}",
@@ -333,7 +363,11 @@ fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
     for (mode, protocol) in [("legacy", "2025-11-25"), ("2026-07-28", "2026-07-28")] {
         let out = python(&s, &alice, mode, None);
         assert_eq!(out["protocol"], protocol, "{out}");
-        assert_eq!(out["tools"], json!(["search_sources", "retrieve_source"]), "{out}");
+        assert_eq!(
+            out["tools"],
+            json!(["search_sources", "retrieve_source"]),
+            "{out}"
+        );
         assert_eq!(out["search_error"], false, "{out}");
         assert!(!out["references"].as_array().unwrap().is_empty(), "{out}");
         // The reference minted by search resolves in the client's next request.
@@ -346,11 +380,22 @@ fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
     let again = python(&s, &alice, "2026-07-28", Some(&minted));
     assert_eq!(again["retrieve_error"], false, "{again}");
     // ... another principal, in the same profile, does not.
-    let carol = token("carol", json!({"roles": ["analyst"], "airlock_profile": "research"}));
+    let carol = token(
+        "carol",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    );
     for mode in ["legacy", "2026-07-28"] {
         let other = python(&s, &carol, mode, Some(&minted));
         assert_eq!(other["tools"], json!(["search_sources", "retrieve_source"]));
         assert_eq!(other["retrieve_error"], true, "{other}");
+        assert_eq!(other["retrieve_code"], -32602, "{other}");
+        assert!(
+            other["retrieve_text"]
+                .as_str()
+                .unwrap()
+                .contains("not valid in this session"),
+            "{other}"
+        );
     }
     let tools = d.upstream_tool_calls();
     assert!(tools.contains(&"search_notes".to_string()), "{tools:?}");
@@ -376,7 +421,10 @@ fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
         .filter(|e| e["kind"] == "session-opened")
         .collect();
     let text = serde_json::to_string(&opened).unwrap();
-    assert!(text.contains("\"alice\"") && text.contains("\"carol\""), "{text}");
+    assert!(
+        text.contains("\"alice\"") && text.contains("\"carol\""),
+        "{text}"
+    );
     assert!(text.contains("\"http\""), "{text}");
     assert!(!text.contains(signature), "the token is in the trace");
 }
@@ -391,30 +439,47 @@ fn tokens_that_do_not_verify_get_401_and_reach_nothing() {
         let bytes = c.to_string().into_bytes();
         let mut out = String::new();
         for chunk in bytes.chunks(3) {
-            let n = chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b))
-                << (8 * (3 - chunk.len()));
+            let n =
+                chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
             for i in 0..=chunk.len() {
                 out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
             }
         }
         out
     };
-    let good = claims("alice", json!({"roles": ["analyst"], "airlock_profile": "research"}));
+    let good = claims(
+        "alice",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    );
     let alg_none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{}.", payload(&good));
     let cases: Vec<(&str, Option<String>)> = vec![
         ("missing", None),
-        ("expired", Some(token("alice", json!({"exp": now() - 3600})))),
-        ("wrong audience", Some(token("alice", json!({"aud": "http://elsewhere.test/mcp"})))),
-        ("wrong issuer", Some(token("alice", json!({"iss": "https://evil.test"})))),
+        (
+            "expired",
+            Some(token("alice", json!({"exp": now() - 3600}))),
+        ),
+        (
+            "wrong audience",
+            Some(token("alice", json!({"aud": "http://elsewhere.test/mcp"}))),
+        ),
+        (
+            "wrong issuer",
+            Some(token("alice", json!({"iss": "https://evil.test"}))),
+        ),
         ("alg none", Some(alg_none)),
-        ("wrong key", Some(sign_with(&good, "other.pk8.der", "test-issuer-1"))),
+        (
+            "wrong key",
+            Some(sign_with(&good, "other.pk8.der", "test-issuer-1")),
+        ),
         ("garbage", Some("not-a-token".into())),
         ("huge", Some("a".repeat(20_000))),
     ];
     for (name, t) in &cases {
         let r = post_stateless(&s, t.as_deref(), "tools/call", call.clone(), "");
         assert_eq!(r.status, 401, "{name}: {r:?}");
-        let challenge = r.header("www-authenticate").unwrap_or_else(|| panic!("{name}: {r:?}"));
+        let challenge = r
+            .header("www-authenticate")
+            .unwrap_or_else(|| panic!("{name}: {r:?}"));
         assert!(
             challenge.starts_with(&format!("Bearer resource_metadata=\"{METADATA_URL}\"")),
             "{name}: {challenge}"
@@ -428,19 +493,29 @@ fn tokens_that_do_not_verify_get_401_and_reach_nothing() {
     // Valid, but without the required scope: 403 insufficient_scope.
     let r = post_stateless(
         &s,
-        Some(&token("alice", json!({"scope": "other", "roles": ["analyst"]}))),
+        Some(&token(
+            "alice",
+            json!({"scope": "other", "roles": ["analyst"]}),
+        )),
         "tools/call",
         call.clone(),
         "",
     );
     assert_eq!(r.status, 403, "{r:?}");
     let challenge = r.header("www-authenticate").unwrap();
-    assert!(challenge.contains("error=\"insufficient_scope\"") && challenge.contains("scope=\"mcp\""), "{challenge}");
-    assert_eq!(d.upstream_tool_calls(), Vec::<String>::new(), "a refused request reached the upstream");
+    assert!(
+        challenge.contains("error=\"insufficient_scope\"") && challenge.contains("scope=\"mcp\""),
+        "{challenge}"
+    );
+    assert_eq!(
+        d.upstream_tool_calls(),
+        Vec::<String>::new(),
+        "a refused request reached the upstream"
+    );
     // The same call with a good token does reach it.
     let r = post_stateless(&s, Some(&alice()), "tools/call", call, "");
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.message()["result"]["isError"], json!(null), "{r:?}");
+    assert_eq!(r.message()["result"]["isError"], json!(false), "{r:?}");
     assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
 }
 
@@ -450,24 +525,43 @@ fn the_token_selects_requester_and_profile_through_policy() {
     let s = serve_http(&d, "127.0.0.1:0");
     let list = |t: &str| post_stateless(&s, Some(t), "tools/list", json!({}), "");
     // alice: analyst, asks for research.
-    assert_eq!(tool_names(&list(&alice())), ["search_sources", "retrieve_source"]);
+    assert_eq!(
+        tool_names(&list(&alice())),
+        ["search_sources", "retrieve_source"]
+    );
     // bob: no roles, no profile claim: the default profile.
-    assert_eq!(tool_names(&list(&token("bob", json!({})))), ["search_sources"]);
+    assert_eq!(
+        tool_names(&list(&token("bob", json!({})))),
+        ["search_sources"]
+    );
     // bob asking for research: policy wants the analyst role.
     let r = list(&token("bob", json!({"airlock_profile": "research"})));
     assert_eq!(r.status, 403, "{r:?}");
-    assert!(r.body.contains("policy does not let requester `bob` use profile `research`"), "{r:?}");
+    assert!(
+        r.body
+            .contains("policy does not let requester `bob` use profile `research`"),
+        "{r:?}"
+    );
     // bob's role comes from the token, not from anything else.
-    let r = list(&token("bob", json!({"airlock_profile": "research", "roles": "analyst"})));
+    let r = list(&token(
+        "bob",
+        json!({"airlock_profile": "research", "roles": "analyst"}),
+    ));
     assert_eq!(tool_names(&r), ["search_sources", "retrieve_source"]);
     // mallory may use no profile.
     let r = list(&token("mallory", json!({})));
     assert_eq!(r.status, 403, "{r:?}");
-    assert!(r.body.contains("policy does not let requester `mallory`"), "{r:?}");
+    assert!(
+        r.body.contains("policy does not let requester `mallory`"),
+        "{r:?}"
+    );
     // A profile that does not exist, and subjects that are not principal names.
     let r = list(&token("bob", json!({"airlock_profile": "admin"})));
     assert_eq!(r.status, 403, "{r:?}");
-    assert!(r.body.contains("profile `admin` is not offered here"), "{r:?}");
+    assert!(
+        r.body.contains("profile `admin` is not offered here"),
+        "{r:?}"
+    );
     for sub in ["bob smith", "bob\nadmin", ""] {
         let r = list(&token(sub, json!({})));
         assert_eq!(r.status, 403, "{sub:?}: {r:?}");
@@ -476,7 +570,10 @@ fn the_token_selects_requester_and_profile_through_policy() {
     let r = list(&token("bob", json!({"roles": ["ok", {"x": 1}]})));
     assert_eq!(r.status, 403, "{r:?}");
     let trace = serde_json::to_string(&d.trace()).unwrap();
-    assert!(!trace.contains("bob smith") && !trace.contains("bob\\nadmin"), "a refused subject reached the trace");
+    assert!(
+        !trace.contains("bob smith") && !trace.contains("bob\\nadmin"),
+        "a refused subject reached the trace"
+    );
 }
 
 #[test]
@@ -484,7 +581,10 @@ fn metadata_document_and_http_status_codes() {
     let d = auth_deployment();
     let s = serve_http(&d, "127.0.0.1:0");
     let host = format!("Host: {}", s.addr);
-    for path in ["/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"] {
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
         let r = raw(&s.addr, &format!("GET {path} HTTP/1.1\r\n{host}"), b"");
         assert_eq!(r.status, 200, "{r:?}");
         let doc: Value = serde_json::from_str(&r.body).unwrap();
@@ -493,19 +593,40 @@ fn metadata_document_and_http_status_codes() {
         assert_eq!(doc["bearer_methods_supported"], json!(["header"]));
         assert_eq!(doc["scopes_supported"], json!(["mcp"]));
     }
-    let r = raw(&s.addr, &format!("POST /.well-known/oauth-protected-resource HTTP/1.1\r\n{host}\r\nContent-Length: 0"), b"");
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /.well-known/oauth-protected-resource HTTP/1.1\r\n{host}\r\nContent-Length: 0"
+        ),
+        b"",
+    );
     assert_eq!(r.status, 405, "{r:?}");
     let r = raw(&s.addr, &format!("GET /nowhere HTTP/1.1\r\n{host}"), b"");
     assert_eq!(r.status, 404, "{r:?}");
     // DNS rebinding: a Host that is not allowed is refused, token or not.
     let auth = format!("Authorization: Bearer {}", alice());
-    let r = raw(&s.addr, &format!("GET /mcp HTTP/1.1\r\nHost: evil.test:{}\r\n{auth}", s.addr.rsplit(':').next().unwrap()), b"");
+    let r = raw(
+        &s.addr,
+        &format!(
+            "GET /mcp HTTP/1.1\r\nHost: evil.test:{}\r\n{auth}",
+            s.addr.rsplit(':').next().unwrap()
+        ),
+        b"",
+    );
     assert_eq!(r.status, 403, "{r:?}");
     assert!(r.body.contains("Host header is not allowed"), "{r:?}");
-    let r = raw(&s.addr, &format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: evil.test"), b"");
+    let r = raw(
+        &s.addr,
+        &format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: evil.test"),
+        b"",
+    );
     assert_eq!(r.status, 403, "{r:?}");
     // The audience's host is allowed by default.
-    let r = raw(&s.addr, "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: airlock.test", b"");
+    let r = raw(
+        &s.addr,
+        "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: airlock.test",
+        b"",
+    );
     assert_eq!(r.status, 200, "{r:?}");
     // Body ceiling: a declared length over it is 413 before the body is sent ...
     let head = format!(
@@ -528,12 +649,18 @@ fn metadata_document_and_http_status_codes() {
     for method in ["GET", "DELETE"] {
         let r = raw(
             &s.addr,
-            &format!("{method} /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nAccept: text/event-stream\r\nMCP-Protocol-Version: 2026-07-28"),
+            &format!(
+                "{method} /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nAccept: text/event-stream\r\nMCP-Protocol-Version: 2026-07-28"
+            ),
             b"",
         );
         assert_eq!(r.status, 405, "{method}: {r:?}");
     }
-    let r = raw(&s.addr, &format!("PUT /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Length: 0"), b"");
+    let r = raw(
+        &s.addr,
+        &format!("PUT /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Length: 0"),
+        b"",
+    );
     assert_eq!(r.status, 405, "{r:?}");
     assert!(r.header("allow").is_some(), "{r:?}");
     // MCP-Protocol-Version contradicting the body's _meta: 400.
@@ -548,11 +675,20 @@ fn metadata_document_and_http_status_codes() {
     );
     assert_eq!(r.status, 400, "{r:?}");
     // Wrong Accept, wrong Content-Type.
-    let r = post_stateless(&s, Some(&alice()), "tools/list", json!({}), "\r\nAccept: text/html");
-    assert!(r.status == 406 || r.status == 200, "{r:?}");
     let r = raw(
         &s.addr,
-        &format!("POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: text/plain\r\nAccept: application/json, text/event-stream\r\nContent-Length: 2"),
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: application/json\r\nAccept: text/html\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nContent-Length: {}",
+            body.len()
+        ),
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 406, "{r:?}");
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: text/plain\r\nAccept: application/json, text/event-stream\r\nContent-Length: 2"
+        ),
         b"{}",
     );
     assert_eq!(r.status, 415, "{r:?}");
@@ -574,24 +710,36 @@ fn a_legacy_session_serves_only_the_principal_that_opened_it() {
             body.len()
         );
         if let Some(id) = session {
-            head.push_str(&format!("\r\nMcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25"));
+            head.push_str(&format!(
+                "\r\nMcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25"
+            ));
         }
         raw(&s.addr, &head, body.as_bytes())
     };
     let alice = alice();
     let r = post(&alice, None, &init);
     assert_eq!(r.status, 200, "{r:?}");
-    let id = r.header("mcp-session-id").expect("a session id").to_string();
+    let id = r
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_string();
     let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).to_string();
     let r = post(&alice, Some(&id), &list);
     assert_eq!(tool_names(&r), ["search_sources", "retrieve_source"]);
     // Another principal's token on alice's session: 403, and nothing served.
-    let bob = token("bob", json!({"roles": ["analyst"], "airlock_profile": "research"}));
+    let bob = token(
+        "bob",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    );
     let r = post(&bob, Some(&id), &list);
     assert_eq!(r.status, 403, "{r:?}");
     assert!(r.body.contains("another principal"), "{r:?}");
     // alice with another profile is another principal too.
-    let r = post(&token("alice", json!({"roles": ["analyst"]})), Some(&id), &list);
+    let r = post(
+        &token("alice", json!({"roles": ["analyst"]})),
+        Some(&id),
+        &list,
+    );
     assert_eq!(r.status, 403, "{r:?}");
     // A session id this front never issued.
     let r = post(&alice, Some("0123456789abcdef"), &list);
@@ -599,7 +747,10 @@ fn a_legacy_session_serves_only_the_principal_that_opened_it() {
     // No token at all on the session.
     let r = raw(
         &s.addr,
-        &format!("POST /mcp HTTP/1.1\r\n{host}\r\nMcp-Session-Id: {id}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}", list.len()),
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\nMcp-Session-Id: {id}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+            list.len()
+        ),
         list.as_bytes(),
     );
     assert_eq!(r.status, 401, "{r:?}");
@@ -623,10 +774,17 @@ fn without_auth_only_loopback_and_the_configured_requester() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("refusing to serve HTTP on 0.0.0.0:0 without [http.auth]"), "{err}");
+    assert!(
+        err.contains("refusing to serve HTTP on 0.0.0.0:0 without [http.auth]"),
+        "{err}"
+    );
     let s = serve_http(&d, "127.0.0.1:0");
     let out = python(&s, "-", "legacy", None);
-    assert_eq!(out["tools"], json!(["search_sources", "retrieve_source"]), "{out}");
+    assert_eq!(
+        out["tools"],
+        json!(["search_sources", "retrieve_source"]),
+        "{out}"
+    );
     assert_eq!(out["retrieve_error"], false, "{out}");
     let out = python(&s, "-", "2026-07-28", None);
     assert_eq!(out["retrieve_error"], false, "{out}");
@@ -634,14 +792,28 @@ fn without_auth_only_loopback_and_the_configured_requester() {
     let r = raw(&s.addr, "GET /mcp HTTP/1.1\r\nHost: localhost", b"");
     assert_eq!(r.status, 403, "{r:?}");
     // No metadata document without [http.auth].
-    let r = raw(&s.addr, &format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {}", s.addr), b"");
+    let r = raw(
+        &s.addr,
+        &format!(
+            "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {}",
+            s.addr
+        ),
+        b"",
+    );
     assert_eq!(r.status, 404, "{r:?}");
     let opened: Vec<Value> = d
         .trace()
         .into_iter()
         .filter(|e| e["kind"] == "session-opened")
         .collect();
-    assert_eq!(opened.len(), 1, "one session for the one requester: {opened:?}");
+    assert_eq!(
+        opened.len(),
+        1,
+        "one session for the one requester: {opened:?}"
+    );
     let text = serde_json::to_string(&opened).unwrap();
-    assert!(text.contains("\"local-user\"") && text.contains("\"http\""), "{text}");
+    assert!(
+        text.contains("\"local-user\"") && text.contains("\"http\""),
+        "{text}"
+    );
 }
