@@ -579,6 +579,9 @@ mod tests {
         }
     }
 
+    /// A change to good claims, for table-driven cases.
+    type Edit = Box<dyn Fn(&mut Value)>;
+
     fn verifier() -> Verifier {
         Verifier::from_jwks(settings(), JWKS).unwrap()
     }
@@ -638,7 +641,7 @@ mod tests {
     #[test]
     fn every_claim_that_is_wrong_is_invalid_token() {
         let v = verifier();
-        let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+        let cases: Vec<(&str, Edit, &str)> = vec![
             (
                 "expired",
                 Box::new(|c| c["exp"] = json!(now() - 120)),
@@ -697,7 +700,7 @@ mod tests {
                 other => panic!("{name}: {other:?}"),
             }
         }
-        let unusable: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+        let unusable: Vec<(&str, Edit, &str)> = vec![
             (
                 "sub with newline",
                 Box::new(|c| c["sub"] = json!("alice\nadmin")),

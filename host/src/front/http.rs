@@ -258,6 +258,10 @@ impl PerRequest {
 
 type Body = BoxBody<Bytes, Infallible>;
 
+/// A response that ends a request before the MCP endpoint (boxed: it is the error side
+/// of the checks).
+type Refusal = Box<Response<Body>>;
+
 /// The running HTTP front.
 struct HttpFront {
     host: Arc<Host>,
@@ -412,7 +416,7 @@ impl HttpFront {
 
     async fn handle(&self, mut req: Request<hyper::body::Incoming>) -> Response<Body> {
         if let Err(r) = self.check_host_and_origin(&req) {
-            return r;
+            return *r;
         }
         let path = req.uri().path();
         if path == METADATA_PATH || path == format!("{METADATA_PATH}{MCP_PATH}") {
@@ -423,7 +427,7 @@ impl HttpFront {
         }
         let bound = match self.principal(&req) {
             Ok(b) => b,
-            Err(r) => return r,
+            Err(r) => return *r,
         };
         let session_id = req
             .headers()
@@ -526,7 +530,7 @@ impl HttpFront {
         }
     }
 
-    fn check_host_and_origin<B>(&self, req: &Request<B>) -> Result<(), Response<Body>> {
+    fn check_host_and_origin<B>(&self, req: &Request<B>) -> Result<(), Refusal> {
         let host = match req.headers().get(header::HOST) {
             Some(h) => h.to_str().ok().and_then(|h| parse_authority(h).ok()),
             None => req
@@ -535,10 +539,10 @@ impl HttpFront {
                 .and_then(|a| parse_authority(a.as_str()).ok()),
         };
         let Some((name, port)) = host else {
-            return Err(plain(
+            return Err(Box::new(plain(
                 StatusCode::BAD_REQUEST,
                 "Bad Request: missing or invalid Host header",
-            ));
+            )));
         };
         let allowed = self
             .allowed_hosts
@@ -546,10 +550,10 @@ impl HttpFront {
             .any(|(h, p)| *h == name && p.is_none_or(|p| Some(p) == port));
         if !allowed {
             tracing::warn!(host = %name, "refused a request whose Host is not allowed (DNS rebinding?)");
-            return Err(plain(
+            return Err(Box::new(plain(
                 StatusCode::FORBIDDEN,
                 "Forbidden: Host header is not allowed",
-            ));
+            )));
         }
         if self.allowed_origins.is_empty() {
             return Ok(());
@@ -562,10 +566,10 @@ impl HttpFront {
                 .is_some_and(|o| origin_allowed(&o, &self.allowed_origins));
             if !ok {
                 tracing::warn!(origin = ?origin, "refused a request whose Origin is not allowed");
-                return Err(plain(
+                return Err(Box::new(plain(
                     StatusCode::FORBIDDEN,
                     "Forbidden: Origin header is not allowed",
-                ));
+                )));
             }
         }
         Ok(())
@@ -591,7 +595,7 @@ impl HttpFront {
     }
 
     /// The principal of `req`, its session opened (or found) and allowed its profile.
-    fn principal<B>(&self, req: &Request<B>) -> Result<BoundPrincipal, Response<Body>> {
+    fn principal<B>(&self, req: &Request<B>) -> Result<BoundPrincipal, Refusal> {
         let Some(verifier) = &self.verifier else {
             return Ok(self
                 .fixed
@@ -602,7 +606,7 @@ impl HttpFront {
             .verify(req.headers().get(header::AUTHORIZATION))
             .map_err(|r| {
                 tracing::info!(reason = %r.describe(), "refused a request's bearer token");
-                challenge(verifier, &r)
+                Box::new(challenge(verifier, &r))
             })?;
         let config = self.host.config();
         let profile = match verified
@@ -612,18 +616,18 @@ impl HttpFront {
         {
             Some(p) if config.profiles.contains_key(p) => p.to_string(),
             Some(p) => {
-                return Err(plain(
+                return Err(Box::new(plain(
                     StatusCode::FORBIDDEN,
                     &format!("Forbidden: profile `{p}` is not offered here"),
-                ));
+                )));
             }
             None => match config.profile(None) {
                 Ok(p) => p.name.clone(),
                 Err(_) => {
-                    return Err(plain(
+                    return Err(Box::new(plain(
                         StatusCode::FORBIDDEN,
                         "Forbidden: the token names no profile and this Airlock has no default profile",
-                    ));
+                    )));
                 }
             },
         };
@@ -654,7 +658,7 @@ impl HttpFront {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .pop(&key);
-                return Err(forbidden());
+                return Err(Box::new(forbidden()));
             }
             return Ok(BoundPrincipal { key, session });
         }
@@ -668,7 +672,7 @@ impl HttpFront {
             .open_session(requester, Some(&profile))
             .map_err(|e| {
                 tracing::info!(requester = %verified.subject, %profile, "refused a session: {e:#}");
-                forbidden()
+                Box::new(forbidden())
             })?;
         // Two first requests of one principal may race; keep the session that won.
         let session = self

@@ -617,7 +617,7 @@ fn metadata_document_and_http_status_codes() {
     assert!(r.body.contains("Host header is not allowed"), "{r:?}");
     let r = raw(
         &s.addr,
-        &format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: evil.test"),
+        "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: evil.test",
         b"",
     );
     assert_eq!(r.status, 403, "{r:?}");
