@@ -45,7 +45,7 @@ enum Command {
     /// Loads each mapping (refusing any component whose sha256 differs from its pin),
     /// starts every connection a mapping uses and snapshots its catalogue, offers the
     /// mappings whose pins match, then answers tools/list and tools/call until stdin
-    /// closes.
+    /// closes (stdio) or the process is stopped (--http).
     #[command(after_help = "\
 Configuration (TOML; relative paths resolve against the file's folder):
 
@@ -60,6 +60,7 @@ Configuration (TOML; relative paths resolve against the file's folder):
 
   # Top-level keys (before any table): mappings_dir = \"mappings\" (watched, hot-reloaded),
   # state_dir = \"state\", snapshot_interval = \"10m\".
+  # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
