@@ -597,10 +597,26 @@ impl HttpFront {
     /// The principal of `req`, its session opened (or found) and allowed its profile.
     fn principal<B>(&self, req: &Request<B>) -> Result<BoundPrincipal, Refusal> {
         let Some(verifier) = &self.verifier else {
-            return Ok(self
+            let fixed = self
                 .fixed
                 .clone()
-                .expect("a fixed principal without [http.auth]"));
+                .expect("a fixed principal without [http.auth]");
+            // Policy may have changed since the session was opened.
+            let profile = &fixed.session.profile().name;
+            let d = self
+                .host
+                .policy()
+                .may_use_profile(fixed.session.principal(), profile);
+            if d.verdict != Verdict::Allow {
+                return Err(Box::new(plain(
+                    StatusCode::FORBIDDEN,
+                    &format!(
+                        "Forbidden: policy does not let requester `{}` use profile `{profile}`",
+                        fixed.session.requester().name
+                    ),
+                )));
+            }
+            return Ok(fixed);
         };
         let verified = verifier
             .verify(req.headers().get(header::AUTHORIZATION))

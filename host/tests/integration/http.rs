@@ -569,6 +569,30 @@ fn the_token_selects_requester_and_profile_through_policy() {
     }
     let r = list(&token("bob", json!({"roles": ["ok", {"x": 1}]})));
     assert_eq!(r.status, 403, "{r:?}");
+    // Policy is asked on every request: once it forbids alice, her cached session stops.
+    d.rewrite_policy(&format!(
+        "{POLICY}\n@id(\"no-alice\")\nforbid (principal == Airlock::Requester::\"alice\", action == Airlock::Action::\"use-profile\", resource);\n"
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = list(&alice());
+        if r.status == 403 {
+            assert!(
+                r.body.contains("policy does not let requester `alice`"),
+                "{r:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reloaded policy never applied: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        tool_names(&list(&token("bob", json!({})))),
+        ["search_sources"]
+    );
     let trace = serde_json::to_string(&d.trace()).unwrap();
     assert!(
         !trace.contains("bob smith") && !trace.contains("bob\\nadmin"),
