@@ -52,6 +52,9 @@
 //!
 //! [secrets]                      # named secrets that mappings' env grants may use
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
+//!
+//! [http]                         # `serve --http`: see crate::front::http
+//! [http.auth]                    # bearer tokens: see crate::front::auth
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,6 +110,8 @@ pub struct ServeConfig {
     pub policy_files: Vec<PathBuf>,
     /// `[approvals]`.
     pub approvals: ApprovalSettings,
+    /// `[http]`: the HTTP front (`serve --http`), see [`crate::front::http`].
+    pub http: crate::front::http::HttpSettings,
 }
 
 /// The profile a configuration without `[[profile]]` entries gets: every capability.
@@ -211,6 +216,7 @@ impl ServeConfig {
             default_profile: None,
             policy_files: Vec::new(),
             approvals: ApprovalSettings::default(),
+            http: Default::default(),
         }
     }
 
@@ -290,6 +296,7 @@ struct RawConfig {
     #[serde(default)]
     profile: Vec<RawProfile>,
     approvals: Option<RawApprovals>,
+    http: Option<crate::front::http::RawHttp>,
 }
 
 #[derive(Deserialize)]
@@ -565,6 +572,7 @@ impl ServeConfig {
             default_profile: raw.default_profile,
             policy_files,
             approvals,
+            http: crate::front::http::HttpSettings::from_raw(raw.http, base)?,
         })
     }
 }

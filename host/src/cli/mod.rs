@@ -39,17 +39,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the gateway over stdio: MCP on stdin/stdout, logs on stderr.
+    /// Serve the gateway over stdio (MCP on stdin/stdout, logs on stderr), or over
+    /// Streamable HTTP with --http.
     ///
     /// Loads each mapping (refusing, alone, any component whose sha256 differs from its
     /// pin), starts every connection a mapping uses in parallel (each within
     /// start_timeout) and snapshots its catalogue, offers the mappings whose pins match,
     /// then answers tools/list, tools/call and (2026-07-28) subscriptions/listen until
-    /// stdin closes or SIGTERM/SIGINT; then drains the calls in flight (at most 10 s) and
-    /// stops every upstream server and its process group. Every request with an id is
-    /// answered: lines that are not JSON, longer than 16 MiB or batches get a JSON-RPC
-    /// error, and arguments a tool refuses are a tool result with isError (README "What
-    /// the front answers").
+    /// stdin closes (stdio) or SIGTERM/SIGINT; then drains the calls in flight (at most
+    /// 10 s) and stops every upstream server and its process group. Every request with an
+    /// id is answered: lines that are not JSON, longer than 16 MiB or batches get a
+    /// JSON-RPC error, and arguments a tool refuses are a tool result with isError (README
+    /// "What the front answers").
     #[command(after_help = "\
 Configuration (TOML; relative paths resolve against the file's folder):
 
@@ -66,6 +67,7 @@ Configuration (TOML; relative paths resolve against the file's folder):
   # state_dir = \"state\", snapshot_interval = \"10m\", start_timeout = \"10s\" (spawn +
   # initialize + discovery of one connection; one that fails or takes longer is retried in
   # the background, 0.5 s doubling to 30 s, and offered once it is ready).
+  # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
@@ -87,6 +89,14 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         /// policy must let it use the profile.
         #[arg(long, value_name = "NAME")]
         profile: Option<String>,
+        /// Serve MCP over Streamable HTTP on ADDR instead of stdio (default ADDR
+        /// 127.0.0.1:8787; port 0 picks a free one), endpoint /mcp, both protocol
+        /// generations; prints the URL to stderr. Without [http.auth] only a loopback
+        /// address is accepted and every request acts as [requester]; with it, each
+        /// request needs a bearer JWT whose `sub` is the requester. --profile is then the
+        /// profile of a token that names none. See README.md ("Serving over HTTP").
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::front::http::DEFAULT_ADDR)]
+        http: Option<String>,
     },
     /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
     /// its component actually has, and a verdict for every import.
@@ -555,6 +565,7 @@ pub fn main() -> ExitCode {
                 cache_dir,
                 no_cache,
                 profile,
+                http,
             } => {
                 init_logging("airlock=info");
                 let cache_dir = match (no_cache, cache_dir) {
@@ -562,6 +573,11 @@ pub fn main() -> ExitCode {
                     (false, Some(dir)) => Some(dir),
                     (false, None) => crate::config::default_cache_dir(),
                 };
+                if let Some(addr) = http {
+                    let mut config = load_config(&config, state_dir)?;
+                    config.cache_dir = cache_dir;
+                    return crate::front::http::serve(config, &addr, profile).await;
+                }
                 serve(config, cache_dir, state_dir, profile).await
             }
             Command::Discover {

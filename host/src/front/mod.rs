@@ -22,6 +22,8 @@
 //!   changes, until it cancels or the transport closes. Airlock offers no resources or
 //!   prompts, so their categories are not accepted.
 
+pub mod auth;
+pub mod http;
 pub mod render;
 pub mod stdio;
 
@@ -59,18 +61,45 @@ pub const TOOLS_LIST_TTL_MS: u64 = 60_000;
 #[derive(Clone)]
 pub struct McpFront {
     host: Arc<Host>,
-    session: Arc<Session>,
+    session: Bound,
+}
+
+/// Where a front's session comes from.
+#[derive(Clone)]
+enum Bound {
+    /// One session for the transport's life (stdio).
+    Fixed(Arc<Session>),
+    /// The session the HTTP front bound to each request's principal ([`http`]).
+    Http(http::PerRequest),
 }
 
 impl McpFront {
     /// A front for `session` on `host`.
     pub fn new(host: Arc<Host>, session: Arc<Session>) -> Self {
-        Self { host, session }
+        Self {
+            host,
+            session: Bound::Fixed(session),
+        }
     }
 
     /// The session.
+    ///
+    /// # Panics
+    /// On a front of the HTTP transport, whose session is per request (those are built
+    /// only inside [`http`]).
     pub fn session(&self) -> &Arc<Session> {
-        &self.session
+        match &self.session {
+            Bound::Fixed(s) => s,
+            Bound::Http(_) => panic!("an HTTP front binds its session per request"),
+        }
+    }
+
+    /// The session of the request of `context`.
+    fn session_for(&self, context: &RequestContext<RoleServer>) -> Result<Arc<Session>, McpError> {
+        match &self.session {
+            Bound::Fixed(s) => Ok(s.clone()),
+            Bound::Http(per_request) => per_request.session(context),
+        }
     }
 
     /// The host.
@@ -80,7 +109,7 @@ impl McpFront {
 
     /// `tools/list` without the transport, for a 2025-11-25 client without elicitation.
     pub fn list(&self) -> Vec<Tool> {
-        pipeline::offer::offered(&self.host, &self.session, &ClientAbilities::plain()).tools
+        pipeline::offer::offered(&self.host, self.session(), &ClientAbilities::plain()).tools
     }
 
     /// `tools/call` without the transport, for a 2025-11-25 client without elicitation
@@ -94,7 +123,7 @@ impl McpFront {
         arguments: Option<JsonObject>,
     ) -> Result<CallToolResult, McpError> {
         let candidate = Candidate::new(
-            self.session.clone(),
+            self.session().clone(),
             name,
             arguments,
             ClientAbilities::plain(),
@@ -245,7 +274,8 @@ impl ServerHandler for McpFront {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let abilities = abilities(&context);
-        let offered = pipeline::offer::offered(&self.host, &self.session, &abilities);
+        let session = self.session_for(&context)?;
+        let offered = pipeline::offer::offered(&self.host, &session, &abilities);
         let result = ListToolsResult::with_all_items(offered.tools);
         Ok(if abilities.stateless {
             result
@@ -267,7 +297,7 @@ impl ServerHandler for McpFront {
                 input_responses: request.input_responses.clone().unwrap_or_default(),
             });
         let candidate = Candidate::new(
-            self.session.clone(),
+            self.session_for(&context)?,
             request.name.to_string(),
             request.arguments,
             abilities(&context),

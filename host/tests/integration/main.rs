@@ -19,6 +19,7 @@ mod front_errors;
 mod grants_cli;
 mod host_versions;
 mod hostile;
+mod http;
 mod inspector;
 mod lifecycle;
 mod python_client;

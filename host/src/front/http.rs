@@ -1,0 +1,846 @@
+//! The Streamable HTTP front: `airlock serve --http [ADDR]`.
+//!
+//! Rule: **every request is checked in this order, and one that fails a check reaches
+//! nothing behind it** — no MCP handler, no pipeline, no upstream:
+//!
+//! 1. `Host` must be an allowed host (DNS-rebinding protection; 400 when missing or
+//!    malformed, 403 when not allowed); a present `Origin` must be an allowed origin when
+//!    `allowed_origins` is set (403).
+//! 2. The path: `/mcp` (the MCP endpoint), `/.well-known/oauth-protected-resource` and
+//!    `/.well-known/oauth-protected-resource/mcp` (RFC 9728 metadata, `GET` only, when
+//!    `[http.auth]` is set); anything else is 404.
+//! 3. With `[http.auth]`: a verified bearer token ([`super::auth`]; 401 / 403 with
+//!    `WWW-Authenticate`). Its principal (subject, roles, profile) must be allowed its
+//!    profile by policy (`use-profile`, checked on every request; 403 with the reason).
+//!    Without `[http.auth]` (loopback addresses only) the principal is `[requester]`.
+//! 4. A legacy MCP session (`Mcp-Session-Id`) must belong to the request's principal
+//!    (403), and be one this front opened (else 404, as for an expired session).
+//! 5. A declared `Content-Length` over `max_body_bytes` is 413 before any body byte is
+//!    read; rmcp enforces the same ceiling while streaming a body without one.
+//!
+//! Then rmcp's [`StreamableHttpService`] serves the request: 2026-07-28 requests
+//! statelessly, 2025-11-25 clients in sessions (`legacy_session_mode`), and the status
+//! codes of the Streamable HTTP transport (405 for `GET`/`DELETE` on the stateless
+//! endpoint, 406/415 for wrong `Accept`/`Content-Type`, 400 for an `MCP-Protocol-Version`
+//! that contradicts the body, 404 for an unknown session).
+//!
+//! **Sessions.** The Airlock [`Session`] (references, offered catalogue, approvals) is bound
+//! per principal — (subject, roles, profile) — and cached here (at most
+//! [`MAX_CACHED_PRINCIPALS`], least recently used evicted): a reference minted in one
+//! stateless request resolves in the next request of the same principal, and never for
+//! another. rmcp builds one handler per legacy session or per stateless request; the
+//! verified principal reaches it through the request's extensions (rmcp copies the
+//! `http::request::Parts`, extensions included, into the MCP request's extensions).
+//!
+//! The client's bearer token goes no further than this module: it is not in the
+//! principal, the session, the trace, or anything an upstream receives.
+//!
+//! Accepted form (`[http]` in the serve configuration):
+//!
+//! ```toml
+//! [http]
+//! allowed_hosts = ["localhost", "127.0.0.1", "::1"]  # default: these, plus the host of
+//!                                # [http.auth] audience; "host" = any port, "host:port"
+//! allowed_origins = ["https://app.example.com"]      # default: none = Origin not checked;
+//!                                # "scheme://host[:port]", or "scheme://host:*"
+//! max_body_bytes = 4194304       # request body ceiling (default 4 MiB, at most 64 MiB)
+//!
+//! [http.auth]                    # see crate::front::auth
+//! ```
+//!
+//! hyper's HTTP/1.1 server is used directly (no axum): there are four fixed paths, and
+//! rmcp's service takes a plain `http::Request`, so a router would add only dependencies.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
+use rmcp::ErrorData as McpError;
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde::Deserialize;
+
+use super::McpFront;
+use super::auth::{AuthSettings, RawAuth, Rejection, Verifier};
+use crate::config::ServeConfig;
+use crate::host::Host;
+use crate::pipeline::session::{Requester, Session};
+use crate::policy::Verdict;
+
+/// The address `--http` without a value binds.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8787";
+
+/// The MCP endpoint's path.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The RFC 9728 well-known path (also served with [`MCP_PATH`] appended).
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// Default request body ceiling (`max_body_bytes`).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// The largest `max_body_bytes` a configuration may set.
+pub const MAX_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Most principals whose sessions are kept at once.
+pub const MAX_CACHED_PRINCIPALS: usize = 1024;
+
+/// The header-size ceiling of one request (hyper answers 431 above it).
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The response header naming a legacy MCP session.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// `[http]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp {
+    allowed_hosts: Option<Vec<String>>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
+    max_body_bytes: Option<u64>,
+    auth: Option<RawAuth>,
+}
+
+/// `[http]`, checked (every field at its default when the table is absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpSettings {
+    /// `Host` values accepted; `None` = loopback names plus the audience's host.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// `Origin` values accepted when present; empty = not checked.
+    pub allowed_origins: Vec<String>,
+    /// Request body ceiling in bytes.
+    pub max_body_bytes: usize,
+    /// `[http.auth]`: bearer tokens required; `None` = loopback only, as `[requester]`.
+    pub auth: Option<AuthSettings>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: None,
+            allowed_origins: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            auth: None,
+        }
+    }
+}
+
+impl HttpSettings {
+    /// Checks `[http]` (absent: the defaults), resolving paths against `base`.
+    ///
+    /// # Errors
+    /// A host or origin entry that does not parse, a body ceiling of 0 or above
+    /// [`MAX_MAX_BODY_BYTES`], a bad `[http.auth]` (see [`AuthSettings::from_raw`]).
+    pub fn from_raw(raw: Option<RawHttp>, base: &Path) -> Result<Self> {
+        let Some(raw) = raw else {
+            return Ok(Self::default());
+        };
+        if let Some(hosts) = &raw.allowed_hosts {
+            for h in hosts {
+                parse_authority(h).with_context(|| {
+                    format!("[http] allowed_hosts entry `{h}`: expected `host` or `host:port`")
+                })?;
+            }
+        }
+        for o in &raw.allowed_origins {
+            parse_origin(o).with_context(|| {
+                format!(
+                    "[http] allowed_origins entry `{o}`: expected `scheme://host`, `scheme://host:port` or `scheme://host:*`"
+                )
+            })?;
+        }
+        let max_body_bytes = match raw.max_body_bytes {
+            None => DEFAULT_MAX_BODY_BYTES,
+            Some(n) if n == 0 || n > MAX_MAX_BODY_BYTES as u64 => {
+                bail!("[http] max_body_bytes {n} must be between 1 and {MAX_MAX_BODY_BYTES}")
+            }
+            Some(n) => n as usize,
+        };
+        let auth = raw
+            .auth
+            .map(|a| AuthSettings::from_raw(a, base))
+            .transpose()?;
+        Ok(Self {
+            allowed_hosts: raw.allowed_hosts,
+            allowed_origins: raw.allowed_origins,
+            max_body_bytes,
+            auth,
+        })
+    }
+
+    /// The `Host` values accepted: as configured, else `localhost`, `127.0.0.1`, `::1`
+    /// and the host of the audience.
+    pub fn effective_allowed_hosts(&self) -> Vec<String> {
+        if let Some(hosts) = &self.allowed_hosts {
+            return hosts.clone();
+        }
+        let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if let Some(host) = self
+            .auth
+            .as_ref()
+            .and_then(|a| a.audience.parse::<http::Uri>().ok())
+            .and_then(|u| {
+                u.host()
+                    .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+            })
+            && !hosts.contains(&host)
+        {
+            hosts.push(host);
+        }
+        hosts
+    }
+}
+
+/// The principal a request acts for, as the HTTP front bound it (in the request's
+/// extensions, where the MCP handler finds it).
+#[derive(Clone)]
+pub struct BoundPrincipal {
+    /// Identifies (subject, roles, profile).
+    key: Arc<str>,
+    session: Arc<Session>,
+}
+
+/// The per-request binding of an HTTP [`McpFront`]: the principal its first request named
+/// (a legacy session keeps serving only that one).
+#[derive(Clone, Default)]
+pub(super) struct PerRequest {
+    first: Arc<OnceLock<Arc<str>>>,
+}
+
+impl McpFront {
+    /// A front whose session is the one the HTTP front bound to each request.
+    fn http(host: Arc<Host>) -> Self {
+        Self {
+            host,
+            session: super::Bound::Http(PerRequest::default()),
+        }
+    }
+}
+
+impl PerRequest {
+    /// The session the HTTP front bound to the request of `context`.
+    ///
+    /// # Errors
+    /// The request carries no bound principal (cannot happen behind [`serve`]), or a legacy
+    /// session's request names another principal than its first.
+    pub(super) fn session(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Arc<Session>, McpError> {
+        let bound = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<BoundPrincipal>())
+            .ok_or_else(|| McpError::internal_error("the request has no principal", None))?;
+        let first = self.first.get_or_init(|| bound.key.clone());
+        if *first != bound.key {
+            return Err(McpError::invalid_request(
+                "this MCP session belongs to another principal",
+                None,
+            ));
+        }
+        Ok(bound.session.clone())
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// A response that ends a request before the MCP endpoint (boxed: it is the error side
+/// of the checks).
+type Refusal = Box<Response<Body>>;
+
+/// The running HTTP front.
+struct HttpFront {
+    host: Arc<Host>,
+    verifier: Option<Verifier>,
+    /// Without `[http.auth]`: the one session, of `[requester]` over `http`.
+    fixed: Option<BoundPrincipal>,
+    /// The profile of a token that names none.
+    default_profile: Option<String>,
+    allowed_hosts: Vec<(String, Option<u16>)>,
+    allowed_origins: Vec<String>,
+    max_body_bytes: usize,
+    mcp: StreamableHttpService<McpFront, LocalSessionManager>,
+    sessions_manager: Arc<LocalSessionManager>,
+    principals: Mutex<lru::LruCache<Arc<str>, Arc<Session>>>,
+    /// Legacy MCP session id → the principal that opened it.
+    legacy: Mutex<HashMap<String, Arc<str>>>,
+}
+
+/// Loads `config`, starts the host, and serves MCP over HTTP on `addr` until the process
+/// is stopped. Prints `airlock: serving MCP over HTTP at http://ADDR/mcp` to stderr once
+/// listening. `profile` is the profile of a principal whose token names none (else
+/// `default_profile`, else the only profile).
+///
+/// # Errors
+/// `addr` does not parse or bind; a non-loopback `addr` without `[http.auth]`; the JWKS
+/// does not load; the host does not start; without `[http.auth]`, policy does not let
+/// `[requester]` use the profile.
+pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> Result<()> {
+    // From here on SIGTERM/SIGINT stop the host cleanly (crate::shutdown).
+    crate::shutdown::catch_signals();
+    let addr: SocketAddr = addr.parse().with_context(|| {
+        format!("--http `{addr}`: expected an address such as {DEFAULT_ADDR} or [::1]:8787")
+    })?;
+    let settings = config.http.clone();
+    if settings.auth.is_none() && !addr.ip().is_loopback() {
+        bail!(
+            "refusing to serve HTTP on {addr} without [http.auth]: anyone who reaches that address would act as requester `{}`. Configure [http.auth] (bearer tokens) or bind a loopback address such as {DEFAULT_ADDR}",
+            config.requester.name
+        );
+    }
+    if let Some(p) = &profile {
+        config.profile(Some(p))?;
+    }
+    let verifier = settings.auth.clone().map(Verifier::load).transpose()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let host = Host::start(&config).await?;
+    crate::registry::reload::spawn_background(&host)?;
+    let front = HttpFront::new(host, &settings, verifier, profile)?;
+    let local = listener.local_addr()?;
+    tracing::info!(
+        %local,
+        auth = front.verifier.is_some(),
+        "serving MCP over HTTP"
+    );
+    eprintln!("airlock: serving MCP over HTTP at http://{local}{MCP_PATH}");
+    let front = Arc::new(front);
+    let live = front.host.live().clone();
+    // Serves until SIGTERM/SIGINT; then the calls in flight drain and every upstream
+    // process group is stopped (crate::shutdown::run).
+    crate::shutdown::run(&live, accept(listener, front)).await
+}
+
+/// Accepts HTTP/1.1 connections on `listener` and serves each on its own task, forever.
+async fn accept(listener: tokio::net::TcpListener, front: Arc<HttpFront>) -> Result<()> {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors and the like: wait instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let front = front.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let front = front.clone();
+                async move { Ok::<_, Infallible>(front.handle(req).await) }
+            });
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .max_buf_size(MAX_HEADER_BYTES)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(%peer, "HTTP connection ended: {e}");
+            }
+        });
+    }
+}
+
+impl HttpFront {
+    fn new(
+        host: Arc<Host>,
+        settings: &HttpSettings,
+        verifier: Option<Verifier>,
+        default_profile: Option<String>,
+    ) -> Result<Self> {
+        let fixed = if verifier.is_none() {
+            let r = &host.config().requester;
+            let requester = Requester {
+                name: r.name.clone(),
+                roles: r.roles.clone(),
+                transport: "http",
+            };
+            let session = host.open_session(requester, default_profile.as_deref())?;
+            Some(BoundPrincipal {
+                key: Arc::from(principal_key(
+                    &session.requester().name,
+                    &session.requester().roles,
+                    &session.profile().name,
+                )),
+                session,
+            })
+        } else {
+            None
+        };
+        let hosts = settings.effective_allowed_hosts();
+        let allowed_hosts = hosts
+            .iter()
+            .map(|h| parse_authority(h))
+            .collect::<Result<Vec<_>>>()?;
+        let mut rmcp_config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(true)
+            .with_allowed_hosts(hosts)
+            .with_max_request_body_bytes(settings.max_body_bytes);
+        if !settings.allowed_origins.is_empty() {
+            rmcp_config = rmcp_config.with_allowed_origins(settings.allowed_origins.clone());
+        }
+        let sessions_manager = Arc::new(LocalSessionManager::default());
+        let for_factory = host.clone();
+        let mcp = StreamableHttpService::new(
+            move || Ok(McpFront::http(for_factory.clone())),
+            sessions_manager.clone(),
+            rmcp_config,
+        );
+        Ok(Self {
+            host,
+            verifier,
+            fixed,
+            default_profile,
+            allowed_hosts,
+            allowed_origins: settings
+                .allowed_origins
+                .iter()
+                .map(|o| o.to_ascii_lowercase())
+                .collect(),
+            max_body_bytes: settings.max_body_bytes,
+            mcp,
+            sessions_manager,
+            principals: Mutex::new(lru::LruCache::new(
+                NonZeroUsize::new(MAX_CACHED_PRINCIPALS).expect("non-zero"),
+            )),
+            legacy: Mutex::default(),
+        })
+    }
+
+    async fn handle(&self, mut req: Request<hyper::body::Incoming>) -> Response<Body> {
+        if let Err(r) = self.check_host_and_origin(&req) {
+            return *r;
+        }
+        let path = req.uri().path();
+        if path == METADATA_PATH || path == format!("{METADATA_PATH}{MCP_PATH}") {
+            return self.metadata(req.method());
+        }
+        if path != MCP_PATH {
+            return plain(StatusCode::NOT_FOUND, "Not Found");
+        }
+        let bound = match self.principal(&req) {
+            Ok(b) => b,
+            Err(r) => return *r,
+        };
+        let session_id = req
+            .headers()
+            .get(SESSION_HEADER)
+            .map(|v| v.to_str().map(str::to_string));
+        match &session_id {
+            None => {}
+            Some(Err(_)) => {
+                return plain(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: invalid Mcp-Session-Id",
+                );
+            }
+            Some(Ok(id)) => {
+                let owner = self
+                    .legacy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(id)
+                    .cloned();
+                match owner {
+                    None => return plain(StatusCode::NOT_FOUND, "Not Found: Session not found"),
+                    Some(owner) if owner != bound.key => {
+                        tracing::warn!(requester = %bound.session.requester().name, "refused a request for another principal's MCP session");
+                        return plain(
+                            StatusCode::FORBIDDEN,
+                            "Forbidden: this MCP session belongs to another principal",
+                        );
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
+            match len.to_str().ok().and_then(|l| l.parse::<u64>().ok()) {
+                Some(n) if n > self.max_body_bytes as u64 => {
+                    return plain(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        &format!(
+                            "Payload Too Large: request body exceeds {} bytes",
+                            self.max_body_bytes
+                        ),
+                    );
+                }
+                Some(_) => {}
+                None => {
+                    return plain(
+                        StatusCode::BAD_REQUEST,
+                        "Bad Request: invalid Content-Length",
+                    );
+                }
+            }
+        }
+        let key = bound.key.clone();
+        let deleting = req.method() == Method::DELETE;
+        req.extensions_mut().insert(bound);
+        let response = self.mcp.handle(req).await;
+        match session_id {
+            None => {
+                if let Some(id) = response
+                    .headers()
+                    .get(SESSION_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    self.remember_session(id, key).await;
+                }
+            }
+            Some(Ok(id)) if deleting && response.status().is_success() => {
+                self.legacy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+            }
+            Some(_) => {}
+        }
+        response
+    }
+
+    /// Records a new legacy session's owner; past [`MAX_CACHED_PRINCIPALS`] records, drops
+    /// those of sessions rmcp no longer has.
+    async fn remember_session(&self, id: &str, key: Arc<str>) {
+        let crowded = {
+            let mut legacy = self.legacy.lock().unwrap_or_else(|e| e.into_inner());
+            legacy.insert(id.to_string(), key);
+            legacy.len() > MAX_CACHED_PRINCIPALS
+        };
+        if crowded {
+            let live: std::collections::HashSet<String> = self
+                .sessions_manager
+                .sessions
+                .read()
+                .await
+                .keys()
+                .map(|k| k.to_string())
+                .collect();
+            self.legacy
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|id, _| live.contains(id));
+        }
+    }
+
+    fn check_host_and_origin<B>(&self, req: &Request<B>) -> Result<(), Refusal> {
+        let host = match req.headers().get(header::HOST) {
+            Some(h) => h.to_str().ok().and_then(|h| parse_authority(h).ok()),
+            None => req
+                .uri()
+                .authority()
+                .and_then(|a| parse_authority(a.as_str()).ok()),
+        };
+        let Some((name, port)) = host else {
+            return Err(Box::new(plain(
+                StatusCode::BAD_REQUEST,
+                "Bad Request: missing or invalid Host header",
+            )));
+        };
+        let allowed = self
+            .allowed_hosts
+            .iter()
+            .any(|(h, p)| *h == name && p.is_none_or(|p| Some(p) == port));
+        if !allowed {
+            tracing::warn!(host = %name, "refused a request whose Host is not allowed (DNS rebinding?)");
+            return Err(Box::new(plain(
+                StatusCode::FORBIDDEN,
+                "Forbidden: Host header is not allowed",
+            )));
+        }
+        if self.allowed_origins.is_empty() {
+            return Ok(());
+        }
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let ok = origin
+                .to_str()
+                .ok()
+                .map(str::to_ascii_lowercase)
+                .is_some_and(|o| origin_allowed(&o, &self.allowed_origins));
+            if !ok {
+                tracing::warn!(origin = ?origin, "refused a request whose Origin is not allowed");
+                return Err(Box::new(plain(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden: Origin header is not allowed",
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn metadata(&self, method: &Method) -> Response<Body> {
+        let Some(v) = &self.verifier else {
+            return plain(StatusCode::NOT_FOUND, "Not Found");
+        };
+        if method != Method::GET {
+            let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET"));
+            return r;
+        }
+        let body = serde_json::to_vec(&v.metadata()).expect("metadata serializes");
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CACHE_CONTROL, "max-age=300")
+            .body(Full::new(Bytes::from(body)).boxed())
+            .expect("valid response")
+    }
+
+    /// The principal of `req`, its session opened (or found) and allowed its profile.
+    fn principal<B>(&self, req: &Request<B>) -> Result<BoundPrincipal, Refusal> {
+        let Some(verifier) = &self.verifier else {
+            let fixed = self
+                .fixed
+                .clone()
+                .expect("a fixed principal without [http.auth]");
+            // Policy may have changed since the session was opened.
+            let profile = &fixed.session.profile().name;
+            let d = self
+                .host
+                .policy()
+                .may_use_profile(fixed.session.principal(), profile);
+            if d.verdict != Verdict::Allow {
+                return Err(Box::new(plain(
+                    StatusCode::FORBIDDEN,
+                    &format!(
+                        "Forbidden: policy does not let requester `{}` use profile `{profile}`",
+                        fixed.session.requester().name
+                    ),
+                )));
+            }
+            return Ok(fixed);
+        };
+        let verified = verifier
+            .verify(req.headers().get(header::AUTHORIZATION))
+            .map_err(|r| {
+                tracing::info!(reason = %r.describe(), "refused a request's bearer token");
+                Box::new(challenge(verifier, &r))
+            })?;
+        let config = self.host.config();
+        let profile = match verified
+            .profile
+            .as_deref()
+            .or(self.default_profile.as_deref())
+        {
+            Some(p) if config.profiles.contains_key(p) => p.to_string(),
+            Some(p) => {
+                return Err(Box::new(plain(
+                    StatusCode::FORBIDDEN,
+                    &format!("Forbidden: profile `{p}` is not offered here"),
+                )));
+            }
+            None => match config.profile(None) {
+                Ok(p) => p.name.clone(),
+                Err(_) => {
+                    return Err(Box::new(plain(
+                        StatusCode::FORBIDDEN,
+                        "Forbidden: the token names no profile and this Airlock has no default profile",
+                    )));
+                }
+            },
+        };
+        let key: Arc<str> = Arc::from(principal_key(&verified.subject, &verified.roles, &profile));
+        let forbidden = || {
+            plain(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "Forbidden: policy does not let requester `{}` use profile `{profile}`",
+                    verified.subject
+                ),
+            )
+        };
+        let cached = self
+            .principals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(session) = cached {
+            // Policy may have changed since the session was opened.
+            let d = self
+                .host
+                .policy()
+                .may_use_profile(session.principal(), &profile);
+            if d.verdict != Verdict::Allow {
+                self.principals
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop(&key);
+                return Err(Box::new(forbidden()));
+            }
+            return Ok(BoundPrincipal { key, session });
+        }
+        let requester = Requester {
+            name: verified.subject.clone(),
+            roles: verified.roles.clone(),
+            transport: "http",
+        };
+        let session = self
+            .host
+            .open_session(requester, Some(&profile))
+            .map_err(|e| {
+                tracing::info!(requester = %verified.subject, %profile, "refused a session: {e:#}");
+                Box::new(forbidden())
+            })?;
+        // Two first requests of one principal may race; keep the session that won.
+        let session = self
+            .principals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(key.clone(), || session)
+            .clone();
+        Ok(BoundPrincipal { key, session })
+    }
+}
+
+/// (subject, roles, profile) as one cache key; NUL cannot occur in any of them.
+fn principal_key(subject: &str, roles: &[String], profile: &str) -> String {
+    format!("{subject}\u{0}{}\u{0}{profile}", roles.join("\u{1}"))
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(format!("{text}\n"))).boxed())
+        .expect("valid response")
+}
+
+fn challenge(verifier: &Verifier, rejection: &Rejection) -> Response<Body> {
+    let mut r = plain(rejection.status(), &rejection.describe());
+    if let Ok(v) = HeaderValue::from_str(&verifier.challenge(rejection)) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    r
+}
+
+/// `host` or `host:port` (IPv6 in brackets, or bare `::1`), lower-cased, brackets dropped.
+fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
+    if text.parse::<std::net::Ipv6Addr>().is_ok() {
+        return Ok((text.to_ascii_lowercase(), None));
+    }
+    let a: http::uri::Authority = text.parse().context("not an authority")?;
+    if a.as_str().contains('@') {
+        bail!("user information is not allowed");
+    }
+    if a.as_str().len() > a.host().len() && a.port_u16().is_none() {
+        bail!("the port is not a number");
+    }
+    let host = a.host().trim_matches(['[', ']']).to_ascii_lowercase();
+    if host.is_empty() {
+        bail!("empty host");
+    }
+    Ok((host, a.port_u16()))
+}
+
+/// Checks an `allowed_origins` entry.
+fn parse_origin(text: &str) -> Result<()> {
+    let (scheme, rest) = text.split_once("://").context("no scheme")?;
+    if scheme.is_empty() || rest.contains('/') {
+        bail!("not an origin");
+    }
+    let rest = rest.strip_suffix(":*").unwrap_or(rest);
+    parse_authority(rest).map(|_| ())
+}
+
+/// Whether `origin` (lower-cased) is an entry of `allowed` (lower-cased): equal, or equal
+/// up to the port for a `:*` entry.
+fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|a| match a.strip_suffix(":*") {
+        Some(prefix) => {
+            origin == prefix
+                || origin
+                    .strip_prefix(prefix)
+                    .and_then(|p| p.strip_prefix(':'))
+                    .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        }
+        None => origin == a,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_and_origins_parse_strictly() {
+        assert_eq!(
+            parse_authority("LocalHost:8787").unwrap(),
+            ("localhost".into(), Some(8787))
+        );
+        assert_eq!(
+            parse_authority("[::1]:80").unwrap(),
+            ("::1".into(), Some(80))
+        );
+        assert_eq!(parse_authority("::1").unwrap(), ("::1".into(), None));
+        for bad in ["", "a b", "user@host", "host:port", "http://x"] {
+            assert!(parse_authority(bad).is_err(), "{bad}");
+        }
+        assert!(parse_origin("https://app.example.com").is_ok());
+        assert!(parse_origin("http://localhost:*").is_ok());
+        for bad in ["app.example.com", "https://a/b", "://a"] {
+            assert!(parse_origin(bad).is_err(), "{bad}");
+        }
+        let allowed = vec![
+            "https://app.test".to_string(),
+            "http://localhost:*".to_string(),
+        ];
+        assert!(origin_allowed("https://app.test", &allowed));
+        assert!(origin_allowed("http://localhost:3000", &allowed));
+        assert!(origin_allowed("http://localhost", &allowed));
+        for bad in [
+            "https://app.test.evil",
+            "http://localhost.evil:3000",
+            "http://localhost:",
+            "null",
+        ] {
+            assert!(!origin_allowed(bad, &allowed), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_default_and_refuse() {
+        let base = Path::new("/etc/airlock");
+        let s = HttpSettings::from_raw(None, base).unwrap();
+        assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(
+            s.effective_allowed_hosts(),
+            ["localhost", "127.0.0.1", "::1"]
+        );
+        let parse = |t: &str| {
+            let raw: RawHttp = toml::from_str(t).unwrap();
+            HttpSettings::from_raw(Some(raw), base)
+        };
+        assert!(parse("max_body_bytes = 0").is_err());
+        assert!(parse("max_body_bytes = 1000000000").is_err());
+        assert!(parse("allowed_hosts = [\"a b\"]").is_err());
+        assert!(parse("allowed_origins = [\"example.com\"]").is_err());
+        let s = parse(
+            "[auth]\nissuer = \"https://i.test\"\naudience = \"https://Airlock.Test/mcp\"\njwks_file = \"k.json\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.effective_allowed_hosts(),
+            ["localhost", "127.0.0.1", "::1", "airlock.test"]
+        );
+        assert!(toml::from_str::<RawHttp>("unknown = 1").is_err());
+    }
+}

@@ -1,0 +1,843 @@
+//! `airlock serve --http` as a real process: the Streamable HTTP front and its OAuth 2.1
+//! resource server. Tokens are minted here with a test-only key pair (`fixtures/jwt/`);
+//! requests are the official Python MCP SDK over Streamable HTTP, or raw HTTP/1.1 written
+//! on a `TcpStream` (so every status code is the server's own, unsoftened by a client).
+
+use std::io::{BufRead as _, Read as _, Write as _};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::*;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "http://airlock.test/mcp";
+const METADATA_URL: &str = "http://airlock.test/.well-known/oauth-protected-resource/mcp";
+const MAX_BODY: usize = 65536;
+
+const POLICY: &str = r#"
+@id("use")
+permit (principal, action == Airlock::Action::"use-profile", resource);
+
+@id("research-needs-analyst")
+forbid (principal, action == Airlock::Action::"use-profile", resource == Airlock::Profile::"research")
+unless { principal in Airlock::Role::"analyst" };
+
+@id("no-mallory")
+forbid (principal == Airlock::Requester::"mallory", action == Airlock::Action::"use-profile", resource);
+
+@id("reads")
+permit (principal, action == Airlock::Action::"call", resource)
+when { resource.effect_class == "read" };
+"#;
+
+const PROFILES: &str = r#"
+[[profile]]
+name = "research"
+capabilities = ["search_sources", "retrieve_source"]
+
+[[profile]]
+name = "searcher"
+capabilities = ["search_sources"]
+"#;
+
+fn auth_tables() -> String {
+    format!(
+        "[http]\nmax_body_bytes = {MAX_BODY}\n\n[http.auth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_file = {:?}\nrequired_scopes = [\"mcp\"]\nroles_claim = \"roles\"\nprofile_claim = \"airlock_profile\"\n",
+        workspace()
+            .join("fixtures/jwt/jwks.json")
+            .display()
+            .to_string()
+    )
+}
+
+/// The notes server with `source-library`, two profiles, [`POLICY`], `[http.auth]`.
+fn auth_deployment() -> Deployment {
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .policy(POLICY)
+        .top("default_profile = \"searcher\"\n")
+        .tables(PROFILES)
+        .tables(&auth_tables());
+    d.approve_all();
+    d
+}
+
+fn now() -> i64 {
+    jsonwebtoken::get_current_timestamp() as i64
+}
+
+/// Good claims for `sub`, with `extra` merged in (`null` removes a claim).
+fn claims(sub: &str, extra: Value) -> Value {
+    let mut c = json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": sub,
+        "iat": now(), "exp": now() + 600, "scope": "mcp",
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        if v.is_null() {
+            c.as_object_mut().unwrap().remove(k);
+        } else {
+            c[k] = v.clone();
+        }
+    }
+    c
+}
+
+fn sign_with(claims: &Value, key_file: &str, kid: &str) -> String {
+    let der = std::fs::read(workspace().join("fixtures/jwt").join(key_file)).unwrap();
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some(kid.into());
+    jsonwebtoken::encode(&header, claims, &EncodingKey::from_ec_der(&der)).unwrap()
+}
+
+fn token(sub: &str, extra: Value) -> String {
+    sign_with(&claims(sub, extra), "issuer.pk8.der", "test-issuer-1")
+}
+
+fn alice() -> String {
+    token(
+        "alice",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    )
+}
+
+/// A running `airlock serve --http`, killed on drop.
+struct Served {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`.
+    addr: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Served {
+    fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// The pids of the processes airlock started (its upstream servers).
+    fn children(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let task_dir = format!("/proc/{}/task", self.child.id());
+        for t in std::fs::read_dir(task_dir).unwrap().flatten() {
+            let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            pids.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        pids
+    }
+}
+
+/// Starts `airlock serve --config … --http ADDR` and waits for the URL it prints.
+fn serve_http(d: &Deployment, addr: &str) -> Served {
+    let config = d.write_config();
+    let mut child = std::process::Command::new(airlock_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--http")
+        .arg(addr)
+        .env("AIRLOCK_LOG", "airlock=info")
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("AIRLOCK_STATE_DIR", d.state_dir())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    let log = stderr.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines() {
+            let Ok(line) = line else { return };
+            if let Some(url) = line.strip_prefix("airlock: serving MCP over HTTP at http://") {
+                let _ = tx.send(url.trim_end_matches("/mcp").to_string());
+            }
+            log.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(180))
+        .unwrap_or_else(|_| {
+            panic!(
+                "airlock serve --http did not start:\n{}",
+                stderr.lock().unwrap()
+            )
+        });
+    Served {
+        child,
+        addr,
+        stderr,
+    }
+}
+
+/// One HTTP response.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The JSON-RPC message of the body (plain JSON, or the SSE event that carries one).
+    fn message(&self) -> Value {
+        if let Ok(v) = serde_json::from_str::<Value>(&self.body) {
+            return v;
+        }
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("result").is_some() || v.get("error").is_some())
+            .unwrap_or_else(|| panic!("no JSON-RPC answer in: {self:?}"))
+    }
+}
+
+/// Writes `head` (request line and headers, without the final blank line; `Connection:
+/// close` is added) and `body` to `addr`, and reads the whole response.
+fn raw(addr: &str, head: &str, body: &[u8]) -> Reply {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{head}\r\nConnection: close\r\n\r\n").into_bytes();
+    req.extend_from_slice(body);
+    // The server may answer (413, 401) and close before reading everything we send.
+    let _ = s.write_all(&req);
+    let mut bytes = Vec::new();
+    let _ = s.read_to_end(&mut bytes);
+    parse_reply(&bytes)
+}
+
+fn parse_reply(bytes: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A 2026-07-28 (stateless) JSON-RPC request body.
+fn stateless(method: &str, params: Value) -> String {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-test", "version": "1"},
+    });
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
+}
+
+/// POSTs a stateless `method` to `/mcp` with `token` (if any) and `extra` header lines.
+fn post_stateless(
+    s: &Served,
+    token: Option<&str>,
+    method: &str,
+    params: Value,
+    extra: &str,
+) -> Reply {
+    let body = stateless(method, params.clone());
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\nContent-Length: {}",
+        s.addr,
+        body.len()
+    );
+    if let Some(name) = params.get("name").and_then(Value::as_str) {
+        head.push_str(&format!("\r\nMcp-Name: {name}"));
+    }
+    if let Some(t) = token {
+        head.push_str(&format!("\r\nAuthorization: Bearer {t}"));
+    }
+    head.push_str(extra);
+    raw(&s.addr, &head, body.as_bytes())
+}
+
+fn tool_names(reply: &Reply) -> Vec<String> {
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.message()["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply:?}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn python_site() -> std::path::PathBuf {
+    let site = workspace().join("fixtures/python/site");
+    assert!(
+        site.join("mcp").is_dir(),
+        "the Python MCP SDK is not installed: run README's test command"
+    );
+    site
+}
+
+/// `fixtures/python/http_client.py URL TOKEN MODE [REFERENCE]`, its JSON output.
+fn python(s: &Served, token: &str, mode: &str, reference: Option<&str>) -> Value {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(workspace().join("fixtures/python/http_client.py"))
+        .arg(s.url())
+        .arg(token)
+        .arg(mode);
+    if let Some(r) = reference {
+        cmd.arg(r);
+    }
+    let out = cmd
+        .env("PYTHONPATH", python_site())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the Python client failed ({mode}): {}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout),
+        s.stderr.lock().unwrap()
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let alice = alice();
+    let mut minted = None;
+    for (mode, protocol) in [("legacy", "2025-11-25"), ("2026-07-28", "2026-07-28")] {
+        let out = python(&s, &alice, mode, None);
+        assert_eq!(out["protocol"], protocol, "{out}");
+        assert_eq!(
+            out["tools"],
+            json!(["search_sources", "retrieve_source"]),
+            "{out}"
+        );
+        assert_eq!(out["search_error"], false, "{out}");
+        assert!(!out["references"].as_array().unwrap().is_empty(), "{out}");
+        // The reference minted by search resolves in the client's next request.
+        assert_eq!(out["retrieve_error"], false, "{out}");
+        assert!(out["retrieved_chars"].as_u64().unwrap() > 100, "{out}");
+        minted.get_or_insert(out["references"][0].as_str().unwrap().to_string());
+    }
+    let minted = minted.unwrap();
+    // Another client of the same principal (stateless) resolves alice's reference ...
+    let again = python(&s, &alice, "2026-07-28", Some(&minted));
+    assert_eq!(again["retrieve_error"], false, "{again}");
+    // ... another principal, in the same profile, does not.
+    let carol = token(
+        "carol",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    );
+    for mode in ["legacy", "2026-07-28"] {
+        let other = python(&s, &carol, mode, Some(&minted));
+        assert_eq!(other["tools"], json!(["search_sources", "retrieve_source"]));
+        assert_eq!(other["retrieve_error"], true, "{other}");
+        assert_eq!(other["retrieve_code"], -32602, "{other}");
+        assert!(
+            other["retrieve_text"]
+                .as_str()
+                .unwrap()
+                .contains("not valid in this session"),
+            "{other}"
+        );
+    }
+    let tools = d.upstream_tool_calls();
+    assert!(tools.contains(&"search_notes".to_string()), "{tools:?}");
+    assert!(tools.contains(&"read_note".to_string()), "{tools:?}");
+    // The token reached no upstream: not in what the notes server received, nor in its
+    // environment or command line.
+    let signature = alice.rsplit('.').next().unwrap();
+    let log = std::fs::read_to_string(d.dir.path().join("calls.jsonl")).unwrap();
+    assert!(!log.contains(signature) && !log.contains(&alice));
+    let children = s.children();
+    assert!(!children.is_empty(), "the notes server runs under airlock");
+    for pid in children {
+        for f in ["environ", "cmdline"] {
+            let bytes = std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(!text.contains(signature), "the token is in /proc/{pid}/{f}");
+        }
+    }
+    // Sessions were opened for the token subjects, over http.
+    let opened: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "session-opened")
+        .collect();
+    let text = serde_json::to_string(&opened).unwrap();
+    assert!(
+        text.contains("\"alice\"") && text.contains("\"carol\""),
+        "{text}"
+    );
+    assert!(text.contains("\"http\""), "{text}");
+    assert!(!text.contains(signature), "the token is in the trace");
+}
+
+#[test]
+fn tokens_that_do_not_verify_get_401_and_reach_nothing() {
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let call = json!({"name": "search_sources", "arguments": {"query": "checkpoint"}});
+    let payload = |c: &Value| {
+        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let bytes = c.to_string().into_bytes();
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n =
+                chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
+            for i in 0..=chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            }
+        }
+        out
+    };
+    let good = claims(
+        "alice",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    );
+    let alg_none = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{}.", payload(&good));
+    let cases: Vec<(&str, Option<String>)> = vec![
+        ("missing", None),
+        (
+            "expired",
+            Some(token("alice", json!({"exp": now() - 3600}))),
+        ),
+        (
+            "wrong audience",
+            Some(token("alice", json!({"aud": "http://elsewhere.test/mcp"}))),
+        ),
+        (
+            "wrong issuer",
+            Some(token("alice", json!({"iss": "https://evil.test"}))),
+        ),
+        ("alg none", Some(alg_none)),
+        (
+            "wrong key",
+            Some(sign_with(&good, "other.pk8.der", "test-issuer-1")),
+        ),
+        ("garbage", Some("not-a-token".into())),
+        ("huge", Some("a".repeat(20_000))),
+    ];
+    for (name, t) in &cases {
+        let r = post_stateless(&s, t.as_deref(), "tools/call", call.clone(), "");
+        assert_eq!(r.status, 401, "{name}: {r:?}");
+        let challenge = r
+            .header("www-authenticate")
+            .unwrap_or_else(|| panic!("{name}: {r:?}"));
+        assert!(
+            challenge.starts_with(&format!("Bearer resource_metadata=\"{METADATA_URL}\"")),
+            "{name}: {challenge}"
+        );
+        assert_eq!(
+            challenge.contains("error=\"invalid_token\""),
+            t.is_some(),
+            "{name}: {challenge}"
+        );
+    }
+    // Valid, but without the required scope: 403 insufficient_scope.
+    let r = post_stateless(
+        &s,
+        Some(&token(
+            "alice",
+            json!({"scope": "other", "roles": ["analyst"]}),
+        )),
+        "tools/call",
+        call.clone(),
+        "",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    let challenge = r.header("www-authenticate").unwrap();
+    assert!(
+        challenge.contains("error=\"insufficient_scope\"") && challenge.contains("scope=\"mcp\""),
+        "{challenge}"
+    );
+    assert_eq!(
+        d.upstream_tool_calls(),
+        Vec::<String>::new(),
+        "a refused request reached the upstream"
+    );
+    // The same call with a good token does reach it.
+    let r = post_stateless(&s, Some(&alice()), "tools/call", call, "");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.message()["result"]["isError"], json!(false), "{r:?}");
+    assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
+}
+
+#[test]
+fn the_token_selects_requester_and_profile_through_policy() {
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let list = |t: &str| post_stateless(&s, Some(t), "tools/list", json!({}), "");
+    // alice: analyst, asks for research.
+    assert_eq!(
+        tool_names(&list(&alice())),
+        ["search_sources", "retrieve_source"]
+    );
+    // bob: no roles, no profile claim: the default profile.
+    assert_eq!(
+        tool_names(&list(&token("bob", json!({})))),
+        ["search_sources"]
+    );
+    // bob asking for research: policy wants the analyst role.
+    let r = list(&token("bob", json!({"airlock_profile": "research"})));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(
+        r.body
+            .contains("policy does not let requester `bob` use profile `research`"),
+        "{r:?}"
+    );
+    // bob's role comes from the token, not from anything else.
+    let r = list(&token(
+        "bob",
+        json!({"airlock_profile": "research", "roles": "analyst"}),
+    ));
+    assert_eq!(tool_names(&r), ["search_sources", "retrieve_source"]);
+    // mallory may use no profile.
+    let r = list(&token("mallory", json!({})));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(
+        r.body.contains("policy does not let requester `mallory`"),
+        "{r:?}"
+    );
+    // A profile that does not exist, and subjects that are not principal names.
+    let r = list(&token("bob", json!({"airlock_profile": "admin"})));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(
+        r.body.contains("profile `admin` is not offered here"),
+        "{r:?}"
+    );
+    for sub in ["bob smith", "bob\nadmin", ""] {
+        let r = list(&token(sub, json!({})));
+        assert_eq!(r.status, 403, "{sub:?}: {r:?}");
+        assert!(r.body.contains("no usable principal"), "{r:?}");
+    }
+    let r = list(&token("bob", json!({"roles": ["ok", {"x": 1}]})));
+    assert_eq!(r.status, 403, "{r:?}");
+    // Policy is asked on every request: once it forbids alice, her cached session stops.
+    d.rewrite_policy(&format!(
+        "{POLICY}\n@id(\"no-alice\")\nforbid (principal == Airlock::Requester::\"alice\", action == Airlock::Action::\"use-profile\", resource);\n"
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = list(&alice());
+        if r.status == 403 {
+            assert!(
+                r.body.contains("policy does not let requester `alice`"),
+                "{r:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reloaded policy never applied: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        tool_names(&list(&token("bob", json!({})))),
+        ["search_sources"]
+    );
+    let trace = serde_json::to_string(&d.trace()).unwrap();
+    assert!(
+        !trace.contains("bob smith") && !trace.contains("bob\\nadmin"),
+        "a refused subject reached the trace"
+    );
+}
+
+#[test]
+fn metadata_document_and_http_status_codes() {
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let host = format!("Host: {}", s.addr);
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
+        let r = raw(&s.addr, &format!("GET {path} HTTP/1.1\r\n{host}"), b"");
+        assert_eq!(r.status, 200, "{r:?}");
+        let doc: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(doc["resource"], AUDIENCE);
+        assert_eq!(doc["authorization_servers"], json!([ISSUER]));
+        assert_eq!(doc["bearer_methods_supported"], json!(["header"]));
+        assert_eq!(doc["scopes_supported"], json!(["mcp"]));
+    }
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /.well-known/oauth-protected-resource HTTP/1.1\r\n{host}\r\nContent-Length: 0"
+        ),
+        b"",
+    );
+    assert_eq!(r.status, 405, "{r:?}");
+    let r = raw(&s.addr, &format!("GET /nowhere HTTP/1.1\r\n{host}"), b"");
+    assert_eq!(r.status, 404, "{r:?}");
+    // DNS rebinding: a Host that is not allowed is refused, token or not.
+    let auth = format!("Authorization: Bearer {}", alice());
+    let r = raw(
+        &s.addr,
+        &format!(
+            "GET /mcp HTTP/1.1\r\nHost: evil.test:{}\r\n{auth}",
+            s.addr.rsplit(':').next().unwrap()
+        ),
+        b"",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("Host header is not allowed"), "{r:?}");
+    let r = raw(
+        &s.addr,
+        "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: evil.test",
+        b"",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    // The audience's host is allowed by default.
+    let r = raw(
+        &s.addr,
+        "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: airlock.test",
+        b"",
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    // Body ceiling: a declared length over it is 413 before the body is sent ...
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+        MAX_BODY + 1
+    );
+    let r = raw(&s.addr, &head, b"{");
+    assert_eq!(r.status, 413, "{r:?}");
+    // ... and a chunked body that grows over it is 413 while it streams.
+    let mut big = stateless("tools/list", json!({"pad": "x".repeat(MAX_BODY)})).into_bytes();
+    let mut chunked = format!("{:x}\r\n", big.len()).into_bytes();
+    chunked.append(&mut big);
+    chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nTransfer-Encoding: chunked"
+    );
+    let r = raw(&s.addr, &head, &chunked);
+    assert_eq!(r.status, 413, "{r:?}");
+    // Methods the stateless endpoint does not serve.
+    for method in ["GET", "DELETE"] {
+        let r = raw(
+            &s.addr,
+            &format!(
+                "{method} /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nAccept: text/event-stream\r\nMCP-Protocol-Version: 2026-07-28"
+            ),
+            b"",
+        );
+        assert_eq!(r.status, 405, "{method}: {r:?}");
+    }
+    let r = raw(
+        &s.addr,
+        &format!("PUT /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Length: 0"),
+        b"",
+    );
+    assert_eq!(r.status, 405, "{r:?}");
+    assert!(r.header("allow").is_some(), "{r:?}");
+    // MCP-Protocol-Version contradicting the body's _meta: 400.
+    let body = stateless("tools/list", json!({}));
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\nContent-Length: {}",
+            body.len()
+        ),
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 400, "{r:?}");
+    // Wrong Accept, wrong Content-Type.
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: application/json\r\nAccept: text/html\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nContent-Length: {}",
+            body.len()
+        ),
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 406, "{r:?}");
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: text/plain\r\nAccept: application/json, text/event-stream\r\nContent-Length: 2"
+        ),
+        b"{}",
+    );
+    assert_eq!(r.status, 415, "{r:?}");
+    assert_eq!(d.upstream_tool_calls(), Vec::<String>::new());
+}
+
+#[test]
+fn a_legacy_session_serves_only_the_principal_that_opened_it() {
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let host = format!("Host: {}", s.addr);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "1"}}})
+    .to_string();
+    let post = |token: &str, session: Option<&str>, body: &str| {
+        let mut head = format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+            body.len()
+        );
+        if let Some(id) = session {
+            head.push_str(&format!(
+                "\r\nMcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25"
+            ));
+        }
+        raw(&s.addr, &head, body.as_bytes())
+    };
+    let alice = alice();
+    let r = post(&alice, None, &init);
+    assert_eq!(r.status, 200, "{r:?}");
+    let id = r
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_string();
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).to_string();
+    let r = post(&alice, Some(&id), &list);
+    assert_eq!(tool_names(&r), ["search_sources", "retrieve_source"]);
+    // Another principal's token on alice's session: 403, and nothing served.
+    let bob = token(
+        "bob",
+        json!({"roles": ["analyst"], "airlock_profile": "research"}),
+    );
+    let r = post(&bob, Some(&id), &list);
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("another principal"), "{r:?}");
+    // alice with another profile is another principal too.
+    let r = post(
+        &token("alice", json!({"roles": ["analyst"]})),
+        Some(&id),
+        &list,
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    // A session id this front never issued.
+    let r = post(&alice, Some("0123456789abcdef"), &list);
+    assert_eq!(r.status, 404, "{r:?}");
+    // No token at all on the session.
+    let r = raw(
+        &s.addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\n{host}\r\nMcp-Session-Id: {id}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+            list.len()
+        ),
+        list.as_bytes(),
+    );
+    assert_eq!(r.status, 401, "{r:?}");
+}
+
+#[test]
+fn without_auth_only_loopback_and_the_configured_requester() {
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .tables("[requester]\nname = \"local-user\"\n\n[http]\nallowed_hosts = [\"127.0.0.1\"]\n");
+    d.approve_all();
+    // A non-loopback address without [http.auth] is refused before anything starts.
+    let out = std::process::Command::new(airlock_bin())
+        .args(["serve", "--config"])
+        .arg(d.write_config())
+        .args(["--http", "0.0.0.0:0"])
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("AIRLOCK_STATE_DIR", d.state_dir())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to serve HTTP on 0.0.0.0:0 without [http.auth]"),
+        "{err}"
+    );
+    let s = serve_http(&d, "127.0.0.1:0");
+    let out = python(&s, "-", "legacy", None);
+    assert_eq!(
+        out["tools"],
+        json!(["search_sources", "retrieve_source"]),
+        "{out}"
+    );
+    assert_eq!(out["retrieve_error"], false, "{out}");
+    let out = python(&s, "-", "2026-07-28", None);
+    assert_eq!(out["retrieve_error"], false, "{out}");
+    // `localhost` is not in this configuration's allowed_hosts.
+    let r = raw(&s.addr, "GET /mcp HTTP/1.1\r\nHost: localhost", b"");
+    assert_eq!(r.status, 403, "{r:?}");
+    // No metadata document without [http.auth].
+    let r = raw(
+        &s.addr,
+        &format!(
+            "GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {}",
+            s.addr
+        ),
+        b"",
+    );
+    assert_eq!(r.status, 404, "{r:?}");
+    let opened: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "session-opened")
+        .collect();
+    assert_eq!(
+        opened.len(),
+        1,
+        "one session for the one requester: {opened:?}"
+    );
+    let text = serde_json::to_string(&opened).unwrap();
+    assert!(
+        text.contains("\"local-user\"") && text.contains("\"http\""),
+        "{text}"
+    );
+}
