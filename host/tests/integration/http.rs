@@ -365,7 +365,7 @@ fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
         assert_eq!(out["protocol"], protocol, "{out}");
         assert_eq!(
             out["tools"],
-            json!(["search_sources", "retrieve_source"]),
+            json!(["retrieve_source", "search_sources"]),
             "{out}"
         );
         assert_eq!(out["search_error"], false, "{out}");
@@ -386,9 +386,11 @@ fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
     );
     for mode in ["legacy", "2026-07-28"] {
         let other = python(&s, &carol, mode, Some(&minted));
-        assert_eq!(other["tools"], json!(["search_sources", "retrieve_source"]));
+        assert_eq!(other["tools"], json!(["retrieve_source", "search_sources"]));
+        // Refused as a tool result the model reads (SEP-1303), never run.
         assert_eq!(other["retrieve_error"], true, "{other}");
-        assert_eq!(other["retrieve_code"], -32602, "{other}");
+        assert!(other.get("retrieve_code").is_none(), "{other}");
+        assert!(other.get("retrieved_chars").is_none(), "{other}");
         assert!(
             other["retrieve_text"]
                 .as_str()
@@ -527,7 +529,7 @@ fn the_token_selects_requester_and_profile_through_policy() {
     // alice: analyst, asks for research.
     assert_eq!(
         tool_names(&list(&alice())),
-        ["search_sources", "retrieve_source"]
+        ["retrieve_source", "search_sources"]
     );
     // bob: no roles, no profile claim: the default profile.
     assert_eq!(
@@ -547,7 +549,7 @@ fn the_token_selects_requester_and_profile_through_policy() {
         "bob",
         json!({"airlock_profile": "research", "roles": "analyst"}),
     ));
-    assert_eq!(tool_names(&r), ["search_sources", "retrieve_source"]);
+    assert_eq!(tool_names(&r), ["retrieve_source", "search_sources"]);
     // mallory may use no profile.
     let r = list(&token("mallory", json!({})));
     assert_eq!(r.status, 403, "{r:?}");
@@ -749,7 +751,7 @@ fn a_legacy_session_serves_only_the_principal_that_opened_it() {
         .to_string();
     let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).to_string();
     let r = post(&alice, Some(&id), &list);
-    assert_eq!(tool_names(&r), ["search_sources", "retrieve_source"]);
+    assert_eq!(tool_names(&r), ["retrieve_source", "search_sources"]);
     // Another principal's token on alice's session: 403, and nothing served.
     let bob = token(
         "bob",
@@ -806,7 +808,7 @@ fn without_auth_only_loopback_and_the_configured_requester() {
     let out = python(&s, "-", "legacy", None);
     assert_eq!(
         out["tools"],
-        json!(["search_sources", "retrieve_source"]),
+        json!(["retrieve_source", "search_sources"]),
         "{out}"
     );
     assert_eq!(out["retrieve_error"], false, "{out}");

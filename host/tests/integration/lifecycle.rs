@@ -174,7 +174,7 @@ async fn broken_at_start(mode_text: &str, timeout: &str) {
     let elapsed = started.elapsed();
     assert_eq!(
         tool_names(&tools),
-        ["search_sources", "retrieve_source"],
+        ["retrieve_source", "search_sources"],
         "only the notes capabilities"
     );
     let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
@@ -230,7 +230,7 @@ async fn an_upstream_that_cannot_be_executed_does_not_stop_the_others() {
         .mapping("outbox-delivery");
     let (client, _notices, _pid) = serve_counting(&d).await;
     let tools = client.peer().list_all_tools().await.unwrap();
-    assert_eq!(tool_names(&tools), ["search_sources", "retrieve_source"]);
+    assert_eq!(tool_names(&tools), ["retrieve_source", "search_sources"]);
     let hits = call(&client, "search_sources", json!({"query": "wal"}))
         .await
         .unwrap();
@@ -253,7 +253,7 @@ async fn a_failed_upstream_comes_back_judged_and_announced() {
     let (client, notices, _pid) = serve_counting(&d).await;
     let before = notices.count();
     let tools = client.peer().list_all_tools().await.unwrap();
-    assert_eq!(tool_names(&tools), ["search_sources", "retrieve_source"]);
+    assert_eq!(tool_names(&tools), ["retrieve_source", "search_sources"]);
     // The server works again: the background retry starts, snapshots and judges it.
     std::fs::remove_file(&mode).unwrap();
     assert!(
@@ -311,7 +311,7 @@ async fn a_killed_upstream_leaves_the_list_is_reaped_and_comes_back() {
     let (client, notices, airlock) = serve_counting(&d).await;
     assert_eq!(
         tool_names(&client.peer().list_all_tools().await.unwrap()),
-        ["search_sources", "retrieve_source"]
+        ["retrieve_source", "search_sources"]
     );
     let server = upstream_child(airlock, "notes-server").await;
     let seen = notices.count();
@@ -347,7 +347,7 @@ async fn a_killed_upstream_leaves_the_list_is_reaped_and_comes_back() {
     }
     // It comes back, re-snapshotted and judged, and serves again.
     let (ok, names) = until_names(&client, 20, |names| {
-        names == ["search_sources", "retrieve_source"]
+        names == ["retrieve_source", "search_sources"]
     })
     .await;
     assert!(ok, "{names:?}");
@@ -507,7 +507,7 @@ async fn a_mapping_whose_component_does_not_match_its_pin_is_refused_alone() {
     let outbox_before = d.outbox_calls().len();
     let client = d.serve_unreviewed().await;
     let tools = client.peer().list_all_tools().await.unwrap();
-    assert_eq!(tool_names(&tools), ["search_sources", "retrieve_source"]);
+    assert_eq!(tool_names(&tools), ["retrieve_source", "search_sources"]);
     let failed: Vec<Value> = d
         .trace()
         .into_iter()
@@ -544,7 +544,7 @@ async fn a_second_mapping_offering_the_same_capability_name_is_refused_alone() {
     d.approve_all();
     let client = d.serve_unreviewed().await;
     let tools = client.peer().list_all_tools().await.unwrap();
-    assert_eq!(tool_names(&tools), ["search_sources", "retrieve_source"]);
+    assert_eq!(tool_names(&tools), ["retrieve_source", "search_sources"]);
     let hits = call(&client, "search_sources", json!({"query": "wal"}))
         .await
         .unwrap();

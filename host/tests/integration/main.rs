@@ -13,6 +13,7 @@ mod common;
 mod approvals;
 mod approvals_hostile;
 mod budgets;
+mod conformance;
 mod effects;
 mod filesystem;
 mod front_errors;
