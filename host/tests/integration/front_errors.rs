@@ -320,15 +320,6 @@ async fn every_hostile_line_is_answered_and_the_session_goes_on() {
     }
 }
 
-fn python_site() -> std::path::PathBuf {
-    let site = workspace().join("fixtures/python/site");
-    assert!(
-        site.join("mcp").is_dir(),
-        "the Python MCP SDK is not installed: run README's test command"
-    );
-    site
-}
-
 /// The Python listen client (`fixtures/python/listen_client.py`), driven line by line.
 struct Listener {
     child: Child,

@@ -319,15 +319,6 @@ fn tool_names(reply: &Reply) -> Vec<String> {
         .collect()
 }
 
-fn python_site() -> std::path::PathBuf {
-    let site = workspace().join("fixtures/python/site");
-    assert!(
-        site.join("mcp").is_dir(),
-        "the Python MCP SDK is not installed: run README's test command"
-    );
-    site
-}
-
 /// `fixtures/python/http_client.py URL TOKEN MODE [REFERENCE]`, its JSON output.
 fn python(s: &Served, token: &str, mode: &str, reference: Option<&str>) -> Value {
     let mut cmd = std::process::Command::new("python3");

@@ -6,15 +6,6 @@
 use crate::common::*;
 use serde_json::{Value, json};
 
-fn python_site() -> std::path::PathBuf {
-    let site = workspace().join("fixtures/python/site");
-    assert!(
-        site.join("mcp").is_dir(),
-        "the Python MCP SDK is not installed: run README's test command (it installs fixtures/python/requirements.txt into fixtures/python/site)"
-    );
-    site
-}
-
 fn run_python_client(d: &Deployment, mode: &str) -> Value {
     let config = d.write_config();
     let spec = json!({

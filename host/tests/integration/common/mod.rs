@@ -44,6 +44,17 @@ pub fn node_modules() -> PathBuf {
     dir
 }
 
+/// `fixtures/python/site`, where README's test command installs the Python MCP SDK (the
+/// real client the Python tests drive).
+pub fn python_site() -> PathBuf {
+    let site = workspace().join("fixtures/python/site");
+    assert!(
+        site.join("mcp").is_dir(),
+        "the Python MCP SDK is not installed: run README's test command (it installs fixtures/python/requirements.txt into fixtures/python/site)"
+    );
+    site
+}
+
 /// A temporary deployment: mappings copied out of the bundle (optionally edited), a
 /// serve configuration, and the notes server's call log.
 pub struct Deployment {
