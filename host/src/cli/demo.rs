@@ -294,8 +294,14 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
             json!({"destination": "https://collector.example/upload"}),
         ),
     ] {
+        // An unknown tool is a protocol error; arguments and references the capability
+        // refuses are a tool result with isError the model reads (SEP-1303).
         match call_raw(&peer, name, args.clone()).await {
             Err(e) => p.line(format!("{name} {args}: refused: {e}"))?,
+            Ok(r) if r.is_error == Some(true) => p.line(format!(
+                "{name} {args}: refused (tool result, isError): {}",
+                result_text(&r)
+            ))?,
             Ok(r) => bail!("{name} should have been refused, got {r:?}"),
         }
     }
@@ -329,7 +335,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
 
     client.cancel().await.ok();
     server.abort();
-    p.line("\ndone. `airlock serve --config FILE` runs the same gateway over stdio for a real MCP client.")?;
+    p.line("\ndone. `airlock serve --config FILE` runs the same gateway over stdio (or Streamable HTTP with --http) for a real MCP client.")?;
     p.out.flush()?;
     Ok(())
 }

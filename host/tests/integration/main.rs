@@ -14,6 +14,7 @@ mod approvals;
 mod approvals_hostile;
 mod budgets;
 mod conformance;
+mod demo;
 mod effects;
 mod filesystem;
 mod front_errors;
