@@ -912,6 +912,26 @@ mod tests {
     }
 
     #[test]
+    fn the_jsonrpc_version_is_checked_by_name() {
+        for line in [
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":2,"id":1,"method":"ping"}"#,
+        ] {
+            let a = answer(line);
+            assert_eq!(a.len(), 1, "{line}: {a:?}");
+            assert_eq!(a[0]["error"]["code"], INVALID_REQUEST, "{line}");
+            assert!(
+                a[0]["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("`jsonrpc` must be \"2.0\""),
+                "{line}: {a:?}"
+            );
+        }
+    }
+
+    #[test]
     fn params_of_the_wrong_shape_are_invalid_params_for_every_method() {
         for line in [
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/unknown","params":[1]}"#,
