@@ -869,6 +869,174 @@ mod tests {
     }
 
     #[test]
+    fn a_valid_token_over_the_size_limit_is_refused_unparsed() {
+        let v = verifier();
+        let mut c = claims();
+        c["pad"] = json!("x".repeat(MAX_TOKEN_BYTES));
+        let token = sign(&c, KEY, "test-issuer-1");
+        assert!(
+            matches!(v.verify(Some(&bearer(&token))), Err(Rejection::Invalid(w)) if w.contains("longer than the limit"))
+        );
+        // Well under the limit, the same padding is fine.
+        c["pad"] = json!("x".repeat(MAX_TOKEN_BYTES / 2));
+        assert!(
+            v.verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1"))))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_valid_token_under_another_scheme_is_refused() {
+        let v = verifier();
+        let token = sign(&claims(), KEY, "test-issuer-1");
+        for scheme in ["Basic", "DPoP", "Token", "Bearerx", "MAC"] {
+            let h = http::HeaderValue::from_str(&format!("{scheme} {token}")).unwrap();
+            assert!(
+                matches!(v.verify(Some(&h)), Err(Rejection::Invalid(w)) if w.contains("Bearer scheme")),
+                "{scheme}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_configured_leeway_is_the_one_applied() {
+        let strict = Verifier::from_jwks(
+            AuthSettings {
+                leeway: Duration::ZERO,
+                ..settings()
+            },
+            JWKS,
+        )
+        .unwrap();
+        let mut c = claims();
+        c["exp"] = json!(now() - 30);
+        let token = sign(&c, KEY, "test-issuer-1");
+        assert!(
+            matches!(strict.verify(Some(&bearer(&token))), Err(Rejection::Invalid(w)) if w.contains("expired"))
+        );
+        let lenient = Verifier::from_jwks(
+            AuthSettings {
+                leeway: Duration::from_secs(MAX_LEEWAY_S),
+                ..settings()
+            },
+            JWKS,
+        )
+        .unwrap();
+        c["exp"] = json!(now() - 200);
+        assert!(
+            lenient
+                .verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1"))))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn names_are_checked_at_their_limits() {
+        let v = verifier();
+        let with = |edit: &dyn Fn(&mut Value)| {
+            let mut c = claims();
+            edit(&mut c);
+            v.verify(Some(&bearer(&sign(&c, KEY, "test-issuer-1"))))
+        };
+        // Profile claims: 1 to 64 of a-z, 0-9, `-`, `_`.
+        let ok = with(&|c| c["airlock_profile"] = json!("a".repeat(64))).unwrap();
+        assert_eq!(ok.profile, Some("a".repeat(64)));
+        assert_eq!(
+            with(&|c| c["airlock_profile"] = json!("r-1_x"))
+                .unwrap()
+                .profile
+                .as_deref(),
+            Some("r-1_x")
+        );
+        for bad in [
+            json!("a".repeat(65)),
+            json!("Research"),
+            json!(""),
+            json!("a b"),
+            json!("é"),
+            json!(["research"]),
+        ] {
+            let r = with(&|c| c["airlock_profile"] = bad.clone()).unwrap_err();
+            assert!(matches!(r, Rejection::Unusable(_)), "{bad}: {r:?}");
+        }
+        // Roles: at most MAX_ROLES.
+        let roles = |n: usize| json!((0..n).map(|i| format!("r{i}")).collect::<Vec<_>>());
+        assert_eq!(
+            with(&|c| c["roles"] = roles(MAX_ROLES))
+                .unwrap()
+                .roles
+                .len(),
+            MAX_ROLES
+        );
+        assert!(matches!(
+            with(&|c| c["roles"] = roles(MAX_ROLES + 1)),
+            Err(Rejection::Unusable(_))
+        ));
+        // Subjects: at most 128 characters (not bytes).
+        assert!(with(&|c| c["sub"] = json!("a".repeat(128))).is_ok());
+        assert!(with(&|c| c["sub"] = json!("é".repeat(128))).is_ok());
+        assert!(with(&|c| c["sub"] = json!("a\u{0}b")).is_err());
+        assert!(with(&|c| c["sub"] = json!("a\u{a0}b")).is_err());
+    }
+
+    #[test]
+    fn an_alg_the_key_does_not_verify_finds_no_key() {
+        let v = verifier();
+        let payload = b64(claims().to_string().as_bytes());
+        // RS256 and EdDSA are accepted algorithms, but the issuer's key is ES256.
+        for alg in ["RS256", "EdDSA"] {
+            let head = b64(format!(r#"{{"alg":"{alg}","kid":"test-issuer-1"}}"#).as_bytes());
+            let t = format!("{head}.{payload}.c2ln");
+            assert!(
+                matches!(v.verify(Some(&bearer(&t))), Err(Rejection::Invalid(w)) if w.contains("no key")),
+                "{alg}"
+            );
+        }
+        // HS256 is refused as an algorithm, before any key is looked at.
+        let head = b64(br#"{"alg":"HS256","kid":"test-issuer-1"}"#);
+        let t = format!("{head}.{payload}.c2ln");
+        assert!(
+            matches!(v.verify(Some(&bearer(&t))), Err(Rejection::Invalid(w)) if w.contains("not accepted"))
+        );
+    }
+
+    #[test]
+    fn a_key_declaring_an_alg_its_type_cannot_verify_is_refused() {
+        let ec = |alg: &str| {
+            format!(
+                r#"{{"keys":[{{"kty":"EC","crv":"P-256","alg":"{alg}","x":"Lc3v6FmfvfV07GFadR3ThuRI1Fo8b4HLzABRCjzU6oY","y":"pLd2ixwFPOywsBwr8LRU7GS8JGDv9ZjsHuQZxgKzCqk"}}]}}"#
+            )
+        };
+        for alg in ["RS256", "EdDSA"] {
+            let e = format!(
+                "{:#}",
+                Verifier::from_jwks(settings(), &ec(alg)).unwrap_err()
+            );
+            assert!(e.contains("cannot verify"), "{alg}: {e}");
+        }
+        assert!(Verifier::from_jwks(settings(), &ec("ES256")).is_ok());
+    }
+
+    #[test]
+    fn the_leeway_limit_is_inclusive() {
+        let raw = |leeway: &str| RawAuth {
+            issuer: "https://issuer.test".into(),
+            audience: "https://a.test/mcp".into(),
+            jwks_file: "jwks.json".into(),
+            leeway: Some(leeway.into()),
+            required_scopes: vec![],
+            roles_claim: None,
+            profile_claim: None,
+        };
+        let base = Path::new("/etc/airlock");
+        assert_eq!(
+            AuthSettings::from_raw(raw("5m"), base).unwrap().leeway,
+            Duration::from_secs(MAX_LEEWAY_S)
+        );
+        assert!(AuthSettings::from_raw(raw("301s"), base).is_err());
+    }
+
+    #[test]
     fn settings_are_checked() {
         let base = Path::new("/etc/airlock");
         let raw = |audience: &str, leeway: Option<&str>| RawAuth {

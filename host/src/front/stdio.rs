@@ -843,6 +843,105 @@ mod tests {
         assert_eq!(answer["error"]["code"], -32600);
     }
 
+    /// Feeds `input` to a transport with `max_line` through a pipe of `pipe` bytes (so
+    /// the reader sees it in pieces), and returns what `receive` delivered and what was
+    /// written back.
+    async fn run(input: &[u8], max_line: usize, pipe: usize) -> (Vec<Value>, Vec<Value>) {
+        let (mut tx, rx) = tokio::io::duplex(pipe);
+        let input = input.to_vec();
+        let feeder = tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut tx, &input)
+                .await
+                .unwrap();
+        });
+        let (client, server_out) = tokio::io::duplex(1 << 16);
+        let mut t = StdioFront::new(rx, server_out).with_max_line(max_line);
+        let mut delivered = Vec::new();
+        while let Some(m) = Transport::<RoleServer>::receive(&mut t).await {
+            delivered.push(serde_json::to_value(&m).unwrap());
+        }
+        feeder.await.unwrap();
+        drop(t);
+        let mut written = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut { client }, &mut written)
+            .await
+            .unwrap();
+        let answers = written
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (delivered, answers)
+    }
+
+    /// `{"jsonrpc":"2.0","id":ID,"method":"tools/list"}` padded with spaces to `len` bytes.
+    fn padded(id: i64, len: usize) -> String {
+        let mut l = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#);
+        assert!(l.len() <= len);
+        l.push_str(&" ".repeat(len - l.len()));
+        l
+    }
+
+    #[tokio::test]
+    async fn the_line_limit_is_exact() {
+        let input = format!("{}\n{}\n{}", padded(1, 100), padded(2, 101), padded(3, 100));
+        let (delivered, answers) = run(input.as_bytes(), 100, 7).await;
+        let ids: Vec<&Value> = delivered.iter().map(|m| &m["id"]).collect();
+        // The last line, without its newline, is still read.
+        assert_eq!(ids, [&json!(1), &json!(3)], "{delivered:?}");
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert_eq!(answers[0]["id"], 2);
+        assert_eq!(answers[0]["error"]["code"], INVALID_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn an_over_long_line_read_in_pieces_keeps_its_id() {
+        // The id is in the first pieces, read before the line is known to be too long.
+        let long = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":\"early\",\"method\":\"tools/call\",\"params\":{{\"name\":\"{}\"}}}}",
+            "x".repeat(300)
+        );
+        let input = format!("{long}\n{long}");
+        let (delivered, answers) = run(input.as_bytes(), 100, 8).await;
+        assert!(delivered.is_empty(), "{delivered:?}");
+        // Both are answered: the second one ends at end of input, without a newline.
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        for a in &answers {
+            assert_eq!(a["id"], "early", "{a}");
+            assert_eq!(a["error"]["code"], INVALID_REQUEST);
+        }
+    }
+
+    #[test]
+    fn the_jsonrpc_version_is_checked_by_name() {
+        for line in [
+            r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":2,"id":1,"method":"ping"}"#,
+        ] {
+            let a = answer(line);
+            assert_eq!(a.len(), 1, "{line}: {a:?}");
+            assert_eq!(a[0]["error"]["code"], INVALID_REQUEST, "{line}");
+            assert!(
+                a[0]["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("`jsonrpc` must be \"2.0\""),
+                "{line}: {a:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn params_of_the_wrong_shape_are_invalid_params_for_every_method() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/unknown","params":[1]}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/unknown","params":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#,
+        ] {
+            assert_eq!(one(line), (json!(1), -32602), "{line}");
+        }
+    }
+
     /// What the strict judgement costs against rmcp's own typed parse of the same line
     /// (`cargo test -p airlock --release --lib -- --ignored judging_costs --nocapture`).
     #[test]

@@ -834,3 +834,131 @@ fn without_auth_only_loopback_and_the_configured_requester() {
         "{text}"
     );
 }
+
+#[test]
+fn without_auth_host_ports_origins_and_policy_are_checked_on_every_request() {
+    let policy = "@id(\"use\")\npermit (principal, action == Airlock::Action::\"use-profile\", resource);\n\n@id(\"reads\")\npermit (principal, action == Airlock::Action::\"call\", resource)\nwhen { resource.effect_class == \"read\" };\n";
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .policy(policy)
+        .tables("[requester]\nname = \"local-user\"\n\n[http]\nallowed_hosts = [\"127.0.0.1:1\", \"localhost\"]\nallowed_origins = [\"http://app.test\", \"http://localhost:*\"]\n");
+    d.approve_all();
+    let s = serve_http(&d, "127.0.0.1:0");
+    // `/nowhere` is answered by this front alone (rmcp never sees it): 404 once the Host
+    // and Origin checks pass, 403 when one of them fails.
+    let get = |extra: &str| raw(&s.addr, &format!("GET /nowhere HTTP/1.1\r\n{extra}"), b"");
+    assert_eq!(get("Host: 127.0.0.1:1").status, 404);
+    assert_eq!(get("Host: localhost:4444").status, 404);
+    let r = get("Host: 127.0.0.1:2");
+    assert_eq!(
+        r.status, 403,
+        "an entry with a port allows that port only: {r:?}"
+    );
+    assert!(r.body.contains("Host header is not allowed"), "{r:?}");
+    assert_eq!(get("Host: 127.0.0.1").status, 403);
+    assert_eq!(
+        get("Host: localhost\r\nOrigin: http://app.test").status,
+        404
+    );
+    assert_eq!(
+        get("Host: localhost\r\nOrigin: http://localhost:3000").status,
+        404
+    );
+    for origin in [
+        "http://evil.test",
+        "https://app.test",
+        "http://app.test:8080",
+        "null",
+    ] {
+        let r = get(&format!("Host: localhost\r\nOrigin: {origin}"));
+        assert_eq!(r.status, 403, "{origin}: {r:?}");
+        assert!(r.body.contains("Origin header is not allowed"), "{r:?}");
+    }
+    // The one fixed session is re-asked use-profile on every request.
+    let list = || {
+        let body = stateless("tools/list", json!({}));
+        raw(
+            &s.addr,
+            &format!(
+                "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nContent-Length: {}",
+                body.len()
+            ),
+            body.as_bytes(),
+        )
+    };
+    assert_eq!(tool_names(&list()), ["retrieve_source", "search_sources"]);
+    d.rewrite_policy(&format!(
+        "{policy}\n@id(\"no-local\")\nforbid (principal == Airlock::Requester::\"local-user\", action == Airlock::Action::\"use-profile\", resource);\n"
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = list();
+        if r.status == 403 {
+            assert!(
+                r.body
+                    .contains("policy does not let requester `local-user` use profile"),
+                "{r:?}"
+            );
+            break;
+        }
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reloaded policy never applied: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_cached_session_is_bound_to_the_roles_and_the_body_limit_is_inclusive() {
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let list = |t: &str| post_stateless(&s, Some(t), "tools/list", json!({}), "");
+    // alice as an analyst opens (and caches) a research session ...
+    assert_eq!(
+        tool_names(&list(&alice())),
+        ["retrieve_source", "search_sources"]
+    );
+    // ... which alice without the role does not get: policy is asked for her as she is.
+    for roles in [json!([]), json!(["reader"]), Value::Null] {
+        let r = list(&token(
+            "alice",
+            json!({"roles": roles, "airlock_profile": "research"}),
+        ));
+        assert_eq!(r.status, 403, "{roles}: {r:?}");
+        assert!(
+            r.body
+                .contains("policy does not let requester `alice` use profile `research`"),
+            "{r:?}"
+        );
+    }
+    // A body of exactly max_body_bytes is read; one byte more is not.
+    let host = format!("Host: {}", s.addr);
+    let auth = format!("Authorization: Bearer {}", alice());
+    let sized = |n: usize| {
+        let mut body = stateless("tools/list", json!({"pad": ""}));
+        let pad = n - body.len();
+        body = stateless("tools/list", json!({"pad": "x".repeat(pad)}));
+        assert_eq!(body.len(), n);
+        raw(
+            &s.addr,
+            &format!(
+                "POST /mcp HTTP/1.1\r\n{host}\r\n{auth}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nContent-Length: {n}"
+            ),
+            body.as_bytes(),
+        )
+    };
+    assert_eq!(
+        tool_names(&sized(MAX_BODY)),
+        ["retrieve_source", "search_sources"]
+    );
+    let r = sized(MAX_BODY + 1);
+    assert_eq!(r.status, 413, "{r:?}");
+    assert!(
+        r.body.contains(&format!(
+            "Payload Too Large: request body exceeds {MAX_BODY} bytes"
+        )),
+        "{r:?}"
+    );
+}
