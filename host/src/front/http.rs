@@ -4,8 +4,10 @@
 //! nothing behind it** — no MCP handler, no pipeline, no upstream:
 //!
 //! 1. `Host` must be an allowed host (DNS-rebinding protection; 400 when missing or
-//!    malformed, 403 when not allowed); a present `Origin` must be an allowed origin when
-//!    `allowed_origins` is set (403).
+//!    malformed, 403 when not allowed); a present `Origin` must be an allowed origin (403).
+//!    The spec makes both checks a MUST ("Servers MUST validate the Origin header on all
+//!    incoming connections", Streamable HTTP, 2025-11-25 and 2026-07-28); without
+//!    `allowed_origins` the allowed origins are the loopback ones and the audience's.
 //! 2. The path: `/mcp` (the MCP endpoint), `/.well-known/oauth-protected-resource` and
 //!    `/.well-known/oauth-protected-resource/mcp` (RFC 9728 metadata, `GET` only, when
 //!    `[http.auth]` is set); anything else is 404.
@@ -41,8 +43,11 @@
 //! [http]
 //! allowed_hosts = ["localhost", "127.0.0.1", "::1"]  # default: these, plus the host of
 //!                                # [http.auth] audience; "host" = any port, "host:port"
-//! allowed_origins = ["https://app.example.com"]      # default: none = Origin not checked;
-//!                                # "scheme://host[:port]", or "scheme://host:*"
+//! allowed_origins = ["https://app.example.com"]      # default: http(s)://localhost,
+//!                                # 127.0.0.1 and [::1] on any port, plus the origin of
+//!                                # [http.auth] audience; "scheme://host[:port]" or
+//!                                # "scheme://host:*"; [] = any request with an Origin is
+//!                                # refused (no browser may call)
 //! max_body_bytes = 4194304       # request body ceiling (default 4 MiB, at most 64 MiB)
 //!
 //! [http.auth]                    # see crate::front::auth
@@ -105,8 +110,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 #[serde(deny_unknown_fields)]
 pub struct RawHttp {
     allowed_hosts: Option<Vec<String>>,
-    #[serde(default)]
-    allowed_origins: Vec<String>,
+    allowed_origins: Option<Vec<String>>,
     max_body_bytes: Option<u64>,
     auth: Option<RawAuth>,
 }
@@ -116,8 +120,9 @@ pub struct RawHttp {
 pub struct HttpSettings {
     /// `Host` values accepted; `None` = loopback names plus the audience's host.
     pub allowed_hosts: Option<Vec<String>>,
-    /// `Origin` values accepted when present; empty = not checked.
-    pub allowed_origins: Vec<String>,
+    /// `Origin` values accepted when present; `None` = the loopback origins plus the
+    /// audience's (see [`Self::effective_allowed_origins`]); empty = none.
+    pub allowed_origins: Option<Vec<String>>,
     /// Request body ceiling in bytes.
     pub max_body_bytes: usize,
     /// `[http.auth]`: bearer tokens required; `None` = loopback only, as `[requester]`.
@@ -128,7 +133,7 @@ impl Default for HttpSettings {
     fn default() -> Self {
         Self {
             allowed_hosts: None,
-            allowed_origins: Vec::new(),
+            allowed_origins: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             auth: None,
         }
@@ -152,7 +157,7 @@ impl HttpSettings {
                 })?;
             }
         }
-        for o in &raw.allowed_origins {
+        for o in raw.allowed_origins.iter().flatten() {
             parse_origin(o).with_context(|| {
                 format!(
                     "[http] allowed_origins entry `{o}`: expected `scheme://host`, `scheme://host:port` or `scheme://host:*`"
@@ -176,6 +181,34 @@ impl HttpSettings {
             max_body_bytes,
             auth,
         })
+    }
+
+    /// The `Origin` values accepted when a request carries one: as configured, else
+    /// `http://` and `https://` for `localhost`, `127.0.0.1` and `[::1]` on any port,
+    /// and the origin (`scheme://host[:port]`) of the audience. Each entry is lower-cased
+    /// and its scheme's default port dropped, as [`normalize_origin`] does.
+    pub fn effective_allowed_origins(&self) -> Vec<String> {
+        if let Some(origins) = &self.allowed_origins {
+            return origins.iter().map(|o| normalize_origin(o)).collect();
+        }
+        let mut origins = Vec::new();
+        for scheme in ["http", "https"] {
+            for host in ["localhost", "127.0.0.1", "[::1]"] {
+                origins.push(format!("{scheme}://{host}:*"));
+            }
+        }
+        if let Some(origin) = self
+            .auth
+            .as_ref()
+            .and_then(|a| a.audience.parse::<http::Uri>().ok())
+            .and_then(|u| Some(format!("{}://{}", u.scheme_str()?, u.authority()?)))
+        {
+            let origin = normalize_origin(&origin);
+            if !origins.contains(&origin) {
+                origins.push(origin);
+            }
+        }
+        origins
     }
 
     /// The `Host` values accepted: as configured, else `localhost`, `127.0.0.1`, `::1`
@@ -393,8 +426,13 @@ impl HttpFront {
             .with_legacy_session_mode(true)
             .with_allowed_hosts(hosts)
             .with_max_request_body_bytes(settings.max_body_bytes);
-        if !settings.allowed_origins.is_empty() {
-            rmcp_config = rmcp_config.with_allowed_origins(settings.allowed_origins.clone());
+        let allowed_origins = settings.effective_allowed_origins();
+        // rmcp checks the same list again, where a port-less entry would mean any port:
+        // it gets the scheme's default port spelled out. An empty list would turn its
+        // check off; ours refuses every Origin then.
+        if !allowed_origins.is_empty() {
+            rmcp_config = rmcp_config
+                .with_allowed_origins(allowed_origins.iter().map(|o| with_default_port(o)));
         }
         let sessions_manager = Arc::new(LocalSessionManager::default());
         let for_factory = host.clone();
@@ -409,11 +447,7 @@ impl HttpFront {
             fixed,
             default_profile,
             allowed_hosts,
-            allowed_origins: settings
-                .allowed_origins
-                .iter()
-                .map(|o| o.to_ascii_lowercase())
-                .collect(),
+            allowed_origins,
             max_body_bytes: settings.max_body_bytes,
             mcp,
             sessions_manager,
@@ -565,14 +599,11 @@ impl HttpFront {
                 "Forbidden: Host header is not allowed",
             )));
         }
-        if self.allowed_origins.is_empty() {
-            return Ok(());
-        }
         if let Some(origin) = req.headers().get(header::ORIGIN) {
             let ok = origin
                 .to_str()
                 .ok()
-                .map(str::to_ascii_lowercase)
+                .map(normalize_origin)
                 .is_some_and(|o| origin_allowed(&o, &self.allowed_origins));
             if !ok {
                 tracing::warn!(origin = ?origin, "refused a request whose Origin is not allowed");
@@ -761,7 +792,42 @@ fn parse_origin(text: &str) -> Result<()> {
     parse_authority(rest).map(|_| ())
 }
 
-/// Whether `origin` (lower-cased) is an entry of `allowed` (lower-cased): equal, or equal
+/// An origin as compared: lower-cased (scheme and host are case-insensitive, RFC 6454
+/// §4), with the scheme's default port (`:80` for `http`, `:443` for `https`) dropped,
+/// so `https://app.test:443` and `https://app.test` are one origin.
+fn normalize_origin(origin: &str) -> String {
+    let o = origin.trim().to_ascii_lowercase();
+    let default_port = if o.starts_with("http://") {
+        ":80"
+    } else if o.starts_with("https://") {
+        ":443"
+    } else {
+        return o;
+    };
+    match o.strip_suffix(default_port) {
+        Some(rest) if !rest.ends_with(':') && rest.contains("://") => rest.to_string(),
+        _ => o,
+    }
+}
+
+/// A normalized origin entry with its scheme's default port written out (`:*` entries
+/// and entries with a port are unchanged): the form rmcp reads as that one port.
+fn with_default_port(entry: &str) -> String {
+    let Some((scheme, authority)) = entry.split_once("://") else {
+        return entry.to_string();
+    };
+    let has_port = match authority.rsplit_once(']') {
+        Some((_, after)) => after.starts_with(':'),
+        None => authority.contains(':'),
+    };
+    match scheme {
+        "http" if !has_port => format!("{entry}:80"),
+        "https" if !has_port => format!("{entry}:443"),
+        _ => entry.to_string(),
+    }
+}
+
+/// Whether `origin` (normalized) is an entry of `allowed` (normalized): equal, or equal
 /// up to the port for a `:*` entry.
 fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
     allowed.iter().any(|a| match a.strip_suffix(":*") {
@@ -806,6 +872,31 @@ mod tests {
         assert!(origin_allowed("https://app.test", &allowed));
         assert!(origin_allowed("http://localhost:3000", &allowed));
         assert!(origin_allowed("http://localhost", &allowed));
+        let allowed: Vec<String> = ["https://App.Test:443", "http://[::1]:*"]
+            .iter()
+            .map(|o| normalize_origin(o))
+            .collect();
+        assert_eq!(allowed[0], "https://app.test");
+        for good in [
+            "https://app.test",
+            "HTTPS://APP.TEST:443",
+            "http://[::1]:5173",
+        ] {
+            assert!(origin_allowed(&normalize_origin(good), &allowed), "{good}");
+        }
+        for bad in ["https://app.test:8443", "http://app.test", "http://[::1]:"] {
+            assert!(!origin_allowed(&normalize_origin(bad), &allowed), "{bad}");
+        }
+        assert_eq!(
+            with_default_port("https://app.test"),
+            "https://app.test:443"
+        );
+        assert_eq!(with_default_port("http://[::1]"), "http://[::1]:80");
+        assert_eq!(with_default_port("http://[::1]:*"), "http://[::1]:*");
+        assert_eq!(
+            with_default_port("http://a.test:8080"),
+            "http://a.test:8080"
+        );
         for bad in [
             "https://app.test.evil",
             "http://localhost.evil:3000",
@@ -840,6 +931,27 @@ mod tests {
         assert_eq!(
             s.effective_allowed_hosts(),
             ["localhost", "127.0.0.1", "::1", "airlock.test"]
+        );
+        let origins = s.effective_allowed_origins();
+        assert!(
+            origins.contains(&"https://airlock.test".to_string()),
+            "{origins:?}"
+        );
+        assert!(
+            origins.contains(&"http://localhost:*".to_string()),
+            "{origins:?}"
+        );
+        assert!(
+            origins.contains(&"https://[::1]:*".to_string()),
+            "{origins:?}"
+        );
+        assert_eq!(origins.len(), 7, "{origins:?}");
+        assert_eq!(
+            parse("allowed_origins = []")
+                .unwrap()
+                .effective_allowed_origins(),
+            Vec::<String>::new(),
+            "an empty list stays empty: every Origin is refused"
         );
         assert!(toml::from_str::<RawHttp>("unknown = 1").is_err());
     }

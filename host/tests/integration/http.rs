@@ -818,6 +818,37 @@ fn without_auth_only_loopback_and_the_configured_requester() {
         b"",
     );
     assert_eq!(r.status, 404, "{r:?}");
+    // Without allowed_origins, a present Origin must still be a loopback one (the spec's
+    // MUST): a page on another site that rebinds its name to 127.0.0.1 is refused, and
+    // its request reaches nothing (it would be a 404 for this path otherwise).
+    let with_origin = |origin: &str| {
+        raw(
+            &s.addr,
+            &format!(
+                "GET /nowhere HTTP/1.1\r\nHost: {}\r\nOrigin: {origin}",
+                s.addr
+            ),
+            b"",
+        )
+    };
+    for origin in [
+        "http://localhost:5173",
+        "http://127.0.0.1",
+        "https://[::1]:8443",
+        "HTTP://LOCALHOST:3000",
+    ] {
+        assert_eq!(with_origin(origin).status, 404, "{origin}");
+    }
+    for origin in [
+        "https://evil.test",
+        "http://localhost.evil.test",
+        "http://127.0.0.1.nip.io:8787",
+        "null",
+    ] {
+        let r = with_origin(origin);
+        assert_eq!(r.status, 403, "{origin}: {r:?}");
+        assert!(r.body.contains("Origin header is not allowed"), "{r:?}");
+    }
     let opened: Vec<Value> = d
         .trace()
         .into_iter()
