@@ -1,8 +1,10 @@
 //! Benchmarks, as a plain bench binary (`cargo bench -p airlock --bench gateway`).
 //!
-//! 1. `tools/call` latency over stdio: the direct rmcp path (client → notes fixture server,
+//! 1. `tools/call` latency: the direct rmcp path over stdio (client → notes fixture server,
 //!    `read_note`) against the same read through `airlock serve` (client → gateway →
-//!    source-library component → the same server, `retrieve_source`), in one run.
+//!    source-library component → the same server, `retrieve_source`), over stdio and over
+//!    the Streamable HTTP front (`--http`, one keep-alive HTTP/1.1 connection, stateless
+//!    2026-07-28 requests), interleaved in one run.
 //! 2. Per-call instantiation of the adapter from its cached `InstancePre`.
 //! 3. Component cold load: pin check, compile, link, `InstancePre`.
 //! 4. Hot swap of a watched mapping under concurrent callers: from the rename of a changed
@@ -75,6 +77,145 @@ async fn time_calls(
         }
     }
     stats(samples)
+}
+
+/// One keep-alive HTTP/1.1 connection to `airlock serve --http`, posting stateless
+/// (2026-07-28) requests to `/mcp` as a Streamable HTTP client does.
+struct HttpCaller {
+    send: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    authority: String,
+    next_id: u64,
+}
+
+impl HttpCaller {
+    async fn connect(authority: &str) -> Self {
+        let stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        Self {
+            send,
+            authority: authority.to_string(),
+            next_id: 1,
+        }
+    }
+
+    /// `tools/call` of `tool`; the result's JSON (plain JSON or the SSE event that carries
+    /// it). Panics on anything but a 200 with a result that is not an error.
+    async fn call(&mut self, tool: &str, arguments: &JsonObject) -> Value {
+        use http_body_util::BodyExt as _;
+        self.next_id += 1;
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": self.next_id,
+            "method": "tools/call",
+            "params": {
+                "name": tool,
+                "arguments": arguments,
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                },
+            },
+        });
+        let request = http::Request::post("/mcp")
+            .header(http::header::HOST, &self.authority)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", tool)
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                serde_json::to_vec(&body).unwrap(),
+            )))
+            .unwrap();
+        self.send.ready().await.unwrap();
+        let response = self.send.send_request(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(status, 200, "{text}");
+        let message: Value = serde_json::from_str(text).unwrap_or_else(|_| {
+            text.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                .find(|v| v.get("result").is_some() || v.get("error").is_some())
+                .unwrap_or_else(|| panic!("no JSON-RPC answer in {text}"))
+        });
+        let result = &message["result"];
+        assert!(
+            result.is_object() && result["isError"] != true,
+            "{tool} failed: {message}"
+        );
+        result.clone()
+    }
+}
+
+async fn time_http_calls(
+    client: &mut HttpCaller,
+    tool: &str,
+    arguments: JsonObject,
+    warmup: usize,
+    iters: usize,
+) -> Stats {
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let start = Instant::now();
+        client.call(tool, &arguments).await;
+        let elapsed = start.elapsed();
+        if i >= warmup {
+            samples.push(elapsed);
+        }
+    }
+    stats(samples)
+}
+
+/// Starts `airlock serve --http 127.0.0.1:0` on `config`; the child and its `host:port`.
+async fn serve_http(
+    config: &Path,
+    state_dir: &Path,
+    cache_dir: &Path,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(airlock_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--http", "127.0.0.1:0"])
+        .env("AIRLOCK_STATE_DIR", state_dir)
+        .env("AIRLOCK_CACHE_DIR", cache_dir)
+        .env(
+            "AIRLOCK_LOG",
+            std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("airlock serve --http exited before serving");
+        if let Some(url) = line.strip_prefix("airlock: serving MCP over HTTP at http://") {
+            break url.trim_end_matches("/mcp").to_string();
+        }
+        eprintln!("{line}");
+    };
+    // Keep draining its log so the child never blocks on a full pipe.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+        }
+    });
+    (child, addr)
 }
 
 fn airlock_bin() -> PathBuf {
@@ -162,10 +303,25 @@ async fn main() {
         .as_str()
         .unwrap()
         .to_string();
+    // The same configuration and store over the HTTP front: its own process, its own
+    // session, so its own reference (minted over HTTP, resolved over HTTP).
+    let (http_child, http_addr) =
+        serve_http(&config, &state_dir, &dir.path().join("compiled")).await;
+    let mut http = HttpCaller::connect(&http_addr).await;
+    let hits = http
+        .call(
+            "search_sources",
+            &args(json!({"query": "keepalive", "limit": 1})),
+        )
+        .await;
+    let http_reference = hits["structuredContent"]["result"][0]["reference"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no reference in {hits}"))
+        .to_string();
 
-    // Interleave rounds so machine noise hits both paths alike.
+    // Interleave rounds so machine noise hits every path alike.
     let rounds = 4;
-    let (mut d_all, mut g_all) = (Vec::new(), Vec::new());
+    let (mut d_all, mut g_all, mut h_all) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let d = time_calls(
             &direct,
@@ -183,8 +339,17 @@ async fn main() {
             iters / rounds,
         )
         .await;
+        let h = time_http_calls(
+            &mut http,
+            "retrieve_source",
+            args(json!({"reference": http_reference})),
+            warmup / rounds,
+            iters / rounds,
+        )
+        .await;
         d_all.push(d);
         g_all.push(g);
+        h_all.push(h);
     }
     // Re-measure as one pooled sample set per path.
     let d = time_calls(
@@ -203,27 +368,44 @@ async fn main() {
         iters,
     )
     .await;
+    let h = time_http_calls(
+        &mut http,
+        "retrieve_source",
+        args(json!({"reference": http_reference})),
+        warmup,
+        iters,
+    )
+    .await;
     print("direct rmcp tools/call read_note", &d);
     print("through airlock serve: retrieve_source", &g);
-    println!(
-        "{:<48} p50 +{:.1} µs (x{:.2})   p99 +{:.1} µs (x{:.2})",
-        "added by airlock",
-        us(g.p50) - us(d.p50),
-        us(g.p50) / us(d.p50),
-        us(g.p99) - us(d.p99),
-        us(g.p99) / us(d.p99)
-    );
+    print("through airlock serve --http: retrieve_source", &h);
+    for (name, s) in [
+        ("added by airlock (stdio)", &g),
+        ("added by airlock (http)", &h),
+    ] {
+        println!(
+            "{:<48} p50 +{:.1} µs (x{:.2})   p99 +{:.1} µs (x{:.2})",
+            name,
+            us(s.p50) - us(d.p50),
+            us(s.p50) / us(d.p50),
+            us(s.p99) - us(d.p99),
+            us(s.p99) / us(d.p99)
+        );
+    }
     let spread = |v: &[Stats]| {
         let p: Vec<String> = v.iter().map(|s| format!("{:.0}", us(s.p50))).collect();
         p.join(", ")
     };
     println!(
-        "  p50 per interleaved round (µs): direct [{}], airlock [{}]",
+        "  p50 per interleaved round (µs): direct [{}], airlock stdio [{}], airlock http [{}]",
         spread(&d_all),
-        spread(&g_all)
+        spread(&g_all),
+        spread(&h_all)
     );
     direct.cancel().await.ok();
     gateway.cancel().await.ok();
+    drop(http);
+    drop(http_child);
 
     // 2. Instantiation from InstancePre (pooling vs on-demand), idle memory, 3. cold load.
     let state = tempfile::tempdir().unwrap();
