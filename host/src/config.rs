@@ -870,4 +870,132 @@ mod tests {
             assert!(err.contains(needle), "expected `{needle}` in: {err}");
         }
     }
+
+    const MAPPING: &str = "[[mapping]]\nmanifest = \"m/mapping.toml\"\n";
+
+    #[test]
+    fn an_http_connection_takes_its_credential_from_a_named_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: the variable name is this test's own; no other test reads or writes it.
+        unsafe { std::env::set_var("AIRLOCK_CONFIG_TEST_HTTP_SECRET", "v4lue") };
+        let cfg = ServeConfig::parse(
+            &format!(
+                "[[connection]]\nname = \"remote\"\nurl = \"https://mcp.example.com/mcp\"\ncredential_scope = \"ro\"\nheaders = {{ \"Authorization\" = {{ secret = \"tok\", prefix = \"Bearer \" }}, \"X-Tenant\" = {{ value = \"acme\" }} }}\n{MAPPING}[secrets]\ntok = {{ env = \"AIRLOCK_CONFIG_TEST_HTTP_SECRET\" }}\n"
+            ),
+            dir.path(),
+        )
+        .unwrap();
+        let UpstreamServer::Http(h) = &cfg.connections["remote"] else {
+            panic!("not an HTTP connection");
+        };
+        assert_eq!(h.url, "https://mcp.example.com/mcp");
+        assert_eq!(h.credential_scope.as_deref(), Some("ro"));
+        assert!(!h.allow_insecure_http);
+        assert_eq!(h.headers.len(), 2);
+        assert!(matches!(
+            &h.headers[0].value,
+            HeaderValueSource::Secret { name, prefix, value }
+                if name == "tok" && prefix == "Bearer " && value.0 == "v4lue"
+        ));
+        assert_eq!(
+            h.headers[1].value,
+            HeaderValueSource::Literal("acme".into())
+        );
+        assert!(!format!("{cfg:?}").contains("v4lue"), "Debug shows the secret");
+    }
+
+    #[test]
+    fn hostile_http_connections_fail_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: the variable name is this test's own; no other test reads or writes it.
+        unsafe { std::env::set_var("AIRLOCK_CONFIG_TEST_BAD_SECRET", "line\nbreak") };
+        let url = "url = \"https://a.example/mcp\"\n";
+        let cases: Vec<(String, &str)> = vec![
+            (format!("command = \"@airlock\"\n{url}"), "not both"),
+            (String::new(), "give `command`"),
+            (format!("{url}args = []\n"), "`args` applies only"),
+            (format!("{url}cwd = \".\"\n"), "`cwd` applies only"),
+            (format!("{url}env = {{}}\n"), "`env` applies only"),
+            (format!("{url}identity_files = []\n"), "`identity_files` applies only"),
+            (format!("{url}inherit_env = true\n"), "unknown field"),
+            (
+                "command = \"@airlock\"\nheaders = {}\n".into(),
+                "apply only to a connection with `url`",
+            ),
+            (
+                "command = \"@airlock\"\nallow_insecure_http = true\n".into(),
+                "apply only to a connection with `url`",
+            ),
+            (
+                "url = \"http://192.168.1.9/mcp\"\n".into(),
+                "allow_insecure_http = true",
+            ),
+            ("url = \"ftp://a.example/\"\n".into(), "scheme `ftp`"),
+            ("url = \"https://u:p@a.example/\"\n".into(), "user-info"),
+            ("url = \"\"\n".into(), "url"),
+            (
+                format!("{url}headers = {{ \"Authorization\" = {{ value = \"Bearer abc\" }} }}\n"),
+                "named secret",
+            ),
+            (
+                format!("{url}headers = {{ \"X-Api-Key\" = {{ value = \"abc\" }} }}\n"),
+                "named secret",
+            ),
+            (
+                format!("{url}headers = {{ \"Authorization\" = {{ secret = \"nope\" }} }}\n"),
+                "does not define",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ secret = \"bad\", value = \"v\" }} }}\n"),
+                "not both",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ prefix = \"p\" }} }}\n"),
+                "needs `secret",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"v\", prefix = \"p\" }} }}\n"),
+                "`prefix` goes with `secret`",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"v\", extra = 1 }} }}\n"),
+                "unknown field",
+            ),
+            (
+                format!("{url}headers = {{ \"Mcp-Session-Id\" = {{ value = \"v\" }} }}\n"),
+                "set by the MCP transport",
+            ),
+            (
+                format!("{url}headers = {{ \"Host\" = {{ value = \"evil\" }} }}\n"),
+                "set by the MCP transport",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"v\" }}, \"x-a\" = {{ value = \"w\" }} }}\n"),
+                "given twice",
+            ),
+            (
+                format!("{url}headers = {{ \"X A\" = {{ value = \"v\" }} }}\n"),
+                "not a valid HTTP header name",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"a\\nb\" }} }}\n"),
+                "not a valid header value",
+            ),
+            (
+                format!("{url}headers = {{ \"Authorization\" = {{ secret = \"bad\" }} }}\n"),
+                "not a valid header value",
+            ),
+        ];
+        for (body, needle) in cases {
+            let text = format!(
+                "[[connection]]\nname = \"remote\"\n{body}{MAPPING}[secrets]\nbad = {{ env = \"AIRLOCK_CONFIG_TEST_BAD_SECRET\" }}\n"
+            );
+            let err = format!("{:#}", ServeConfig::parse(&text, dir.path()).unwrap_err());
+            assert!(err.contains(needle), "expected `{needle}` in: {err}\n{text}");
+            if needle != "unknown field" {
+                assert!(err.contains("remote"), "the connection is named: {err}");
+            }
+            assert!(!err.contains("line\nbreak"), "a secret value in an error: {err}");
+        }
+    }
 }

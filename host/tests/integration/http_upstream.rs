@@ -497,3 +497,95 @@ fn hostile_http_connections_are_refused_at_load_with_the_connection_named() {
         assert!(!stderr.contains("Bearer literal"), "{stderr}");
     }
 }
+
+/// `airlock serve --http` with `[http.auth]` in front, an HTTP upstream behind: the
+/// model-facing client's bearer token authenticates it to Airlock and goes no further;
+/// the upstream sees only the configured secret.
+#[tokio::test]
+async fn the_front_token_never_reaches_an_http_upstream() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use std::io::BufRead as _;
+
+    const ISSUER: &str = "https://issuer.test";
+    const AUDIENCE: &str = "http://airlock.test/mcp";
+    let d = Deployment::with_notes();
+    let fixture = Fixture::start(
+        "127.0.0.1:0",
+        &d.dir.path().join("calls.jsonl"),
+        &["--require-bearer", SECRET],
+    );
+    let d = deployment(d, &fixture.url(), "").tables(&format!(
+        "[http.auth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_file = {:?}\nrequired_scopes = [\"mcp\"]\n",
+        workspace()
+            .join("fixtures/jwt/jwks.json")
+            .display()
+            .to_string()
+    ));
+    approve(&d);
+    let now = jsonwebtoken::get_current_timestamp() as i64;
+    let claims = json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": "alice",
+        "iat": now, "exp": now + 600, "scope": "mcp",
+    });
+    let der = std::fs::read(workspace().join("fixtures/jwt/issuer.pk8.der")).unwrap();
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some("test-issuer-1".into());
+    let jwt = jsonwebtoken::encode(&header, &claims, &EncodingKey::from_ec_der(&der)).unwrap();
+
+    let config = d.write_config();
+    let mut child = std::process::Command::new(airlock_bin())
+        .args(["serve", "--config", config.to_str().unwrap(), "--http"])
+        .arg("127.0.0.1:0")
+        .env("AIRLOCK_LOG", "airlock=info")
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("AIRLOCK_STATE_DIR", d.state_dir())
+        .env(SECRET_ENV, SECRET)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let log_w = log.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if let Some(url) = line.strip_prefix("airlock: serving MCP over HTTP at ") {
+                let _ = tx.send(url.trim().to_string());
+            }
+            log_w.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    let front = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("airlock serve --http did not start");
+    // reqwest's rustls backend is built without a provider of its own.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let transport = StreamableHttpClientTransport::with_client(
+        reqwest::Client::new(),
+        StreamableHttpClientTransportConfig::with_uri(front).auth_header(jwt.clone()),
+    );
+    let client = ().serve(transport).await.expect("MCP over HTTP to airlock");
+    let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
+    assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
+    let _ = client.cancel().await;
+    let _ = child.kill();
+    let _ = child.wait();
+
+    assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
+    let auth = authorizations(&d);
+    let secret = Value::String(sha256(&format!("Bearer {SECRET}")));
+    let front_token = Value::String(sha256(&format!("Bearer {jwt}")));
+    assert!(!auth.is_empty());
+    assert!(!auth.contains(&front_token), "the front's token was forwarded");
+    assert!(auth.iter().all(|a| *a == secret), "{auth:?}");
+    let log = log.lock().unwrap();
+    assert!(!log.contains(SECRET), "the log holds the upstream secret");
+    drop(fixture);
+}
