@@ -901,7 +901,10 @@ mod tests {
             h.headers[1].value,
             HeaderValueSource::Literal("acme".into())
         );
-        assert!(!format!("{cfg:?}").contains("v4lue"), "Debug shows the secret");
+        assert!(
+            !format!("{cfg:?}").contains("v4lue"),
+            "Debug shows the secret"
+        );
     }
 
     #[test]
@@ -916,7 +919,10 @@ mod tests {
             (format!("{url}args = []\n"), "`args` applies only"),
             (format!("{url}cwd = \".\"\n"), "`cwd` applies only"),
             (format!("{url}env = {{}}\n"), "`env` applies only"),
-            (format!("{url}identity_files = []\n"), "`identity_files` applies only"),
+            (
+                format!("{url}identity_files = []\n"),
+                "`identity_files` applies only",
+            ),
             (format!("{url}inherit_env = true\n"), "unknown field"),
             (
                 "command = \"@airlock\"\nheaders = {}\n".into(),
@@ -970,7 +976,9 @@ mod tests {
                 "set by the MCP transport",
             ),
             (
-                format!("{url}headers = {{ \"X-A\" = {{ value = \"v\" }}, \"x-a\" = {{ value = \"w\" }} }}\n"),
+                format!(
+                    "{url}headers = {{ \"X-A\" = {{ value = \"v\" }}, \"x-a\" = {{ value = \"w\" }} }}\n"
+                ),
                 "given twice",
             ),
             (
@@ -991,11 +999,17 @@ mod tests {
                 "[[connection]]\nname = \"remote\"\n{body}{MAPPING}[secrets]\nbad = {{ env = \"AIRLOCK_CONFIG_TEST_BAD_SECRET\" }}\n"
             );
             let err = format!("{:#}", ServeConfig::parse(&text, dir.path()).unwrap_err());
-            assert!(err.contains(needle), "expected `{needle}` in: {err}\n{text}");
+            assert!(
+                err.contains(needle),
+                "expected `{needle}` in: {err}\n{text}"
+            );
             if needle != "unknown field" {
                 assert!(err.contains("remote"), "the connection is named: {err}");
             }
-            assert!(!err.contains("line\nbreak"), "a secret value in an error: {err}");
+            assert!(
+                !err.contains("line\nbreak"),
+                "a secret value in an error: {err}"
+            );
         }
     }
 }

@@ -315,10 +315,8 @@ pub fn bridge(
         // hands back the id of the request it carried and its method.
         let mut sends: tokio::task::JoinSet<(Option<Value>, Option<String>, Option<String>)> =
             tokio::task::JoinSet::new();
-        let mut ping = tokio::time::interval_at(
-            tokio::time::Instant::now() + PING_INTERVAL,
-            PING_INTERVAL,
-        );
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
         let mut pings: u64 = 0;
         let mut answered_once = false;
         let why = loop {

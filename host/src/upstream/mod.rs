@@ -1242,10 +1242,7 @@ impl Connection {
     fn failure(&self, error: ServiceError) -> UpstreamFailure {
         match error {
             ServiceError::McpError(e) if e.code == ErrorCode(http::HTTP_TRANSPORT_ERROR_CODE) => {
-                UpstreamFailure::Unavailable(format!(
-                    "connection `{}`: {}",
-                    self.name, e.message
-                ))
+                UpstreamFailure::Unavailable(format!("connection `{}`: {}", self.name, e.message))
             }
             ServiceError::McpError(e) if e.code == ErrorCode(OUTPUT_BUDGET_ERROR_CODE) => {
                 UpstreamFailure::OutputTooLarge(

@@ -144,7 +144,13 @@ fn discover(d: &Deployment, secret: &str) -> Value {
     let out = airlock_with(
         d,
         secret,
-        &["discover", "notes", "--config", config.to_str().unwrap(), "--json"],
+        &[
+            "discover",
+            "notes",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+        ],
     );
     serde_json::from_str(&ok(out, "discover")).unwrap()
 }
@@ -357,10 +363,8 @@ async fn without_its_secret_the_http_connection_is_down_and_the_others_serve() {
     // needs review, but the server refuses it.
     let wrong = "wrong-token-9a8b";
     let client = serve(&d, wrong).await;
-    let (ok_names, got) = until_names(&client, 10, |n| {
-        n.contains(&"deliver_artifact".to_string())
-    })
-    .await;
+    let (ok_names, got) =
+        until_names(&client, 10, |n| n.contains(&"deliver_artifact".to_string())).await;
     assert!(ok_names, "{got:?}");
     assert!(
         !got.contains(&"search_sources".to_string()),
@@ -404,7 +408,8 @@ async fn a_killed_http_upstream_leaves_the_list_and_comes_back_on_the_same_port(
     let (gone, got) = until_names(&client, 5, |n| n.is_empty()).await;
     assert!(gone, "{got:?}");
     fixture.restart();
-    let (back, got) = until_names(&client, 30, |n| n == ["retrieve_source", "search_sources"]).await;
+    let (back, got) =
+        until_names(&client, 30, |n| n == ["retrieve_source", "search_sources"]).await;
     assert!(back, "{got:?}");
     let hits = call(&client, "search_sources", json!({"query": "checkpoint"}))
         .await
@@ -440,7 +445,10 @@ async fn identity_is_url_and_credential_scope_never_the_secret_value() {
     approve(&d);
 
     // A new credential scope is a new revision: the approved mapping does not serve.
-    let d = d.replace_connections(&http_connection(&fixture.url(), "credential_scope = \"rw\"\n"));
+    let d = d.replace_connections(&http_connection(
+        &fixture.url(),
+        "credential_scope = \"rw\"\n",
+    ));
     let rescoped = discover(&d, SECRET);
     assert_eq!(rescoped["new_revision"], true, "{rescoped}");
     assert_eq!(rescoped["connection_id"], first["connection_id"]);
@@ -450,7 +458,10 @@ async fn identity_is_url_and_credential_scope_never_the_secret_value() {
     client.cancel().await.unwrap();
 
     // So is a new URL.
-    let d = d.replace_connections(&http_connection(&other.url(), "credential_scope = \"ro\"\n"));
+    let d = d.replace_connections(&http_connection(
+        &other.url(),
+        "credential_scope = \"ro\"\n",
+    ));
     let moved = discover(&d, SECRET);
     assert_eq!(moved["new_revision"], true, "{moved}");
     assert_ne!(moved["config_revision"], first["config_revision"]);
@@ -583,7 +594,10 @@ async fn the_front_token_never_reaches_an_http_upstream() {
     let secret = Value::String(sha256(&format!("Bearer {SECRET}")));
     let front_token = Value::String(sha256(&format!("Bearer {jwt}")));
     assert!(!auth.is_empty());
-    assert!(!auth.contains(&front_token), "the front's token was forwarded");
+    assert!(
+        !auth.contains(&front_token),
+        "the front's token was forwarded"
+    );
     assert!(auth.iter().all(|a| *a == secret), "{auth:?}");
     let log = log.lock().unwrap();
     assert!(!log.contains(SECRET), "the log holds the upstream secret");
