@@ -670,12 +670,53 @@ impl Connection {
     /// The HTTP client cannot be built; the server refused or did not answer the
     /// handshake in time (the error names the URL and the HTTP failure, never a header
     /// value).
+    ///
+    /// A server that answers the `server/discover` probe over HTTP with something rmcp
+    /// cannot take as either generation (some 2025-11-25 servers answer an unknown
+    /// method with an empty result) is asked again, once, on a fresh HTTP client with
+    /// `initialize` alone.
     pub async fn start_http(
         name: &str,
         server: &http::HttpServer,
         max_message_bytes: u64,
         initialize_timeout: Duration,
     ) -> Result<Self> {
+        let auto = rmcp::ClientLifecycleMode::Auto {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
+        };
+        let started = std::time::Instant::now();
+        match Self::start_http_with(name, server, max_message_bytes, initialize_timeout, auto).await
+        {
+            Ok(connection) => Ok(connection),
+            Err((probe, true)) => {
+                tracing::info!(connection = %name, "the server/discover probe failed ({probe:#}); trying initialize alone");
+                let left = initialize_timeout.saturating_sub(started.elapsed());
+                Self::start_http_with(
+                    name,
+                    server,
+                    max_message_bytes,
+                    left.max(Duration::from_millis(100)),
+                    rmcp::ClientLifecycleMode::Initialize,
+                )
+                .await
+                .map_err(|(e, _)| {
+                    e.context(format!("after the server/discover probe failed: {probe:#}"))
+                })
+            }
+            Err((e, false)) => Err(e),
+        }
+    }
+
+    /// [`Connection::start_http`] with one lifecycle. The error's flag is true when the
+    /// HTTP exchange worked but the lifecycle failed (the server answered something).
+    async fn start_http_with(
+        name: &str,
+        server: &http::HttpServer,
+        max_message_bytes: u64,
+        initialize_timeout: Duration,
+        lifecycle: rmcp::ClientLifecycleMode,
+    ) -> Result<Self, (anyhow::Error, bool)> {
         let discarded = Arc::new(AtomicU64::new(0));
         let tap = Arc::new(Tap {
             label: name.to_string(),
@@ -705,7 +746,8 @@ impl Connection {
             bridge_in,
             bridge_out,
             reason.clone(),
-        )?;
+        )
+        .map_err(|e| (e, false))?;
         {
             let (limit, discarded, tap, closed, gone) = (
                 limit.clone(),
@@ -725,36 +767,35 @@ impl Connection {
             tap: tap.clone(),
             partial: Vec::new(),
         };
-        let lifecycle = rmcp::ClientLifecycleMode::Auto {
-            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
-            legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
-        };
         let handshake = tokio::time::timeout(
             initialize_timeout,
             rmcp::ClientServiceExt::serve_with_lifecycle((), (filtered, writer), lifecycle),
         )
         .await;
-        let failed = |error: String| {
+        let failed = |error: String, answered: bool| {
             bridge.abort();
-            let why = reason
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .map(|w| format!("; {w}"))
-                .unwrap_or_default();
-            anyhow::anyhow!(
-                "MCP startup with connection `{name}` ({}) failed: {error}{why}",
-                server.url
+            let why = reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let answered = answered && why.is_none();
+            let why = why.map(|w| format!("; {w}")).unwrap_or_default();
+            (
+                anyhow::anyhow!(
+                    "MCP startup with connection `{name}` ({}) failed: {error}{why}",
+                    server.url
+                ),
+                answered,
             )
         };
         let client = match handshake {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(failed(e.to_string())),
+            Ok(Err(e)) => return Err(failed(e.to_string(), true)),
             Err(_) => {
-                return Err(failed(format!(
-                    "no answer to server/discover or initialize within {} ms",
-                    initialize_timeout.as_millis()
-                )));
+                return Err(failed(
+                    format!(
+                        "no answer to server/discover or initialize within {} ms",
+                        initialize_timeout.as_millis()
+                    ),
+                    false,
+                ));
             }
         };
         client

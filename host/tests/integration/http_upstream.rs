@@ -324,6 +324,32 @@ async fn a_legacy_http_upstream_is_reached_with_initialize() {
     client.cancel().await.unwrap();
 }
 
+/// A server that answers `server/discover` with an empty result (the conformance suite's
+/// 2025-11-25 server does) is not either generation to rmcp's Auto probe: Airlock asks
+/// again with `initialize` alone.
+#[tokio::test]
+async fn a_server_answering_discover_with_an_empty_result_is_asked_again_with_initialize() {
+    let d = Deployment::with_notes();
+    let fixture = Fixture::start(
+        "127.0.0.1:0",
+        &d.dir.path().join("calls.jsonl"),
+        &["--discover-empty"],
+    );
+    let d = deployment(d, &fixture.url(), "");
+    let report = discover(&d, SECRET);
+    assert_eq!(report["counts"]["tools"], 3, "{report}");
+    assert_ne!(report["protocol_version"], "", "{report}");
+    let methods: Vec<String> = d
+        .upstream_calls()
+        .iter()
+        .filter_map(|c| c["method"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        methods.starts_with(&["server/discover".to_string(), "initialize".to_string()]),
+        "{methods:?}"
+    );
+}
+
 #[tokio::test]
 async fn without_its_secret_the_http_connection_is_down_and_the_others_serve() {
     let d = Deployment::with_notes();
