@@ -629,3 +629,56 @@ async fn the_front_token_never_reaches_an_http_upstream() {
     assert!(!log.contains(SECRET), "the log holds the upstream secret");
     drop(fixture);
 }
+
+/// The official conformance suite's client scenarios (`@modelcontextprotocol/conformance`
+/// 0.1.16, `client --suite all`) with Airlock's upstream client under test
+/// (`airlock discover` against each scenario server, fixtures/conformance/
+/// upstream-client.sh), checked against fixtures/conformance/
+/// expected-failures-upstream-client.yml: an unexpected failure or a listed scenario that
+/// now passes fails the test.
+#[test]
+fn the_conformance_client_scenarios_match_their_baseline() {
+    let modules = node_modules();
+    let node = modules.join("node/bin/node");
+    let entry = modules.join("@modelcontextprotocol/conformance/dist/index.js");
+    assert!(
+        node.is_file() && entry.is_file(),
+        "the conformance suite or Node 22 is not installed: run `npm ci --prefix fixtures/npm`"
+    );
+    let out = tempfile::tempdir().unwrap();
+    let script = workspace().join("fixtures/conformance/upstream-client.sh");
+    let output = std::process::Command::new(node)
+        .arg(entry)
+        .args(["client", "--suite", "all", "--command"])
+        .arg(&script)
+        .arg("--expected-failures")
+        .arg(workspace().join("fixtures/conformance/expected-failures-upstream-client.yml"))
+        .arg("-o")
+        .arg(out.path())
+        .env("NO_COLOR", "1")
+        .env("AIRLOCK_BIN", airlock_bin())
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with('✓') || l.starts_with('✗') || l.starts_with("Total:"))
+        .collect();
+    eprintln!("conformance client scenarios:\n{}", summary.join("\n"));
+    assert!(
+        output.status.success() && text.contains("Baseline check passed"),
+        "{text}"
+    );
+    assert!(
+        summary
+            .iter()
+            .any(|l| l.starts_with("✓ auth/resource-mismatch")),
+        "{text}"
+    );
+}
