@@ -288,6 +288,9 @@ fn transport(
     Ok(StreamableHttpClientTransport::with_client(client, config))
 }
 
+/// The bridge's close reason when rmcp's client side ended first (not a server failure).
+pub const CLIENT_CLOSED: &str = "the client closed the connection";
+
 /// Why the bridge closed the connection, in the host's words (no header values).
 pub type CloseReason = Arc<Mutex<Option<String>>>;
 
@@ -343,18 +346,28 @@ pub fn bridge(
                 line = lines.next_line() => {
                     let line = match line {
                         Ok(Some(line)) => line,
-                        Ok(None) | Err(_) => break "the client closed the connection".to_string(),
+                        Ok(None) | Err(_) => break CLIENT_CLOSED.to_string(),
                     };
                     if line.trim().is_empty() {
                         continue;
                     }
-                    let message: ClientJsonRpcMessage = match serde_json::from_str(&line) {
+                    let mut message: ClientJsonRpcMessage = match serde_json::from_str(&line) {
                         Ok(m) => m,
                         Err(e) => {
                             tracing::warn!(connection = %name, "HTTP bridge: an outgoing message rmcp's types do not read: {e}");
                             continue;
                         }
                     };
+                    // `initialize` exists up to 2025-11-25 only; rmcp's default client
+                    // info names the newest version, which has none (seen with
+                    // `initialize` alone, after a failed probe).
+                    if let JsonRpcMessage::Request(r) = &mut message
+                        && let rmcp::model::ClientRequest::InitializeRequest(init) = &mut r.request
+                        && !init.params.protocol_version.has_initialize()
+                    {
+                        init.params.protocol_version =
+                            rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE;
+                    }
                     let (id, method) = match &message {
                         JsonRpcMessage::Request(r) => (
                             serde_json::to_value(&r.id).ok(),
@@ -402,7 +415,7 @@ pub fn bridge(
                     let Ok(mut text) = serde_json::to_vec(&message) else { continue };
                     text.push(b'\n');
                     if to_client.write_all(&text).await.is_err() {
-                        break "the client closed the connection".to_string();
+                        break CLIENT_CLOSED.to_string();
                     }
                 }
                 Some(done) = sends.join_next(), if !sends.is_empty() => {

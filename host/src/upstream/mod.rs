@@ -774,7 +774,11 @@ impl Connection {
         .await;
         let failed = |error: String, answered: bool| {
             bridge.abort();
-            let why = reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let why = reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .filter(|w| w != http::CLIENT_CLOSED);
             let answered = answered && why.is_none();
             let why = why.map(|w| format!("; {w}")).unwrap_or_default();
             (
