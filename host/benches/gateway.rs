@@ -652,7 +652,11 @@ async fn hot_swap(
     config.state_dir = Some(dir.path().join("state"));
     config.cache_dir = cache_dir;
     if extra_tools > 0 {
-        let notes = config.connections.get_mut("notes").unwrap();
+        let notes = config
+            .connections
+            .get_mut("notes")
+            .and_then(|s| s.as_stdio_mut())
+            .unwrap();
         // Paged by 50, as large servers commonly do (one 412 KiB page works too).
         let extra = extra_tools.to_string();
         notes
@@ -776,7 +780,10 @@ fn cpu_time() -> Duration {
 /// server with 497 synthetic tools (500 in all), `n` samples each.
 async fn snapshot_and_diff(n: usize) {
     println!("\nsnapshot and diff of a 500-tool server ({n} samples each)");
-    let base = airlock::cli::demo::notes_config(airlock_bin()).connections["notes"].clone();
+    let base = airlock::cli::demo::notes_config(airlock_bin()).connections["notes"]
+        .as_stdio()
+        .unwrap()
+        .clone();
     let server = |extra: &[&str]| -> StdioServer {
         let mut s = base.clone();
         s.args.extend(
@@ -796,7 +803,7 @@ async fn snapshot_and_diff(n: usize) {
     let state = tempfile::tempdir().unwrap();
     let registry = Registry::new(Arc::new(SqliteStore::open(state.path()).unwrap()));
 
-    let rev_d = registry.identify("notes", &drifted).unwrap();
+    let rev_d = registry.identify("notes", &drifted.clone().into()).unwrap();
     let conn_d = Connection::start_stdio(
         "notes",
         &drifted,
@@ -808,7 +815,7 @@ async fn snapshot_and_diff(n: usize) {
     let drifted_catalogue =
         Registry::catalogue(&rev_d, conn_d.discover(DISCOVERY_TIMEOUT).await.unwrap());
 
-    let rev = registry.identify("notes", &plain).unwrap();
+    let rev = registry.identify("notes", &plain.clone().into()).unwrap();
     let conn = Connection::start_stdio(
         "notes",
         &plain,
@@ -845,7 +852,7 @@ async fn snapshot_and_diff(n: usize) {
     }
     drop(conn);
 
-    let rev_p = registry.identify("notes", &paged).unwrap();
+    let rev_p = registry.identify("notes", &paged.clone().into()).unwrap();
     let conn_p = Connection::start_stdio(
         "notes",
         &paged,
@@ -871,7 +878,7 @@ async fn snapshot_and_diff(n: usize) {
     for _ in 0..n {
         let dir = tempfile::tempdir().unwrap();
         let registry = Registry::new(Arc::new(SqliteStore::open(dir.path()).unwrap()));
-        let rev = registry.identify("notes", &plain).unwrap();
+        let rev = registry.identify("notes", &plain.clone().into()).unwrap();
         let catalogue = Catalogue {
             connection_id: rev.connection_id.clone(),
             config_digest: rev.config_digest.clone(),

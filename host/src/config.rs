@@ -20,6 +20,15 @@
 //! identity_files = ["lib/server-helpers.js"]  # optional: more files whose contents are
 //!                                # part of the connection's identity (see registry)
 //!
+//! [[connection]]                 # an HTTP upstream: `url` instead of `command`
+//! name = "notes-remote"          # (args, cwd, env, identity_files are refused with url)
+//! url = "https://mcp.example.com/mcp"   # https://, or http:// to a loopback host only
+//! allow_insecure_http = false    # true lets http:// reach a host that is not loopback
+//! credential_scope = "notes-ro"  # part of the connection's identity, as for commands
+//! headers = { "Authorization" = { secret = "notes-token", prefix = "Bearer " },
+//!             "X-Tenant" = { value = "acme" } }   # a literal only for non-credential
+//!                                # headers; see crate::upstream::http for the rules
+//!
 //! [[mapping]]
 //! manifest = "adapters/source-library/mapping.toml"
 //!
@@ -50,7 +59,8 @@
 //! ttl = "15m"                    # how long a pending approval or an unused receipt lives
 //! elicitation_timeout = "5m"     # how long a call waits for a person's answer
 //!
-//! [secrets]                      # named secrets that mappings' env grants may use
+//! [secrets]                      # named secrets for mappings' env grants and for
+//!                                # HTTP connections' headers
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
 //!
 //! [http]                         # `serve --http`: see crate::front::http
@@ -63,7 +73,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
-use crate::upstream::StdioServer;
+use crate::upstream::http::{HeaderValueSource, HttpHeader, HttpServer};
+use crate::upstream::{StdioServer, UpstreamServer};
 
 /// How often a serving host re-discovers each connection when the configuration does not
 /// say (`snapshot_interval`): servers that change without announcing `list_changed` are
@@ -81,7 +92,7 @@ pub const SELF_COMMAND: &str = "@airlock";
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// Connections by name.
-    pub connections: BTreeMap<String, StdioServer>,
+    pub connections: BTreeMap<String, UpstreamServer>,
     /// Mapping manifest paths, in file order.
     pub mappings: Vec<PathBuf>,
     /// A watched folder of mappings (`<dir>/<mapping>/mapping.toml`), hot-reloaded.
@@ -332,16 +343,26 @@ struct RawSecret {
 #[serde(deny_unknown_fields)]
 struct RawConnection {
     name: String,
-    command: String,
-    #[serde(default)]
-    args: Vec<String>,
+    command: Option<String>,
+    args: Option<Vec<String>>,
     cwd: Option<PathBuf>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
+    env: Option<BTreeMap<String, String>>,
     owner: Option<String>,
     credential_scope: Option<String>,
-    #[serde(default)]
-    identity_files: Vec<PathBuf>,
+    identity_files: Option<Vec<PathBuf>>,
+    url: Option<String>,
+    allow_insecure_http: Option<bool>,
+    headers: Option<BTreeMap<String, RawHeader>>,
+}
+
+/// One header of an HTTP connection: exactly one of `secret` (with an optional `prefix`)
+/// or `value`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeader {
+    secret: Option<String>,
+    prefix: Option<String>,
+    value: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -378,40 +399,6 @@ impl ServeConfig {
     /// As [`ServeConfig::load`].
     pub fn parse(text: &str, base: &Path) -> Result<Self> {
         let raw: RawConfig = toml::from_str(text)?;
-        let mut connections = BTreeMap::new();
-        for c in raw.connection {
-            check_name("connection", &c.name)?;
-            let cwd = base.join(c.cwd.unwrap_or_else(|| PathBuf::from(".")));
-            let cwd = cwd.canonicalize().with_context(|| {
-                format!(
-                    "connection `{}`: working directory {} does not exist",
-                    c.name,
-                    cwd.display()
-                )
-            })?;
-            let command = resolve_command(&c.command, base)
-                .with_context(|| format!("connection `{}`", c.name))?;
-            for key in c.env.keys() {
-                if key.is_empty() || key.contains('=') || key.contains('\0') {
-                    bail!(
-                        "connection `{}`: invalid environment variable name `{key}`",
-                        c.name
-                    );
-                }
-            }
-            let server = StdioServer {
-                command,
-                args: c.args,
-                cwd,
-                env: c.env,
-                owner: c.owner,
-                credential_scope: c.credential_scope,
-                identity_files: c.identity_files.iter().map(|f| base.join(f)).collect(),
-            };
-            if connections.insert(c.name.clone(), server).is_some() {
-                bail!("connection `{}` is defined twice", c.name);
-            }
-        }
         let mut secrets = BTreeMap::new();
         for (name, source) in raw.secrets {
             let value = std::env::var(&source.env).with_context(|| {
@@ -421,6 +408,24 @@ impl ServeConfig {
                 )
             })?;
             secrets.insert(name, Secret(value));
+        }
+        let mut connections = BTreeMap::new();
+        for mut c in raw.connection {
+            check_name("connection", &c.name)?;
+            let name = c.name.clone();
+            let server: UpstreamServer = match (c.command.take(), c.url.take()) {
+                (Some(_), Some(_)) => bail!(
+                    "connection `{name}`: give either `command` (a child process over stdio) or `url` (Streamable HTTP), not both"
+                ),
+                (None, None) => bail!(
+                    "connection `{name}`: give `command` (a child process over stdio) or `url` (Streamable HTTP)"
+                ),
+                (None, Some(url)) => http_connection(c, url, &secrets)?.into(),
+                (Some(command), None) => stdio_connection(c, &command, base)?.into(),
+            };
+            if connections.insert(name.clone(), server).is_some() {
+                bail!("connection `{name}` is defined twice");
+            }
         }
         let mappings_dir = raw.mappings_dir.map(|d| base.join(d));
         if raw.mapping.is_empty() && mappings_dir.is_none() {
@@ -577,6 +582,131 @@ impl ServeConfig {
     }
 }
 
+/// A `[[connection]]` with `command`: a child process over stdio.
+fn stdio_connection(c: RawConnection, command: &str, base: &Path) -> Result<StdioServer> {
+    if c.allow_insecure_http.is_some() || c.headers.is_some() {
+        bail!(
+            "connection `{}`: `allow_insecure_http` and `headers` apply only to a connection with `url`",
+            c.name
+        );
+    }
+    let cwd = base.join(c.cwd.unwrap_or_else(|| PathBuf::from(".")));
+    let cwd = cwd.canonicalize().with_context(|| {
+        format!(
+            "connection `{}`: working directory {} does not exist",
+            c.name,
+            cwd.display()
+        )
+    })?;
+    let command =
+        resolve_command(command, base).with_context(|| format!("connection `{}`", c.name))?;
+    let env = c.env.unwrap_or_default();
+    for key in env.keys() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            bail!(
+                "connection `{}`: invalid environment variable name `{key}`",
+                c.name
+            );
+        }
+    }
+    Ok(StdioServer {
+        command,
+        args: c.args.unwrap_or_default(),
+        cwd,
+        env,
+        owner: c.owner,
+        credential_scope: c.credential_scope,
+        identity_files: c
+            .identity_files
+            .unwrap_or_default()
+            .iter()
+            .map(|f| base.join(f))
+            .collect(),
+    })
+}
+
+/// A `[[connection]]` with `url`: Streamable HTTP (rules: [`crate::upstream::http`]).
+fn http_connection(
+    c: RawConnection,
+    url: String,
+    secrets: &BTreeMap<String, Secret>,
+) -> Result<HttpServer> {
+    let name = &c.name;
+    for (key, given) in [
+        ("args", c.args.is_some()),
+        ("cwd", c.cwd.is_some()),
+        ("env", c.env.is_some()),
+        ("identity_files", c.identity_files.is_some()),
+    ] {
+        if given {
+            bail!(
+                "connection `{name}`: `{key}` applies only to a connection with `command`; an HTTP connection (`url`) has no process"
+            );
+        }
+    }
+    let allow_insecure_http = c.allow_insecure_http.unwrap_or(false);
+    crate::upstream::http::check_url(name, &url, allow_insecure_http)?;
+    let mut headers = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (header, raw) in c.headers.unwrap_or_default() {
+        if !seen.insert(header.to_ascii_lowercase()) {
+            bail!("connection `{name}`: header `{header}` is given twice (names ignore case)");
+        }
+        let value = match (raw.secret, raw.value) {
+            (Some(_), Some(_)) => bail!(
+                "connection `{name}`: header `{header}` takes either `secret` or `value`, not both"
+            ),
+            (None, None) => bail!(
+                "connection `{name}`: header `{header}` needs `secret = \"NAME\"` (a [secrets] entry) or, for a non-credential header, `value`"
+            ),
+            (Some(secret), None) => {
+                crate::upstream::http::check_header(name, &header, false)?;
+                let value = secrets.get(&secret).cloned().with_context(|| {
+                    format!(
+                        "connection `{name}`: header `{header}` names secret `{secret}`, which [secrets] does not define"
+                    )
+                })?;
+                HeaderValueSource::Secret {
+                    name: secret,
+                    prefix: raw.prefix.unwrap_or_default(),
+                    value,
+                }
+            }
+            (None, Some(value)) => {
+                if raw.prefix.is_some() {
+                    bail!(
+                        "connection `{name}`: header `{header}`: `prefix` goes with `secret`, not with a literal `value`"
+                    );
+                }
+                crate::upstream::http::check_header(name, &header, true)?;
+                HeaderValueSource::Literal(value)
+            }
+        };
+        // Checked here, so a bad value fails at load with the header's name (never the
+        // value itself).
+        let text = match &value {
+            HeaderValueSource::Literal(v) => v.clone(),
+            HeaderValueSource::Secret { prefix, value, .. } => format!("{prefix}{}", value.0),
+        };
+        if http::HeaderValue::from_str(&text).is_err() {
+            bail!(
+                "connection `{name}`: the value of header `{header}` is not a valid header value (control characters or non-ASCII)"
+            );
+        }
+        headers.push(HttpHeader {
+            name: header,
+            value,
+        });
+    }
+    Ok(HttpServer {
+        url,
+        headers,
+        allow_insecure_http,
+        owner: c.owner,
+        credential_scope: c.credential_scope,
+    })
+}
+
 /// A name of the configuration's own things (connections, profiles): `[a-z0-9-_]+`.
 fn check_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty()
@@ -680,7 +810,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.mappings, vec![dir.path().join("m/mapping.toml")]);
-        let notes = &cfg.connections["notes"];
+        let notes = cfg.connections["notes"].as_stdio().unwrap();
         assert!(notes.env.is_empty(), "no environment unless declared");
         assert_eq!(notes.cwd, dir.path().canonicalize().unwrap());
     }
@@ -738,6 +868,148 @@ mod tests {
         for (text, needle) in cases {
             let err = format!("{:#}", ServeConfig::parse(text, dir.path()).unwrap_err());
             assert!(err.contains(needle), "expected `{needle}` in: {err}");
+        }
+    }
+
+    const MAPPING: &str = "[[mapping]]\nmanifest = \"m/mapping.toml\"\n";
+
+    #[test]
+    fn an_http_connection_takes_its_credential_from_a_named_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: the variable name is this test's own; no other test reads or writes it.
+        unsafe { std::env::set_var("AIRLOCK_CONFIG_TEST_HTTP_SECRET", "v4lue") };
+        let cfg = ServeConfig::parse(
+            &format!(
+                "[[connection]]\nname = \"remote\"\nurl = \"https://mcp.example.com/mcp\"\ncredential_scope = \"ro\"\nheaders = {{ \"Authorization\" = {{ secret = \"tok\", prefix = \"Bearer \" }}, \"X-Tenant\" = {{ value = \"acme\" }} }}\n{MAPPING}[secrets]\ntok = {{ env = \"AIRLOCK_CONFIG_TEST_HTTP_SECRET\" }}\n"
+            ),
+            dir.path(),
+        )
+        .unwrap();
+        let UpstreamServer::Http(h) = &cfg.connections["remote"] else {
+            panic!("not an HTTP connection");
+        };
+        assert_eq!(h.url, "https://mcp.example.com/mcp");
+        assert_eq!(h.credential_scope.as_deref(), Some("ro"));
+        assert!(!h.allow_insecure_http);
+        assert_eq!(h.headers.len(), 2);
+        assert!(matches!(
+            &h.headers[0].value,
+            HeaderValueSource::Secret { name, prefix, value }
+                if name == "tok" && prefix == "Bearer " && value.0 == "v4lue"
+        ));
+        assert_eq!(
+            h.headers[1].value,
+            HeaderValueSource::Literal("acme".into())
+        );
+        assert!(
+            !format!("{cfg:?}").contains("v4lue"),
+            "Debug shows the secret"
+        );
+    }
+
+    #[test]
+    fn hostile_http_connections_fail_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: the variable name is this test's own; no other test reads or writes it.
+        unsafe { std::env::set_var("AIRLOCK_CONFIG_TEST_BAD_SECRET", "line\nbreak") };
+        let url = "url = \"https://a.example/mcp\"\n";
+        let cases: Vec<(String, &str)> = vec![
+            (format!("command = \"@airlock\"\n{url}"), "not both"),
+            (String::new(), "give `command`"),
+            (format!("{url}args = []\n"), "`args` applies only"),
+            (format!("{url}cwd = \".\"\n"), "`cwd` applies only"),
+            (format!("{url}env = {{}}\n"), "`env` applies only"),
+            (
+                format!("{url}identity_files = []\n"),
+                "`identity_files` applies only",
+            ),
+            (format!("{url}inherit_env = true\n"), "unknown field"),
+            (
+                "command = \"@airlock\"\nheaders = {}\n".into(),
+                "apply only to a connection with `url`",
+            ),
+            (
+                "command = \"@airlock\"\nallow_insecure_http = true\n".into(),
+                "apply only to a connection with `url`",
+            ),
+            (
+                "url = \"http://192.168.1.9/mcp\"\n".into(),
+                "allow_insecure_http = true",
+            ),
+            ("url = \"ftp://a.example/\"\n".into(), "scheme `ftp`"),
+            ("url = \"https://u:p@a.example/\"\n".into(), "user-info"),
+            ("url = \"\"\n".into(), "url"),
+            (
+                format!("{url}headers = {{ \"Authorization\" = {{ value = \"Bearer abc\" }} }}\n"),
+                "named secret",
+            ),
+            (
+                format!("{url}headers = {{ \"X-Api-Key\" = {{ value = \"abc\" }} }}\n"),
+                "named secret",
+            ),
+            (
+                format!("{url}headers = {{ \"Authorization\" = {{ secret = \"nope\" }} }}\n"),
+                "does not define",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ secret = \"bad\", value = \"v\" }} }}\n"),
+                "not both",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ prefix = \"p\" }} }}\n"),
+                "needs `secret",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"v\", prefix = \"p\" }} }}\n"),
+                "`prefix` goes with `secret`",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"v\", extra = 1 }} }}\n"),
+                "unknown field",
+            ),
+            (
+                format!("{url}headers = {{ \"Mcp-Session-Id\" = {{ value = \"v\" }} }}\n"),
+                "set by the MCP transport",
+            ),
+            (
+                format!("{url}headers = {{ \"Host\" = {{ value = \"evil\" }} }}\n"),
+                "set by the MCP transport",
+            ),
+            (
+                format!(
+                    "{url}headers = {{ \"X-A\" = {{ value = \"v\" }}, \"x-a\" = {{ value = \"w\" }} }}\n"
+                ),
+                "given twice",
+            ),
+            (
+                format!("{url}headers = {{ \"X A\" = {{ value = \"v\" }} }}\n"),
+                "not a valid HTTP header name",
+            ),
+            (
+                format!("{url}headers = {{ \"X-A\" = {{ value = \"a\\nb\" }} }}\n"),
+                "not a valid header value",
+            ),
+            (
+                format!("{url}headers = {{ \"Authorization\" = {{ secret = \"bad\" }} }}\n"),
+                "not a valid header value",
+            ),
+        ];
+        for (body, needle) in cases {
+            let text = format!(
+                "[[connection]]\nname = \"remote\"\n{body}{MAPPING}[secrets]\nbad = {{ env = \"AIRLOCK_CONFIG_TEST_BAD_SECRET\" }}\n"
+            );
+            let err = format!("{:#}", ServeConfig::parse(&text, dir.path()).unwrap_err());
+            assert!(
+                err.contains(needle),
+                "expected `{needle}` in: {err}\n{text}"
+            );
+            if needle != "unknown field" {
+                assert!(err.contains("remote"), "the connection is named: {err}");
+            }
+            assert!(
+                !err.contains("line\nbreak"),
+                "a secret value in an error: {err}"
+            );
         }
     }
 }

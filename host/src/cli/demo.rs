@@ -71,7 +71,8 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
             owner: None,
             credential_scope: None,
             identity_files: vec![],
-        },
+        }
+        .into(),
     );
     ServeConfig {
         connections,
@@ -599,7 +600,8 @@ fn delivery_config(
             owner: None,
             credential_scope: None,
             identity_files: vec![],
-        },
+        }
+        .into(),
     );
     let mut profiles = BTreeMap::new();
     profiles.insert(
@@ -729,7 +731,11 @@ async fn drift_scene<W: std::io::Write>(p: &mut Printer<W>, state: &std::path::P
     config.cache_dir = crate::config::default_cache_dir();
     config.state_dir = Some(state.join("drift"));
     let call_log = state.join("drift-calls.jsonl");
-    if let Some(server) = config.connections.get_mut("notes") {
+    if let Some(server) = config
+        .connections
+        .get_mut("notes")
+        .and_then(|s| s.as_stdio_mut())
+    {
         server.args.extend([
             "--drift-on-call".to_string(),
             "description".to_string(),

@@ -59,6 +59,9 @@ Configuration (TOML; relative paths resolve against the file's folder):
   command = \"@airlock\"                # a path, a name on PATH, or @airlock (this binary)
   args = [\"fixture\", \"notes-server\"]  # @airlock fixture notes-server: the bundled notes server
   # cwd = \".\"  env = { KEY = \"value\" }  (the server's whole environment; default: empty)
+  # or, over Streamable HTTP: url = \"https://mcp.example.com/mcp\" (http:// only to loopback)
+  #   headers = { \"Authorization\" = { secret = \"notes-token\", prefix = \"Bearer \" } }
+  #   with [secrets] notes-token = { env = \"NOTES_TOKEN\" }; see README \"HTTP upstream connections\"
 
   [[mapping]]
   manifest = \"target/airlock/adapters/source-library/mapping.toml\"
@@ -141,7 +144,9 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
     #[command(after_help = "\
 Example:
   airlock discover notes --config airlock.example.toml
-Lines marked `!` are meaning-bearing drift; `·` is informational.")]
+The connection may be a command (stdio) or a url (Streamable HTTP; both protocol
+generations, the negotiated one is printed). Lines marked `!` are meaning-bearing drift;
+`·` is informational.")]
     Discover {
         /// The connection's configured name.
         #[arg(value_name = "CONNECTION")]

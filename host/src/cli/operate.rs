@@ -76,6 +76,9 @@ pub struct DiscoverReport {
     pub new_snapshot: bool,
     /// Reported server name and version (observations).
     pub server: Value,
+    /// The protocol version the client negotiated (`2026-07-28` after `server/discover`,
+    /// `2025-11-25` after `initialize`).
+    pub protocol_version: String,
     /// Counts per list.
     pub counts: Value,
     /// Drift against the previous snapshot of this connection.
@@ -127,7 +130,7 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
     // server's whole process group is stopped (nothing is left running).
     let limit = config.start_timeout;
     let started = tokio::time::timeout(limit, async {
-        let conn = Connection::start_stdio(
+        let conn = Connection::start(
             name,
             server,
             crate::registry::manifest::MAX_OUTPUT_BYTES,
@@ -178,6 +181,7 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
         snapshot: observed.digest,
         new_snapshot: observed.new,
         server: catalogue.server_info.clone(),
+        protocol_version: catalogue.protocol_version.clone(),
         counts: counts(&catalogue),
         previous: previous.map(|p| p.digest),
         drift,
@@ -249,8 +253,13 @@ impl DiscoverReport {
         );
         let _ = writeln!(
             o,
-            "server reports itself as {} (an observation, not an identity)",
-            server_label(&self.server)
+            "server reports itself as {} (an observation, not an identity); protocol {}",
+            server_label(&self.server),
+            if self.protocol_version.is_empty() {
+                "unknown"
+            } else {
+                &self.protocol_version
+            }
         );
         let _ = writeln!(
             o,

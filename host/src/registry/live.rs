@@ -684,7 +684,7 @@ impl Live {
             .get(name)
             .with_context(|| format!("connection `{name}` is not configured"))?;
         let revision = self.registry.identify(name, server)?;
-        tracing::info!(connection = %name, id = %revision.connection_id, revision = revision.revision, command = %server.command.display(), "starting upstream connection");
+        tracing::info!(connection = %name, id = %revision.connection_id, revision = revision.revision, upstream = %server.describe(), "starting upstream connection");
         let empty = Catalogue {
             connection_id: revision.connection_id.clone(),
             config_digest: revision.config_digest.clone(),
@@ -747,13 +747,13 @@ impl Live {
     async fn establish(
         &self,
         state: &ConnectionState,
-        server: &crate::upstream::StdioServer,
+        server: &crate::upstream::UpstreamServer,
         budget: u64,
     ) -> Result<(Connection, crate::upstream::RawDiscovery, u64)> {
         let name = state.name.as_str();
         let limit = self.config.start_timeout;
         let started = tokio::time::timeout(limit, async {
-            let connection = Connection::start_stdio(name, server, budget, limit).await?;
+            let connection = Connection::start(name, server, budget, limit).await?;
             if let Some((sname, sversion)) = connection.server_info() {
                 tracing::info!(connection = %name, server = %sname, version = %sversion, "upstream connected (reported name: an observation, not an identity)");
             }

@@ -7,7 +7,9 @@
 //!   non-option argument when it names a file — an interpreter's script — and of any
 //!   `identity_files`, args,
 //!   working directory, environment variable names and the sha256 of each value), the
-//!   credential scope reference and the owner. A new
+//!   credential scope reference and the owner; for an HTTP connection the URL, the header
+//!   names with the secret names they come from (never a secret's value), the credential
+//!   scope and the owner (see [`crate::upstream::http::http_identity`]). A new
 //!   digest is a new revision; a mapping approved against another revision does not serve.
 //!   The server-reported name and version are observations inside a snapshot, never keys.
 //! - **Discovery grants nothing.** A snapshot records what a connection reported; only a
@@ -41,7 +43,7 @@ use crate::store::{
     ConnectionRevision, MappingRecord, MappingState, NewMappingRevision, SnapshotObservation,
     Store, StoredSnapshot,
 };
-use crate::upstream::{RawDiscovery, StdioServer};
+use crate::upstream::{RawDiscovery, StdioServer, UpstreamServer};
 
 /// Trace event kinds written by the host. Payloads are digests and safe summaries.
 pub mod events {
@@ -319,9 +321,13 @@ impl Registry {
     ///
     /// # Errors
     /// The executable cannot be hashed; the store fails.
-    pub fn identify(&self, name: &str, server: &StdioServer) -> Result<ConnectionRevision> {
-        let (digest, summary) =
-            stdio_identity(server).with_context(|| format!("identifying connection `{name}`"))?;
+    pub fn identify(&self, name: &str, server: &UpstreamServer) -> Result<ConnectionRevision> {
+        let (digest, summary) = match server {
+            UpstreamServer::Stdio(s) => {
+                stdio_identity(s).with_context(|| format!("identifying connection `{name}`"))?
+            }
+            UpstreamServer::Http(h) => crate::upstream::http::http_identity(h),
+        };
         let rev = self.store.connection_revision(name, &digest, &summary)?;
         if rev.created {
             self.trace(

@@ -19,9 +19,14 @@
 //!   moment it exits (see [`process`]); a connection whose server exited or closed its
 //!   stdout [has exited](Connection::has_exited), and [`Connection::until_gone`] wakes at
 //!   once. A start that fails or times out leaves no process behind.
+//! - An upstream HTTP server ([`http`]) is reached with rmcp's Streamable HTTP client
+//!   behind a line bridge, so every rule above about messages (budget, JSON-RPC checks,
+//!   degrading, `list_changed`) holds for it too; it has no process, and "exited" means
+//!   its HTTP client stopped.
 //! - Which tools and resources a particular adapter may reach is decided one layer up
 //!   (the runtime's upstream bridge); this layer only transports.
 
+pub mod http;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -108,6 +113,54 @@ pub struct StdioServer {
     pub identity_files: Vec<PathBuf>,
 }
 
+/// How to reach one configured upstream server: a child process over stdio, or a URL
+/// over Streamable HTTP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamServer {
+    /// A child process speaking MCP on stdin/stdout.
+    Stdio(StdioServer),
+    /// An MCP endpoint reached over Streamable HTTP.
+    Http(http::HttpServer),
+}
+
+impl From<StdioServer> for UpstreamServer {
+    fn from(server: StdioServer) -> Self {
+        Self::Stdio(server)
+    }
+}
+
+impl From<http::HttpServer> for UpstreamServer {
+    fn from(server: http::HttpServer) -> Self {
+        Self::Http(server)
+    }
+}
+
+impl UpstreamServer {
+    /// What the log may say of it: the command path, or the URL (never a header value).
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Stdio(s) => s.command.display().to_string(),
+            Self::Http(h) => h.url.clone(),
+        }
+    }
+
+    /// The stdio server, if it is one.
+    pub fn as_stdio(&self) -> Option<&StdioServer> {
+        match self {
+            Self::Stdio(s) => Some(s),
+            Self::Http(_) => None,
+        }
+    }
+
+    /// The stdio server, mutably, if it is one (tests and the demo adjust arguments).
+    pub fn as_stdio_mut(&mut self) -> Option<&mut StdioServer> {
+        match self {
+            Self::Stdio(s) => Some(s),
+            Self::Http(_) => None,
+        }
+    }
+}
+
 /// Why an upstream request did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpstreamFailure {
@@ -162,6 +215,14 @@ pub struct Connection {
     tap: Arc<Tap>,
     discovery: tokio::sync::Mutex<()>,
     first_initialize: std::sync::Mutex<Option<Value>>,
+    /// For an HTTP connection: its bridge task and why the bridge closed.
+    http: Option<HttpParts>,
+}
+
+/// What an HTTP connection has instead of a process.
+struct HttpParts {
+    bridge: tokio::task::JoinHandle<()>,
+    reason: http::CloseReason,
 }
 
 /// The list requests whose raw answers discovery keeps, and `initialize`.
@@ -574,7 +635,200 @@ impl Connection {
             first_initialize: std::sync::Mutex::new(None),
             closed,
             gone,
+            http: None,
         })
+    }
+
+    /// Starts `server` (either transport; see [`Connection::start_stdio`] and
+    /// [`Connection::start_http`]).
+    ///
+    /// # Errors
+    /// As the transport's own start.
+    pub async fn start(
+        name: &str,
+        server: &UpstreamServer,
+        max_message_bytes: u64,
+        initialize_timeout: Duration,
+    ) -> Result<Self> {
+        match server {
+            UpstreamServer::Stdio(s) => {
+                Self::start_stdio(name, s, max_message_bytes, initialize_timeout).await
+            }
+            UpstreamServer::Http(h) => {
+                Self::start_http(name, h, max_message_bytes, initialize_timeout).await
+            }
+        }
+    }
+
+    /// Connects to `server` over Streamable HTTP and runs the MCP lifecycle with rmcp's
+    /// [`ClientLifecycleMode::Auto`](rmcp::ClientLifecycleMode::Auto): `server/discover`
+    /// (2026-07-28) first, `initialize` (2025-11-25) when the server is older, waiting at
+    /// most `initialize_timeout`. Messages longer than `max_message_bytes` are discarded
+    /// as for stdio.
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built; the server refused or did not answer the
+    /// handshake in time (the error names the URL and the HTTP failure, never a header
+    /// value).
+    ///
+    /// A server that answers the `server/discover` probe over HTTP with something rmcp
+    /// cannot take as either generation (some 2025-11-25 servers answer an unknown
+    /// method with an empty result) is asked again, once, on a fresh HTTP client with
+    /// `initialize` alone.
+    pub async fn start_http(
+        name: &str,
+        server: &http::HttpServer,
+        max_message_bytes: u64,
+        initialize_timeout: Duration,
+    ) -> Result<Self> {
+        let auto = rmcp::ClientLifecycleMode::Auto {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(rmcp::model::ProtocolVersion::V_2025_11_25),
+        };
+        let started = std::time::Instant::now();
+        match Self::start_http_with(name, server, max_message_bytes, initialize_timeout, auto).await
+        {
+            Ok(connection) => Ok(connection),
+            Err((probe, true)) => {
+                tracing::info!(connection = %name, "the server/discover probe failed ({probe:#}); trying initialize alone");
+                let left = initialize_timeout.saturating_sub(started.elapsed());
+                Self::start_http_with(
+                    name,
+                    server,
+                    max_message_bytes,
+                    left.max(Duration::from_millis(100)),
+                    rmcp::ClientLifecycleMode::Initialize,
+                )
+                .await
+                .map_err(|(e, _)| {
+                    e.context(format!("after the server/discover probe failed: {probe:#}"))
+                })
+            }
+            Err((e, false)) => Err(e),
+        }
+    }
+
+    /// [`Connection::start_http`] with one lifecycle. The error's flag is true when the
+    /// HTTP exchange worked but the lifecycle failed (the server answered something).
+    async fn start_http_with(
+        name: &str,
+        server: &http::HttpServer,
+        max_message_bytes: u64,
+        initialize_timeout: Duration,
+        lifecycle: rmcp::ClientLifecycleMode,
+    ) -> Result<Self, (anyhow::Error, bool)> {
+        let discarded = Arc::new(AtomicU64::new(0));
+        let tap = Arc::new(Tap {
+            label: name.to_string(),
+            ..Tap::default()
+        });
+        tap.armed.store(true, Ordering::Release);
+        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
+            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+        ));
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gone = Arc::new(tokio::sync::Notify::new());
+        // rmcp's client writes lines into `to_bridge`; the bridge writes the server's
+        // messages into `from_bridge`, which the budget filter reads like a stdout.
+        let (to_bridge, bridge_in) = tokio::io::duplex(64 * 1024);
+        let (bridge_out, from_bridge) = tokio::io::duplex(64 * 1024);
+        let (filtered, ours) = tokio::io::duplex(64 * 1024);
+        let reason: http::CloseReason = Arc::default();
+        // rmcp's own limit sits above every budget a mapping can have; the filter below
+        // enforces the connection's budget.
+        let rmcp_limit = usize::try_from(crate::registry::manifest::MAX_OUTPUT_BYTES)
+            .unwrap_or(usize::MAX)
+            .saturating_add(64 * 1024);
+        let bridge = http::bridge(
+            name,
+            server,
+            rmcp_limit,
+            bridge_in,
+            bridge_out,
+            reason.clone(),
+        )
+        .map_err(|e| (e, false))?;
+        {
+            let (limit, discarded, tap, closed, gone) = (
+                limit.clone(),
+                discarded.clone(),
+                tap.clone(),
+                closed.clone(),
+                gone.clone(),
+            );
+            tokio::spawn(async move {
+                filter_messages(from_bridge, ours, limit, discarded, Some(tap)).await;
+                closed.store(true, Ordering::Release);
+                gone.notify_waiters();
+            });
+        }
+        let writer = TapWriter {
+            inner: to_bridge,
+            tap: tap.clone(),
+            partial: Vec::new(),
+        };
+        let handshake = tokio::time::timeout(
+            initialize_timeout,
+            rmcp::ClientServiceExt::serve_with_lifecycle((), (filtered, writer), lifecycle),
+        )
+        .await;
+        let failed = |error: String, answered: bool| {
+            bridge.abort();
+            let why = reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .filter(|w| w != http::CLIENT_CLOSED);
+            let answered = answered && why.is_none();
+            let why = why.map(|w| format!("; {w}")).unwrap_or_default();
+            (
+                anyhow::anyhow!(
+                    "MCP startup with connection `{name}` ({}) failed: {error}{why}",
+                    server.url
+                ),
+                answered,
+            )
+        };
+        let client = match handshake {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => return Err(failed(e.to_string(), true)),
+            Err(_) => {
+                return Err(failed(
+                    format!(
+                        "no answer to server/discover or initialize within {} ms",
+                        initialize_timeout.as_millis()
+                    ),
+                    false,
+                ));
+            }
+        };
+        client
+            .peer()
+            .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
+            .await;
+        Ok(Self {
+            name: name.to_string(),
+            max_message_bytes: limit,
+            client: Some(client),
+            process: None,
+            unstarted: None,
+            requests: AtomicU64::new(0),
+            discarded,
+            tap,
+            discovery: tokio::sync::Mutex::new(()),
+            first_initialize: std::sync::Mutex::new(None),
+            closed,
+            gone,
+            http: Some(HttpParts { bridge, reason }),
+        })
+    }
+
+    /// The protocol version negotiated with the server (`None` before a handshake).
+    pub fn protocol_version(&self) -> Option<String> {
+        self.client
+            .as_ref()?
+            .peer_info()
+            .map(|i| i.protocol_version.to_string())
     }
 
     /// A connection whose server could not be started (`why`, the host's words): it has
@@ -599,6 +853,7 @@ impl Connection {
             first_initialize: std::sync::Mutex::new(None),
             closed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             gone: Arc::new(tokio::sync::Notify::new()),
+            http: None,
         }
     }
 
@@ -618,6 +873,10 @@ impl Connection {
         }
         if self.is_open() {
             return None;
+        }
+        if let Some(h) = &self.http {
+            let why = h.reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            return Some(why.unwrap_or_else(|| "the HTTP connection closed".to_string()));
         }
         Some(match self.process.as_ref().and_then(|p| p.exit_status()) {
             Some(status) => format!("the server exited ({status})"),
@@ -649,6 +908,15 @@ impl Connection {
     /// Stops the server and every process of its group: `SIGTERM`, up to `grace`, then
     /// `SIGKILL` (see [`process`]). Returns how it ended (`None`: it never started).
     pub async fn terminate(&self, grace: Duration) -> Option<String> {
+        if let Some(h) = &self.http {
+            if let Some(c) = &self.client {
+                c.cancellation_token().cancel();
+            }
+            h.bridge.abort();
+            self.closed.store(true, Ordering::Release);
+            self.gone.notify_waiters();
+            return Some("the HTTP connection was closed".to_string());
+        }
         let process = self.process.as_ref()?;
         let how = process.terminate(grace).await;
         self.closed.store(true, Ordering::Release);
@@ -744,6 +1012,15 @@ impl Connection {
                 .unwrap_or_else(|e| e.into_inner());
             if first.is_none() {
                 *first = self.tap.take("initialize");
+            }
+            if first.is_none() && self.http.is_some() {
+                // A 2026-07-28 server answered `server/discover`: what rmcp read of it has
+                // the same keys as an initialize result.
+                *first = self
+                    .client
+                    .as_ref()
+                    .and_then(|c| c.peer_info())
+                    .and_then(|i| serde_json::to_value(i).ok());
             }
             first.clone().ok_or_else(|| {
                 UpstreamFailure::Protocol("the raw initialize answer was not captured".into())
@@ -1009,6 +1286,9 @@ impl Connection {
 
     fn failure(&self, error: ServiceError) -> UpstreamFailure {
         match error {
+            ServiceError::McpError(e) if e.code == ErrorCode(http::HTTP_TRANSPORT_ERROR_CODE) => {
+                UpstreamFailure::Unavailable(format!("connection `{}`: {}", self.name, e.message))
+            }
             ServiceError::McpError(e) if e.code == ErrorCode(OUTPUT_BUDGET_ERROR_CODE) => {
                 UpstreamFailure::OutputTooLarge(
                     self.max_message_bytes.load(Ordering::Acquire) as u64

@@ -68,7 +68,8 @@ impl Delivery {
                 owner: None,
                 credential_scope: None,
                 identity_files: vec![],
-            },
+            }
+            .into(),
         );
         let mut profiles = BTreeMap::new();
         profiles.insert("publisher".to_string(), Profile::everything("publisher"));

@@ -22,6 +22,7 @@ mod grants_cli;
 mod host_versions;
 mod hostile;
 mod http;
+mod http_upstream;
 mod inspector;
 mod lifecycle;
 mod python_client;
