@@ -733,7 +733,7 @@ fn challenge(verifier: &Verifier, rejection: &Rejection) -> Response<Body> {
 }
 
 /// `host` or `host:port` (IPv6 in brackets, or bare `::1`), lower-cased, brackets dropped.
-fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
+pub(crate) fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
     if text.parse::<std::net::Ipv6Addr>().is_ok() {
         return Ok((text.to_ascii_lowercase(), None));
     }
@@ -752,7 +752,7 @@ fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
 }
 
 /// Checks an `allowed_origins` entry.
-fn parse_origin(text: &str) -> Result<()> {
+pub(crate) fn parse_origin(text: &str) -> Result<()> {
     let (scheme, rest) = text.split_once("://").context("no scheme")?;
     if scheme.is_empty() || rest.contains('/') {
         bail!("not an origin");
@@ -763,7 +763,7 @@ fn parse_origin(text: &str) -> Result<()> {
 
 /// Whether `origin` (lower-cased) is an entry of `allowed` (lower-cased): equal, or equal
 /// up to the port for a `:*` entry.
-fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+pub(crate) fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
     allowed.iter().any(|a| match a.strip_suffix(":*") {
         Some(prefix) => {
             origin == prefix

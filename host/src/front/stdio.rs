@@ -287,7 +287,7 @@ where
 }
 
 /// What to do with one line.
-enum Verdict {
+pub(crate) enum Verdict {
     /// Hand it to rmcp.
     Deliver(Box<RxJsonRpcMessage<RoleServer>>),
     /// Answer it with these bytes (one or more newline-terminated lines).
@@ -297,7 +297,7 @@ enum Verdict {
 }
 
 /// Judges one line (see the module rules).
-fn judge(line: &[u8]) -> Verdict {
+pub(crate) fn judge(line: &[u8]) -> Verdict {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
