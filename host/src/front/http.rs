@@ -741,7 +741,12 @@ pub(crate) fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
     if a.as_str().contains('@') {
         bail!("user information is not allowed");
     }
-    if a.as_str().len() > a.host().len() && a.port_u16().is_none() {
+    // `port_u16` alone would read `+80` as 80 (`u16::from_str`): only digits are a port.
+    if a.as_str().len() > a.host().len()
+        && (a.port_u16().is_none()
+            || a.port()
+                .is_some_and(|p| !p.as_str().bytes().all(|b| b.is_ascii_digit())))
+    {
         bail!("the port is not a number");
     }
     let host = a.host().trim_matches(['[', ']']).to_ascii_lowercase();
@@ -814,6 +819,19 @@ mod tests {
         ] {
             assert!(!origin_allowed(bad, &allowed), "{bad}");
         }
+    }
+
+    /// The rule the `jwt` fuzz target's Host mode asserts (the port is the one written):
+    /// `u16::from_str` alone reads `+80` as 80.
+    #[test]
+    fn a_port_is_digits_only() {
+        for bad in ["localhost:+80", "[::1]:+8787", "a:+0"] {
+            assert!(parse_authority(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_authority("localhost:0080").unwrap(),
+            ("localhost".into(), Some(80))
+        );
     }
 
     #[test]
