@@ -92,7 +92,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         StdioVerdict::Deliver(message) => {
-            let obj = message.as_object().expect("a delivered message is an object");
+            let obj = message
+                .as_object()
+                .expect("a delivered message is an object");
             assert_eq!(obj.get("jsonrpc"), Some(&Value::from("2.0")));
             let shape = (
                 obj.contains_key("method"),

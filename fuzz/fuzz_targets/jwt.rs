@@ -126,13 +126,23 @@ fn check_accepted(payload: &[u8], v: &Verified) {
         _ => false,
     };
     assert!(aud_ok, "aud: {claims:?}");
-    let exp = claims.get("exp").and_then(Value::as_f64).expect("exp is a number");
+    let exp = claims
+        .get("exp")
+        .and_then(Value::as_f64)
+        .expect("exp is a number");
     assert!(exp + LEEWAY as f64 >= now - 1.0, "expired: {claims:?}");
     if let Some(nbf) = claims.get("nbf") {
         let nbf = nbf.as_f64().expect("nbf is a number");
-        assert!(nbf <= now + LEEWAY as f64 + 1.0, "not yet valid: {claims:?}");
+        assert!(
+            nbf <= now + LEEWAY as f64 + 1.0,
+            "not yet valid: {claims:?}"
+        );
     }
-    assert_eq!(claims.get("sub"), Some(&json!(v.subject)), "sub: {claims:?}");
+    assert_eq!(
+        claims.get("sub"),
+        Some(&json!(v.subject)),
+        "sub: {claims:?}"
+    );
     check_principal(&v.subject).expect("the subject is a principal name");
     let mut scopes: Vec<&str> = claims
         .get("scope")
@@ -235,7 +245,11 @@ fuzz_target!(|data: &[u8]| {
             };
             if verify(&format!("Bearer {text}")).is_ok() {
                 let signed = text.trim_matches(' ').rsplit_once('.').map(|(s, _)| s);
-                assert_eq!(signed, Some(f.good.0.as_str()), "a changed token was accepted");
+                assert_eq!(
+                    signed,
+                    Some(f.good.0.as_str()),
+                    "a changed token was accepted"
+                );
             }
         }
         4 => {
@@ -246,12 +260,21 @@ fuzz_target!(|data: &[u8]| {
                 assert!(!host.is_empty(), "{text:?}");
                 assert_eq!(host, host.to_ascii_lowercase(), "{text:?}");
                 assert!(
-                    !host.contains(|c: char| c == '@' || c == '/' || c.is_whitespace() || c.is_control()),
+                    !host.contains(|c: char| c == '@'
+                        || c == '/'
+                        || c.is_whitespace()
+                        || c.is_control()),
                     "{text:?} -> {host:?}"
                 );
                 if let Some(p) = port {
-                    let digits = text.rsplit_once(':').map(|(_, d)| d.trim_start_matches('0'));
-                    assert_eq!(digits.map(|d| if d.is_empty() { "0" } else { d }), Some(p.to_string().as_str()), "{text:?}");
+                    let digits = text
+                        .rsplit_once(':')
+                        .map(|(_, d)| d.trim_start_matches('0'));
+                    assert_eq!(
+                        digits.map(|d| if d.is_empty() { "0" } else { d }),
+                        Some(p.to_string().as_str()),
+                        "{text:?}"
+                    );
                 }
             }
         }
@@ -259,7 +282,9 @@ fuzz_target!(|data: &[u8]| {
             let Ok(text) = std::str::from_utf8(rest) else {
                 return;
             };
-            let (origin, entry) = text.split_once('\0').unwrap_or((text, "https://app.example.com"));
+            let (origin, entry) = text
+                .split_once('\0')
+                .unwrap_or((text, "https://app.example.com"));
             let (origin, entry) = (origin.to_ascii_lowercase(), entry.to_ascii_lowercase());
             if http_origin_entry(&entry).is_err() {
                 return;
@@ -279,8 +304,11 @@ fuzz_target!(|data: &[u8]| {
                 // parsed by the Host check (a `:*` entry: any port).
                 let (scheme, rest) = entry.split_once("://").expect("a checked entry");
                 let wildcard = rest.strip_suffix(":*");
-                let (host, port) = http_authority(wildcard.unwrap_or(rest)).expect("a checked entry");
-                let (o_scheme, o_rest) = origin.split_once("://").expect("an origin passed has a scheme");
+                let (host, port) =
+                    http_authority(wildcard.unwrap_or(rest)).expect("a checked entry");
+                let (o_scheme, o_rest) = origin
+                    .split_once("://")
+                    .expect("an origin passed has a scheme");
                 assert_eq!(o_scheme, scheme, "origin {origin:?} passed entry {entry:?}");
                 match http_authority(o_rest) {
                     Ok((o_host, o_port)) => {
