@@ -1,33 +1,89 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for a bounded time and prints, per target, the executions done
-# and the crashes found. Needs the nightly toolchain and cargo-fuzz
-# (`cargo install cargo-fuzz`); it is never part of the main build or of CI.
+# Runs every fuzz target (or the ones named) for a bounded time, one after another, and
+# prints per target: seconds run, executions, executions per second, crashes. Exits
+# non-zero when any target crashed (or did not run). Needs cargo-fuzz
+# (`cargo install cargo-fuzz`); never part of the main build or of CI.
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET=60] [TARGET...]
 #
-# Crashes are written to fuzz/artifacts/TARGET/; each one found becomes a regression test
-# in the crate that owns the parser.
+# The build is coverage-guided without a sanitizer (`--sanitizer none`): the code under
+# test is safe Rust, and what the targets look for are panics, failed assertions, aborts,
+# out-of-memory and timeouts. That build needs no nightly compiler (the toolchain of
+# rust-toolchain.toml is used). For AddressSanitizer: FUZZ_SANITIZER=address
+# FUZZ_TOOLCHAIN=nightly fuzz/run.sh ... (much slower to build and to run).
+#
+# Each target starts from corpus/TARGET (the committed seed-* files plus whatever earlier
+# runs added) with the dictionary of dict/ that fits it. A crash stops that target; its
+# input is in artifacts/TARGET/ (minimize: `cargo fuzz tmin -O --sanitizer none TARGET
+# artifacts/TARGET/crash-...`) and becomes a regression test in the crate that owns the
+# parser.
 set -euo pipefail
 cd "$(dirname "$0")"
 seconds="${1:-60}"
 shift || true
+toolchain=()
+if [ -n "${FUZZ_TOOLCHAIN:-}" ]; then
+    toolchain=("+$FUZZ_TOOLCHAIN")
+fi
+flags=(-O --sanitizer "${FUZZ_SANITIZER:-none}")
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    mapfile -t targets < <(cargo +nightly fuzz list)
+    mapfile -t targets < <(cargo "${toolchain[@]}" fuzz list)
 fi
 # The guests (built by host/build.rs) go to this checkout's target/guests.
 export AIRLOCK_WORKSPACE_ROOT="${AIRLOCK_WORKSPACE_ROOT:-$(cd .. && pwd)}"
-cargo +nightly fuzz build -O "${targets[@]/#/}" >/dev/null 2>&1 || cargo +nightly fuzz build -O
-printf '%-16s %12s %8s\n' target execs crashes
+
+dict_for() {
+    case "$1" in
+        front_line | json_to_wit) echo dict/json.dict ;;
+        jwt) echo dict/jwt.dict ;;
+        manifest | serve_config) echo dict/toml.dict ;;
+    esac
+}
+
+# Built once, then each binary is run directly (a source change during the run does not
+# rebuild under it). FUZZ_NO_BUILD=1 runs what is built.
+if [ -z "${FUZZ_NO_BUILD:-}" ]; then
+    for t in "${targets[@]}"; do
+        cargo "${toolchain[@]}" fuzz build "${flags[@]}" "$t"
+    done
+fi
+triple="$(rustc "${toolchain[@]}" -vV | sed -n 's/^host: //p')"
+
+rows=()
+failed=0
 for t in "${targets[@]}"; do
-    log="$(mktemp)"
+    log="artifacts/$t.log"
     mkdir -p "corpus/$t" "artifacts/$t"
+    before="$(find "artifacts/$t" -type f | wc -l)"
+    extra=()
+    dict="$(dict_for "$t")"
+    if [ -n "$dict" ]; then
+        extra+=("-dict=$dict")
+    fi
+    start="$(date +%s)"
     set +e
-    cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$seconds" \
-        -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$log" 2>&1
+    "target/$triple/release/$t" -artifact_prefix="artifacts/$t/" \
+        -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        "${extra[@]}" "corpus/$t" >"$log" 2>&1
+    status=$?
     set -e
+    took=$(($(date +%s) - start))
     execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)"
-    crashes="$(find "artifacts/$t" -type f | wc -l)"
-    printf '%-16s %12s %8s\n' "$t" "${execs:-?}" "$crashes"
-    rm -f "$log"
+    rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)"
+    crashes=$(($(find "artifacts/$t" -type f | wc -l) - before))
+    if [ "$status" -ne 0 ] && [ "$crashes" -eq 0 ]; then
+        # Stopped without writing an input (a build error, a crash at start-up).
+        crashes="?"
+    fi
+    if [ "$crashes" != 0 ]; then
+        failed=1
+        echo "== $t: exit $status; its log is fuzz/$log" >&2
+        grep -E 'panicked|SUMMARY|ERROR|Test unit written' "$log" | head -5 >&2 || true
+    fi
+    rows+=("$(printf '%-14s %8s %12s %9s %8s' "$t" "$took" "${execs:-?}" "${rate:-?}" "$crashes")")
 done
+
+printf '%-14s %8s %12s %9s %8s\n' target seconds execs execs/s crashes
+printf '%s\n' "${rows[@]}"
+exit "$failed"

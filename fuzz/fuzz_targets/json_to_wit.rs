@@ -40,6 +40,10 @@ fuzz_target!(|data: &[u8]| {
         let mut same = |_: &str, token: &str| Ok::<_, String>(token.to_string());
         let again = contract::json_to_val(shape, &back, &mut same)
             .expect("a rendered value converts again");
-        assert_eq!(format!("{val:?}"), format!("{again:?}"), "round trip changed the value");
+        assert_eq!(
+            format!("{val:?}"),
+            format!("{again:?}"),
+            "round trip changed the value"
+        );
     }
 });

@@ -27,6 +27,8 @@ pub mod cli;
 pub mod config;
 pub mod contract;
 pub mod front;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod host;
 pub mod jsonrpc;
 pub mod pipeline;

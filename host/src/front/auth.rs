@@ -396,6 +396,11 @@ impl Verifier {
                     })
                 })?;
         let claims = data.claims;
+        // jsonwebtoken also takes an array of issuers that merely contains ours; `iss` is
+        // one StringOrURI (RFC 7519 §4.1.1) and must be the issuer itself.
+        if claims.get("iss").and_then(Value::as_str) != Some(self.settings.issuer.as_str()) {
+            return Err(invalid("the token's issuer is not accepted"));
+        }
         let subject = match claims.get("sub") {
             Some(Value::String(s)) => s.clone(),
             _ => return Err(unusable("`sub` is not a string")),
@@ -894,6 +899,25 @@ mod tests {
             assert!(
                 matches!(v.verify(Some(&h)), Err(Rejection::Invalid(w)) if w.contains("Bearer scheme")),
                 "{scheme}"
+            );
+        }
+    }
+
+    /// The rule the `jwt` fuzz target asserts (`iss` is the issuer): jsonwebtoken alone
+    /// accepts an `iss` array that merely contains it.
+    #[test]
+    fn an_issuer_array_is_not_the_issuer() {
+        let v = verifier();
+        for iss in [
+            json!(["https://issuer.test"]),
+            json!(["https://issuer.test", "https://evil.test"]),
+        ] {
+            let mut c = claims();
+            c["iss"] = iss.clone();
+            let token = sign(&c, KEY, "test-issuer-1");
+            assert!(
+                matches!(v.verify(Some(&bearer(&token))), Err(Rejection::Invalid(w)) if w.contains("issuer")),
+                "{iss}"
             );
         }
     }

@@ -764,7 +764,7 @@ fn challenge(verifier: &Verifier, rejection: &Rejection) -> Response<Body> {
 }
 
 /// `host` or `host:port` (IPv6 in brackets, or bare `::1`), lower-cased, brackets dropped.
-fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
+pub(crate) fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
     if text.parse::<std::net::Ipv6Addr>().is_ok() {
         return Ok((text.to_ascii_lowercase(), None));
     }
@@ -772,7 +772,12 @@ fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
     if a.as_str().contains('@') {
         bail!("user information is not allowed");
     }
-    if a.as_str().len() > a.host().len() && a.port_u16().is_none() {
+    // `port_u16` alone would read `+80` as 80 (`u16::from_str`): only digits are a port.
+    if a.as_str().len() > a.host().len()
+        && (a.port_u16().is_none()
+            || a.port()
+                .is_some_and(|p| !p.as_str().bytes().all(|b| b.is_ascii_digit())))
+    {
         bail!("the port is not a number");
     }
     let host = a.host().trim_matches(['[', ']']).to_ascii_lowercase();
@@ -783,7 +788,7 @@ fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
 }
 
 /// Checks an `allowed_origins` entry.
-fn parse_origin(text: &str) -> Result<()> {
+pub(crate) fn parse_origin(text: &str) -> Result<()> {
     let (scheme, rest) = text.split_once("://").context("no scheme")?;
     if scheme.is_empty() || rest.contains('/') {
         bail!("not an origin");
@@ -829,7 +834,7 @@ fn with_default_port(entry: &str) -> String {
 
 /// Whether `origin` (normalized) is an entry of `allowed` (normalized): equal, or equal
 /// up to the port for a `:*` entry.
-fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+pub(crate) fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
     allowed.iter().any(|a| match a.strip_suffix(":*") {
         Some(prefix) => {
             origin == prefix
@@ -905,6 +910,19 @@ mod tests {
         ] {
             assert!(!origin_allowed(bad, &allowed), "{bad}");
         }
+    }
+
+    /// The rule the `jwt` fuzz target's Host mode asserts (the port is the one written):
+    /// `u16::from_str` alone reads `+80` as 80.
+    #[test]
+    fn a_port_is_digits_only() {
+        for bad in ["localhost:+80", "[::1]:+8787", "a:+0"] {
+            assert!(parse_authority(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_authority("localhost:0080").unwrap(),
+            ("localhost".into(), Some(80))
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! | JSON that is not a request: `jsonrpc` other than `"2.0"`, an id that is not a string or an integer, a `method` that is not a string, not an object | `-32600` (`id: null` when the id itself is the fault) |
 //! | a duplicate object key: at the top level | `-32600` |
 //! | a duplicate object key inside `params` (e.g. in `tools/call` `arguments`) | `-32602 Invalid params` |
+//! | a duplicate object key, and the rest of the line is not JSON | `-32700`, as any line that is not JSON |
 //! | a method Airlock serves with params of the wrong shape (`tools/call` without `name`, non-object `arguments`, `params` not an object) | `-32602` |
 //!
 //! Everything else goes to rmcp, which answers an unknown method with `-32601`.
@@ -287,7 +288,7 @@ where
 }
 
 /// What to do with one line.
-enum Verdict {
+pub(crate) enum Verdict {
     /// Hand it to rmcp.
     Deliver(Box<RxJsonRpcMessage<RoleServer>>),
     /// Answer it with these bytes (one or more newline-terminated lines).
@@ -297,7 +298,7 @@ enum Verdict {
 }
 
 /// Judges one line (see the module rules).
-fn judge(line: &[u8]) -> Verdict {
+pub(crate) fn judge(line: &[u8]) -> Verdict {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
@@ -317,35 +318,44 @@ fn judge(line: &[u8]) -> Verdict {
         Ok(value) => judge_value(value),
         Err(e) => match duplicate.take() {
             Some(dup) => judge_duplicate(line, dup),
-            None => {
-                let mut scan = IdScanner::default();
-                scan.feed(line);
-                let id = scan.id();
-                let message = if std::str::from_utf8(line).is_err() {
-                    "Parse error: the message is not valid UTF-8".to_string()
-                } else {
-                    format!("Parse error: {e}")
-                };
-                tracing::info!(id = ?id, "refused a line that is not JSON: {e}");
-                Verdict::Answer(error_line(id.as_ref(), PARSE_ERROR, &message))
-            }
+            None => parse_error(line, &e),
         },
     }
 }
 
+/// The answer to a line that is not JSON: `-32700`, with the id found in its raw bytes.
+fn parse_error(line: &[u8], e: &serde_json::Error) -> Verdict {
+    let mut scan = IdScanner::default();
+    scan.feed(line);
+    let id = scan.id();
+    let message = if std::str::from_utf8(line).is_err() {
+        "Parse error: the message is not valid UTF-8".to_string()
+    } else {
+        format!("Parse error: {e}")
+    };
+    tracing::info!(id = ?id, "refused a line that is not JSON: {e}");
+    Verdict::Answer(error_line(id.as_ref(), PARSE_ERROR, &message))
+}
+
 /// A message with a duplicate key: parsed again leniently (only on this error path) to
-/// see whether it is a request at all.
+/// see whether it is a request at all. The strict parse stops at the duplicate, so the
+/// rest of the line may still not be JSON: then it is a parse error like any other.
+/// Only a notification or a response goes unanswered, as in [`judge_object`].
 fn judge_duplicate(line: &[u8], dup: Duplicate) -> Verdict {
     let shown: String = dup.key.chars().take(64).collect();
     tracing::info!(key = %shown.escape_debug(), "refused a message with a duplicate key");
-    let Ok(value) = serde_json::from_slice::<Value>(line) else {
-        return Verdict::Skip;
+    let value = match serde_json::from_slice::<Value>(line) {
+        Ok(value) => value,
+        Err(e) => return parse_error(line, &e),
     };
     let Value::Object(map) = value else {
         // A batch: refused as one, whatever is inside.
         return judge_value(value);
     };
-    if !map.contains_key("method") || !map.contains_key("id") {
+    let is_notification = map.contains_key("method") && !map.contains_key("id");
+    let is_response =
+        !map.contains_key("method") && (map.contains_key("result") || map.contains_key("error"));
+    if is_notification || is_response {
         return Verdict::Skip;
     }
     let id = (dup.place != Place::Top || dup.key != "id")
@@ -807,6 +817,32 @@ mod tests {
         assert!(
             answer(r#"{"jsonrpc":"2.0","method":"notifications/x","params":{"a":1,"a":2}}"#)
                 .is_empty()
+        );
+    }
+
+    /// The rule the `front_line` fuzz target asserts (a request's id gets an answer): the
+    /// strict parse stops at a duplicate key, and such a request went unanswered when the
+    /// rest of its line was not JSON, or when it had an id but no method.
+    #[test]
+    fn a_request_with_a_duplicate_key_is_answered_whatever_follows() {
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":1,"method":"ping","a":1,"a":2,"#),
+            (json!(1), -32700)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":"s","method":"ping","params":{"a":1,"a":2},"x":1e400}"#),
+            (json!("s"), -32700)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":3,"a":1,"a":2}"#),
+            (json!(3), -32600)
+        );
+        // A response or notification with a duplicate key is still dropped.
+        assert!(answer(r#"{"jsonrpc":"2.0","id":4,"result":{"a":1,"a":2}}"#).is_empty());
+        // Cut short, it is not JSON: whether it was a notification is unknown.
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","method":"x","params":{"a":1,"a":2},"#),
+            (Value::Null, -32700)
         );
     }
 
