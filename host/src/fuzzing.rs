@@ -44,8 +44,10 @@ pub fn http_origin_entry(text: &str) -> Result<(), String> {
     http::parse_origin(text).map_err(|e| format!("{e:#}"))
 }
 
-/// Whether the HTTP front lets a request with `Origin: origin` (lower-cased) through,
-/// given `allowed` entries (lower-cased).
+/// Whether the HTTP front lets a request with `Origin: origin` through, given `allowed`
+/// entries as configured: both normalized as the front does (lower-cased, the scheme's
+/// default port dropped), then compared.
 pub fn http_origin_allowed(origin: &str, allowed: &[String]) -> bool {
-    http::origin_allowed(origin, allowed)
+    let allowed: Vec<String> = allowed.iter().map(|a| http::normalize_origin(a)).collect();
+    http::origin_allowed(&http::normalize_origin(origin), &allowed)
 }

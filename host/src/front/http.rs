@@ -794,13 +794,18 @@ pub(crate) fn parse_origin(text: &str) -> Result<()> {
         bail!("not an origin");
     }
     let rest = rest.strip_suffix(":*").unwrap_or(rest);
+    // `http://::1:80` could be the host `::1` on port 80 or the host `::1:80`: an IPv6
+    // host is written in brackets (RFC 6454 §6.2 serializes it so).
+    if rest.contains(':') && !rest.starts_with('[') && rest.matches(':').count() > 1 {
+        bail!("an IPv6 host must be written in brackets, e.g. `http://[::1]:*`");
+    }
     parse_authority(rest).map(|_| ())
 }
 
 /// An origin as compared: lower-cased (scheme and host are case-insensitive, RFC 6454
 /// §4), with the scheme's default port (`:80` for `http`, `:443` for `https`) dropped,
 /// so `https://app.test:443` and `https://app.test` are one origin.
-fn normalize_origin(origin: &str) -> String {
+pub(crate) fn normalize_origin(origin: &str) -> String {
     let o = origin.trim().to_ascii_lowercase();
     let default_port = if o.starts_with("http://") {
         ":80"
@@ -867,7 +872,13 @@ mod tests {
         }
         assert!(parse_origin("https://app.example.com").is_ok());
         assert!(parse_origin("http://localhost:*").is_ok());
-        for bad in ["app.example.com", "https://a/b", "://a"] {
+        for bad in [
+            "app.example.com",
+            "https://a/b",
+            "://a",
+            "http://::1:*",
+            "http://::1",
+        ] {
             assert!(parse_origin(bad).is_err(), "{bad}");
         }
         let allowed = vec![

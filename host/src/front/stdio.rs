@@ -358,9 +358,12 @@ fn judge_duplicate(line: &[u8], dup: Duplicate) -> Verdict {
     if is_notification || is_response {
         return Verdict::Skip;
     }
+    // The lenient parse keeps the last of repeated keys; an id said twice (whichever key
+    // was found repeated first) is ambiguous, so the answer carries `null`.
     let id = (dup.place != Place::Top || dup.key != "id")
         .then(|| map.get("id"))
-        .flatten();
+        .flatten()
+        .filter(|_| top_level_id_count(line) == 1);
     let (code, message) = match dup.place {
         Place::Params => (
             INVALID_PARAMS,
@@ -378,6 +381,36 @@ fn judge_duplicate(line: &[u8], dup: Duplicate) -> Verdict {
         ),
     };
     Verdict::Answer(error_line(id, code, &message))
+}
+
+/// How many times the top-level object of `line` has the key `id` (0 when `line` is not a
+/// JSON object). Values are skipped unread.
+fn top_level_id_count(line: &[u8]) -> usize {
+    struct IdCount(usize);
+    impl<'de> serde::Deserialize<'de> for IdCount {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Keys;
+            impl<'de> serde::de::Visitor<'de> for Keys {
+                type Value = IdCount;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<IdCount, A::Error> {
+                    let mut n = 0;
+                    while let Some(key) = map.next_key::<String>()? {
+                        n += usize::from(key == "id");
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                    Ok(IdCount(n))
+                }
+            }
+            d.deserialize_map(Keys)
+        }
+    }
+    serde_json::from_slice::<IdCount>(line).map_or(0, |c| c.0)
 }
 
 /// The methods Airlock serves whose params rmcp reads into types: a request for one of
@@ -836,6 +869,18 @@ mod tests {
         assert_eq!(
             one(r#"{"jsonrpc":"2.0","id":3,"a":1,"a":2}"#),
             (json!(3), -32600)
+        );
+        // Found by fuzz/front_line: another key repeated first, and the id said twice too.
+        // Which id was meant is ambiguous (the lenient parse would keep the last), so the
+        // answer carries null.
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","rpc":1,"id":13,"rpc":2,"id":4,"method":"ping"}"#),
+            (Value::Null, -32600)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":13,"method":"ping","p":{"id":1,"id":2}}"#),
+            (json!(13), -32600),
+            "a nested id is not the request's"
         );
         // A response or notification with a duplicate key is still dropped.
         assert!(answer(r#"{"jsonrpc":"2.0","id":4,"result":{"a":1,"a":2}}"#).is_empty());
