@@ -573,21 +573,8 @@ impl Connection {
         ));
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let gone = Arc::new(tokio::sync::Notify::new());
-        {
-            let (limit, discarded, tap, closed, gone) = (
-                limit.clone(),
-                discarded.clone(),
-                tap.clone(),
-                closed.clone(),
-                gone.clone(),
-            );
-            tokio::spawn(async move {
-                filter_messages(stdout, ours, limit, discarded, Some(tap)).await;
-                // The server closed its stdout (it exited): nothing more will be answered.
-                closed.store(true, Ordering::Release);
-                gone.notify_waiters();
-            });
-        }
+        // When the server closes its stdout (it exited), nothing more will be answered.
+        spawn_filter(stdout, ours, &limit, &discarded, &tap, &closed, &gone);
         {
             // The server exited (reaped): even if a descendant still holds its stdout open,
             // nothing more will be answered.
@@ -748,20 +735,7 @@ impl Connection {
             reason.clone(),
         )
         .map_err(|e| (e, false))?;
-        {
-            let (limit, discarded, tap, closed, gone) = (
-                limit.clone(),
-                discarded.clone(),
-                tap.clone(),
-                closed.clone(),
-                gone.clone(),
-            );
-            tokio::spawn(async move {
-                filter_messages(from_bridge, ours, limit, discarded, Some(tap)).await;
-                closed.store(true, Ordering::Release);
-                gone.notify_waiters();
-            });
-        }
+        spawn_filter(from_bridge, ours, &limit, &discarded, &tap, &closed, &gone);
         let writer = TapWriter {
             inner: to_bridge,
             tap: tap.clone(),
@@ -1313,6 +1287,32 @@ impl Connection {
 /// longer than `limit` bytes while it streams. For a discarded message whose top-level
 /// `id` could be read, an error response with [`OUTPUT_BUDGET_ERROR_CODE`] takes its
 /// place, so the waiting request fails at once instead of timing out.
+/// Runs [`filter_messages`] from `from` (a server's stdout, or the HTTP bridge's output)
+/// to `to` on its own task; when `from` ends, marks the connection `closed` and wakes
+/// whoever waits on `gone`.
+fn spawn_filter(
+    from: impl AsyncRead + Unpin + Send + 'static,
+    to: impl AsyncWrite + Unpin + Send + 'static,
+    limit: &Arc<std::sync::atomic::AtomicUsize>,
+    discarded: &Arc<AtomicU64>,
+    tap: &Arc<Tap>,
+    closed: &Arc<std::sync::atomic::AtomicBool>,
+    gone: &Arc<tokio::sync::Notify>,
+) {
+    let (limit, discarded, tap, closed, gone) = (
+        limit.clone(),
+        discarded.clone(),
+        tap.clone(),
+        closed.clone(),
+        gone.clone(),
+    );
+    tokio::spawn(async move {
+        filter_messages(from, to, limit, discarded, Some(tap)).await;
+        closed.store(true, Ordering::Release);
+        gone.notify_waiters();
+    });
+}
+
 async fn filter_messages(
     from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
