@@ -43,7 +43,7 @@ use rmcp::model::{
 };
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, BufReader};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
@@ -449,22 +449,32 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for TapWriter<W> {
             // on another thread before this write returns. A line seen twice (a retried or
             // partial write) registers the same id again, which is harmless: it cannot have
             // been answered before all of it was written.
+            // A line that began in an earlier write is joined with its start (a copy, only
+            // then); every other line is handed over in place.
             let mut start = 0;
-            let mut pending = this.partial.clone();
             for (i, &b) in buf.iter().enumerate() {
                 if b == b'\n' {
-                    pending.extend_from_slice(&buf[start..=i]);
-                    this.tap.outgoing(&pending);
-                    pending.clear();
+                    if start == 0 && !this.partial.is_empty() {
+                        let mut joined = this.partial.clone();
+                        joined.extend_from_slice(&buf[..=i]);
+                        this.tap.outgoing(&joined);
+                    } else {
+                        this.tap.outgoing(&buf[start..=i]);
+                    }
                     start = i + 1;
                 }
             }
         }
         let poll = std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
         if let std::task::Poll::Ready(Ok(n)) = &poll {
-            this.partial.extend_from_slice(&buf[..*n]);
-            if let Some(end) = this.partial.iter().rposition(|&b| b == b'\n') {
-                this.partial.drain(..=end);
+            let written = &buf[..*n];
+            match written.iter().rposition(|&b| b == b'\n') {
+                // What follows the last newline written starts the next line.
+                Some(end) => {
+                    this.partial.clear();
+                    this.partial.extend_from_slice(&written[end + 1..]);
+                }
+                None => this.partial.extend_from_slice(written),
             }
             // Requests are small; a runaway partial line is not a request we track.
             if this.partial.len() > 1 << 20 {
@@ -567,14 +577,19 @@ impl Connection {
         });
         // Armed from the start: the initialize answer is part of the first snapshot.
         tap.armed.store(true, Ordering::Release);
-        let (filtered, ours) = tokio::io::duplex(64 * 1024);
         let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
             usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
         ));
         let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let gone = Arc::new(tokio::sync::Notify::new());
         // When the server closes its stdout (it exited), nothing more will be answered.
-        spawn_filter(stdout, ours, &limit, &discarded, &tap, &closed, &gone);
+        let filtered = Filtered::new(
+            stdout,
+            &limit,
+            &discarded,
+            Some(&tap),
+            Some((&closed, &gone)),
+        );
         {
             // The server exited (reaped): even if a descendant still holds its stdout open,
             // nothing more will be answered.
@@ -719,7 +734,6 @@ impl Connection {
         // messages into `from_bridge`, which the budget filter reads like a stdout.
         let (to_bridge, bridge_in) = tokio::io::duplex(64 * 1024);
         let (bridge_out, from_bridge) = tokio::io::duplex(64 * 1024);
-        let (filtered, ours) = tokio::io::duplex(64 * 1024);
         let reason: http::CloseReason = Arc::default();
         // rmcp's own limit sits above every budget a mapping can have; the filter below
         // enforces the connection's budget.
@@ -735,7 +749,13 @@ impl Connection {
             reason.clone(),
         )
         .map_err(|e| (e, false))?;
-        spawn_filter(from_bridge, ours, &limit, &discarded, &tap, &closed, &gone);
+        let filtered = Filtered::new(
+            from_bridge,
+            &limit,
+            &discarded,
+            Some(&tap),
+            Some((&closed, &gone)),
+        );
         let writer = TapWriter {
             inner: to_bridge,
             tap: tap.clone(),
@@ -1283,36 +1303,212 @@ impl Connection {
     }
 }
 
-/// Copies newline-delimited JSON-RPC messages from `from` to `to`, discarding any message
-/// longer than `limit` bytes while it streams. For a discarded message whose top-level
-/// `id` could be read, an error response with [`OUTPUT_BUDGET_ERROR_CODE`] takes its
-/// place, so the waiting request fails at once instead of timing out.
-/// Runs [`filter_messages`] from `from` (a server's stdout, or the HTTP bridge's output)
-/// to `to` on its own task; when `from` ends, marks the connection `closed` and wakes
-/// whoever waits on `gone`.
-fn spawn_filter(
-    from: impl AsyncRead + Unpin + Send + 'static,
-    to: impl AsyncWrite + Unpin + Send + 'static,
-    limit: &Arc<std::sync::atomic::AtomicUsize>,
-    discarded: &Arc<AtomicU64>,
-    tap: &Arc<Tap>,
-    closed: &Arc<std::sync::atomic::AtomicBool>,
-    gone: &Arc<tokio::sync::Notify>,
-) {
-    let (limit, discarded, tap, closed, gone) = (
-        limit.clone(),
-        discarded.clone(),
-        tap.clone(),
-        closed.clone(),
-        gone.clone(),
-    );
-    tokio::spawn(async move {
-        filter_messages(from, to, limit, discarded, Some(tap)).await;
-        closed.store(true, Ordering::Release);
-        gone.notify_waiters();
-    });
+/// The server's messages as rmcp reads them: newline-delimited JSON-RPC from `inner` (a
+/// server's stdout, or the HTTP bridge's output), filtered in place while rmcp reads, with
+/// no task or pipe of its own.
+///
+/// - A message longer than the budget (`limit` bytes; while discovery runs,
+///   [`DISCOVERY_MESSAGE_BYTES`] at least) is discarded while it streams, never buffered
+///   whole. When its top-level `id` could be read, an error answer with
+///   [`OUTPUT_BUDGET_ERROR_CODE`] takes its place, so the waiting request fails at once.
+/// - Every message that fits is checked by the [`Tap`]; one that breaks JSON-RPC degrades
+///   the connection and ends the stream there (what came before it is still delivered).
+/// - When the stream ends (the server's end, a read error, degrading, or rmcp dropping
+///   the reader), `closed` is set and `gone` woken, once.
+struct Filtered<R> {
+    inner: R,
+    /// One read from `inner`.
+    chunk: Box<[u8]>,
+    /// The message being read (newline included once it ends).
+    line: Vec<u8>,
+    /// Set while an over-budget message is skipped: what finds its id.
+    scanner: Option<IdScanner>,
+    /// Filtered bytes not yet handed to rmcp, from `out_at`.
+    out: Vec<u8>,
+    out_at: usize,
+    /// No more input is read: what is in `out` is delivered, then the end.
+    ended: bool,
+    limit: Arc<std::sync::atomic::AtomicUsize>,
+    discarded: Arc<AtomicU64>,
+    tap: Option<Arc<Tap>>,
+    on_end: Option<(Arc<std::sync::atomic::AtomicBool>, Arc<tokio::sync::Notify>)>,
 }
 
+impl<R> Filtered<R> {
+    fn new(
+        inner: R,
+        limit: &Arc<std::sync::atomic::AtomicUsize>,
+        discarded: &Arc<AtomicU64>,
+        tap: Option<&Arc<Tap>>,
+        on_end: Option<(
+            &Arc<std::sync::atomic::AtomicBool>,
+            &Arc<tokio::sync::Notify>,
+        )>,
+    ) -> Self {
+        Self {
+            inner,
+            chunk: vec![0; 64 * 1024].into_boxed_slice(),
+            line: Vec::new(),
+            scanner: None,
+            out: Vec::new(),
+            out_at: 0,
+            ended: false,
+            limit: limit.clone(),
+            discarded: discarded.clone(),
+            tap: tap.cloned(),
+            on_end: on_end.map(|(c, g)| (c.clone(), g.clone())),
+        }
+    }
+
+    /// The stream ended: mark the connection closed and wake its waiters (once).
+    fn end(&mut self) {
+        self.ended = true;
+        if let Some((closed, gone)) = self.on_end.take() {
+            closed.store(true, Ordering::Release);
+            gone.notify_waiters();
+        }
+    }
+
+    /// Filters `data`, one read's bytes, into `out`.
+    fn process(&mut self, data: &[u8]) {
+        let mut rest = data;
+        while !rest.is_empty() && !self.ended {
+            let (piece, ends_line) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..=i], true),
+                None => (rest, false),
+            };
+            rest = &rest[piece.len()..];
+            let limit = self.limit.load(Ordering::Acquire);
+            // Discovery answers (a full tools/list page) may be larger than any tool result
+            // a mapping accepts; while discovery runs, the ceiling applies instead.
+            let limit = match &self.tap {
+                Some(tap) if tap.armed.load(Ordering::Acquire) => {
+                    limit.max(DISCOVERY_MESSAGE_BYTES)
+                }
+                _ => limit,
+            };
+            match self.scanner.as_mut() {
+                Some(scan) => scan.feed(piece),
+                None if self.line.len() + piece.len() > limit.saturating_add(1) => {
+                    let mut scan = IdScanner::default();
+                    scan.feed(&self.line);
+                    scan.feed(piece);
+                    self.line.clear();
+                    self.line.shrink_to(64 * 1024);
+                    self.scanner = Some(scan);
+                }
+                None => self.line.extend_from_slice(piece),
+            }
+            if ends_line {
+                self.end_line(limit);
+            }
+        }
+    }
+
+    /// One message ended: pass it, replace it with a budget error, or degrade.
+    fn end_line(&mut self, limit: usize) {
+        match self.scanner.take() {
+            Some(scan) => {
+                self.discarded.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    limit,
+                    "discarded an upstream message larger than the output budget"
+                );
+                let id = scan.id();
+                if let (Some(tap), Some(id)) = (&self.tap, &id)
+                    && let Err(why) = tap.answered(&id.to_string())
+                {
+                    degrade(tap, why);
+                    self.end();
+                    return;
+                }
+                if let Some(id) = id {
+                    let reply = serde_json::json!({
+                        "jsonrpc": "2.0",
+                        "id": id,
+                        "error": {
+                            "code": OUTPUT_BUDGET_ERROR_CODE,
+                            "message": format!("airlock: upstream answer exceeded the output budget of {limit} bytes and was discarded"),
+                        },
+                    });
+                    if serde_json::to_writer(&mut self.out, &reply).is_ok() {
+                        self.out.push(b'\n');
+                    }
+                }
+            }
+            None => {
+                if let Some(tap) = &self.tap
+                    && let Err(why) = tap.incoming(&self.line)
+                {
+                    degrade(tap, why);
+                    self.line.clear();
+                    self.end();
+                    return;
+                }
+                self.out.extend_from_slice(&self.line);
+            }
+        }
+        self.line.clear();
+        if self.line.capacity() > 1024 * 1024 {
+            self.line.shrink_to(64 * 1024);
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Filtered<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            if this.out_at < this.out.len() {
+                let n = (this.out.len() - this.out_at).min(buf.remaining());
+                buf.put_slice(&this.out[this.out_at..this.out_at + n]);
+                this.out_at += n;
+                if this.out_at == this.out.len() {
+                    this.out.clear();
+                    this.out_at = 0;
+                    if this.out.capacity() > 1024 * 1024 {
+                        this.out.shrink_to(64 * 1024);
+                    }
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.ended {
+                this.end();
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = std::mem::take(&mut this.chunk);
+            let mut read = tokio::io::ReadBuf::new(&mut chunk);
+            let polled = std::pin::Pin::new(&mut this.inner).poll_read(cx, &mut read);
+            let n = read.filled().len();
+            match polled {
+                Poll::Pending => {
+                    this.chunk = chunk;
+                    return Poll::Pending;
+                }
+                Poll::Ready(Ok(())) if n > 0 => this.process(&chunk[..n]),
+                // The server's end, or a read error: nothing more will be answered.
+                Poll::Ready(_) => this.end(),
+            }
+            this.chunk = chunk;
+        }
+    }
+}
+
+impl<R> Drop for Filtered<R> {
+    fn drop(&mut self) {
+        // rmcp stopped reading: nothing more will be answered either.
+        self.end();
+    }
+}
+
+/// Copies `from` to `to` through [`Filtered`] with no tap, then shuts `to` down (the
+/// filter's unit tests).
+#[cfg(test)]
 async fn filter_messages(
     from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
@@ -1320,87 +1516,9 @@ async fn filter_messages(
     discarded: Arc<AtomicU64>,
     tap: Option<Arc<Tap>>,
 ) {
-    let mut reader = BufReader::with_capacity(64 * 1024, from);
-    let mut line: Vec<u8> = Vec::new();
-    let mut scanner: Option<IdScanner> = None;
-    loop {
-        let buf = match reader.fill_buf().await {
-            Ok([]) | Err(_) => break,
-            Ok(buf) => buf,
-        };
-        let (chunk, ends_line) = match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => (&buf[..=i], true),
-            None => (buf, false),
-        };
-        let used = chunk.len();
-        let limit = limit.load(Ordering::Acquire);
-        // Discovery answers (a full tools/list page) may be larger than any tool result a
-        // mapping accepts; while discovery runs, the ceiling applies instead.
-        let limit = match &tap {
-            Some(tap) if tap.armed.load(Ordering::Acquire) => limit.max(DISCOVERY_MESSAGE_BYTES),
-            _ => limit,
-        };
-        match scanner.as_mut() {
-            Some(scan) => scan.feed(chunk),
-            None if line.len() + used > limit.saturating_add(1) => {
-                let mut scan = IdScanner::default();
-                scan.feed(&line);
-                scan.feed(chunk);
-                line.clear();
-                line.shrink_to(64 * 1024);
-                scanner = Some(scan);
-            }
-            None => line.extend_from_slice(chunk),
-        }
-        reader.consume(used);
-        if ends_line {
-            let ok = match scanner.take() {
-                Some(scan) => {
-                    discarded.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        limit,
-                        "discarded an upstream message larger than the output budget"
-                    );
-                    let id = scan.id();
-                    if let (Some(tap), Some(id)) = (&tap, &id)
-                        && let Err(why) = tap.answered(&id.to_string())
-                    {
-                        degrade(tap, why);
-                        break;
-                    }
-                    match id {
-                        Some(id) => {
-                            let reply = serde_json::json!({
-                                "jsonrpc": "2.0",
-                                "id": id,
-                                "error": {
-                                    "code": OUTPUT_BUDGET_ERROR_CODE,
-                                    "message": format!("airlock: upstream answer exceeded the output budget of {limit} bytes and was discarded"),
-                                },
-                            });
-                            let mut bytes = serde_json::to_vec(&reply).unwrap_or_default();
-                            bytes.push(b'\n');
-                            to.write_all(&bytes).await.is_ok()
-                        }
-                        None => true,
-                    }
-                }
-                None => {
-                    if let Some(tap) = &tap
-                        && let Err(why) = tap.incoming(&line)
-                    {
-                        degrade(tap, why);
-                        break;
-                    }
-                    to.write_all(&line).await.is_ok()
-                }
-            };
-            line.clear();
-            if !ok {
-                break;
-            }
-        }
-    }
+    use tokio::io::AsyncWriteExt as _;
+    let mut filtered = Filtered::new(from, &limit, &discarded, tap.as_ref(), None);
+    let _ = tokio::io::copy(&mut filtered, &mut to).await;
     let _ = to.shutdown().await;
 }
 
@@ -1449,6 +1567,68 @@ mod tests {
         tap.incoming(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed""#)
             .unwrap_err();
         assert_eq!(tap.list_changed.load(Ordering::Acquire), 4);
+    }
+
+    /// Accepts at most 7 bytes per write: every line spans several writes.
+    struct Trickle(Vec<u8>);
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = buf.len().min(7);
+            self.0.extend_from_slice(&buf[..n]);
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_tap_writer_registers_requests_split_across_writes() {
+        use tokio::io::AsyncWriteExt as _;
+        let tap = Arc::new(Tap::default());
+        let mut writer = TapWriter {
+            inner: Trickle(Vec::new()),
+            tap: tap.clone(),
+            partial: Vec::new(),
+        };
+        let lines = concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":"two","method":"ping"}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"arguments":{"q":"x\ny"}}}"#,
+            "\n",
+        );
+        // Whole, in one buffer (written 7 bytes at a time), then in uneven pieces.
+        writer.write_all(lines.as_bytes()).await.unwrap();
+        assert_eq!(writer.inner.0, lines.as_bytes(), "bytes pass unchanged");
+        for id in ["1", r#""two""#, "3"] {
+            tap.answered(id).unwrap_or_else(|e| panic!("{id}: {e}"));
+        }
+        let more = r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#.to_string() + "\n";
+        let (a, b) = more.as_bytes().split_at(10);
+        writer.write_all(a).await.unwrap();
+        assert!(tap.answered("4").is_err(), "not open before its line ends");
+        writer.write_all(b).await.unwrap();
+        tap.answered("4").unwrap();
+        assert!(tap.answered("1").is_err(), "answered once");
+        assert!(tap.answered("5").is_err(), "never sent");
     }
 
     #[test]
