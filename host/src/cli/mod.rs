@@ -1115,7 +1115,9 @@ async fn serve(
     let front = crate::front::McpFront::new(host.clone(), session);
     // The front's own transport answers every request with an id; stdin's end is passed
     // on once the calls in flight drained (see crate::shutdown).
-    let (read, write) = rmcp::transport::stdio();
+    // Non-blocking pipes on the runtime's IO driver (no blocking-pool hand-off per read or
+    // write); anything that is not a pipe falls back to tokio's blocking handles.
+    let (read, write) = crate::front::stdio::stdio_pipes();
     let input = crate::shutdown::drain_before_eof(read, host.live().clone());
     crate::shutdown::run(host.live(), async move {
         let running = front

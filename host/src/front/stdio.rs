@@ -29,8 +29,8 @@
 //! resolved; no candidate exists to refuse, and a well-formed client never produces it.
 //!
 //! Cost: one parse per line (the strict parse builds the JSON tree rmcp's typed messages
-//! are then read from); reads and writes go through tokio's stdin and stdout handles, the
-//! same hand-off rmcp's own `stdio()` makes, and no other.
+//! are then read from); reads and writes are non-blocking pipe operations on the runtime's
+//! IO driver ([`stdio_pipes`]), with no thread hand-off.
 //! The reader is cancel safe (rmcp polls `receive` inside `select!`): a partial line stays
 //! in the transport, and answers are queued in it before they are written.
 
@@ -61,15 +61,24 @@ pub const INVALID_REQUEST: i32 = -32600;
 /// JSON-RPC `Invalid params`.
 pub const INVALID_PARAMS: i32 = -32602;
 
-/// The front's transport over the process's stdin and stdout.
+/// The process's stdin and stdout as non-blocking pipes driven by the runtime's IO driver
+/// (rmcp's `stdio_pipes()`: on Linux each pipe is reopened through `/proc/self/fd` on its
+/// own open file description, so `O_NONBLOCK` never leaks to inherited handles); a stream
+/// that is not a pipe falls back to tokio's blocking-pool handles.
 ///
-/// These are tokio's blocking-pool handles, as rmcp's own `stdio()` uses. Not
-/// `stdio_pipes()` (the IO driver): its readiness is polled by the runtime workers, and
-/// while every worker runs a spinning guest (each yielding per epoch tick) a line waits
-/// for the driver's next turn — `hostile::neighbours_are_served_while_adapters_spin`
-/// measured the neighbour's answer past its bound that way.
-pub fn transport() -> StdioFront<tokio::io::Stdin, tokio::io::Stdout> {
-    let (read, write) = rmcp::transport::stdio();
+/// This keeps every read and write off tokio's blocking pool (one thread hand-off each way
+/// per message). It relies on the runtime polling its IO driver while guests run: a guest
+/// yields at each epoch tick through `tokio::task::yield_now`, which lets the worker poll
+/// the driver before it resumes the guest (see [`crate::runtime`]), so a line from the
+/// client is read while every worker runs a spinning adapter
+/// (`hostile::neighbours_are_served_while_adapters_spin`).
+pub fn stdio_pipes() -> (rmcp::transport::StdioReader, rmcp::transport::StdioWriter) {
+    rmcp::transport::stdio_pipes()
+}
+
+/// The front's transport over the process's stdin and stdout ([`stdio_pipes`]).
+pub fn transport() -> StdioFront<rmcp::transport::StdioReader, rmcp::transport::StdioWriter> {
+    let (read, write) = stdio_pipes();
     StdioFront::new(read, write)
 }
 

@@ -30,6 +30,11 @@ impl Executed {
         &self.ready
     }
 
+    /// Where the adapter call's time went.
+    pub fn timings(&self) -> crate::runtime::CallTimings {
+        self.result.timings
+    }
+
     pub(super) fn into_parts(self) -> (Ready, CallOutcome, Option<Arc<Attempt>>) {
         (self.ready, self.result, self.attempt)
     }

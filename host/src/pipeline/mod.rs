@@ -98,7 +98,7 @@ impl Call {
             session,
             started: now,
             last: now,
-            stages: Vec::with_capacity(8),
+            stages: Vec::with_capacity(12),
             events: Vec::with_capacity(8),
             observations: Vec::new(),
             durable_intent: None,
@@ -121,6 +121,12 @@ impl Call {
     /// Takes the queued events (to commit them with a store write of a stage).
     pub(crate) fn take_events(&mut self) -> Vec<NewEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Records `took` as part `name` of the stage just ended (a `stage.part` name); the
+    /// stages' clock does not move.
+    pub(crate) fn detail(&mut self, name: &'static str, took: std::time::Duration) {
+        self.stages.push((name, took.as_micros() as u64));
     }
 
     /// Marks the end of stage `name`.
@@ -280,6 +286,10 @@ async fn stages(
         let cancel = call.cancel.clone();
         let executed = execute::execute(host, call, ready, cancel).await;
         call.stage("execute");
+        let t = executed.timings();
+        call.detail("execute.instantiate", t.instantiate);
+        call.detail("execute.upstream", t.upstream);
+        call.detail("execute.guest", t.run.saturating_sub(t.upstream));
         let outcome = outcome::outcome(call, executed);
         call.stage("outcome");
         if let (Outcome::Refused { category, .. }, Some(intent)) = (&outcome, &call.durable_intent)

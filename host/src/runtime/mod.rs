@@ -63,6 +63,11 @@ mod bindings {
 
 use bindings::airlock::host::{log, upstream};
 
+/// Bytes of each pooled linear memory kept resident between calls (see
+/// `PoolingAllocationConfig::linear_memory_keep_resident`): enough for a Rust guest's
+/// stack (1 MiB by default, at the bottom of memory), its data and a first heap.
+pub const KEEP_RESIDENT_BYTES: usize = 4 << 20;
+
 /// Length of one epoch tick. Deadlines are rounded up to whole ticks.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Most adapter log messages kept per call.
@@ -148,7 +153,13 @@ impl Runtime {
             .max_memory_size(
                 usize::try_from(crate::registry::manifest::MAX_MEMORY_MIB << 20)
                     .unwrap_or(usize::MAX),
-            );
+            )
+            // A slot's first pages stay mapped between calls and are zeroed in place
+            // (wasmtime resets only the dirty ones where the kernel can tell), instead of
+            // madvise(DONTNEED) and a page fault per touched page at the next call. The
+            // reset happens when the Store drops, on the reaper thread (see `reap`).
+            .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+            .table_keep_resident(64 * 1024);
         pooled.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         let attempt = match allocator {
             Allocator::Pooling => Engine::new(&pooled),
@@ -629,6 +640,47 @@ pub struct CallOutcome {
     /// The adapter's captured stdout and stderr (bounded).
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// Where the call's time went.
+    pub timings: CallTimings,
+}
+
+/// Where one adapter call's time went (wall clock; zero for a part that never ran). The
+/// pipeline records them in the call's trace event (`stages_us`: `execute.instantiate`,
+/// `execute.upstream`, `execute.guest`); measuring costs two clock reads per part.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CallTimings {
+    /// A fresh Store and the instance from the `InstancePre`.
+    pub instantiate: Duration,
+    /// Waiting for upstream answers (every `call-tool` and `read-resource` import).
+    pub upstream: Duration,
+    /// From the instance's start to its return, upstream waits included.
+    pub run: Duration,
+}
+
+/// Drops a call's Store on the `airlock-reaper` thread, off the response path: the
+/// instance's teardown (returning its pooled memory, tables and stack, dropping the WASI
+/// context) then costs the caller one channel send. Where the thread cannot be started,
+/// the Store is dropped here.
+fn reap(store: Store<CallState>) {
+    static REAPER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Store<CallState>>>> =
+        std::sync::OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (send, receive) = std::sync::mpsc::channel::<Store<CallState>>();
+        std::thread::Builder::new()
+            .name("airlock-reaper".into())
+            .spawn(move || receive.into_iter().for_each(drop))
+            .map_err(|e| tracing::warn!("no reaper thread ({e}): Stores are dropped in line"))
+            .ok()
+            .map(|_| send)
+    });
+    match reaper {
+        Some(send) => {
+            if let Err(unsent) = send.send(store) {
+                drop(unsent.0);
+            }
+        }
+        None => drop(store),
+    }
 }
 
 impl LoadedAdapter {
@@ -696,6 +748,7 @@ impl LoadedAdapter {
                 logs: Vec::new(),
                 requests_left: self.limits.max_upstream_requests,
                 context,
+                upstream_wait: Duration::ZERO,
             },
         };
         let mut store = Store::new(self.pre.engine(), state);
@@ -710,7 +763,11 @@ impl LoadedAdapter {
             Ok(if cancelled || Instant::now() >= until {
                 wasmtime::UpdateDeadline::Interrupt
             } else {
-                wasmtime::UpdateDeadline::Yield(1)
+                // tokio's `yield_now` (not wasmtime's plain `Yield`, a self-wake that tokio
+                // runs again from its LIFO slot at once): the worker polls its IO driver and
+                // other tasks before it resumes the guest, so stdin and sockets are read
+                // while every worker runs a spinning adapter.
+                wasmtime::UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
             })
         });
         store
@@ -781,16 +838,19 @@ impl LoadedAdapter {
             logs: Vec::new(),
             stdout: Vec::new(),
             stderr: Vec::new(),
+            timings: CallTimings::default(),
         };
         let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
             return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
         };
         let network = self.network_policy().await;
         let store_cancel = context.cancel.clone();
+        let started = Instant::now();
         let (mut store, stdout, stderr) = match self.new_store(grant, network, context) {
             Ok(parts) => parts,
             Err(failure) => return failed(failure),
         };
+        let mut timings = CallTimings::default();
         let run = async {
             let index = self
                 .functions
@@ -803,6 +863,8 @@ impl LoadedAdapter {
                 .instantiate_async(&mut store)
                 .await
                 .map_err(|e| self.classify(e, deadline))?;
+            let instantiated = Instant::now();
+            timings.instantiate = instantiated - started;
             let func = instance.get_func(&mut store, index).ok_or_else(|| {
                 CallFailure::Host(format!("export `{function}` is not a function"))
             })?;
@@ -810,6 +872,7 @@ impl LoadedAdapter {
             func.call_async(&mut store, params, &mut results)
                 .await
                 .map_err(|e| self.classify(e, deadline))?;
+            timings.run = instantiated.elapsed();
             let result = results.pop().unwrap_or(Val::Bool(false));
             if val_size(&result) > self.limits.max_result_bytes {
                 return Err(CallFailure::ResultTooLarge(self.limits.max_result_bytes));
@@ -848,7 +911,10 @@ impl LoadedAdapter {
         let observations = std::mem::take(&mut store.data_mut().bridge.observations);
         let refused = std::mem::take(&mut store.data_mut().bridge.refused);
         let logs = std::mem::take(&mut store.data_mut().bridge.logs);
-        drop(store);
+        timings.upstream = store.data().bridge.upstream_wait;
+        // Tearing the instance down (its pooled memory reset, the Store's tables) is
+        // nobody's wait: it happens on the reaper thread.
+        reap(store);
         CallOutcome {
             result,
             observations,
@@ -856,6 +922,7 @@ impl LoadedAdapter {
             logs,
             stdout: stdout.contents().to_vec(),
             stderr: stderr.contents().to_vec(),
+            timings,
         }
     }
 }
@@ -1079,6 +1146,8 @@ struct UpstreamBridge {
     changes_at_start: u64,
     /// The call this instance serves.
     context: CallContext,
+    /// Time spent waiting for upstream answers.
+    upstream_wait: Duration,
 }
 
 impl UpstreamBridge {
@@ -1334,10 +1403,12 @@ impl upstream::Host for CallState {
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
         bridge.sending("tools/call", &name)?;
+        let asked = Instant::now();
         let answer = bridge
             .connection
             .call_tool(&name, arguments, timeout, bridge.context.cancel.as_ref())
             .await;
+        bridge.upstream_wait += asked.elapsed();
         let (result, request_id) = bridge.finished("tools/call", &name, answer)?;
         bridge.observe("tools/call", &name, arguments_sha256, request_id, &result)?;
         Ok(tool_output(&result))
@@ -1357,10 +1428,12 @@ impl upstream::Host for CallState {
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
         bridge.sending("resources/read", &uri)?;
+        let asked = Instant::now();
         let answer = bridge
             .connection
             .read_resource(&uri, timeout, bridge.context.cancel.as_ref())
             .await;
+        bridge.upstream_wait += asked.elapsed();
         let (result, request_id) = bridge.finished("resources/read", &uri, answer)?;
         bridge.observe("resources/read", &uri, None, request_id, &result)?;
         let contents = result["contents"].as_array().cloned().unwrap_or_default();
