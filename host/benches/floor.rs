@@ -1,0 +1,664 @@
+//! The hot path's floor (`cargo bench -p airlock --bench floor`): `tools/call` through
+//! Airlock against everything a gateway could be compared with, in one run, interleaved.
+//!
+//! Paths, each a child process driven by a client in this process, all reading the same
+//! note (`tcp-keepalive`, ~2 KiB) from the same notes fixture server binary:
+//!
+//! | path | what sits between the client and the notes server |
+//! |---|---|
+//! | direct | nothing: an rmcp client over the server's stdio (`read_note`) |
+//! | bare relay | a process copying bytes both ways (this binary, `--relay bare`) |
+//! | parsing relay | a process parsing every line with serde_json and writing it again (`--relay parse`) |
+//! | airlock stdio | `airlock serve`: policy, pins, the `source-library` component, trace (`retrieve_source`) |
+//! | airlock http | `airlock serve --http`, one keep-alive HTTP/1.1 connection, stateless 2026-07-28 POSTs |
+//!
+//! Latency: `AIRLOCK_BENCH_ROUNDS` (default 4) interleaved rounds of `AIRLOCK_BENCH_ITERS / rounds`
+//! sequential calls per path (default 4000 samples per path in all), after a warm-up; p50,
+//! p99, mean per path, the added cost of each path against each of the others, and p50 per
+//! round. Throughput: 1 and 8 concurrent callers (on one session; over HTTP, one
+//! connection per caller), `AIRLOCK_BENCH_CALLS` calls per measurement (default 4000),
+//! two interleaved rounds, calls/s and the ratio to direct; every call must succeed, and
+//! the RSS of each airlock process is shown before and after. The load average is printed
+//! at the start and the end. Per-stage timings come from the trace itself: each
+//! `call-outcome` event carries `stages_us` and `elapsed_us`, read back from the state
+//! database after the run (p50 per stage).
+
+use std::io::{BufRead as _, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rmcp::ServiceExt as _;
+use rmcp::model::{CallToolRequestParams, JsonObject};
+use rmcp::service::{Peer, RoleClient, RunningService};
+use serde_json::{Value, json};
+
+mod common;
+use common::{Stats, stats, us};
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--relay") {
+        relay(&argv[2], &argv[3..]);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench());
+}
+
+// ---------------------------------------------------------------------------------------
+// The relays (this binary, re-executed).
+
+/// Runs `command` with piped stdio and relays this process's stdin to it and its stdout
+/// back, either byte for byte (`bare`) or parsing and re-serializing every line (`parse`).
+/// One OS thread per direction, blocking reads, unbuffered writes.
+fn relay(mode: &str, command: &[String]) -> ! {
+    use std::os::fd::AsFd as _;
+    let parse = match mode {
+        "bare" => false,
+        "parse" => true,
+        other => panic!("unknown relay mode {other}"),
+    };
+    let mut child = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("relay: start the server");
+    let to_child = child.stdin.take().unwrap();
+    let from_child = child.stdout.take().unwrap();
+    let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
+    let stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().unwrap());
+    std::thread::spawn(move || pump(stdin, to_child, parse));
+    pump(from_child, stdout, parse);
+    let _ = child.kill();
+    std::process::exit(0);
+}
+
+fn pump(from: impl Read, mut to: impl Write, parse: bool) {
+    if !parse {
+        let mut from = from;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let mut from = std::io::BufReader::with_capacity(64 * 1024, from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let Ok(value) = serde_json::from_slice::<Value>(&line) else {
+            continue;
+        };
+        let mut out = serde_json::to_vec(&value).unwrap();
+        out.push(b'\n');
+        if to.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Clients.
+
+fn args(v: Value) -> JsonObject {
+    match v {
+        Value::Object(o) => o,
+        _ => JsonObject::new(),
+    }
+}
+
+fn airlock_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
+}
+
+/// A path driven over stdio by an rmcp client: its process and what to call.
+struct StdioPath {
+    name: &'static str,
+    child: tokio::process::Child,
+    client: RunningService<RoleClient, ()>,
+    tool: &'static str,
+    arguments: JsonObject,
+}
+
+async fn start_stdio(
+    name: &'static str,
+    mut cmd: tokio::process::Command,
+    tool: &'static str,
+) -> StdioPath {
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let (stdout, stdin) = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve((stdout, stdin)).await.unwrap();
+    StdioPath {
+        name,
+        child,
+        client,
+        tool,
+        arguments: args(json!({"id": "tcp-keepalive"})),
+    }
+}
+
+async fn call_stdio(peer: &Peer<RoleClient>, tool: &str, arguments: &JsonObject) {
+    let mut params = CallToolRequestParams::new(tool.to_string());
+    params.arguments = Some(arguments.clone());
+    let result = peer.call_tool(params).await.expect("tools/call");
+    assert_ne!(result.is_error, Some(true), "{tool} failed: {result:?}");
+}
+
+/// One keep-alive HTTP/1.1 connection to `airlock serve --http`, posting stateless
+/// (2026-07-28) requests to `/mcp` as a Streamable HTTP client does.
+struct HttpCaller {
+    send: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    authority: String,
+    next_id: u64,
+}
+
+impl HttpCaller {
+    async fn connect(authority: &str) -> Self {
+        let stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        Self {
+            send,
+            authority: authority.to_string(),
+            next_id: 1,
+        }
+    }
+
+    /// `tools/call` of `tool`; the result's JSON (plain JSON or the SSE event that carries
+    /// it). Panics on anything but a 200 with a result that is not an error.
+    async fn call(&mut self, tool: &str, arguments: &JsonObject) -> Value {
+        use http_body_util::BodyExt as _;
+        self.next_id += 1;
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": self.next_id,
+            "method": "tools/call",
+            "params": {
+                "name": tool,
+                "arguments": arguments,
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                },
+            },
+        });
+        let request = http::Request::post("/mcp")
+            .header(http::header::HOST, &self.authority)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", tool)
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                serde_json::to_vec(&body).unwrap(),
+            )))
+            .unwrap();
+        self.send.ready().await.unwrap();
+        let response = self.send.send_request(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(status, 200, "{text}");
+        let message: Value = serde_json::from_str(text).unwrap_or_else(|_| {
+            text.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                .find(|v| v.get("result").is_some() || v.get("error").is_some())
+                .unwrap_or_else(|| panic!("no JSON-RPC answer in {text}"))
+        });
+        let result = &message["result"];
+        assert!(
+            result.is_object() && result["isError"] != true,
+            "{tool} failed: {message}"
+        );
+        result.clone()
+    }
+}
+
+/// Starts `airlock serve --http 127.0.0.1:0` on `config`; the child and its `host:port`.
+async fn serve_http(
+    config: &Path,
+    state_dir: &Path,
+    cache_dir: &Path,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(airlock_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--http", "127.0.0.1:0"])
+        .env("AIRLOCK_STATE_DIR", state_dir)
+        .env("AIRLOCK_CACHE_DIR", cache_dir)
+        .env("AIRLOCK_LOG", log_filter())
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("airlock serve --http exited before serving");
+        if let Some(url) = line.strip_prefix("airlock: serving MCP over HTTP at http://") {
+            break url.trim_end_matches("/mcp").to_string();
+        }
+        eprintln!("{line}");
+    };
+    // Keep draining its log so the child never blocks on a full pipe.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+        }
+    });
+    (child, addr)
+}
+
+fn log_filter() -> String {
+    std::env::var("AIRLOCK_BENCH_LOG").unwrap_or_else(|_| "warn".into())
+}
+
+// ---------------------------------------------------------------------------------------
+// Measurement.
+
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn rss_kib(pid: Option<u32>) -> u64 {
+    let Some(pid) = pid else { return 0 };
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What a measurement drives: an stdio path's peer, or the HTTP callers.
+enum Target<'a> {
+    Stdio(&'a StdioPath),
+    Http {
+        callers: &'a mut Vec<HttpCaller>,
+        arguments: &'a JsonObject,
+    },
+}
+
+/// `n` sequential calls after `warmup` unmeasured ones.
+async fn latency(target: &mut Target<'_>, warmup: usize, n: usize) -> Vec<Duration> {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..warmup + n {
+        let start = Instant::now();
+        match target {
+            Target::Stdio(p) => call_stdio(p.client.peer(), p.tool, &p.arguments).await,
+            Target::Http { callers, arguments } => {
+                callers[0].call("retrieve_source", arguments).await;
+            }
+        }
+        if i >= warmup {
+            samples.push(start.elapsed());
+        }
+    }
+    samples
+}
+
+/// `total` calls spread over `callers` concurrent callers; calls per second.
+async fn throughput(target: &mut Target<'_>, callers: usize, total: usize) -> f64 {
+    let each = total / callers;
+    let start = Instant::now();
+    match target {
+        Target::Stdio(p) => {
+            let mut tasks = Vec::new();
+            for _ in 0..callers {
+                let (peer, tool, arguments) =
+                    (p.client.peer().clone(), p.tool, p.arguments.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..each {
+                        call_stdio(&peer, tool, &arguments).await;
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("a caller failed");
+            }
+        }
+        Target::Http {
+            callers: pool,
+            arguments,
+        } => {
+            let mut tasks = Vec::new();
+            for mut caller in pool.drain(..callers) {
+                let arguments = (*arguments).clone();
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..each {
+                        caller.call("retrieve_source", &arguments).await;
+                    }
+                    caller
+                }));
+            }
+            for t in tasks {
+                pool.push(t.await.expect("a caller failed"));
+            }
+        }
+    }
+    (each * callers) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn print_row(name: &str, s: &Stats, direct: &Stats) {
+    println!(
+        "| {name:<34} | {:>8.1} | {:>8.1} | {:>8.1} | {:>+9.1} | {:>+9.1} | ×{:.2} |",
+        us(s.p50),
+        us(s.p99),
+        us(s.mean),
+        us(s.p50) - us(direct.p50),
+        us(s.p99) - us(direct.p99),
+        us(s.p50) / us(direct.p50),
+    );
+}
+
+/// p50 of each stage in the `call-outcome` events of `state_dir`'s trace, and of the whole
+/// call (`elapsed_us`), for completed calls.
+fn stage_p50s(state_dir: &Path) -> Vec<(String, u64, usize)> {
+    let db = rusqlite::Connection::open(state_dir.join("airlock.db")).unwrap();
+    let mut stmt = db
+        .prepare("SELECT payload FROM trace_events WHERE kind = 'call-outcome'")
+        .unwrap();
+    let mut stages: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    let rows = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .filter_map(Result::ok);
+    for payload in rows {
+        let Ok(v) = serde_json::from_str::<Value>(&payload) else {
+            continue;
+        };
+        if v["outcome"] != "completed" {
+            continue;
+        }
+        if let Some(s) = v["stages_us"].as_object() {
+            for (k, t) in s {
+                stages
+                    .entry(k.clone())
+                    .or_default()
+                    .push(t.as_u64().unwrap_or(0));
+            }
+        }
+        if let Some(t) = v["elapsed_us"].as_u64() {
+            stages.entry("(whole pipeline)".into()).or_default().push(t);
+        }
+    }
+    stages
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_unstable();
+            (k, v[v.len() / 2], v.len())
+        })
+        .collect()
+}
+
+async fn bench() {
+    let iters = env_count("AIRLOCK_BENCH_ITERS", 4000);
+    let rounds = env_count("AIRLOCK_BENCH_ROUNDS", 4);
+    let calls = env_count("AIRLOCK_BENCH_CALLS", 4000);
+    let per_round = (iters / rounds).max(1);
+    let warmup = (per_round / 10).max(20);
+    println!(
+        "airlock floor benchmark ({} build, {} samples per path in {rounds} interleaved rounds)",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        per_round * rounds
+    );
+    println!("load average at start: {}", load_average());
+
+    let bundle = Path::new(airlock::ADAPTER_BUNDLE).join("source-library");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\n[[mapping]]\nmanifest = {:?}\n",
+            bundle.join("mapping.toml").display().to_string()
+        ),
+    )
+    .unwrap();
+    // Each airlock process gets its own store (so the trace read back is its own), reviewed
+    // first: an unreviewed mapping is loaded but not offered.
+    let stdio_state = dir.path().join("state-stdio");
+    let http_state = dir.path().join("state-http");
+    let config_arg = config.to_str().unwrap();
+    for state in [&stdio_state, &http_state] {
+        for args in [
+            &["discover", "notes", "--config", config_arg][..],
+            &[
+                "review",
+                "approve",
+                "source-library",
+                "--config",
+                config_arg,
+                "--reviewer",
+                "bench",
+            ],
+        ] {
+            let out = std::process::Command::new(airlock_bin())
+                .env("AIRLOCK_STATE_DIR", state)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "airlock {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let cache_dir = dir.path().join("compiled");
+
+    let notes = |cmd: &mut tokio::process::Command| {
+        cmd.args(["fixture", "notes-server"]).env_clear();
+    };
+    let mut cmd = tokio::process::Command::new(airlock_bin());
+    notes(&mut cmd);
+    let direct = start_stdio("direct rmcp → notes server", cmd, "read_note").await;
+    let me = std::env::current_exe().unwrap();
+    let mut relays = Vec::new();
+    for (name, mode) in [
+        ("+ bare relay process", "bare"),
+        ("+ parsing relay process (serde_json)", "parse"),
+    ] {
+        let mut cmd = tokio::process::Command::new(&me);
+        cmd.args(["--relay", mode])
+            .arg(airlock_bin())
+            .args(["fixture", "notes-server"])
+            .env_clear();
+        relays.push(start_stdio(name, cmd, "read_note").await);
+    }
+    let mut cmd = tokio::process::Command::new(airlock_bin());
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env("AIRLOCK_STATE_DIR", &stdio_state)
+        .env("AIRLOCK_CACHE_DIR", &cache_dir)
+        .env("AIRLOCK_LOG", log_filter());
+    let mut gateway = start_stdio("airlock serve (stdio)", cmd, "retrieve_source").await;
+    let mut params = CallToolRequestParams::new("search_sources");
+    params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));
+    let hits = gateway.client.peer().call_tool(params).await.unwrap();
+    let reference = hits.structured_content.unwrap()["result"][0]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    gateway.arguments = args(json!({"reference": reference}));
+    // The HTTP front: its own process and session, so its own reference.
+    let (http_child, http_addr) = serve_http(&config, &http_state, &cache_dir).await;
+    let mut http_callers = Vec::new();
+    for _ in 0..8 {
+        http_callers.push(HttpCaller::connect(&http_addr).await);
+    }
+    let hits = http_callers[0]
+        .call(
+            "search_sources",
+            &args(json!({"query": "keepalive", "limit": 1})),
+        )
+        .await;
+    let http_arguments = args(json!({
+        "reference": hits["structuredContent"]["result"][0]["reference"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no reference in {hits}"))
+    }));
+
+    // Latency: interleaved rounds, pooled.
+    let names = [
+        direct.name,
+        relays[0].name,
+        relays[1].name,
+        gateway.name,
+        "airlock serve --http (keep-alive)",
+    ];
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    let mut round_p50: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    for _ in 0..rounds {
+        for (i, sink) in samples.iter_mut().enumerate() {
+            let mut target = match i {
+                0 => Target::Stdio(&direct),
+                1 | 2 => Target::Stdio(&relays[i - 1]),
+                3 => Target::Stdio(&gateway),
+                _ => Target::Http {
+                    callers: &mut http_callers,
+                    arguments: &http_arguments,
+                },
+            };
+            let s = latency(&mut target, warmup, per_round).await;
+            round_p50[i].push(us(stats(s.clone()).p50));
+            sink.extend(s);
+        }
+    }
+    let all: Vec<Stats> = samples.into_iter().map(stats).collect();
+    println!("\n## tools/call latency (µs; added = against direct)\n");
+    println!(
+        "| {:<34} | {:>8} | {:>8} | {:>8} | {:>9} | {:>9} | ratio |",
+        "path", "p50", "p99", "mean", "added p50", "added p99"
+    );
+    println!(
+        "|{:-<36}|{:->10}|{:->10}|{:->10}|{:->11}|{:->11}|-------|",
+        "", "", "", "", "", ""
+    );
+    for (name, s) in names.iter().zip(&all) {
+        print_row(name, s, &all[0]);
+    }
+    println!("\np50 per interleaved round (µs):");
+    for (name, p) in names.iter().zip(&round_p50) {
+        let p: Vec<String> = p.iter().map(|v| format!("{v:.0}")).collect();
+        println!("  {name:<36} {}", p.join(", "));
+    }
+    println!("\nadded p50 / p99 of each path against each cheaper one (µs):");
+    for (i, a) in all.iter().enumerate().skip(1) {
+        let against: Vec<String> = all[..i]
+            .iter()
+            .zip(&names)
+            .map(|(b, n)| {
+                format!(
+                    "vs {n}: {:+.0} / {:+.0}",
+                    us(a.p50) - us(b.p50),
+                    us(a.p99) - us(b.p99)
+                )
+            })
+            .collect();
+        println!("  {}\n    {}", names[i], against.join("\n    "));
+    }
+
+    // Throughput at 1 and 8 concurrent callers.
+    let pids = [gateway.child.id(), http_child.id()];
+    let rss_before = pids.map(rss_kib);
+    println!("\n## throughput (calls/s, {calls} calls per measurement, 2 interleaved rounds)\n");
+    for callers in [1usize, 8] {
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+        for _ in 0..2 {
+            for (i, rate) in rates.iter_mut().enumerate() {
+                let mut target = match i {
+                    0 => Target::Stdio(&direct),
+                    1 | 2 => Target::Stdio(&relays[i - 1]),
+                    3 => Target::Stdio(&gateway),
+                    _ => Target::Http {
+                        callers: &mut http_callers,
+                        arguments: &http_arguments,
+                    },
+                };
+                rate.push(throughput(&mut target, callers, calls).await);
+            }
+        }
+        println!("{callers} concurrent caller(s):");
+        let direct_rate = rates[0].iter().sum::<f64>() / rates[0].len() as f64;
+        for (name, r) in names.iter().zip(&rates) {
+            let mean = r.iter().sum::<f64>() / r.len() as f64;
+            let per: Vec<String> = r.iter().map(|v| format!("{v:.0}")).collect();
+            println!(
+                "  {name:<36} {mean:>8.0} calls/s  ×{:.2} of direct  (rounds: {})",
+                mean / direct_rate,
+                per.join(", ")
+            );
+        }
+    }
+    let rss_after = pids.map(rss_kib);
+    println!(
+        "RSS of airlock serve (stdio) {} → {} KiB; airlock serve --http {} → {} KiB",
+        rss_before[0], rss_after[0], rss_before[1], rss_after[1]
+    );
+
+    // Per-stage timings of the stdio gateway's calls, from its trace.
+    drop(http_callers);
+    for p in [direct, gateway] {
+        p.client.cancel().await.ok();
+    }
+    for p in relays {
+        p.client.cancel().await.ok();
+    }
+    drop(http_child);
+    // Let the gateway finish its shutdown (the trace is committed per call anyway).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    println!("\n## pipeline stages inside airlock serve (stdio), from its trace (p50, µs)\n");
+    for (stage, p50, n) in stage_p50s(&stdio_state) {
+        println!("  {stage:<24} {p50:>6}   (n={n})");
+    }
+    println!("\nload average at end: {}", load_average());
+}
