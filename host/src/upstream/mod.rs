@@ -38,10 +38,12 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use rmcp::ServiceExt as _;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ErrorCode,
-    JsonObject, ReadResourceRequest, ReadResourceRequestParams, ServerResult,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientRequest, ErrorCode, JsonObject, ReadResourceRequest, ReadResourceRequestParams,
+    ReadResourceResult, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
+use serde::Deserialize as _;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, BufReader};
 use tokio::process::Command;
@@ -262,6 +264,26 @@ struct Tap {
     /// Set once, when the server broke the protocol: what it sent (the host's words).
     degraded: std::sync::OnceLock<String>,
     degraded_now: tokio::sync::Notify,
+    /// Answers to `tools/call` and `resources/read`, kept as JSON (see [`RawAnswers`]).
+    raw: std::sync::Mutex<RawAnswers>,
+}
+
+/// The hot path's answers, parsed once.
+///
+/// Rule: the answer to a `tools/call` or `resources/read` this client sent is parsed once,
+/// into JSON, by the reader ([`Filtered`]); rmcp is handed a stub answer (`"result": {}`)
+/// with the same id, so it still settles the request (its waiter, timeout and
+/// cancellation) without its typed parse of the whole result, and the request's caller
+/// takes the JSON from here ([`Connection::call_tool`] checks it against the MCP result
+/// type by reference). An id is `wanted` from the moment its request is written until
+/// its caller stops waiting; an answer to an id no longer wanted passes to rmcp
+/// unchanged (which drops it). At most [`MAX_OPEN_REQUESTS`] of each are kept.
+#[derive(Default)]
+struct RawAnswers {
+    /// Ids (JSON text) of the requests whose answers are kept.
+    wanted: std::collections::HashSet<String>,
+    /// Kept answers (the `result` member) by id.
+    kept: std::collections::HashMap<String, Value>,
 }
 
 /// The ids (as JSON text) of requests sent and not yet answered. Past
@@ -310,6 +332,13 @@ impl Tap {
         {
             Self::lock(&self.pending).insert(id.clone(), m);
         }
+        if matches!(method, "tools/call" | "resources/read") {
+            let mut raw = Self::lock(&self.raw);
+            if raw.wanted.len() >= MAX_OPEN_REQUESTS {
+                raw.wanted.clear();
+            }
+            raw.wanted.insert(id.clone());
+        }
         let mut open = Self::lock(&self.open);
         if open.ids.len() >= MAX_OPEN_REQUESTS {
             open.ids.clear();
@@ -346,11 +375,14 @@ impl Tap {
 
     /// An incoming line (server → client) that fits the budget. An error says how the
     /// line breaks JSON-RPC (the host's words; nothing of the line itself).
-    fn incoming(&self, line: &[u8]) -> Result<(), String> {
+    ///
+    /// `Ok(Some(id))`: the line is a `result` answer to a request whose answer is kept raw
+    /// ([`RawAnswers`]); `id` is its id as JSON text.
+    fn incoming(&self, line: &[u8]) -> Result<Option<String>, String> {
         let watching = self.armed.load(Ordering::Acquire);
         let body = line.trim_ascii();
         if body.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         // Decode the envelope of EVERY message the way rmcp will (JSON escapes and any
         // size included): a byte search for `list_changed` misses `list\u005fchanged` and
@@ -382,14 +414,18 @@ impl Tap {
                     self.list_changed.fetch_add(1, Ordering::AcqRel);
                     self.changed.notify_waiters();
                 }
-                return Ok(());
+                return Ok(None);
             }
-            (Some(_), Some(id)) if id.is_string() || id.is_number() => return Ok(()),
+            (Some(_), Some(id)) if id.is_string() || id.is_number() => return Ok(None),
             (Some(_), Some(_)) => {
                 return Err("a request whose id is neither a string nor a number".into());
             }
             (None, Some(id)) if head.result.is_some() != head.error.is_some() => {
-                self.answered(&id.to_string())?;
+                let id = id.to_string();
+                self.answered(&id)?;
+                if head.result.is_some() && Self::lock(&self.raw).wanted.contains(&id) {
+                    return Ok(Some(id));
+                }
             }
             (None, Some(_)) => {
                 return Err("an answer with neither or both of `result` and `error`".into());
@@ -402,23 +438,55 @@ impl Tap {
             }
         }
         if !watching {
-            return Ok(());
+            return Ok(None);
         }
         let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(id) = msg.get("id").map(Value::to_string) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(method) = Self::lock(&self.pending).remove(&id) else {
-            return Ok(());
+            return Ok(None);
         };
         let result = msg
             .get_mut("result")
             .map(Value::take)
             .unwrap_or(Value::Null);
         Self::lock(&self.captured).push((method, result));
-        Ok(())
+        Ok(None)
+    }
+
+    /// Keeps the `result` of `line` (an answer with id `id`, JSON text) if its request
+    /// still wants it; returns the stub rmcp is handed instead, or `None` to hand it the
+    /// line itself.
+    fn keep_raw(&self, id: &str, line: &[u8]) -> Option<Vec<u8>> {
+        let mut raw = Self::lock(&self.raw);
+        if !raw.wanted.remove(id) {
+            return None;
+        }
+        let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(line.trim_ascii())
+        else {
+            return None;
+        };
+        let result = message.remove("result")?;
+        if raw.kept.len() >= MAX_OPEN_REQUESTS {
+            raw.kept.clear();
+        }
+        raw.kept.insert(id.to_string(), result);
+        let mut stub = Vec::with_capacity(48 + id.len());
+        stub.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+        stub.extend_from_slice(id.as_bytes());
+        stub.extend_from_slice(b",\"result\":{}}\n");
+        Some(stub)
+    }
+
+    /// Takes the kept answer to the request with id `id` (JSON text); either way its
+    /// answer is no longer wanted.
+    fn take_raw(&self, id: &str) -> Option<Value> {
+        let mut raw = Self::lock(&self.raw);
+        raw.wanted.remove(id);
+        raw.kept.remove(id)
     }
 
     /// Takes the raw answer captured for `method` (the most recent one).
@@ -1171,11 +1239,22 @@ impl Connection {
         params.arguments = Some(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         match self.request(request, timeout, cancel).await? {
-            (ServerResult::CallToolResult(result), id) => match serde_json::to_value(result) {
-                Ok(v) => Ok((v, id)),
-                Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
+            (_, Some(raw), id) => match CallToolResult::deserialize(&raw) {
+                Ok(_) => Ok((raw, id)),
+                Err(e) => Err((
+                    UpstreamFailure::Protocol(format!(
+                        "the server's answer to tools/call is not a CallToolResult: {e}"
+                    )),
+                    Some(id),
+                )),
             },
-            (_, id) => Err((
+            (ServerResult::CallToolResult(result), None, id) => {
+                match serde_json::to_value(result) {
+                    Ok(v) => Ok((v, id)),
+                    Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
+                }
+            }
+            (_, None, id) => Err((
                 UpstreamFailure::Protocol(
                     "the server answered tools/call with another kind of result".into(),
                 ),
@@ -1199,11 +1278,22 @@ impl Connection {
                 .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
         let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(params));
         match self.request(request, timeout, cancel).await? {
-            (ServerResult::ReadResourceResult(result), id) => match serde_json::to_value(result) {
-                Ok(v) => Ok((v, id)),
-                Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
+            (_, Some(raw), id) => match ReadResourceResult::deserialize(&raw) {
+                Ok(_) => Ok((raw, id)),
+                Err(e) => Err((
+                    UpstreamFailure::Protocol(format!(
+                        "the server's answer to resources/read is not a ReadResourceResult: {e}"
+                    )),
+                    Some(id),
+                )),
             },
-            (_, id) => Err((
+            (ServerResult::ReadResourceResult(result), None, id) => {
+                match serde_json::to_value(result) {
+                    Ok(v) => Ok((v, id)),
+                    Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
+                }
+            }
+            (_, None, id) => Err((
                 UpstreamFailure::Protocol(
                     "the server answered resources/read with another kind of result".into(),
                 ),
@@ -1213,14 +1303,15 @@ impl Connection {
     }
 
     /// Sends one request and waits at most `timeout` (or until `cancel` fires); either
-    /// way the server is then told the request is cancelled. Returns the result and the
-    /// request's JSON-RPC id.
+    /// way the server is then told the request is cancelled. Returns the result, the
+    /// answer's `result` as JSON when the reader kept it ([`RawAnswers`]; rmcp's result is
+    /// then a stub), and the request's JSON-RPC id.
     async fn request(
         &self,
         request: ClientRequest,
         timeout: Duration,
         cancel: Option<&CancellationToken>,
-    ) -> Result<(ServerResult, String), (UpstreamFailure, Option<String>)> {
+    ) -> Result<(ServerResult, Option<Value>, String), (UpstreamFailure, Option<String>)> {
         if self.tap.degraded.get().is_some() {
             return Err((self.degraded_failure(), None));
         }
@@ -1231,20 +1322,29 @@ impl Connection {
             .await
             .map_err(|e| (self.failure(e), None))?;
         let id = handle.id.clone();
+        // The id as the reader's tap spells it (JSON text).
+        let key = serde_json::to_string(&id).unwrap_or_default();
         let cancelled = async {
             match cancel {
                 Some(c) => c.cancelled().await,
                 None => std::future::pending().await,
             }
         };
-        let (failure, reason) = tokio::select! {
+        let answered = tokio::select! {
             answer = tokio::time::timeout(timeout, handle.await_response()) => match answer {
-                Ok(Ok(result)) => return Ok((result, id.to_string())),
-                Ok(Err(e)) => return Err((self.failure(e), Some(id.to_string()))),
-                Err(_) => (self.timed_out(timeout), "the caller's deadline passed"),
+                Ok(Ok(result)) => Ok(result),
+                Ok(Err(e)) => Err(Ok(self.failure(e))),
+                Err(_) => Err(Err((self.timed_out(timeout), "the caller's deadline passed"))),
             },
-            () = cancelled => (UpstreamFailure::Cancelled, "the caller cancelled the request"),
-            () = self.tap.until_degraded() => return Err((self.degraded_failure(), Some(id.to_string()))),
+            () = cancelled => Err(Err((UpstreamFailure::Cancelled, "the caller cancelled the request"))),
+            () = self.tap.until_degraded() => Err(Ok(self.degraded_failure())),
+        };
+        // Settled either way: a kept answer is taken, and a late one is no longer kept.
+        let raw = self.tap.take_raw(&key);
+        let (failure, reason) = match answered {
+            Ok(result) => return Ok((result, raw, id.to_string())),
+            Err(Ok(failure)) => return Err((failure, Some(id.to_string()))),
+            Err(Err(cancelled)) => cancelled,
         };
         let _ = peer
             .notify_cancelled(CancelledNotificationParam::new(
@@ -1437,15 +1537,21 @@ impl<R> Filtered<R> {
                 }
             }
             None => {
-                if let Some(tap) = &self.tap
-                    && let Err(why) = tap.incoming(&self.line)
-                {
-                    degrade(tap, why);
-                    self.line.clear();
-                    self.end();
-                    return;
-                }
-                self.out.extend_from_slice(&self.line);
+                let stub = match &self.tap {
+                    Some(tap) => match tap.incoming(&self.line) {
+                        Err(why) => {
+                            degrade(tap, why);
+                            self.line.clear();
+                            self.end();
+                            return;
+                        }
+                        Ok(Some(id)) => tap.keep_raw(&id, &self.line),
+                        Ok(None) => None,
+                    },
+                    None => None,
+                };
+                self.out
+                    .extend_from_slice(stub.as_deref().unwrap_or(&self.line));
             }
         }
         self.line.clear();
