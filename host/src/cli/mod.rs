@@ -111,8 +111,10 @@ With --state-dir (or AIRLOCK_STATE_DIR), the review also shows the registry's re
 mapping's revision and state, each upstream tool's pinned schema and description digests
 with the server's own hints, and the contract's effect class.
 
-Exit status: 0 when every import is justified (by the host API, the baseline, or a grant);
-2 when an import is FLAGGED (after printing the review; --allow-flagged exits 0 instead);
+Exit status: 0 when every import is justified (by the host API, the baseline, or a grant)
+and the host would load the mapping; 2 when an import is FLAGGED or the host would refuse
+the mapping (a capability naming a function the contract lacks or the component does not
+export, a missing contract export), after printing the review (--allow-flagged exits 0);
 1 on an error (unreadable or invalid manifest or component, pin mismatch).
 
 Example:
@@ -251,12 +253,24 @@ enum SnapshotsAction {
         #[arg(long)]
         json: bool,
     },
-    /// One snapshot: server, lists, and each item's schema and description digests.
+    /// One snapshot: server, lists, and each item's schema and description digests; or,
+    /// with --tool, one upstream tool's input and output schema.
+    #[command(after_help = "\
+Example (an adapter author reading the shapes of the tools to call):
+  airlock snapshots list --connection notes
+  airlock snapshots show 3f2a9c1e --tool search_notes
+With --tool, each schema is printed as an outline (JSON pointer, type, required or
+optional, bounds, description) and as its raw JSON; --json prints the tool's raw
+definition. Descriptions are the server's words: untrusted text, shown quoted.")]
     Show {
         /// Full digest or a unique prefix (8+ hex characters).
         #[arg(value_name = "DIGEST")]
         digest: String,
-        /// Print the stored snapshot as JSON (the raw catalogue).
+        /// Show only this upstream tool (its name as the server reports it).
+        #[arg(long, value_name = "NAME")]
+        tool: Option<String>,
+        /// Print the stored snapshot as JSON (the raw catalogue), or with --tool the
+        /// tool's raw definition.
         #[arg(long)]
         json: bool,
     },
@@ -611,7 +625,11 @@ pub fn main() -> ExitCode {
                             crate::cli::operate::snapshots_text(&list)
                         })
                     }
-                    SnapshotsAction::Show { digest, json } => {
+                    SnapshotsAction::Show { digest, tool: Some(tool), json } => {
+                        let (raw, text) = crate::cli::operate::tool_show(&registry, &digest, &tool)?;
+                        print(if json { serde_json::to_string_pretty(&raw)? + "\n" } else { text })
+                    }
+                    SnapshotsAction::Show { digest, tool: None, json } => {
                         let (snap, text) = crate::cli::operate::snapshot_show(&registry, &digest)?;
                         print(if json {
                             serde_json::to_string_pretty(&snap)? + "\n"
@@ -1039,8 +1057,10 @@ fn grants(
     }
     if review.has_flagged() && !allow_flagged {
         eprintln!(
-            "airlock: {} flagged import(s) in mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
-            review.flagged, review.mapping.name
+            "airlock: {} flagged import(s) and {} reason(s) the host would refuse to load mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
+            review.flagged,
+            review.refusals.len(),
+            review.mapping.name
         );
         return ExitCode::from(2);
     }

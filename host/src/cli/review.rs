@@ -79,6 +79,10 @@ pub struct Review {
     pub capabilities: Vec<CapabilityView>,
     /// How many imports are flagged.
     pub flagged: usize,
+    /// Why the host would refuse to load this mapping, in the host's words (the
+    /// registry's contract check, [`crate::registry::live::check_contract`], and the
+    /// runtime's export check): each one flags the review. Empty when it would load.
+    pub refusals: Vec<String>,
     /// The registry's record of this mapping (with `--state-dir`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<RegistryView>,
@@ -392,6 +396,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         .iter()
         .filter(|i| i.status == Status::Flagged)
         .count();
+    let refusals = load_refusals(&manifest, &exports, &contract_items);
     let pending = |name: &String| UpstreamItem {
         name: name.clone(),
         digest: None,
@@ -438,9 +443,61 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
             })
             .collect(),
         flagged,
+        refusals,
         registry: None,
         diff: None,
     })
+}
+
+/// What would make the host refuse to load the mapping, given the component's exports:
+/// the registry's contract check, then the runtime's (`Runtime::load`): the contract
+/// interface is exported, and so is each capability's function and the query function
+/// that reconciles it. The messages are the host's own.
+fn load_refusals(
+    manifest: &MappingManifest,
+    exports: &[ExportReview],
+    contract_items: &[Item],
+) -> Vec<String> {
+    let name = &manifest.mapping.name;
+    let contract = &manifest.mapping.contract;
+    let mut refusals = Vec::new();
+    if let Err(e) = crate::registry::live::check_contract(manifest) {
+        refusals.push(format!("{e:#}"));
+    }
+    if !exports.iter().any(|x| &x.name == contract) {
+        refusals.push(format!(
+            "mapping `{name}`: the component does not export `{contract}`"
+        ));
+        return refusals;
+    }
+    let exported = |function: &str| {
+        contract_items
+            .iter()
+            .any(|i| i.name == function && i.kind == "func")
+    };
+    for cap in &manifest.capabilities {
+        if !exported(&cap.function) {
+            refusals.push(format!(
+                "mapping `{name}`: the component's `{contract}` has no function `{}`",
+                cap.function
+            ));
+        }
+        if let Some(query) = crate::contract::query_function(contract, &cap.function) {
+            let said = |r: &String| {
+                r.ends_with(&format!(
+                    "has no function `{query}`, which reconciles `{}`",
+                    cap.function
+                ))
+            };
+            if !exported(query) && !refusals.iter().any(said) {
+                refusals.push(format!(
+                    "mapping `{name}`: the component's `{contract}` has no function `{query}`, which reconciles `{}`",
+                    cap.function
+                ));
+            }
+        }
+    }
+    refusals
 }
 
 /// Adds the registry's view of the mapping: its latest revision and state, the pinned
@@ -925,7 +982,7 @@ impl RegistryView {
 impl Review {
     /// Whether any import is flagged.
     pub fn has_flagged(&self) -> bool {
-        self.flagged > 0
+        self.flagged > 0 || !self.refusals.is_empty()
     }
 
     /// The review as pretty-printed JSON.
@@ -994,6 +1051,9 @@ impl Review {
         let _ = writeln!(w, "4. Verdict: {}", self.verdict());
         for i in self.imports.iter().filter(|i| i.status == Status::Flagged) {
             let _ = writeln!(w, "  FLAGGED   {}", i.reason);
+        }
+        for r in &self.refusals {
+            let _ = writeln!(w, "  FLAGGED   the host would refuse to load it: {r}");
         }
         let _ = writeln!(w);
         let _ = writeln!(
@@ -1065,13 +1125,21 @@ impl Review {
 
     /// One sentence: every import justified, or how many are flagged.
     pub fn verdict(&self) -> String {
-        if self.flagged == 0 {
+        let imports = if self.flagged == 0 {
             "every import is justified".to_string()
         } else {
             format!(
                 "{} FLAGGED: nothing in the mapping justifies {}",
                 plural(self.flagged, "import", "imports"),
                 if self.flagged == 1 { "it" } else { "them" }
+            )
+        };
+        if self.refusals.is_empty() {
+            imports
+        } else {
+            format!(
+                "{imports}; FLAGGED: the host would refuse to load this mapping ({})",
+                plural(self.refusals.len(), "reason", "reasons")
             )
         }
     }
@@ -1092,7 +1160,7 @@ impl Review {
             w,
             "<h1>Adapter review: <code>{}</code></h1>\n<p class=\"verdict {}\">Verdict: {}.</p>",
             e(&self.mapping.name),
-            if self.flagged == 0 { "ok" } else { "flagged" },
+            if self.has_flagged() { "flagged" } else { "ok" },
             e(&self.verdict())
         );
         let flagged: Vec<String> = self
@@ -1100,6 +1168,12 @@ impl Review {
             .iter()
             .filter(|i| i.status == Status::Flagged)
             .map(|i| format!("<li>FLAGGED: {}</li>", e(&i.reason)))
+            .chain(self.refusals.iter().map(|r| {
+                format!(
+                    "<li>FLAGGED: the host would refuse to load it: {}</li>",
+                    e(r)
+                )
+            }))
             .collect();
         if !flagged.is_empty() {
             let _ = writeln!(w, "<ul class=\"flagged\">\n{}\n</ul>", flagged.join("\n"));
