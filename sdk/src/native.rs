@@ -59,3 +59,16 @@ pub(crate) fn remaining_ms() -> u64 {
     #[cfg(not(feature = "testing"))]
     no_host("context::remaining_ms()")
 }
+
+#[cfg(all(test, not(feature = "testing")))]
+mod tests {
+    /// A panic (which the harness reports for this test), not the abort of the whole test
+    /// binary a panic inside the generated `extern "C"` import causes.
+    #[test]
+    #[should_panic(
+        expected = "upstream::call_tool(`read_note`) was called outside the Airlock host"
+    )]
+    fn an_upstream_call_without_the_kit_panics_with_the_remedy() {
+        let _ = crate::upstream::call_tool("read_note", "{}");
+    }
+}

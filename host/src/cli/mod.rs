@@ -4,6 +4,7 @@
 //! trace), [`review`] (`airlock grants`), [`demo`].
 
 pub mod approvals;
+pub mod author;
 pub mod demo;
 pub mod intents;
 pub mod operate;
@@ -230,6 +231,57 @@ Example:
     Policy {
         #[command(subcommand)]
         action: PolicyAction,
+    },
+    /// Write a ready adapter crate for one contract: Cargo.toml (the SDK by path),
+    /// rust-toolchain.toml, src/lib.rs, mapping.toml (deny by default), airlock.toml.
+    #[command(after_help = "\
+Example:
+  airlock new --list
+  airlock new source-retrieval my-notes --connection notes
+  airlock pack my-notes/mapping.toml
+The crate depends on the SDK by path: --sdk PATH, or the `sdk` folder of the checkout this
+airlock was built from (printed). src/lib.rs implements every contract function with its
+first upstream call; mapping.toml lists no upstream tool and no grant until you add them.
+See README.md (\"Writing an adapter\").")]
+    New {
+        /// The contract: its full name (airlock:contracts/source-retrieval@0.1.0) or its
+        /// short name (source-retrieval).
+        #[arg(value_name = "CONTRACT", required_unless_present = "list")]
+        contract: Option<String>,
+        /// The adapter's name: crate, mapping and component (a-z, 0-9, -, _).
+        #[arg(value_name = "NAME", required_unless_present = "list")]
+        name: Option<String>,
+        /// The connection the mapping names (default: NAME).
+        #[arg(long, value_name = "C")]
+        connection: Option<String>,
+        /// The folder to create (default: ./NAME); must not exist or be empty.
+        #[arg(long, value_name = "D")]
+        dir: Option<PathBuf>,
+        /// The SDK folder to depend on (default: this airlock's own checkout).
+        #[arg(long, value_name = "PATH")]
+        sdk: Option<PathBuf>,
+        /// List the contracts this host supports instead.
+        #[arg(long, conflicts_with_all = ["connection", "dir", "sdk"])]
+        list: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build an adapter for wasm32-wasip2, place the component beside its manifest and
+    /// write its sha256 pin; prints the next commands.
+    #[command(after_help = "\
+Runs `cargo build --release --target wasm32-wasip2` in the manifest's folder (adding the
+target with rustup when the toolchain lacks it, and saying so), copies the component to
+the manifest's [component] file, writes `sha256 = \"...\"` under it, and checks the
+pinned manifest as the host would. The mapping still serves only once a reviewer
+approves it: `airlock review approve NAME --config FILE --reviewer YOU`.")]
+    Pack {
+        /// The mapping manifest, in the adapter crate's folder (e.g. my-notes/mapping.toml).
+        #[arg(value_name = "MANIFEST")]
+        manifest: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
@@ -964,6 +1016,24 @@ pub fn main() -> ExitCode {
                         })
                     }
                 }
+            }
+            Command::New { list: true, json, .. } => {
+                let list = author::list();
+                print(if json { serde_json::to_string_pretty(&list)? + "\n" } else { author::list_text(&list) })
+            }
+            Command::New { contract, name, connection, dir, sdk, json, .. } => {
+                let report = author::new_crate(&author::NewOptions {
+                    contract: contract.as_deref().unwrap_or_default(),
+                    name: name.as_deref().unwrap_or_default(),
+                    connection: connection.as_deref(),
+                    dir: dir.as_deref(),
+                    sdk: sdk.as_deref(),
+                })?;
+                print(if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.to_text() })
+            }
+            Command::Pack { manifest, json } => {
+                let report = author::pack(&manifest)?;
+                print(if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.to_text() })
             }
             Command::Demo => {
                 init_logging("error");
