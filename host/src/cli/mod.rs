@@ -118,8 +118,13 @@ the mapping (a capability naming a function the contract lacks or the component 
 export, a missing contract export), after printing the review (--allow-flagged exits 0);
 1 on an error (unreadable or invalid manifest or component, pin mismatch).
 
+With --config FILE, it shows how that configuration launches the mapping's connection
+and which of the server's tools (latest snapshot in its store) the mapping leaves
+unreachable.
+
 Example:
   airlock grants target/airlock/adapters/source-library/mapping.toml
+  airlock grants my-notes/mapping.toml --config my-notes/airlock.toml
 See README.md (\"Reviewing an adapter: `airlock grants`\").")]
     Grants {
         /// The mapping manifest, e.g. target/airlock/adapters/source-library/mapping.toml.
@@ -138,6 +143,11 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
         /// component, connection, and every grant and limit). Needs the store.
         #[arg(long, value_name = "REV")]
         diff: Option<i64>,
+        /// Serve configuration: show how it launches the mapping's connection (env and
+        /// header names only) and, from its store's latest snapshot, the server's tools
+        /// the mapping leaves unreachable; a connection it does not define is FLAGGED.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Start one connection, take a discovery snapshot now, and print the classified drift
     /// against the previous snapshot and each mapping's pins.
@@ -615,7 +625,18 @@ pub fn main() -> ExitCode {
             html,
             allow_flagged,
             diff,
-        } => return grants(&manifest, json, html, allow_flagged, diff, state_dir),
+            config,
+        } => {
+            return grants(
+                &manifest,
+                json,
+                html,
+                allow_flagged,
+                diff,
+                config,
+                state_dir,
+            );
+        }
         other => other,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -1093,12 +1114,24 @@ fn grants(
     html: bool,
     allow_flagged: bool,
     diff: Option<i64>,
+    config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
 ) -> ExitCode {
     let review = crate::cli::review::review(manifest).and_then(|mut review| {
         if state_dir.is_some() || diff.is_some() {
-            let registry = registry_for(state_dir)?;
+            let registry = registry_for(state_dir.clone())?;
             crate::cli::review::add_registry(&mut review, manifest, &registry, diff)?;
+        }
+        if let Some(path) = &config {
+            let config = load_config(path, state_dir)?;
+            let registry = config
+                .state_dir
+                .clone()
+                .or_else(crate::config::default_state_dir)
+                .filter(|d| d.join(crate::store::DATABASE_FILE).exists())
+                .map(|d| crate::cli::operate::registry_at(&d))
+                .transpose()?;
+            crate::cli::review::add_config(&mut review, path, &config, registry.as_ref())?;
         }
         Ok(review)
     });

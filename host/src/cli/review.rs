@@ -89,6 +89,45 @@ pub struct Review {
     /// Changes since an earlier revision (`--diff REV`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<RevisionDiff>,
+    /// The mapping's connection as a serve configuration defines it (`--config FILE`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionView>,
+}
+
+/// How the serve configuration launches or reaches the mapping's connection, and what
+/// its latest snapshot offers that the mapping leaves unreachable. Environment variables
+/// and headers by name only, never a value.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionView {
+    /// The serve configuration, as given.
+    pub config: String,
+    /// `stdio` (a child process) or `streamable-http`.
+    pub transport: &'static str,
+    /// The executable (stdio).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Its arguments (stdio).
+    pub args: Vec<String>,
+    /// Its working directory (stdio).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The names of its environment variables (stdio); values are never shown.
+    pub env: Vec<String>,
+    /// The endpoint (Streamable HTTP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The names of the headers sent (Streamable HTTP), with the secret each value comes
+    /// from, if any; values are never shown.
+    pub headers: Vec<String>,
+    /// The connection's latest snapshot in the store, if the store has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Tools that snapshot offers which the mapping's `[upstream] tools` does not list:
+    /// the adapter cannot reach them (which is the point of a mapping; listed so a
+    /// reviewer sees what is left out).
+    pub unreachable_tools: Vec<String>,
+    /// Tools the mapping lists that the snapshot does not offer (a call would fail).
+    pub missing_tools: Vec<String>,
 }
 
 /// `[mapping]` of the reviewed manifest.
@@ -446,7 +485,98 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         refusals,
         registry: None,
         diff: None,
+        connection: None,
     })
+}
+
+/// Adds the mapping's connection from the serve configuration `config` (read from
+/// `config_path`): its launch details and, when `registry` holds a snapshot of it, the
+/// tools the mapping leaves unreachable. A configuration that does not define the
+/// connection is a refusal, as when the host loads the mapping.
+///
+/// # Errors
+/// The store fails.
+pub fn add_config(
+    review: &mut Review,
+    config_path: &Path,
+    config: &crate::config::ServeConfig,
+    registry: Option<&crate::registry::Registry>,
+) -> Result<()> {
+    use crate::upstream::UpstreamServer;
+    let name = &review.mapping.connection;
+    let Some(server) = config.connections.get(name) else {
+        review.refusals.push(format!(
+            "mapping `{}` uses connection `{name}`, which the serve configuration does not define",
+            review.mapping.name
+        ));
+        return Ok(());
+    };
+    let safe = |t: &str| crate::cli::operate::safe(t, 400);
+    let mut view = ConnectionView {
+        config: config_path.display().to_string(),
+        transport: "stdio",
+        command: None,
+        args: Vec::new(),
+        cwd: None,
+        env: Vec::new(),
+        url: None,
+        headers: Vec::new(),
+        snapshot: None,
+        unreachable_tools: Vec::new(),
+        missing_tools: Vec::new(),
+    };
+    match server {
+        UpstreamServer::Stdio(s) => {
+            view.command = Some(safe(&s.command.display().to_string()));
+            view.args = s.args.iter().map(|a| safe(a)).collect();
+            view.cwd = Some(safe(&s.cwd.display().to_string()));
+            view.env = s.env.keys().map(|k| safe(k)).collect();
+        }
+        UpstreamServer::Http(h) => {
+            view.transport = "streamable-http";
+            view.url = Some(safe(&h.url));
+            view.headers = h
+                .headers
+                .iter()
+                .map(|header| match &header.value {
+                    crate::upstream::http::HeaderValueSource::Secret { name, .. } => {
+                        format!("{} (secret `{}`)", safe(&header.name), safe(name))
+                    }
+                    _ => format!("{} (literal)", safe(&header.name)),
+                })
+                .collect();
+        }
+    }
+    if let Some(registry) = registry
+        && registry.store().connection(name)?.is_some()
+        && let Some(latest) = crate::cli::operate::snapshots_list(registry, Some(name))?
+            .into_iter()
+            .next()
+        && let Some(snap) = registry.store().snapshot(&latest.digest)?
+    {
+        let catalogue: crate::registry::drift::Catalogue =
+            serde_json::from_value(snap.body).context("the stored snapshot does not parse")?;
+        let offered: Vec<String> = catalogue
+            .tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(serde_json::Value::as_str))
+            .map(str::to_string)
+            .collect();
+        let listed: Vec<&String> = review.upstream.tools.iter().map(|t| &t.name).collect();
+        view.unreachable_tools = offered
+            .iter()
+            .filter(|t| !listed.contains(t))
+            .map(|t| safe(t))
+            .collect();
+        view.missing_tools = listed
+            .iter()
+            .filter(|t| !offered.contains(t))
+            .map(|t| safe(t))
+            .collect();
+        view.snapshot = Some(latest.digest);
+    }
+    review.connection = Some(view);
+    Ok(())
 }
 
 /// What would make the host refuse to load the mapping, given the component's exports:
@@ -1102,6 +1232,69 @@ impl Review {
                 }
             );
             let _ = writeln!(w, "    \"{}\"", c.description);
+        }
+        if let Some(c) = &self.connection {
+            let _ = writeln!(
+                w,
+                "  connection             {} ({}, from {})",
+                self.upstream.connection, c.transport, c.config
+            );
+            for (key, value) in [
+                ("command", c.command.clone()),
+                (
+                    "args",
+                    (!c.args.is_empty()).then(|| format!("{:?}", c.args)),
+                ),
+                ("cwd", c.cwd.clone()),
+                (
+                    "env (names)",
+                    Some(if c.env.is_empty() {
+                        "none".to_string()
+                    } else {
+                        c.env.join(", ")
+                    }),
+                ),
+                ("url", c.url.clone()),
+                (
+                    "headers (names)",
+                    (!c.headers.is_empty()).then(|| c.headers.join(", ")),
+                ),
+            ] {
+                if let Some(value) = value {
+                    let _ = writeln!(w, "    {key:<21}{value}");
+                }
+            }
+            match &c.snapshot {
+                None => {
+                    let _ = writeln!(
+                        w,
+                        "    unreachable tools    unknown: no snapshot of the connection in the store (airlock discover {})",
+                        self.upstream.connection
+                    );
+                }
+                Some(digest) => {
+                    let list = |l: &[String]| {
+                        if l.is_empty() {
+                            "none".to_string()
+                        } else {
+                            l.join(", ")
+                        }
+                    };
+                    let _ = writeln!(
+                        w,
+                        "    unreachable tools    {} (offered in snapshot {}, not listed by the mapping)",
+                        list(&c.unreachable_tools),
+                        crate::registry::short(digest)
+                    );
+                    if !c.missing_tools.is_empty() {
+                        let _ = writeln!(
+                            w,
+                            "    MISSING tools        {} (listed by the mapping, not offered by the server)",
+                            list(&c.missing_tools)
+                        );
+                    }
+                }
+            }
         }
         if let Some(r) = &self.registry {
             let _ = writeln!(w);

@@ -514,3 +514,84 @@ fn the_sdk_test_kit_passes_its_own_tests() {
         "{stdout}"
     );
 }
+
+/// `airlock grants MANIFEST ARGS`, with no state folder from the environment.
+fn grants(args: &[&str]) -> std::process::Output {
+    Command::new(airlock_bin())
+        .arg("grants")
+        .args(args)
+        .env_remove("AIRLOCK_STATE_DIR")
+        .env_remove("AIRLOCK_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn grants_with_config_shows_the_launch_and_the_tools_the_mapping_leaves_unreachable() {
+    let d = Deployment::with_notes().mapping("source-library").replace_connections(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nenv = { NOTES_TOKEN = \"hunter2-value\" }\n",
+    );
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let manifest = d.manifests()[0].to_str().unwrap().to_string();
+
+    // Before any discovery: the launch, and no snapshot to compare with.
+    let out = grants(&[&manifest, "--config", config]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("connection             notes (stdio, from "),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"args                 ["fixture", "notes-server"]"#),
+        "{text}"
+    );
+    assert!(text.contains("env (names)          NOTES_TOKEN"), "{text}");
+    assert!(
+        text.contains("unreachable tools    unknown: no snapshot"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hunter2"),
+        "an environment value leaked: {text}"
+    );
+
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+    let out = grants(&[&manifest, "--config", config, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["connection"];
+    assert_eq!(c["transport"], "stdio");
+    assert_eq!(c["env"], json!(["NOTES_TOKEN"]));
+    assert!(c["command"].as_str().unwrap().ends_with("airlock"), "{c}");
+    assert_eq!(c["unreachable_tools"], json!(["export_workspace"]), "{c}");
+    assert_eq!(c["missing_tools"], json!([]));
+    assert_eq!(c["snapshot"].as_str().unwrap().len(), 64);
+
+    // A configuration without the mapping's connection: the host would refuse it.
+    let other = d.dir.path().join("other.toml");
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(config)
+            .unwrap()
+            .replace("name = \"notes\"", "name = \"elsewhere\""),
+    )
+    .unwrap();
+    let out = grants(&[&manifest, "--config", other.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        v["refusals"],
+        json!([
+            "mapping `source-library` uses connection `notes`, which the serve configuration does not define"
+        ])
+    );
+}
