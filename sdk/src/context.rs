@@ -12,6 +12,7 @@
 
 pub use crate::bindings_host::airlock::host0_2_0::context::Intent;
 
+#[cfg(target_arch = "wasm32")]
 use crate::bindings_host::airlock::host0_2_0::context as raw;
 
 /// The intent this call carries out: its id (`int_…`), its idempotency key (`idk_…`, the
@@ -21,12 +22,18 @@ use crate::bindings_host::airlock::host0_2_0::context as raw;
 ///
 /// Pass [`Intent::idempotency_key`] to the upstream unchanged; never make up a key.
 pub fn current_intent() -> Option<Intent> {
-    raw::current_intent()
+    #[cfg(target_arch = "wasm32")]
+    return raw::current_intent();
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::native::current_intent();
 }
 
 /// Milliseconds left before the call's deadline, rounded down; 0 once it has passed.
 /// Past the deadline the host stops the instance and upstream requests fail as
 /// `unavailable`.
 pub fn remaining_ms() -> u64 {
-    raw::remaining_ms()
+    #[cfg(target_arch = "wasm32")]
+    return raw::remaining_ms();
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::native::remaining_ms();
 }

@@ -8,7 +8,10 @@ pub use crate::bindings::airlock::host::log::Level;
 
 /// Records `message` at `level`.
 pub fn log(level: Level, message: &str) {
+    #[cfg(target_arch = "wasm32")]
     crate::bindings::airlock::host::log::log(level, message);
+    #[cfg(not(target_arch = "wasm32"))]
+    crate::native::log(level, message);
 }
 
 /// Records a debug message.

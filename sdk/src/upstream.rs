@@ -30,7 +30,10 @@ pub const MAX_ERROR_DETAIL: usize = 1024;
 ///
 /// `name` is the tool's upstream name, exactly as the mapping lists it.
 pub fn call_tool(name: &str, arguments_json: &str) -> Result<ToolOutput, UpstreamError> {
-    raw::call_tool(name, arguments_json)
+    #[cfg(target_arch = "wasm32")]
+    return raw::call_tool(name, arguments_json);
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::native::call_tool(name, arguments_json);
 }
 
 /// Calls upstream tool `name` with `args` serialized as its JSON arguments.
@@ -53,13 +56,16 @@ pub fn call_tool_json<A: Serialize + ?Sized>(
             "arguments for `{name}` must be a JSON object"
         )));
     }
-    raw::call_tool(name, &value.to_string())
+    call_tool(name, &value.to_string())
 }
 
 /// Reads upstream resource `uri`, which must start with one of the mapping's resource
 /// prefixes.
 pub fn read_resource(uri: &str) -> Result<Vec<ResourceContents>, UpstreamError> {
-    raw::read_resource(uri)
+    #[cfg(target_arch = "wasm32")]
+    return raw::read_resource(uri);
+    #[cfg(not(target_arch = "wasm32"))]
+    return crate::native::read_resource(uri);
 }
 
 /// Why [`ToolOutput::structured`] could not produce a value.

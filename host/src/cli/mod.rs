@@ -4,6 +4,7 @@
 //! trace), [`review`] (`airlock grants`), [`demo`].
 
 pub mod approvals;
+pub mod author;
 pub mod demo;
 pub mod intents;
 pub mod operate;
@@ -111,12 +112,19 @@ With --state-dir (or AIRLOCK_STATE_DIR), the review also shows the registry's re
 mapping's revision and state, each upstream tool's pinned schema and description digests
 with the server's own hints, and the contract's effect class.
 
-Exit status: 0 when every import is justified (by the host API, the baseline, or a grant);
-2 when an import is FLAGGED (after printing the review; --allow-flagged exits 0 instead);
+Exit status: 0 when every import is justified (by the host API, the baseline, or a grant)
+and the host would load the mapping; 2 when an import is FLAGGED or the host would refuse
+the mapping (a capability naming a function the contract lacks or the component does not
+export, a missing contract export), after printing the review (--allow-flagged exits 0);
 1 on an error (unreadable or invalid manifest or component, pin mismatch).
+
+With --config FILE, it shows how that configuration launches the mapping's connection
+and which of the server's tools (latest snapshot in its store) the mapping leaves
+unreachable.
 
 Example:
   airlock grants target/airlock/adapters/source-library/mapping.toml
+  airlock grants my-notes/mapping.toml --config my-notes/airlock.toml
 See README.md (\"Reviewing an adapter: `airlock grants`\").")]
     Grants {
         /// The mapping manifest, e.g. target/airlock/adapters/source-library/mapping.toml.
@@ -135,6 +143,11 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
         /// component, connection, and every grant and limit). Needs the store.
         #[arg(long, value_name = "REV")]
         diff: Option<i64>,
+        /// Serve configuration: show how it launches the mapping's connection (env and
+        /// header names only) and, from its store's latest snapshot, the server's tools
+        /// the mapping leaves unreachable; a connection it does not define is FLAGGED.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Start one connection, take a discovery snapshot now, and print the classified drift
     /// against the previous snapshot and each mapping's pins.
@@ -229,6 +242,57 @@ Example:
         #[command(subcommand)]
         action: PolicyAction,
     },
+    /// Write a ready adapter crate for one contract: Cargo.toml (the SDK by path),
+    /// rust-toolchain.toml, src/lib.rs, mapping.toml (deny by default), airlock.toml.
+    #[command(after_help = "\
+Example:
+  airlock new --list
+  airlock new source-retrieval my-notes --connection notes
+  airlock pack my-notes/mapping.toml
+The crate depends on the SDK by path: --sdk PATH, or the `sdk` folder of the checkout this
+airlock was built from (printed). src/lib.rs implements every contract function with its
+first upstream call; mapping.toml lists no upstream tool and no grant until you add them.
+See README.md (\"Writing an adapter\").")]
+    New {
+        /// The contract: its full name (airlock:contracts/source-retrieval@0.1.0) or its
+        /// short name (source-retrieval).
+        #[arg(value_name = "CONTRACT", required_unless_present = "list")]
+        contract: Option<String>,
+        /// The adapter's name: crate, mapping and component (a-z, 0-9, -, _).
+        #[arg(value_name = "NAME", required_unless_present = "list")]
+        name: Option<String>,
+        /// The connection the mapping names (default: NAME).
+        #[arg(long, value_name = "C")]
+        connection: Option<String>,
+        /// The folder to create (default: ./NAME); must not exist or be empty.
+        #[arg(long, value_name = "D")]
+        dir: Option<PathBuf>,
+        /// The SDK folder to depend on (default: this airlock's own checkout).
+        #[arg(long, value_name = "PATH")]
+        sdk: Option<PathBuf>,
+        /// List the contracts this host supports instead.
+        #[arg(long, conflicts_with_all = ["connection", "dir", "sdk"])]
+        list: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build an adapter for wasm32-wasip2, place the component beside its manifest and
+    /// write its sha256 pin; prints the next commands.
+    #[command(after_help = "\
+Runs `cargo build --release --target wasm32-wasip2` in the manifest's folder (adding the
+target with rustup when the toolchain lacks it, and saying so), copies the component to
+the manifest's [component] file, writes `sha256 = \"...\"` under it, and checks the
+pinned manifest as the host would. The mapping still serves only once a reviewer
+approves it: `airlock review approve NAME --config FILE --reviewer YOU`.")]
+    Pack {
+        /// The mapping manifest, in the adapter crate's folder (e.g. my-notes/mapping.toml).
+        #[arg(value_name = "MANIFEST")]
+        manifest: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
     Demo,
@@ -251,12 +315,24 @@ enum SnapshotsAction {
         #[arg(long)]
         json: bool,
     },
-    /// One snapshot: server, lists, and each item's schema and description digests.
+    /// One snapshot: server, lists, and each item's schema and description digests; or,
+    /// with --tool, one upstream tool's input and output schema.
+    #[command(after_help = "\
+Example (an adapter author reading the shapes of the tools to call):
+  airlock snapshots list --connection notes
+  airlock snapshots show 3f2a9c1e --tool search_notes
+With --tool, each schema is printed as an outline (JSON pointer, type, required or
+optional, bounds, description) and as its raw JSON; --json prints the tool's raw
+definition. Descriptions are the server's words: untrusted text, shown quoted.")]
     Show {
         /// Full digest or a unique prefix (8+ hex characters).
         #[arg(value_name = "DIGEST")]
         digest: String,
-        /// Print the stored snapshot as JSON (the raw catalogue).
+        /// Show only this upstream tool (its name as the server reports it).
+        #[arg(long, value_name = "NAME")]
+        tool: Option<String>,
+        /// Print the stored snapshot as JSON (the raw catalogue), or with --tool the
+        /// tool's raw definition.
         #[arg(long)]
         json: bool,
     },
@@ -549,7 +625,18 @@ pub fn main() -> ExitCode {
             html,
             allow_flagged,
             diff,
-        } => return grants(&manifest, json, html, allow_flagged, diff, state_dir),
+            config,
+        } => {
+            return grants(
+                &manifest,
+                json,
+                html,
+                allow_flagged,
+                diff,
+                config,
+                state_dir,
+            );
+        }
         other => other,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -611,7 +698,11 @@ pub fn main() -> ExitCode {
                             crate::cli::operate::snapshots_text(&list)
                         })
                     }
-                    SnapshotsAction::Show { digest, json } => {
+                    SnapshotsAction::Show { digest, tool: Some(tool), json } => {
+                        let (raw, text) = crate::cli::operate::tool_show(&registry, &digest, &tool)?;
+                        print(if json { serde_json::to_string_pretty(&raw)? + "\n" } else { text })
+                    }
+                    SnapshotsAction::Show { digest, tool: None, json } => {
                         let (snap, text) = crate::cli::operate::snapshot_show(&registry, &digest)?;
                         print(if json {
                             serde_json::to_string_pretty(&snap)? + "\n"
@@ -947,6 +1038,24 @@ pub fn main() -> ExitCode {
                     }
                 }
             }
+            Command::New { list: true, json, .. } => {
+                let list = author::list();
+                print(if json { serde_json::to_string_pretty(&list)? + "\n" } else { author::list_text(&list) })
+            }
+            Command::New { contract, name, connection, dir, sdk, json, .. } => {
+                let report = author::new_crate(&author::NewOptions {
+                    contract: contract.as_deref().unwrap_or_default(),
+                    name: name.as_deref().unwrap_or_default(),
+                    connection: connection.as_deref(),
+                    dir: dir.as_deref(),
+                    sdk: sdk.as_deref(),
+                })?;
+                print(if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.to_text() })
+            }
+            Command::Pack { manifest, json } => {
+                let report = author::pack(&manifest)?;
+                print(if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.to_text() })
+            }
             Command::Demo => {
                 init_logging("error");
                 crate::cli::demo::run(std::io::stdout()).await
@@ -1005,12 +1114,24 @@ fn grants(
     html: bool,
     allow_flagged: bool,
     diff: Option<i64>,
+    config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
 ) -> ExitCode {
     let review = crate::cli::review::review(manifest).and_then(|mut review| {
         if state_dir.is_some() || diff.is_some() {
-            let registry = registry_for(state_dir)?;
+            let registry = registry_for(state_dir.clone())?;
             crate::cli::review::add_registry(&mut review, manifest, &registry, diff)?;
+        }
+        if let Some(path) = &config {
+            let config = load_config(path, state_dir)?;
+            let registry = config
+                .state_dir
+                .clone()
+                .or_else(crate::config::default_state_dir)
+                .filter(|d| d.join(crate::store::DATABASE_FILE).exists())
+                .map(|d| crate::cli::operate::registry_at(&d))
+                .transpose()?;
+            crate::cli::review::add_config(&mut review, path, &config, registry.as_ref())?;
         }
         Ok(review)
     });
@@ -1039,8 +1160,10 @@ fn grants(
     }
     if review.has_flagged() && !allow_flagged {
         eprintln!(
-            "airlock: {} flagged import(s) in mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
-            review.flagged, review.mapping.name
+            "airlock: {} flagged import(s) and {} reason(s) the host would refuse to load mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
+            review.flagged,
+            review.refusals.len(),
+            review.mapping.name
         );
         return ExitCode::from(2);
     }

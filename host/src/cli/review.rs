@@ -79,12 +79,55 @@ pub struct Review {
     pub capabilities: Vec<CapabilityView>,
     /// How many imports are flagged.
     pub flagged: usize,
+    /// Why the host would refuse to load this mapping, in the host's words (the
+    /// registry's contract check, [`crate::registry::live::check_contract`], and the
+    /// runtime's export check): each one flags the review. Empty when it would load.
+    pub refusals: Vec<String>,
     /// The registry's record of this mapping (with `--state-dir`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub registry: Option<RegistryView>,
     /// Changes since an earlier revision (`--diff REV`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<RevisionDiff>,
+    /// The mapping's connection as a serve configuration defines it (`--config FILE`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection: Option<ConnectionView>,
+}
+
+/// How the serve configuration launches or reaches the mapping's connection, and what
+/// its latest snapshot offers that the mapping leaves unreachable. Environment variables
+/// and headers by name only, never a value.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionView {
+    /// The serve configuration, as given.
+    pub config: String,
+    /// `stdio` (a child process) or `streamable-http`.
+    pub transport: &'static str,
+    /// The executable (stdio).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Its arguments (stdio).
+    pub args: Vec<String>,
+    /// Its working directory (stdio).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The names of its environment variables (stdio); values are never shown.
+    pub env: Vec<String>,
+    /// The endpoint (Streamable HTTP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The names of the headers sent (Streamable HTTP), with the secret each value comes
+    /// from, if any; values are never shown.
+    pub headers: Vec<String>,
+    /// The connection's latest snapshot in the store, if the store has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Tools that snapshot offers which the mapping's `[upstream] tools` does not list:
+    /// the adapter cannot reach them (which is the point of a mapping; listed so a
+    /// reviewer sees what is left out).
+    pub unreachable_tools: Vec<String>,
+    /// Tools the mapping lists that the snapshot does not offer (a call would fail).
+    pub missing_tools: Vec<String>,
 }
 
 /// `[mapping]` of the reviewed manifest.
@@ -392,6 +435,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         .iter()
         .filter(|i| i.status == Status::Flagged)
         .count();
+    let refusals = load_refusals(&manifest, &exports, &contract_items);
     let pending = |name: &String| UpstreamItem {
         name: name.clone(),
         digest: None,
@@ -438,9 +482,152 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
             })
             .collect(),
         flagged,
+        refusals,
         registry: None,
         diff: None,
+        connection: None,
     })
+}
+
+/// Adds the mapping's connection from the serve configuration `config` (read from
+/// `config_path`): its launch details and, when `registry` holds a snapshot of it, the
+/// tools the mapping leaves unreachable. A configuration that does not define the
+/// connection is a refusal, as when the host loads the mapping.
+///
+/// # Errors
+/// The store fails.
+pub fn add_config(
+    review: &mut Review,
+    config_path: &Path,
+    config: &crate::config::ServeConfig,
+    registry: Option<&crate::registry::Registry>,
+) -> Result<()> {
+    use crate::upstream::UpstreamServer;
+    let name = &review.mapping.connection;
+    let Some(server) = config.connections.get(name) else {
+        review.refusals.push(format!(
+            "mapping `{}` uses connection `{name}`, which the serve configuration does not define",
+            review.mapping.name
+        ));
+        return Ok(());
+    };
+    let safe = |t: &str| crate::cli::operate::safe(t, 400);
+    let mut view = ConnectionView {
+        config: config_path.display().to_string(),
+        transport: "stdio",
+        command: None,
+        args: Vec::new(),
+        cwd: None,
+        env: Vec::new(),
+        url: None,
+        headers: Vec::new(),
+        snapshot: None,
+        unreachable_tools: Vec::new(),
+        missing_tools: Vec::new(),
+    };
+    match server {
+        UpstreamServer::Stdio(s) => {
+            view.command = Some(safe(&s.command.display().to_string()));
+            view.args = s.args.iter().map(|a| safe(a)).collect();
+            view.cwd = Some(safe(&s.cwd.display().to_string()));
+            view.env = s.env.keys().map(|k| safe(k)).collect();
+        }
+        UpstreamServer::Http(h) => {
+            view.transport = "streamable-http";
+            view.url = Some(safe(&h.url));
+            view.headers = h
+                .headers
+                .iter()
+                .map(|header| match &header.value {
+                    crate::upstream::http::HeaderValueSource::Secret { name, .. } => {
+                        format!("{} (secret `{}`)", safe(&header.name), safe(name))
+                    }
+                    _ => format!("{} (literal)", safe(&header.name)),
+                })
+                .collect();
+        }
+    }
+    if let Some(registry) = registry
+        && registry.store().connection(name)?.is_some()
+        && let Some(latest) = crate::cli::operate::snapshots_list(registry, Some(name))?
+            .into_iter()
+            .next()
+        && let Some(snap) = registry.store().snapshot(&latest.digest)?
+    {
+        let catalogue: crate::registry::drift::Catalogue =
+            serde_json::from_value(snap.body).context("the stored snapshot does not parse")?;
+        let offered: Vec<String> = catalogue
+            .tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(serde_json::Value::as_str))
+            .map(str::to_string)
+            .collect();
+        let listed: Vec<&String> = review.upstream.tools.iter().map(|t| &t.name).collect();
+        view.unreachable_tools = offered
+            .iter()
+            .filter(|t| !listed.contains(t))
+            .map(|t| safe(t))
+            .collect();
+        view.missing_tools = listed
+            .iter()
+            .filter(|t| !offered.contains(t))
+            .map(|t| safe(t))
+            .collect();
+        view.snapshot = Some(latest.digest);
+    }
+    review.connection = Some(view);
+    Ok(())
+}
+
+/// What would make the host refuse to load the mapping, given the component's exports:
+/// the registry's contract check, then the runtime's (`Runtime::load`): the contract
+/// interface is exported, and so is each capability's function and the query function
+/// that reconciles it. The messages are the host's own.
+fn load_refusals(
+    manifest: &MappingManifest,
+    exports: &[ExportReview],
+    contract_items: &[Item],
+) -> Vec<String> {
+    let name = &manifest.mapping.name;
+    let contract = &manifest.mapping.contract;
+    let mut refusals = Vec::new();
+    if let Err(e) = crate::registry::live::check_contract(manifest) {
+        refusals.push(format!("{e:#}"));
+    }
+    if !exports.iter().any(|x| &x.name == contract) {
+        refusals.push(format!(
+            "mapping `{name}`: the component does not export `{contract}`"
+        ));
+        return refusals;
+    }
+    let exported = |function: &str| {
+        contract_items
+            .iter()
+            .any(|i| i.name == function && i.kind == "func")
+    };
+    for cap in &manifest.capabilities {
+        if !exported(&cap.function) {
+            refusals.push(format!(
+                "mapping `{name}`: the component's `{contract}` has no function `{}`",
+                cap.function
+            ));
+        }
+        if let Some(query) = crate::contract::query_function(contract, &cap.function) {
+            let said = |r: &String| {
+                r.ends_with(&format!(
+                    "has no function `{query}`, which reconciles `{}`",
+                    cap.function
+                ))
+            };
+            if !exported(query) && !refusals.iter().any(said) {
+                refusals.push(format!(
+                    "mapping `{name}`: the component's `{contract}` has no function `{query}`, which reconciles `{}`",
+                    cap.function
+                ));
+            }
+        }
+    }
+    refusals
 }
 
 /// Adds the registry's view of the mapping: its latest revision and state, the pinned
@@ -925,7 +1112,7 @@ impl RegistryView {
 impl Review {
     /// Whether any import is flagged.
     pub fn has_flagged(&self) -> bool {
-        self.flagged > 0
+        self.flagged > 0 || !self.refusals.is_empty()
     }
 
     /// The review as pretty-printed JSON.
@@ -995,6 +1182,9 @@ impl Review {
         for i in self.imports.iter().filter(|i| i.status == Status::Flagged) {
             let _ = writeln!(w, "  FLAGGED   {}", i.reason);
         }
+        for r in &self.refusals {
+            let _ = writeln!(w, "  FLAGGED   the host would refuse to load it: {r}");
+        }
         let _ = writeln!(w);
         let _ = writeln!(
             w,
@@ -1043,6 +1233,69 @@ impl Review {
             );
             let _ = writeln!(w, "    \"{}\"", c.description);
         }
+        if let Some(c) = &self.connection {
+            let _ = writeln!(
+                w,
+                "  connection             {} ({}, from {})",
+                self.upstream.connection, c.transport, c.config
+            );
+            for (key, value) in [
+                ("command", c.command.clone()),
+                (
+                    "args",
+                    (!c.args.is_empty()).then(|| format!("{:?}", c.args)),
+                ),
+                ("cwd", c.cwd.clone()),
+                (
+                    "env (names)",
+                    Some(if c.env.is_empty() {
+                        "none".to_string()
+                    } else {
+                        c.env.join(", ")
+                    }),
+                ),
+                ("url", c.url.clone()),
+                (
+                    "headers (names)",
+                    (!c.headers.is_empty()).then(|| c.headers.join(", ")),
+                ),
+            ] {
+                if let Some(value) = value {
+                    let _ = writeln!(w, "    {key:<21}{value}");
+                }
+            }
+            match &c.snapshot {
+                None => {
+                    let _ = writeln!(
+                        w,
+                        "    unreachable tools    unknown: no snapshot of the connection in the store (airlock discover {})",
+                        self.upstream.connection
+                    );
+                }
+                Some(digest) => {
+                    let list = |l: &[String]| {
+                        if l.is_empty() {
+                            "none".to_string()
+                        } else {
+                            l.join(", ")
+                        }
+                    };
+                    let _ = writeln!(
+                        w,
+                        "    unreachable tools    {} (offered in snapshot {}, not listed by the mapping)",
+                        list(&c.unreachable_tools),
+                        crate::registry::short(digest)
+                    );
+                    if !c.missing_tools.is_empty() {
+                        let _ = writeln!(
+                            w,
+                            "    MISSING tools        {} (listed by the mapping, not offered by the server)",
+                            list(&c.missing_tools)
+                        );
+                    }
+                }
+            }
+        }
         if let Some(r) = &self.registry {
             let _ = writeln!(w);
             let _ = writeln!(w, "6. Registry");
@@ -1065,13 +1318,21 @@ impl Review {
 
     /// One sentence: every import justified, or how many are flagged.
     pub fn verdict(&self) -> String {
-        if self.flagged == 0 {
+        let imports = if self.flagged == 0 {
             "every import is justified".to_string()
         } else {
             format!(
                 "{} FLAGGED: nothing in the mapping justifies {}",
                 plural(self.flagged, "import", "imports"),
                 if self.flagged == 1 { "it" } else { "them" }
+            )
+        };
+        if self.refusals.is_empty() {
+            imports
+        } else {
+            format!(
+                "{imports}; FLAGGED: the host would refuse to load this mapping ({})",
+                plural(self.refusals.len(), "reason", "reasons")
             )
         }
     }
@@ -1092,7 +1353,7 @@ impl Review {
             w,
             "<h1>Adapter review: <code>{}</code></h1>\n<p class=\"verdict {}\">Verdict: {}.</p>",
             e(&self.mapping.name),
-            if self.flagged == 0 { "ok" } else { "flagged" },
+            if self.has_flagged() { "flagged" } else { "ok" },
             e(&self.verdict())
         );
         let flagged: Vec<String> = self
@@ -1100,6 +1361,12 @@ impl Review {
             .iter()
             .filter(|i| i.status == Status::Flagged)
             .map(|i| format!("<li>FLAGGED: {}</li>", e(&i.reason)))
+            .chain(self.refusals.iter().map(|r| {
+                format!(
+                    "<li>FLAGGED: the host would refuse to load it: {}</li>",
+                    e(r)
+                )
+            }))
             .collect();
         if !flagged.is_empty() {
             let _ = writeln!(w, "<ul class=\"flagged\">\n{}\n</ul>", flagged.join("\n"));

@@ -591,36 +591,7 @@ impl Live {
                 m.mapping.connection
             );
         }
-        let contract = contract::load_contract(&m.mapping.contract)
-            .with_context(|| format!("mapping `{}`", m.mapping.name))?;
-        for cap in &m.capabilities {
-            if !contract.functions.contains_key(&cap.function) {
-                bail!(
-                    "mapping `{}`: capability `{}` names function `{}`, which contract {} does not have",
-                    m.mapping.name,
-                    cap.name,
-                    cap.function,
-                    contract.interface
-                );
-            }
-            match contract::effect_semantics(&contract.interface, &cap.function) {
-                None => bail!(
-                    "mapping `{}`: capability `{}`: this host declares no effect semantics for {}#{}, so it cannot be offered",
-                    m.mapping.name,
-                    cap.name,
-                    contract.interface,
-                    cap.function
-                ),
-                Some(s) if s.host_only => bail!(
-                    "mapping `{}`: capability `{}`: {}#{} is called by the host only (reconciliation) and may not be offered to the model",
-                    m.mapping.name,
-                    cap.name,
-                    contract.interface,
-                    cap.function
-                ),
-                Some(_) => {}
-            }
-        }
+        let contract = check_contract(m)?;
         let mut env = Vec::new();
         for (key, value) in &m.grants.env {
             let value = match value {
@@ -1674,4 +1645,45 @@ fn capability_input_schema(function: &ContractFunction) -> Result<JsonObject> {
             function.name
         ),
     }
+}
+
+/// The load-time check of a mapping against its contract, without a component or a
+/// serve configuration: the contract is one this host knows, every capability names one
+/// of its functions, the host declares effect semantics for that function, and it is not
+/// a host-only function (reconciliation's `query`). `airlock grants` runs the same check.
+///
+/// # Errors
+/// The first rule broken, naming the mapping, the capability and the function.
+pub fn check_contract(m: &MappingManifest) -> Result<contract::Contract> {
+    let contract = contract::load_contract(&m.mapping.contract)
+        .with_context(|| format!("mapping `{}`", m.mapping.name))?;
+    for cap in &m.capabilities {
+        if !contract.functions.contains_key(&cap.function) {
+            bail!(
+                "mapping `{}`: capability `{}` names function `{}`, which contract {} does not have",
+                m.mapping.name,
+                cap.name,
+                cap.function,
+                contract.interface
+            );
+        }
+        match contract::effect_semantics(&contract.interface, &cap.function) {
+            None => bail!(
+                "mapping `{}`: capability `{}`: this host declares no effect semantics for {}#{}, so it cannot be offered",
+                m.mapping.name,
+                cap.name,
+                contract.interface,
+                cap.function
+            ),
+            Some(s) if s.host_only => bail!(
+                "mapping `{}`: capability `{}`: {}#{} is called by the host only (reconciliation) and may not be offered to the model",
+                m.mapping.name,
+                cap.name,
+                contract.interface,
+                cap.function
+            ),
+            Some(_) => {}
+        }
+    }
+    Ok(contract)
 }

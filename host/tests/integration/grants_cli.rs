@@ -185,7 +185,6 @@ fn a_filesystem_grant_justifies_the_filesystem_import() {
     std::fs::create_dir(dir.path().join("data")).unwrap();
     let out = grants(&[manifest.to_str().unwrap()]);
     let text = stdout(&out);
-    assert_eq!(out.status.code(), Some(0), "{text}\n{}", stderr(&out));
     assert!(
         text.contains(
             "granted   wasi:filesystem/preopens@0.2.6  1 filesystem grant: /data (read-only)"
@@ -194,6 +193,83 @@ fn a_filesystem_grant_justifies_the_filesystem_import() {
     );
     assert!(text.contains("filesystem             data -> /data (read-only"));
     assert!(text.contains("NOT EXPORTED"), "{text}");
+    // The import is justified, but the component exports no contract: the host would
+    // refuse the mapping, so the review fails.
+    assert_eq!(out.status.code(), Some(2), "{text}\n{}", stderr(&out));
+    assert!(
+        text.contains("FLAGGED   the host would refuse to load it: mapping `source-library`: the component does not export `airlock:contracts/source-retrieval@0.1.0`"),
+        "{text}"
+    );
+}
+
+/// A component exporting the source-retrieval interface with `search` only (its type is
+/// not the contract's: the load check is by name, as the host's).
+const SEARCH_ONLY: &str = r#"
+(component
+  (core module $m (func (export "f")))
+  (core instance $i (instantiate $m))
+  (func $search (canon lift (core func $i "f")))
+  (instance $iface (export "search" (func $search)))
+  (export "airlock:contracts/source-retrieval@0.1.0" (instance $iface))
+)
+"#;
+
+#[test]
+fn a_capability_naming_a_function_the_component_does_not_export_is_flagged_as_the_host_refuses_it()
+{
+    let (dir, manifest) = copied_mapping(SEARCH_ONLY, |t| t);
+    let expected = "mapping `source-library`: the component's `airlock:contracts/source-retrieval@0.1.0` has no function `retrieve`";
+    let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["flagged"], 0,
+        "no import is flagged: the refusal alone fails it"
+    );
+    assert_eq!(v["refusals"], serde_json::json!([expected]));
+    assert!(
+        stderr(&out).contains("1 reason(s) the host would refuse"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The host refuses it when it loads, in the same words.
+    let m = airlock::registry::manifest::MappingManifest::load(&manifest).unwrap();
+    let bytes = std::fs::read(dir.path().join("component.wasm")).unwrap();
+    let runtime = airlock::runtime::Runtime::with_cache(None).unwrap();
+    match runtime.load(&m, &bytes, "airlock:contracts/source-retrieval@0.1.0") {
+        Ok(_) => panic!("the host loaded a mapping whose component lacks `retrieve`"),
+        Err(e) => assert_eq!(format!("{e:#}"), expected),
+    }
+
+    let text = stdout(&grants(&[manifest.to_str().unwrap()]));
+    assert!(
+        text.contains(&format!(
+            "FLAGGED   the host would refuse to load it: {expected}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("the host would refuse to load this mapping (1 reason)"),
+        "{text}"
+    );
+    let allowed = grants(&[manifest.to_str().unwrap(), "--allow-flagged"]);
+    assert_eq!(allowed.status.code(), Some(0));
+
+    // Exporting both functions clears it (the check is not always on).
+    let both = SEARCH_ONLY.replace(
+        r#"(export "search" (func $search)))"#,
+        r#"(export "search" (func $search)) (export "retrieve" (func $search)))"#,
+    );
+    let (_dir, manifest) = copied_mapping(&both, |t| t);
+    let out = grants(&[manifest.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod common;
 
 mod approvals;
 mod approvals_hostile;
+mod author_kit;
 mod budgets;
 mod conformance;
 mod demo;

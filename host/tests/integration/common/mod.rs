@@ -355,6 +355,12 @@ impl Deployment {
         self.mapping_edited_as(name, name, edit)
     }
 
+    /// Serves the manifest at `path` as it is (e.g. an adapter built outside the bundle).
+    pub fn manifest(mut self, path: PathBuf) -> Self {
+        self.mappings.push(path);
+        self
+    }
+
     /// Copies bundled mapping `name` unchanged.
     pub fn mapping(self, name: &str) -> Self {
         self.mapping_edited(name, |t| t)
