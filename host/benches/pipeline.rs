@@ -155,8 +155,14 @@ impl Store for NoCallTrace {
     fn trace(&self, after: i64, limit: usize) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.trace(after, limit)
     }
-    fn verify_trace(&self) -> anyhow::Result<airlock::store::TraceVerification> {
-        self.0.verify_trace()
+    fn verify_trace_against(
+        &self,
+        checkpoints: &[(usize, airlock::store::Checkpoint)],
+    ) -> anyhow::Result<airlock::store::TraceVerification> {
+        self.0.verify_trace_against(checkpoints)
+    }
+    fn trace_checkpoint(&self) -> anyhow::Result<airlock::store::Checkpoint> {
+        self.0.trace_checkpoint()
     }
     fn create_approval(
         &self,

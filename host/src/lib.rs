@@ -18,6 +18,8 @@
 //!   hash-chained trace (group commit).
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`config`]: the serve configuration.
+//! - [`private_fs`]: the owner, mode and no-symlink rules of private folders and files
+//!   (state folder, database, trace key, checkpoints, compiled cache).
 //! - [`shutdown`]: stopping a serving host — signals, draining calls in flight, stopping
 //!   every upstream process group.
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
@@ -33,6 +35,7 @@ pub mod host;
 pub mod jsonrpc;
 pub mod pipeline;
 pub mod policy;
+pub mod private_fs;
 pub mod registry;
 pub mod runtime;
 pub mod shutdown;

@@ -811,6 +811,24 @@ pub fn trace_text(events: &[TraceEvent]) -> String {
     o
 }
 
+/// `airlock trace verify` for a person: intact or where it was tampered, then what the
+/// verification covers (the key, unkeyed events from before schema 7, checkpoints).
+pub fn verification_text(v: &crate::store::TraceVerification) -> String {
+    let mut o = match &v.first_bad {
+        None => format!("trace intact: {} events, head {}\n", v.events, v.head),
+        Some((seq, why)) => format!(
+            "trace TAMPERED at event {seq}: {why} ({} events read)\n",
+            v.events
+        ),
+    };
+    for line in &v.coverage {
+        o.push_str("  ");
+        o.push_str(line);
+        o.push('\n');
+    }
+    o
+}
+
 /// Opens the registry of a state folder given directly (commands without `--config`).
 ///
 /// # Errors

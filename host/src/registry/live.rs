@@ -392,7 +392,8 @@ impl MappingSource {
     }
 }
 
-/// Opens the store in `config`'s state folder (or the default one).
+/// Opens the store in `config`'s state folder (or the default one), with the host key its
+/// `[trace] key` names (else the store's default key, see [`SqliteStore::open`]).
 ///
 /// # Errors
 /// No state folder can be determined; the store cannot be opened.
@@ -404,7 +405,7 @@ pub fn open_registry(config: &ServeConfig) -> Result<Registry> {
         .context(
             "no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration",
         )?;
-    let store = SqliteStore::open(&dir)?;
+    let store = SqliteStore::open_with_key(&dir, config.trace.host_key()?)?;
     Ok(Registry::new(Arc::new(store)))
 }
 

@@ -22,6 +22,7 @@
 //!   back to serving.
 //! - **Everything is traced**: revisions, snapshots, drift, state changes, approvals.
 
+pub mod anchor;
 pub mod drift;
 pub mod live;
 pub mod manifest;
