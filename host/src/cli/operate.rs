@@ -452,6 +452,10 @@ pub struct ReviewShow {
     pub latest_snapshot: Option<String>,
     /// The check of the pins against it.
     pub check: Option<MappingCheck>,
+    /// Set when the latest revision is in a serving state that the trace does not prove
+    /// (the row was edited in the store): why, in words. Such a mapping is not served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tampered: Option<String>,
 }
 
 /// One capability of a recorded manifest and the semantics it serves with.
@@ -575,7 +579,9 @@ pub fn review_show(
         Some(check(registry, &current, &tools, &catalogue))
     });
     let (host_version, host_version_source) = shown_host_version(config, name, &current);
+    let tampered = registry.prove(&current)?;
     Ok(ReviewShow {
+        tampered,
         capabilities: shown_capabilities(current.manifest_text.as_deref()),
         host_version,
         host_version_source,
@@ -596,6 +602,12 @@ impl ReviewShow {
             "mapping `{}` revision {}: {}",
             c.name, c.revision, c.state
         );
+        if let Some(why) = &self.tampered {
+            let _ = writeln!(
+                o,
+                "  TAMPERED: the trace does not prove this record, so it is not served: {why}"
+            );
+        }
         let _ = writeln!(o, "  reason: {}", c.reason);
         let _ = writeln!(
             o,

@@ -1131,7 +1131,8 @@ impl Live {
             stage,
         )?;
         let mut record = match registration {
-            crate::registry::Registration::Recorded(record) => *record,
+            // A serving record must be proven by the trace before anything else.
+            crate::registry::Registration::Recorded(record) => self.registry.proven(*record),
             crate::registry::Registration::Staged { reason } => {
                 tracing::warn!(mapping = %name, "changed manifest staged; the reviewed revision keeps serving until this one is approved: {reason}");
                 let staged = MappingRecord {
@@ -1434,6 +1435,13 @@ impl Live {
                 continue;
             }
             let record = self.judge(latest, &mapping.tools, &mapping.connection)?;
+            if record.revision == current.revision
+                && record.state == current.state
+                && record.reason == current.reason
+            {
+                // Judged as before (a refused record re-read every poll).
+                continue;
+            }
             tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "mapping record changed in the store");
             mapping.record.store(Arc::new(record));
             changed |= was != mapping.serves();
@@ -1456,6 +1464,8 @@ impl Live {
         tools: &[String],
         state: &ConnectionState,
     ) -> Result<MappingRecord> {
+        // A serving record the trace does not prove is refused (crate::registry::Registry::prove).
+        let record = self.registry.proven(record);
         let snapshot = state.snapshot_digest();
         if snapshot.is_empty() {
             return Ok(record);

@@ -282,8 +282,12 @@ END;
     // 6 → 7: trace events are MACed with the host key (store/key.rs): `key_id` names the
     // key; events written before stay unkeyed (NULL) and are pinned by the `trace-keyed`
     // event the store appends right after this migration, whose MAC covers their head.
+    // The partial index finds the events that prove a mapping's serving state (see
+    // Store::mapping_proofs) without a scan; other events do not enter it.
     r#"
 ALTER TABLE trace_events ADD COLUMN key_id TEXT;
+CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
+    WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
 "#,
 ];
 
@@ -664,7 +668,18 @@ pub trait Store: Send + Sync {
     /// the previous latest revision, unless already historical, becomes historical (its
     /// reason gains "; superseded by revision N (was STATE)"). Errors: empty name, database
     /// failure.
-    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord>;
+    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord> {
+        self.add_mapping_revision_traced(new, Vec::new())
+    }
+
+    /// [`Store::add_mapping_revision`] with `events` appended in the same transaction, each
+    /// object payload gaining `"revision": N` (the new revision): the row and the event
+    /// that proves it are committed together, or neither.
+    fn add_mapping_revision_traced(
+        &self,
+        new: &NewMappingRevision,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<MappingRecord>;
 
     /// Compare-and-set on the latest revision: `Ok(Some(record))` after the change;
     /// `Ok(None)` when the latest revision's state is not `expected` (someone else changed
@@ -676,6 +691,20 @@ pub trait Store: Send + Sync {
         expected: MappingState,
         to: MappingState,
         reason: &str,
+    ) -> anyhow::Result<Option<MappingRecord>> {
+        self.set_mapping_state_traced(name, expected, to, reason, Vec::new())
+    }
+
+    /// [`Store::set_mapping_state`] with `events` appended in the same transaction when the
+    /// state changes (each object payload gaining `"revision": N`); nothing is appended
+    /// when it does not.
+    fn set_mapping_state_traced(
+        &self,
+        name: &str,
+        expected: MappingState,
+        to: MappingState,
+        reason: &str,
+        events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>>;
 
     /// Appends one event: seq = previous + 1 (starting at 1), at_ms = now, prev_hash =
@@ -728,6 +757,13 @@ pub trait Store: Send + Sync {
 
     /// A checkpoint of the trace head now (seq + head MAC), MACed with the host key.
     fn trace_checkpoint(&self) -> anyhow::Result<key::Checkpoint>;
+
+    /// The events that can prove the serving state of mapping `name`, in seq order: its
+    /// `mapping-revision` and `mapping-state-changed` events and every [`TRACE_KEYED`]
+    /// event (which attests the mapping records at migration), **only those whose MAC
+    /// verifies with the host key** (an unkeyed or forged event proves nothing). Read
+    /// through a partial index, not a scan of the trace.
+    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
@@ -1619,7 +1655,11 @@ impl Store for SqliteStore {
         run().with_context(|| self.context("listing mappings"))
     }
 
-    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord> {
+    fn add_mapping_revision_traced(
+        &self,
+        new: &NewMappingRevision,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<MappingRecord> {
         if new.name.is_empty() {
             bail!("a mapping name must not be empty");
         }
@@ -1671,6 +1711,7 @@ impl Store for SqliteStore {
                 ],
             )?;
             let pins = serde_json::from_str(&pins_text)?;
+            trace::append_in(&tx, &self.key, &with_revision(events.clone(), revision))?;
             tx.commit()?;
             Ok(MappingRecord {
                 name: new.name.clone(),
@@ -1694,12 +1735,13 @@ impl Store for SqliteStore {
         })
     }
 
-    fn set_mapping_state(
+    fn set_mapping_state_traced(
         &self,
         name: &str,
         expected: MappingState,
         to: MappingState,
         reason: &str,
+        events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>> {
         if !expected.can_become(to) {
             bail!("mapping {name:?}: {expected} cannot become {to}");
@@ -1719,6 +1761,11 @@ impl Store for SqliteStore {
                 "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
                  WHERE name = ?4 AND revision = ?5",
                 params![to.as_str(), reason, now, name, latest.revision],
+            )?;
+            trace::append_in(
+                &tx,
+                &self.key,
+                &with_revision(events.clone(), latest.revision),
             )?;
             tx.commit()?;
             Ok(Some(MappingRecord {
@@ -1969,6 +2016,51 @@ impl Store for SqliteStore {
         run().with_context(|| self.context("verifying the trace"))
     }
 
+    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        let conn = self.lock();
+        let run = || -> anyhow::Result<Vec<TraceEvent>> {
+            // The kind term repeats the partial index's WHERE clause word for word, so
+            // SQLite uses it.
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
+                 AND subject IN (?1, 'trace') ORDER BY seq"
+            ))?;
+            let mut rows = stmt.query(params![name])?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
+                let seq: i64 = row.get(0)?;
+                let at: i64 = row.get(1)?;
+                let kind: String = row.get(2)?;
+                let subject: String = row.get(3)?;
+                let payload: String = row.get(4)?;
+                let prev_hash: String = row.get(5)?;
+                let hash: String = row.get(6)?;
+                let key_id: Option<String> = row.get(7)?;
+                let genuine = key_id.as_deref() == Some(self.key.id())
+                    && (subject == name || kind == TRACE_KEYED)
+                    && self
+                        .key
+                        .verify_event(seq, at, &kind, &subject, &payload, &prev_hash, &hash);
+                if !genuine {
+                    continue;
+                }
+                out.push(TraceEvent {
+                    seq,
+                    at_ms: u64::try_from(at).unwrap_or(0),
+                    kind,
+                    subject,
+                    payload: serde_json::from_str(&payload)?,
+                    prev_hash,
+                    hash,
+                    key_id,
+                });
+            }
+            Ok(out)
+        };
+        run().with_context(|| self.context(&format!("reading the proofs of mapping {name:?}")))
+    }
+
     fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
         let conn = self.lock();
         let head: Option<(i64, String)> = conn
@@ -1981,6 +2073,16 @@ impl Store for SqliteStore {
         let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
         Ok(self.key.checkpoint(seq, &head, now_ms()))
     }
+}
+
+/// `events` with `"revision": revision` added to each object payload.
+fn with_revision(mut events: Vec<NewEvent>, revision: i64) -> Vec<NewEvent> {
+    for e in &mut events {
+        if let Some(map) = e.payload.as_object_mut() {
+            map.insert("revision".into(), revision.into());
+        }
+    }
+    events
 }
 
 /// One trace row as stored.

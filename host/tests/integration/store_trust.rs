@@ -561,3 +561,120 @@ async fn serve_appends_a_checkpoint_at_shutdown() {
     let v = intact(&d, Some(&file));
     assert_eq!(v["anchored_seq"], lines[0]["seq"]);
 }
+
+// ---- serving state proven by the trace ----
+
+/// The tools `airlock serve` offers on this deployment, and the mapping-tampered events
+/// the trace holds afterwards.
+async fn offered_and_tampered(d: &Deployment) -> (Vec<String>, Vec<Value>) {
+    // Not `serve()`: that approves first, which would record a genuine revision.
+    let client = d.serve_unreviewed().await;
+    let tools: Vec<String> = client
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    let refused = crate::common::call(&client, "search_sources", json!({"query": "wal"})).await;
+    assert!(
+        refused.is_err(),
+        "a tampered mapping answered a call: {refused:?}"
+    );
+    client.cancel().await.ok();
+    let tampered = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "mapping-tampered")
+        .collect();
+    (tools, tampered)
+}
+
+#[tokio::test]
+async fn a_retired_mapping_set_active_by_hand_is_not_served_and_shown_tampered() {
+    let d = deployment();
+    d.approve_all();
+    d.airlock_ok(&["review", "retire", "source-library", "--reviewer", "tests"]);
+    let db = d.database();
+    let changed = db
+        .execute(
+            "UPDATE mappings SET state = 'active', reason = 'approved by tests' \
+             WHERE name = 'source-library' AND state = 'retiring'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let (tools, tampered) = offered_and_tampered(&d).await;
+    assert!(!tools.contains(&"search_sources".to_string()), "{tools:?}");
+    assert_eq!(tampered.len(), 1, "traced once: {tampered:?}");
+    let why = tampered[0]["payload"]["why"].as_str().unwrap();
+    assert!(
+        why.contains("state active (the trace says retiring)"),
+        "{why}"
+    );
+    let show = d.airlock_ok(&["review", "show", "source-library"]);
+    assert!(
+        show.contains("TAMPERED: the trace does not prove this record"),
+        "{show}"
+    );
+    let json = d.airlock_json(&["review", "show", "source-library"]);
+    assert!(
+        json["tampered"].as_str().unwrap().contains("retiring"),
+        "{json}"
+    );
+}
+
+#[tokio::test]
+async fn a_forged_revision_row_with_copied_pins_is_not_served_and_shown_tampered() {
+    // The attack of issue 12: a mapping row set to `active` by hand, pins copied from
+    // another (approved) row. Every column but the revision is a genuine approval's.
+    let d = deployment();
+    d.approve_all();
+    let db = d.database();
+    let inserted = db
+        .execute(
+            "INSERT INTO mappings (name, revision, manifest_digest, component_sha256, \
+             connection_id, config_revision, snapshot_digest, pins, state, reviewer, reason, \
+             created_ms, state_changed_ms, manifest_text) \
+             SELECT name, revision + 1, manifest_digest, component_sha256, connection_id, \
+             config_revision, snapshot_digest, pins, 'active', 'mallory', 'approved by mallory', \
+             created_ms, state_changed_ms, manifest_text FROM mappings \
+             WHERE name = 'source-library' AND state = 'active'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(inserted, 1);
+    db.execute(
+        "UPDATE mappings SET state = 'historical' WHERE name = 'source-library' \
+         AND reviewer = 'tests'",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    let (tools, tampered) = offered_and_tampered(&d).await;
+    assert!(!tools.contains(&"search_sources".to_string()), "{tools:?}");
+    assert_eq!(tampered.len(), 1, "{tampered:?}");
+    let why = tampered[0]["payload"]["why"].as_str().unwrap();
+    assert!(
+        why.contains("no MACed mapping-revision event records revision 2"),
+        "{why}"
+    );
+    let show = d.airlock_ok(&["review", "show", "source-library"]);
+    assert!(show.contains("TAMPERED"), "{show}");
+}
+
+#[tokio::test]
+async fn an_approved_mapping_is_proven_and_served() {
+    // The guard's other side: what a reviewer approved serves, and nothing is flagged.
+    let d = deployment();
+    d.approve_all();
+    let client = d.serve_unreviewed().await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "search_sources"));
+    client.cancel().await.ok();
+    assert!(!d.trace().iter().any(|e| e["kind"] == "mapping-tampered"));
+    let json = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(json.get("tampered"), None, "{json}");
+}
