@@ -71,6 +71,8 @@ Configuration (TOML; relative paths resolve against the file's folder):
   # initialize + discovery of one connection; one that fails or takes longer is retried in
   # the background, 0.5 s doubling to 30 s, and offered once it is ready).
   # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
+  # [trace]: key (a [secrets] entry; default AIRLOCK_TRACE_KEY, else <state_dir>/trace.key),
+  #   checkpoint_file, checkpoint_interval = \"5m\" (checkpoints also at shutdown).
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.

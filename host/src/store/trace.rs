@@ -77,6 +77,31 @@ fn head(tx: &Connection, key: &TraceKey) -> anyhow::Result<(i64, String)> {
     }
 }
 
+/// The INSERT statement of `rows` rows (1..=[`ROWS_PER_INSERT`]), built once per size: the
+/// per-call path formats no SQL.
+fn insert_sql(rows: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        (1..=ROWS_PER_INSERT)
+            .map(|n| {
+                let rows: Vec<String> = (0..n)
+                    .map(|i| {
+                        let marks: Vec<String> = (1..=COLUMNS)
+                            .map(|c| format!("?{}", i * COLUMNS + c))
+                            .collect();
+                        format!("({})", marks.join(", "))
+                    })
+                    .collect();
+                format!(
+                    "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES {}",
+                    rows.join(", ")
+                )
+            })
+            .collect()
+    });
+    &all[rows - 1]
+}
+
 /// Appends `events` inside the open write transaction on `tx`, chained after the current
 /// head and MACed with `key`. Returns (first seq, last MAC).
 pub(super) fn append_in(
@@ -102,17 +127,7 @@ pub(super) fn append_in(
     }
     let key_id = key.id();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        let placeholders: Vec<String> = (0..chunk.len())
-            .map(|i| {
-                let b = i * COLUMNS;
-                let marks: Vec<String> = (1..=COLUMNS).map(|c| format!("?{}", b + c)).collect();
-                format!("({})", marks.join(", "))
-            })
-            .collect();
-        let mut insert = tx.prepare_cached(&format!(
-            "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES {}",
-            placeholders.join(", ")
-        ))?;
+        let mut insert = tx.prepare_cached(insert_sql(chunk.len()))?;
         let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * COLUMNS);
         for (seq, kind, subject, payload, prev, mac) in chunk {
             values.extend([
