@@ -968,6 +968,55 @@ mod tests {
     const MAPPING: &str = "[[mapping]]\nmanifest = \"m/mapping.toml\"\n";
 
     #[test]
+    fn the_trace_table_names_a_key_and_where_checkpoints_go() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: the variable names are this test's own; no other test reads or writes them.
+        unsafe {
+            std::env::set_var("AIRLOCK_CONFIG_TEST_TRACE_KEY", "k".repeat(32));
+            std::env::set_var("AIRLOCK_CONFIG_TEST_SHORT_KEY", "short");
+        }
+        let secrets = "[secrets]\nk = { env = \"AIRLOCK_CONFIG_TEST_TRACE_KEY\" }\nshort = { env = \"AIRLOCK_CONFIG_TEST_SHORT_KEY\" }\n";
+        let cfg = ServeConfig::parse(
+            &format!("{MAPPING}[trace]\nkey = \"k\"\ncheckpoint_file = \"anchor/c.jsonl\"\ncheckpoint_interval = \"off\"\n{secrets}"),
+            dir.path(),
+        )
+        .unwrap();
+        let key = cfg.trace.host_key().unwrap().unwrap();
+        assert_eq!(key.source(), &crate::store::KeySource::Secret("k".into()));
+        assert_eq!(cfg.trace.checkpoint_interval, None);
+        assert_eq!(
+            cfg.trace.checkpoint_path(Path::new("/state")),
+            dir.path().join("anchor/c.jsonl")
+        );
+        let defaults = ServeConfig::parse(MAPPING, dir.path()).unwrap();
+        assert_eq!(defaults.trace, TraceSettings::default());
+        assert_eq!(
+            defaults.trace.checkpoint_path(Path::new("/state")),
+            Path::new("/state/trace-checkpoints.jsonl")
+        );
+        for (table, needle) in [
+            (
+                "[trace]\nkey = \"nope\"\n",
+                "which [secrets] does not define",
+            ),
+            ("[trace]\nkey = \"short\"\n", "at least 32"),
+            (
+                "[trace]\ncheckpoint_interval = \"soon\"\n",
+                "checkpoint_interval",
+            ),
+            ("[trace]\ncheckpoint_interval = \"10ms\"\n", "between 1 s"),
+            ("[trace]\nkeys = \"k\"\n", "unknown field"),
+        ] {
+            let err = ServeConfig::parse(&format!("{MAPPING}{table}{secrets}"), dir.path())
+                .map(|_| ())
+                .unwrap_err();
+            let err = format!("{err:#}");
+            assert!(err.contains(needle), "expected `{needle}` in: {err}");
+            assert!(!err.contains(&"k".repeat(32)), "the key in an error: {err}");
+        }
+    }
+
+    #[test]
     fn an_http_connection_takes_its_credential_from_a_named_secret() {
         let dir = tempfile::tempdir().unwrap();
         // SAFETY: the variable name is this test's own; no other test reads or writes it.

@@ -678,3 +678,89 @@ async fn an_approved_mapping_is_proven_and_served() {
     let json = d.airlock_json(&["review", "show", "source-library"]);
     assert_eq!(json.get("tampered"), None, "{json}");
 }
+
+// ---- the key from a named secret; checkpoints at an interval ----
+
+#[tokio::test]
+async fn a_named_secret_keys_the_trace_and_checkpoints_come_at_the_interval() {
+    let secret = "0123456789abcdef0123456789abcdef-test-key";
+    let d = deployment().tables(
+        "[trace]\nkey = \"trace-key\"\ncheckpoint_interval = \"1s\"\n\
+         [secrets]\ntrace-key = { env = \"AIRLOCK_TEST_TRACE_KEY\" }\n",
+    );
+    let config = d.write_config();
+    let run = |args: &[&str], key: Option<&str>| {
+        let mut cmd = std::process::Command::new(crate::common::airlock_bin());
+        cmd.env("AIRLOCK_CACHE_DIR", crate::common::test_cache_dir())
+            .env("AIRLOCK_STATE_DIR", d.state_dir())
+            .env("AIRLOCK_TEST_TRACE_KEY", secret)
+            .env_remove("AIRLOCK_TRACE_KEY")
+            .args(args)
+            .stdin(std::process::Stdio::null());
+        if let Some(key) = key {
+            cmd.env("AIRLOCK_TRACE_KEY", key);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(
+        &["discover", "notes", "--config", config.to_str().unwrap()],
+        None,
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !d.state_dir().join("trace.key").exists(),
+        "a key file beside a named key"
+    );
+
+    // Serve for a few intervals: a checkpoint when the head moved, none while it stands
+    // still, one at shutdown.
+    let mut cmd = d.serve_command();
+    cmd.env("AIRLOCK_TEST_TRACE_KEY", secret);
+    let transport = rmcp::transport::TokioChildProcess::new(cmd).unwrap();
+    let client = rmcp::ServiceExt::serve((), transport).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    client.cancel().await.ok();
+    let file = d.state_dir().join("trace-checkpoints.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let lines = loop {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        if text.lines().count() >= 2 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let count = lines.lines().count();
+    assert!((2..=3).contains(&count), "{lines}");
+
+    // Without a configuration, commands take the key from AIRLOCK_TRACE_KEY …
+    let out = run(
+        &[
+            "trace",
+            "verify",
+            "--json",
+            "--checkpoint",
+            file.to_str().unwrap(),
+        ],
+        Some(secret),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["key_source"], "environment variable AIRLOCK_TRACE_KEY");
+    assert_eq!(v["checkpoints"], count);
+    // … and without it they refuse rather than start a new key.
+    let out = run(&["trace", "verify"], None);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is missing, but the trace"), "{stderr}");
+    assert!(!d.state_dir().join("trace.key").exists());
+    // Another key fails every MAC and checkpoint.
+    let out = run(
+        &["trace", "verify"],
+        Some("another key, 32 bytes long or more"),
+    );
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("not with this host's key"),
+        "{out:?}"
+    );
+}
