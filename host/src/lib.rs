@@ -15,7 +15,7 @@
 //! - [`registry`]: connection identity, snapshots, drift, pins, mapping lifecycle, the
 //!   live catalogue and hot reload.
 //! - [`store`]: SQLite — connections, snapshots, mappings, approvals, intents, the
-//!   hash-chained trace (group commit).
+//!   trace, MACed with the host key and chained (group commit), its checkpoints.
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`config`]: the serve configuration.
 //! - [`private_fs`]: the owner, mode and no-symlink rules of private folders and files

@@ -708,9 +708,10 @@ pub trait Store: Send + Sync {
     ) -> anyhow::Result<Option<MappingRecord>>;
 
     /// Appends one event: seq = previous + 1 (starting at 1), at_ms = now, prev_hash =
-    /// previous event's hash or 64 zeros, hash = hex sha256 of the RFC 8785 canonical JSON
-    /// of `{"seq","at_ms","kind","subject","payload","prev_hash"}`. The payload is stored as
-    /// canonical JSON text; the returned event carries it as stored.
+    /// previous event's hash or 64 zeros, hash = the hex HMAC-SHA256 under the host key of
+    /// the stored fields ([`key`] has the encoding), key_id = the key's id. The payload is
+    /// stored as canonical JSON text; the returned event carries it as stored. Errors when
+    /// the newest event was MACed with another key.
     fn append_trace(
         &self,
         kind: &str,
