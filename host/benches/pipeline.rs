@@ -125,6 +125,13 @@ impl Store for NoCallTrace {
     ) -> anyhow::Result<airlock::store::MappingRecord> {
         self.0.add_mapping_revision(new)
     }
+    fn add_mapping_revision_traced(
+        &self,
+        new: &airlock::store::NewMappingRevision,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<airlock::store::MappingRecord> {
+        self.0.add_mapping_revision_traced(new, events)
+    }
     fn set_mapping_state(
         &self,
         name: &str,
@@ -133,6 +140,17 @@ impl Store for NoCallTrace {
         reason: &str,
     ) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
         self.0.set_mapping_state(name, expected, to, reason)
+    }
+    fn set_mapping_state_traced(
+        &self,
+        name: &str,
+        expected: airlock::store::MappingState,
+        to: airlock::store::MappingState,
+        reason: &str,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
+        self.0
+            .set_mapping_state_traced(name, expected, to, reason, events)
     }
     fn append_trace(
         &self,
@@ -155,8 +173,17 @@ impl Store for NoCallTrace {
     fn trace(&self, after: i64, limit: usize) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.trace(after, limit)
     }
-    fn verify_trace(&self) -> anyhow::Result<airlock::store::TraceVerification> {
-        self.0.verify_trace()
+    fn verify_trace_against(
+        &self,
+        checkpoints: &[(usize, airlock::store::Checkpoint)],
+    ) -> anyhow::Result<airlock::store::TraceVerification> {
+        self.0.verify_trace_against(checkpoints)
+    }
+    fn trace_checkpoint(&self) -> anyhow::Result<airlock::store::Checkpoint> {
+        self.0.trace_checkpoint()
+    }
+    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
+        self.0.mapping_proofs(name)
     }
     fn create_approval(
         &self,

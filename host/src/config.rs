@@ -63,6 +63,13 @@
 //!                                # HTTP connections' headers
 //! notes-token = { env = "NOTES_TOKEN" }   # read from airlock's own environment at start
 //!
+//! [trace]                        # the trace's host key and checkpoints (crate::store::key)
+//! key = "trace-key"              # a [secrets] entry holding the key (at least 32 bytes);
+//!                                # default: AIRLOCK_TRACE_KEY, else <state_dir>/trace.key
+//! checkpoint_file = "anchor/trace-checkpoints.jsonl"  # append-only; default
+//!                                # <state_dir>/trace-checkpoints.jsonl
+//! checkpoint_interval = "5m"     # default 5m (1s..=1d); "off" = only at shutdown
+//!
 //! [http]                         # `serve --http`: see crate::front::http
 //! [http.auth]                    # bearer tokens: see crate::front::auth
 //! ```
@@ -123,6 +130,57 @@ pub struct ServeConfig {
     pub approvals: ApprovalSettings,
     /// `[http]`: the HTTP front (`serve --http`), see [`crate::front::http`].
     pub http: crate::front::http::HttpSettings,
+    /// `[trace]`: the trace's host key and checkpoints.
+    pub trace: TraceSettings,
+}
+
+/// How often a serving host writes a trace checkpoint when `[trace] checkpoint_interval`
+/// does not say.
+pub const DEFAULT_CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `[trace]`: where the host key comes from and where checkpoints go
+/// ([`crate::store::key`]). Defaults: no named key (the store takes `AIRLOCK_TRACE_KEY`,
+/// else its key file), checkpoints in `<state_dir>/trace-checkpoints.jsonl`, every
+/// [`DEFAULT_CHECKPOINT_INTERVAL`] and at shutdown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSettings {
+    /// `key`: the `[secrets]` entry holding the host key, with its value.
+    pub key: Option<(String, Secret)>,
+    /// `checkpoint_file`, resolved against the configuration's folder.
+    pub checkpoint_file: Option<PathBuf>,
+    /// `checkpoint_interval`; `None` = only at shutdown.
+    pub checkpoint_interval: Option<std::time::Duration>,
+}
+
+impl Default for TraceSettings {
+    fn default() -> Self {
+        Self {
+            key: None,
+            checkpoint_file: None,
+            checkpoint_interval: Some(DEFAULT_CHECKPOINT_INTERVAL),
+        }
+    }
+}
+
+impl TraceSettings {
+    /// The named host key, when `key` is set.
+    ///
+    /// # Errors
+    /// The secret is shorter than [`crate::store::key::MIN_KEY_BYTES`].
+    pub fn host_key(&self) -> Result<Option<crate::store::TraceKey>> {
+        self.key
+            .as_ref()
+            .map(|(name, secret)| crate::store::TraceKey::from_secret(name, &secret.0))
+            .transpose()
+    }
+
+    /// The checkpoint file: `checkpoint_file`, else [`crate::store::key::CHECKPOINT_FILE`]
+    /// in `state_dir`.
+    pub fn checkpoint_path(&self, state_dir: &Path) -> PathBuf {
+        self.checkpoint_file
+            .clone()
+            .unwrap_or_else(|| state_dir.join(crate::store::key::CHECKPOINT_FILE))
+    }
 }
 
 /// The profile a configuration without `[[profile]]` entries gets: every capability.
@@ -228,6 +286,7 @@ impl ServeConfig {
             policy_files: Vec::new(),
             approvals: ApprovalSettings::default(),
             http: Default::default(),
+            trace: TraceSettings::default(),
         }
     }
 
@@ -308,6 +367,15 @@ struct RawConfig {
     profile: Vec<RawProfile>,
     approvals: Option<RawApprovals>,
     http: Option<crate::front::http::RawHttp>,
+    trace: Option<RawTrace>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrace {
+    key: Option<String>,
+    checkpoint_file: Option<PathBuf>,
+    checkpoint_interval: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -563,6 +631,31 @@ impl ServeConfig {
                     parse_bounded_duration("[approvals] elicitation_timeout", &text, 1, 24 * 3600)?;
             }
         }
+        let mut trace = TraceSettings::default();
+        if let Some(t) = raw.trace {
+            if let Some(name) = t.key {
+                let secret = secrets.get(&name).cloned().with_context(|| {
+                    format!("[trace] key names secret `{name}`, which [secrets] does not define")
+                })?;
+                let settings = TraceSettings {
+                    key: Some((name, secret)),
+                    ..TraceSettings::default()
+                };
+                settings.host_key().context("[trace] key")?;
+                trace.key = settings.key;
+            }
+            trace.checkpoint_file = t.checkpoint_file.map(|f| base.join(f));
+            trace.checkpoint_interval = match t.checkpoint_interval.as_deref() {
+                None => Some(DEFAULT_CHECKPOINT_INTERVAL),
+                Some("off") => None,
+                Some(text) => Some(parse_bounded_duration(
+                    "[trace] checkpoint_interval",
+                    text,
+                    1,
+                    24 * 3600,
+                )?),
+            };
+        }
         Ok(Self {
             connections,
             mappings,
@@ -578,6 +671,7 @@ impl ServeConfig {
             policy_files,
             approvals,
             http: crate::front::http::HttpSettings::from_raw(raw.http, base)?,
+            trace,
         })
     }
 }
@@ -872,6 +966,55 @@ mod tests {
     }
 
     const MAPPING: &str = "[[mapping]]\nmanifest = \"m/mapping.toml\"\n";
+
+    #[test]
+    fn the_trace_table_names_a_key_and_where_checkpoints_go() {
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: the variable names are this test's own; no other test reads or writes them.
+        unsafe {
+            std::env::set_var("AIRLOCK_CONFIG_TEST_TRACE_KEY", "k".repeat(32));
+            std::env::set_var("AIRLOCK_CONFIG_TEST_SHORT_KEY", "short");
+        }
+        let secrets = "[secrets]\nk = { env = \"AIRLOCK_CONFIG_TEST_TRACE_KEY\" }\nshort = { env = \"AIRLOCK_CONFIG_TEST_SHORT_KEY\" }\n";
+        let cfg = ServeConfig::parse(
+            &format!("{MAPPING}[trace]\nkey = \"k\"\ncheckpoint_file = \"anchor/c.jsonl\"\ncheckpoint_interval = \"off\"\n{secrets}"),
+            dir.path(),
+        )
+        .unwrap();
+        let key = cfg.trace.host_key().unwrap().unwrap();
+        assert_eq!(key.source(), &crate::store::KeySource::Secret("k".into()));
+        assert_eq!(cfg.trace.checkpoint_interval, None);
+        assert_eq!(
+            cfg.trace.checkpoint_path(Path::new("/state")),
+            dir.path().join("anchor/c.jsonl")
+        );
+        let defaults = ServeConfig::parse(MAPPING, dir.path()).unwrap();
+        assert_eq!(defaults.trace, TraceSettings::default());
+        assert_eq!(
+            defaults.trace.checkpoint_path(Path::new("/state")),
+            Path::new("/state/trace-checkpoints.jsonl")
+        );
+        for (table, needle) in [
+            (
+                "[trace]\nkey = \"nope\"\n",
+                "which [secrets] does not define",
+            ),
+            ("[trace]\nkey = \"short\"\n", "at least 32"),
+            (
+                "[trace]\ncheckpoint_interval = \"soon\"\n",
+                "checkpoint_interval",
+            ),
+            ("[trace]\ncheckpoint_interval = \"10ms\"\n", "between 1 s"),
+            ("[trace]\nkeys = \"k\"\n", "unknown field"),
+        ] {
+            let err = ServeConfig::parse(&format!("{MAPPING}{table}{secrets}"), dir.path())
+                .map(|_| ())
+                .unwrap_err();
+            let err = format!("{err:#}");
+            assert!(err.contains(needle), "expected `{needle}` in: {err}");
+            assert!(!err.contains(&"k".repeat(32)), "the key in an error: {err}");
+        }
+    }
 
     #[test]
     fn an_http_connection_takes_its_credential_from_a_named_secret() {

@@ -15,9 +15,11 @@
 //! - [`registry`]: connection identity, snapshots, drift, pins, mapping lifecycle, the
 //!   live catalogue and hot reload.
 //! - [`store`]: SQLite — connections, snapshots, mappings, approvals, intents, the
-//!   hash-chained trace (group commit).
+//!   trace, MACed with the host key and chained (group commit), its checkpoints.
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`config`]: the serve configuration.
+//! - [`private_fs`]: the owner, mode and no-symlink rules of private folders and files
+//!   (state folder, database, trace key, checkpoints, compiled cache).
 //! - [`shutdown`]: stopping a serving host — signals, draining calls in flight, stopping
 //!   every upstream process group.
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
@@ -33,6 +35,7 @@ pub mod host;
 pub mod jsonrpc;
 pub mod pipeline;
 pub mod policy;
+pub mod private_fs;
 pub mod registry;
 pub mod runtime;
 pub mod shutdown;

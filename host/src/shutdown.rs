@@ -6,7 +6,9 @@
 //! 2. **drains** the calls in flight — waits until they finished, at most
 //!    [`DRAIN_TIMEOUT`] — so that their answers are sent and their outcomes recorded;
 //! 3. stops every upstream server **and its process group**: `SIGTERM`, then `SIGKILL`
-//!    after [`STOP_GRACE`] (see [`crate::upstream::process`]).
+//!    after [`STOP_GRACE`] (see [`crate::upstream::process`]);
+//! 4. appends a checkpoint of the trace head to the checkpoint file
+//!    ([`crate::registry::anchor`]).
 //!
 //! A second `SIGTERM`/`SIGINT` while draining exits at once (status 130); the upstream
 //! servers then die with the host (`PR_SET_PDEATHSIG`).
@@ -142,6 +144,7 @@ pub async fn stop(live: &Live, why: &str) {
     }
     live.shutdown(STOP_GRACE).await;
     tracing::info!("stopped: every upstream server and its process group");
+    crate::registry::anchor::at_shutdown(live.registry(), live.config());
 }
 
 /// Runs a front's `session` until it ends (the client's input ended, or it failed) or

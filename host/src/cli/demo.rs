@@ -323,7 +323,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     p.step("a delivery whose answer is lost: unknown, reconciled through the contract's query")?;
     lost_answer_scene(&mut p, state_dir.path()).await?;
 
-    p.step("the trace of the first host: hash-chained, append-only")?;
+    p.step("the trace of the first host: MACed, chained, append-only")?;
     let verified = host.registry().store().verify_trace()?;
     if let Some((seq, why)) = &verified.first_bad {
         bail!("the trace does not verify at event {seq}: {why}");

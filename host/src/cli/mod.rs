@@ -72,6 +72,8 @@ Configuration (TOML; relative paths resolve against the file's folder):
   # initialize + discovery of one connection; one that fails or takes longer is retried in
   # the background, 0.5 s doubling to 30 s, and offered once it is ready).
   # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
+  # [trace]: key (a [secrets] entry; default AIRLOCK_TRACE_KEY, else <state_dir>/trace.key),
+  #   checkpoint_file, checkpoint_interval = \"5m\" (checkpoints also at shutdown).
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
@@ -189,7 +191,16 @@ Example:
         #[command(subcommand)]
         action: ReviewAction,
     },
-    /// Read and verify the hash-chained trace.
+    /// Read and verify the MACed, hash-chained trace; print checkpoints of its head.
+    #[command(after_help = "\
+Each event is MACed (HMAC-SHA256) with the host key: the state folder's trace.key, or
+[trace] key (a named secret) / AIRLOCK_TRACE_KEY. A checkpoint (sequence number + head MAC,
+MACed with the key) anchors the head outside the database: `airlock serve` appends one to
+<state_dir>/trace-checkpoints.jsonl every [trace] checkpoint_interval and at shutdown.
+
+Example:
+  airlock trace checkpoint >> /mnt/elsewhere/airlock-checkpoints.jsonl
+  airlock trace verify --checkpoint /mnt/elsewhere/airlock-checkpoints.jsonl")]
     Trace {
         #[command(subcommand)]
         action: TraceAction,
@@ -398,13 +409,21 @@ enum ReviewAction {
 
 #[derive(Subcommand)]
 enum TraceAction {
-    /// Recompute the hash chain; exit status 3 when an event was altered, removed or
-    /// reordered.
+    /// Recompute the MAC chain and say what it covers; exit status 3 when an event was
+    /// altered, removed, reordered or recomputed without the key, or (with --checkpoint)
+    /// newest events or the whole trace were deleted.
     Verify {
+        /// Also check the trace against every checkpoint in FILE (JSON lines, as `airlock
+        /// trace checkpoint` prints and `serve` appends).
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
+    /// Print a checkpoint of the trace head now (one JSON line: seq, head MAC, key id,
+    /// time, MAC), to keep outside the database.
+    Checkpoint,
     /// Events, oldest first.
     List {
         /// Only events after this sequence number.
@@ -798,21 +817,24 @@ pub fn main() -> ExitCode {
                 init_logging("warn");
                 let registry = registry_for(state_dir)?;
                 match action {
-                    TraceAction::Verify { json } => {
-                        let v = registry.store().verify_trace()?;
+                    TraceAction::Checkpoint => {
+                        print(registry.store().trace_checkpoint()?.to_line())
+                    }
+                    TraceAction::Verify { checkpoint, json } => {
+                        let checkpoints = match &checkpoint {
+                            None => Vec::new(),
+                            Some(file) => crate::store::Checkpoint::parse_lines(
+                                &std::fs::read_to_string(file).with_context(|| {
+                                    format!("reading checkpoints from {}", file.display())
+                                })?,
+                            )
+                            .with_context(|| format!("checkpoint file {}", file.display()))?,
+                        };
+                        let v = registry.store().verify_trace_against(&checkpoints)?;
                         let text = if json {
                             serde_json::to_string_pretty(&v)? + "\n"
                         } else {
-                            match &v.first_bad {
-                                None => format!(
-                                    "trace intact: {} events, head {}\n",
-                                    v.events, v.head
-                                ),
-                                Some((seq, why)) => format!(
-                                    "trace TAMPERED at event {seq}: {why} ({} events read)\n",
-                                    v.events
-                                ),
-                            }
+                            crate::cli::operate::verification_text(&v)
                         };
                         print(text)?;
                         if v.first_bad.is_some() {
@@ -1202,7 +1224,8 @@ fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry>
     let dir = state_dir
         .or_else(crate::config::default_state_dir)
         .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
-    if !dir.join(crate::store::DATABASE_FILE).exists() {
+    // lstat: a link (even a dangling one) is not "no state"; opening refuses it by name.
+    if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_err() {
         anyhow::bail!(
             "no Airlock state in {} (no {}); pass the --state-dir your host uses",
             dir.display(),

@@ -637,6 +637,10 @@ pub struct ReviewShow {
     pub latest_snapshot: Option<String>,
     /// The check of the pins against it.
     pub check: Option<MappingCheck>,
+    /// Set when the latest revision is in a serving state that the trace does not prove
+    /// (the row was edited in the store): why, in words. Such a mapping is not served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tampered: Option<String>,
 }
 
 /// One capability of a recorded manifest and the semantics it serves with.
@@ -760,7 +764,9 @@ pub fn review_show(
         Some(check(registry, &current, &tools, &catalogue))
     });
     let (host_version, host_version_source) = shown_host_version(config, name, &current);
+    let tampered = registry.prove(&current)?;
     Ok(ReviewShow {
+        tampered,
         capabilities: shown_capabilities(current.manifest_text.as_deref()),
         host_version,
         host_version_source,
@@ -781,6 +787,12 @@ impl ReviewShow {
             "mapping `{}` revision {}: {}",
             c.name, c.revision, c.state
         );
+        if let Some(why) = &self.tampered {
+            let _ = writeln!(
+                o,
+                "  TAMPERED: the trace does not prove this record, so it is not served: {why}"
+            );
+        }
         let _ = writeln!(o, "  reason: {}", c.reason);
         let _ = writeln!(
             o,
@@ -992,6 +1004,24 @@ pub fn trace_text(events: &[TraceEvent]) -> String {
             safe(&e.subject, 60),
             safe(&e.payload.to_string(), 160)
         );
+    }
+    o
+}
+
+/// `airlock trace verify` for a person: intact or where it was tampered, then what the
+/// verification covers (the key, unkeyed events from before schema 7, checkpoints).
+pub fn verification_text(v: &crate::store::TraceVerification) -> String {
+    let mut o = match &v.first_bad {
+        None => format!("trace intact: {} events, head {}\n", v.events, v.head),
+        Some((seq, why)) => format!(
+            "trace TAMPERED at event {seq}: {why} ({} events read)\n",
+            v.events
+        ),
+    };
+    for line in &v.coverage {
+        o.push_str("  ");
+        o.push_str(line);
+        o.push('\n');
     }
     o
 }

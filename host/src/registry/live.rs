@@ -392,7 +392,8 @@ impl MappingSource {
     }
 }
 
-/// Opens the store in `config`'s state folder (or the default one).
+/// Opens the store in `config`'s state folder (or the default one), with the host key its
+/// `[trace] key` names (else the store's default key, see [`SqliteStore::open`]).
 ///
 /// # Errors
 /// No state folder can be determined; the store cannot be opened.
@@ -404,7 +405,7 @@ pub fn open_registry(config: &ServeConfig) -> Result<Registry> {
         .context(
             "no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration",
         )?;
-    let store = SqliteStore::open(&dir)?;
+    let store = SqliteStore::open_with_key(&dir, config.trace.host_key()?)?;
     Ok(Registry::new(Arc::new(store)))
 }
 
@@ -1101,7 +1102,8 @@ impl Live {
             stage,
         )?;
         let mut record = match registration {
-            crate::registry::Registration::Recorded(record) => *record,
+            // A serving record must be proven by the trace before anything else.
+            crate::registry::Registration::Recorded(record) => self.registry.proven(*record),
             crate::registry::Registration::Staged { reason } => {
                 tracing::warn!(mapping = %name, "changed manifest staged; the reviewed revision keeps serving until this one is approved: {reason}");
                 let staged = MappingRecord {
@@ -1404,6 +1406,13 @@ impl Live {
                 continue;
             }
             let record = self.judge(latest, &mapping.tools, &mapping.connection)?;
+            if record.revision == current.revision
+                && record.state == current.state
+                && record.reason == current.reason
+            {
+                // Judged as before (a refused record re-read every poll).
+                continue;
+            }
             tracing::info!(mapping = %mapping.name, revision = record.revision, state = %record.state, "mapping record changed in the store");
             mapping.record.store(Arc::new(record));
             changed |= was != mapping.serves();
@@ -1426,6 +1435,8 @@ impl Live {
         tools: &[String],
         state: &ConnectionState,
     ) -> Result<MappingRecord> {
+        // A serving record the trace does not prove is refused (crate::registry::Registry::prove).
+        let record = self.registry.proven(record);
         let snapshot = state.snapshot_digest();
         if snapshot.is_empty() {
             return Ok(record);

@@ -21,7 +21,17 @@
 //!   moves it to `review-required`, from which only a new approval (a new revision) leads
 //!   back to serving.
 //! - **Everything is traced**: revisions, snapshots, drift, state changes, approvals.
+//! - **Serving state is proven by the trace, never trusted from a row alone.** A record
+//!   in a serving state (`limited`, `active`) serves only when a `mapping-revision` event
+//!   whose MAC verifies with the host key records that revision with the same state,
+//!   manifest digest, component and pins, and the `mapping-state-changed` events for it
+//!   since (the latest one decides) leave it in that state; or when the `trace-keyed`
+//!   event of the schema 7 migration attested it so. Anything else — a row set to
+//!   `active` by hand, pins copied from another row, a revision row no event records —
+//!   is refused, traced once as `mapping-tampered`, and shown as tampered by
+//!   `review show` ([`Registry::prove`]).
 
+pub mod anchor;
 pub mod drift;
 pub mod live;
 pub mod manifest;
@@ -122,6 +132,10 @@ pub mod events {
     pub const POLICY_LOADED: &str = "policy-loaded";
     /// A changed policy was refused; the previous one keeps deciding.
     pub const POLICY_LOAD_FAILED: &str = "policy-load-failed";
+    /// A mapping record in a serving state that the trace does not prove (edited by hand
+    /// in the store): revision, the state and digests the row claims, and why it is not
+    /// proven. The mapping is refused.
+    pub const MAPPING_TAMPERED: &str = "mapping-tampered";
 }
 
 /// sha256 (hex) of a file's bytes, streamed.
@@ -291,12 +305,139 @@ pub struct MappingIdentity<'a> {
 #[derive(Clone)]
 pub struct Registry {
     store: Arc<dyn Store>,
+    /// Tampered records already traced (name, revision, state, digests), so a record
+    /// re-read every store poll is traced once.
+    tampered: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl Registry {
     /// A registry over `store`.
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+        Self {
+            store,
+            tampered: Arc::default(),
+        }
+    }
+
+    /// Whether the trace proves `record`'s serving state (see the module's rule): `None`
+    /// when it does (or the record does not serve, so there is nothing to prove), else
+    /// why not, in words.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub fn prove(&self, record: &MappingRecord) -> Result<Option<String>> {
+        if !record.state.serves() {
+            return Ok(None);
+        }
+        let events = self.store.mapping_proofs(&record.name)?;
+        // What the trace says about this revision: (state, manifest, component, pins),
+        // from its revision event (or the migration's attestation), then its state changes.
+        let mut said: Option<(String, Value, Value, Option<Value>, i64)> = None;
+        for e in &events {
+            let p = &e.payload;
+            let this_revision = |v: &Value| v["revision"].as_i64() == Some(record.revision);
+            match e.kind.as_str() {
+                events::MAPPING_REVISION if this_revision(p) => {
+                    said = Some((
+                        p["state"].as_str().unwrap_or_default().to_owned(),
+                        p["manifest_digest"].clone(),
+                        p["component_sha256"].clone(),
+                        p.get("pins").cloned(),
+                        e.seq,
+                    ));
+                }
+                events::MAPPING_STATE if this_revision(p) => {
+                    if let Some(s) = &mut said {
+                        s.0 = p["to"].as_str().unwrap_or_default().to_owned();
+                        s.4 = e.seq;
+                    }
+                }
+                crate::store::TRACE_KEYED => {
+                    let attested = p["mappings"].as_array().and_then(|all| {
+                        all.iter()
+                            .find(|m| m["name"] == record.name.as_str() && this_revision(m))
+                    });
+                    if let Some(m) = attested {
+                        said = Some((
+                            m["state"].as_str().unwrap_or_default().to_owned(),
+                            m["manifest_digest"].clone(),
+                            m["component_sha256"].clone(),
+                            Some(m["pins"].clone()),
+                            e.seq,
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some((state, manifest, component, pins, seq)) = said else {
+            return Ok(Some(format!(
+                "no MACed mapping-revision event records revision {} of `{}`",
+                record.revision, record.name
+            )));
+        };
+        let mut wrong = Vec::new();
+        if state != record.state.as_str() {
+            wrong.push(format!("state {} (the trace says {state})", record.state));
+        }
+        if manifest != record.manifest_digest.as_str() {
+            wrong.push("manifest digest".to_owned());
+        }
+        if component != record.component_sha256.as_str() {
+            wrong.push("component sha256".to_owned());
+        }
+        match &pins {
+            Some(pins) if *pins == record.pins => {}
+            Some(_) => wrong.push("pins".to_owned()),
+            None => wrong.push("pins (the revision event records none)".to_owned()),
+        }
+        Ok((!wrong.is_empty()).then(|| {
+            format!(
+                "revision {} of `{}` differs from what the trace recorded up to event {seq}: {}",
+                record.revision,
+                record.name,
+                wrong.join(", ")
+            )
+        }))
+    }
+
+    /// `record` when the trace proves it ([`Registry::prove`]); otherwise a copy that does
+    /// not serve (`review-required`, reason "tampered: …"), traced once as
+    /// `mapping-tampered` and logged at ERROR. A store failure refuses it too.
+    pub fn proven(&self, record: MappingRecord) -> MappingRecord {
+        let why = match self.prove(&record) {
+            Ok(None) => return record,
+            Ok(Some(why)) => why,
+            Err(e) => format!("its proof could not be read: {e:#}"),
+        };
+        let seen = format!(
+            "{}\0{}\0{}\0{}\0{}",
+            record.name, record.revision, record.state, record.manifest_digest, record.pins
+        );
+        let first = self
+            .tampered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(seen);
+        if first {
+            tracing::error!(mapping = %record.name, revision = record.revision, "refusing a mapping record the trace does not prove (edited in the store?): {why}");
+            self.trace(
+                events::MAPPING_TAMPERED,
+                &record.name,
+                json!({
+                    "revision": record.revision,
+                    "state": record.state,
+                    "manifest_digest": record.manifest_digest,
+                    "component_sha256": record.component_sha256,
+                    "why": why,
+                }),
+            );
+        }
+        MappingRecord {
+            state: MappingState::ReviewRequired,
+            reason: format!("tampered: {why}"),
+            ..record
+        }
     }
 
     /// The store.
@@ -530,20 +671,22 @@ impl Registry {
                 }
             }
         };
-        let record = self.store.add_mapping_revision(&new)?;
-        self.trace(
+        // The revision and the MACed event that proves it, in one transaction (the store
+        // adds "revision").
+        let event = crate::store::NewEvent::new(
             events::MAPPING_REVISION,
-            name,
+            name.clone(),
             json!({
-                "revision": record.revision,
-                "state": record.state,
-                "reason": record.reason,
-                "manifest_digest": record.manifest_digest,
-                "component_sha256": record.component_sha256,
-                "connection_id": record.connection_id,
-                "config_revision": record.config_revision,
+                "state": new.state,
+                "reason": new.reason,
+                "manifest_digest": new.manifest_digest,
+                "component_sha256": new.component_sha256,
+                "connection_id": new.connection_id,
+                "config_revision": new.config_revision,
+                "pins": new.pins,
             }),
         );
+        let record = self.store.add_mapping_revision_traced(&new, vec![event])?;
         Ok(Registration::Recorded(Box::new(record)))
     }
 
@@ -733,25 +876,22 @@ impl Registry {
                 }),
             );
         }
-        let changed = self.store.set_mapping_state(
+        let event = crate::store::NewEvent::new(
+            events::MAPPING_STATE,
+            record.name.clone(),
+            json!({
+                "from": record.state,
+                "to": MappingState::ReviewRequired,
+                "reason": reason,
+            }),
+        );
+        self.store.set_mapping_state_traced(
             &record.name,
             record.state,
             MappingState::ReviewRequired,
             reason,
-        )?;
-        if let Some(new) = &changed {
-            self.trace(
-                events::MAPPING_STATE,
-                &record.name,
-                json!({
-                    "revision": new.revision,
-                    "from": record.state,
-                    "to": new.state,
-                    "reason": reason,
-                }),
-            );
-        }
-        Ok(changed)
+            vec![event],
+        )
     }
 
     /// Approves a mapping: records `reviewer`, the time and the pins taken from `snapshot`
@@ -818,33 +958,35 @@ impl Registry {
         {
             bail!("mapping `{name}` is historical; it cannot be approved again");
         }
-        let record = self.store.add_mapping_revision(&NewMappingRevision {
-            name: name.to_string(),
-            manifest_digest: manifest_digest.to_string(),
-            component_sha256: component_sha256.to_string(),
-            connection_id: rev.connection_id.clone(),
-            config_revision: rev.revision,
-            snapshot_digest: Some(snapshot.digest.clone()),
-            pins: pins.to_value(),
-            state: MappingState::Active,
-            reviewer: Some(reviewer.to_string()),
-            reason: format!("approved by {reviewer}"),
-            manifest_text: manifest_text.map(str::to_string),
-        })?;
-        self.trace(
+        let pins = pins.to_value();
+        let event = crate::store::NewEvent::new(
             events::MAPPING_REVISION,
-            name,
+            name.to_string(),
             json!({
-                "revision": record.revision,
-                "state": record.state,
+                "state": MappingState::Active,
                 "reviewer": reviewer,
                 "snapshot": snapshot.digest,
-                "pins": record.pins,
+                "pins": pins,
                 "manifest_digest": manifest_digest,
                 "component_sha256": component_sha256,
             }),
         );
-        Ok(record)
+        self.store.add_mapping_revision_traced(
+            &NewMappingRevision {
+                name: name.to_string(),
+                manifest_digest: manifest_digest.to_string(),
+                component_sha256: component_sha256.to_string(),
+                connection_id: rev.connection_id.clone(),
+                config_revision: rev.revision,
+                snapshot_digest: Some(snapshot.digest.clone()),
+                pins,
+                state: MappingState::Active,
+                reviewer: Some(reviewer.to_string()),
+                reason: format!("approved by {reviewer}"),
+                manifest_text: manifest_text.map(str::to_string),
+            },
+            vec![event],
+        )
     }
 
     /// Moves a mapping to `retiring` (it stops serving new calls).
@@ -857,20 +999,98 @@ impl Registry {
             .mapping(name)?
             .with_context(|| format!("no mapping named `{name}` is recorded"))?;
         let reason = format!("retired by {reviewer}");
-        let record = self
-            .store
-            .set_mapping_state(name, latest.state, MappingState::Retiring, &reason)?
-            .with_context(|| format!("mapping `{name}` changed state meanwhile; try again"))?;
-        self.trace(
+        let event = crate::store::NewEvent::new(
             events::MAPPING_STATE,
-            name,
-            json!({"revision": record.revision, "from": latest.state, "to": record.state, "reason": reason}),
+            name.to_string(),
+            json!({"from": latest.state, "to": MappingState::Retiring, "reason": reason}),
         );
-        Ok(record)
+        self.store
+            .set_mapping_state_traced(
+                name,
+                latest.state,
+                MappingState::Retiring,
+                &reason,
+                vec![event],
+            )?
+            .with_context(|| format!("mapping `{name}` changed state meanwhile; try again"))
     }
 }
 
 /// The first 12 characters of a digest, for people.
 pub fn short(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{NewEvent, SqliteStore};
+
+    fn approved(registry: &Registry) -> MappingRecord {
+        let new = NewMappingRevision {
+            name: "library".into(),
+            manifest_digest: "m".repeat(64),
+            component_sha256: "c".repeat(64),
+            connection_id: "conn-000000000000".into(),
+            config_revision: 1,
+            snapshot_digest: Some("s".repeat(64)),
+            pins: json!({"tools": {"search": {"schema": "a", "description": "b"}}}),
+            state: MappingState::Active,
+            reviewer: Some("alice".into()),
+            reason: "approved by alice".into(),
+            manifest_text: None,
+        };
+        let event = NewEvent::new(
+            events::MAPPING_REVISION,
+            "library",
+            json!({"state": new.state, "pins": new.pins, "manifest_digest": new.manifest_digest, "component_sha256": new.component_sha256}),
+        );
+        registry
+            .store()
+            .add_mapping_revision_traced(&new, vec![event])
+            .unwrap()
+    }
+
+    #[test]
+    fn only_what_the_trace_recorded_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Registry::new(Arc::new(SqliteStore::open(dir.path()).unwrap()));
+        let record = approved(&registry);
+        assert_eq!(registry.prove(&record).unwrap(), None);
+        // Each field the trace binds, changed alone, is refused.
+        let forged = [
+            MappingRecord {
+                revision: record.revision + 1,
+                ..record.clone()
+            },
+            MappingRecord {
+                manifest_digest: "x".repeat(64),
+                ..record.clone()
+            },
+            MappingRecord {
+                component_sha256: "x".repeat(64),
+                ..record.clone()
+            },
+            MappingRecord {
+                pins: json!({"tools": {}}),
+                ..record.clone()
+            },
+            MappingRecord {
+                state: MappingState::Limited,
+                ..record.clone()
+            },
+        ];
+        for f in forged {
+            let why = registry.prove(&f).unwrap().expect("must be refused");
+            let refused = registry.proven(f);
+            assert!(!refused.state.serves(), "{why}");
+        }
+        let retired = registry.retire("library", "bob").unwrap();
+        let reactivated = MappingRecord {
+            state: MappingState::Active,
+            ..retired
+        };
+        let why = registry.prove(&reactivated).unwrap().unwrap();
+        assert!(why.contains("the trace says retiring"), "{why}");
+    }
 }

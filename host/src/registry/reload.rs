@@ -33,8 +33,9 @@ pub const DEBOUNCE: Duration = Duration::from_millis(50);
 /// How often the host re-reads mapping records from the store.
 pub const STORE_POLL: Duration = Duration::from_millis(200);
 
-/// Starts the background work of a serving host: the store poll and, when the
-/// configuration names a mappings folder, its watcher.
+/// Starts the background work of a serving host: the store poll, the trace checkpoints
+/// ([`crate::registry::anchor`]) and, when the configuration names a mappings folder,
+/// its watcher.
 ///
 /// # Errors
 /// The mappings folder cannot be watched.
@@ -49,6 +50,7 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
             }
         }
     });
+    crate::registry::anchor::spawn_interval(host);
     if let Some(dir) = host.config().mappings_dir.clone() {
         watch_mappings(host, dir)?;
     }

@@ -366,21 +366,11 @@ impl Runtime {
 impl CompiledCache {
     fn open(dir: &std::path::Path, engine: &Engine) -> Result<Self> {
         use std::hash::{Hash as _, Hasher as _};
-        use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating the compiled-component cache {}", dir.display()))?;
-        let meta = std::fs::metadata(dir)?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let uid = unsafe { libc::geteuid() };
-        if meta.uid() != uid || meta.mode() & 0o022 != 0 {
-            bail!(
-                "compiled-component cache {} must be owned by this user and not writable by group or others (chmod 700 it, or choose another --cache-dir)",
-                dir.display()
-            );
-        }
+        crate::private_fs::ensure_private_dir(
+            dir,
+            "compiled-component cache",
+            "or choose another --cache-dir",
+        )?;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         Ok(Self {
@@ -1636,7 +1626,8 @@ mod tests {
             .err()
             .expect("must refuse");
         assert!(
-            err.to_string().contains("not writable by group or others"),
+            err.to_string()
+                .contains("writable by group or others (mode 0777)"),
             "{err}"
         );
     }

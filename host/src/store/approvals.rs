@@ -442,7 +442,7 @@ impl SqliteStore {
         let run = || -> anyhow::Result<T> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = work(&tx)?;
-            trace::append_in(&tx, events)?;
+            trace::append_in(&tx, &self.key, events)?;
             tx.commit()?;
             Ok(out)
         };
@@ -601,7 +601,7 @@ impl SqliteStore {
                 "UPDATE approvals SET state = ?2, decided_by = ?3, decided_ms = ?4, reason = ?5, expires_ms = ?6 WHERE id = ?1",
                 params![id, to.as_str(), by, ms_to_sql(now)?, reason, expires],
             )?;
-            trace::append_in(tx, &events)?;
+            trace::append_in(tx, &self.key, &events)?;
             Ok(Ok(load_approval(tx, id)?
                 .ok_or_else(|| anyhow!("approval `{id}` vanished"))?))
         })?;
@@ -667,7 +667,7 @@ impl SqliteStore {
                 return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
             }
             insert_intent(&tx, intent, Some(id), now_sql)?;
-            trace::append_in(&tx, &events)?;
+            trace::append_in(&tx, &self.key, &events)?;
             let approval = load_approval(&tx, id)?.ok_or_else(|| anyhow!("approval vanished"))?;
             let stored = tx
                 .prepare_cached(&format!(

@@ -4,10 +4,16 @@
 //! shared PostgreSQL store can be added later without touching callers.
 //!
 //! The rules this module enforces:
-//! - **The trace is append-only and hash-chained.** [`Store`] has no method that updates or
-//!   deletes a trace event, and database triggers refuse `UPDATE`/`DELETE` on the table. Each
-//!   event carries the previous event's hash; [`Store::verify_trace`] recomputes the chain and
-//!   names the first event that was edited, unlinked, removed or reordered.
+//! - **The trace is append-only, MACed and chained.** [`Store`] has no method that updates
+//!   or deletes a trace event, and database triggers refuse `UPDATE`/`DELETE` on the table.
+//!   Each event carries an HMAC-SHA256 under the host key ([`key`]) of its exact stored
+//!   bytes and of the previous event's MAC; [`Store::verify_trace`] recomputes the chain and
+//!   names the first event that was edited, unlinked, removed, reordered or recomputed
+//!   without the key, and [`Store::verify_trace_against`] checks the head against
+//!   checkpoints kept outside the database (deleted newest events, a deleted trace).
+//! - **The state folder and database are private** ([`crate::private_fs`]): owned by this
+//!   user, writable by no one else, never a symbolic link (nor the `-wal`, `-shm` and
+//!   `-journal` files beside the database, nor the key file). A refusal writes nothing.
 //! - **Snapshots are immutable and content-addressed.** A body is stored once per digest and
 //!   never rewritten (a trigger refuses updates); offering a different body, connection or
 //!   configuration revision under an existing digest is an error. Each sighting is recorded
@@ -19,9 +25,10 @@
 //!   journal mode is switched or any migration runs, and opening fails with a message that
 //!   says nothing was changed.
 //!
-//! Accepted forms: a state directory (created with mode 0700 on unix when missing) holding
-//! [`DATABASE_FILE`], or an explicit database file path. A missing or empty file becomes a
-//! new database (created with mode 0600 on unix). Schema upgrades are versioned migrations
+//! Accepted forms: a state directory (created with mode 0700 when missing) holding
+//! [`DATABASE_FILE`] and the key file [`key::KEY_FILE`], or an explicit database file path
+//! (its folder is the state folder). A missing or empty file becomes a new database
+//! (created with mode 0600). Schema upgrades are versioned migrations
 //! driven by `PRAGMA user_version`, each applied in its own transaction.
 //!
 //! Connection settings: WAL journal, `synchronous=NORMAL`, foreign keys on, a 5 s busy
@@ -37,10 +44,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, anyhow, bail};
 use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
-use sha2::{Digest, Sha256};
 
 pub mod approvals;
 pub mod intents;
+pub mod key;
 pub mod observations;
 pub mod trace;
 
@@ -49,11 +56,12 @@ pub use approvals::{
     IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
 };
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
+pub use key::{Checkpoint, KeySource, TraceKey};
 pub use observations::{NewObservation, observation_id};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -271,7 +279,25 @@ BEGIN
     SELECT RAISE(ABORT, 'observations are not deleted');
 END;
 "#,
+    // 6 → 7: trace events are MACed with the host key (store/key.rs): `key_id` names the
+    // key; events written before stay unkeyed (NULL) and are pinned by the `trace-keyed`
+    // event the store appends right after this migration, whose MAC covers their head.
+    // The partial index finds the events that prove a mapping's serving state (see
+    // Store::mapping_proofs) without a scan; other events do not enter it.
+    r#"
+ALTER TABLE trace_events ADD COLUMN key_id TEXT;
+CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
+    WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
+"#,
 ];
+
+/// Kind of the event that starts the keyed part of a trace migrated from schema 6: its
+/// payload names how many unkeyed events precede it and their head hash, and its MAC
+/// covers that head.
+pub const TRACE_KEYED: &str = "trace-keyed";
+
+/// What the store's refusals suggest instead of fixing the path.
+const ELSEWHERE: &str = "or choose another --state-dir";
 
 const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
@@ -534,7 +560,10 @@ impl MappingRecord {
     }
 }
 
-/// One trace event. `hash` is hex sha256 of the RFC 8785 canonical JSON of
+/// One trace event. For an event with a `key_id` (every event this build writes), `hash`
+/// is the hex HMAC-SHA256 under the host key of its stored bytes, chained through
+/// `prev_hash` ([`key`] has the encoding). For an event written before schema 7 (no
+/// `key_id`), `hash` is hex sha256 of the RFC 8785 canonical JSON of
 /// `{"seq","at_ms","kind","subject","payload","prev_hash"}`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TraceEvent {
@@ -550,19 +579,35 @@ pub struct TraceEvent {
     pub payload: serde_json::Value,
     /// Hash of the previous event, or 64 zeros for the first.
     pub prev_hash: String,
-    /// Hash of this event (hex sha256).
+    /// MAC of this event (hex HMAC-SHA256), or its unkeyed hash (hex sha256) for an
+    /// event written before schema 7.
     pub hash: String,
+    /// Id of the key that MACed it (16 hex); `None` for an event written before schema 7.
+    pub key_id: Option<String>,
 }
 
-/// Result of [`Store::verify_trace`].
+/// Result of [`Store::verify_trace`] and [`Store::verify_trace_against`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TraceVerification {
     /// Number of events in the trace.
     pub events: u64,
     /// Recorded hash of the last event, or 64 zeros for an empty trace.
     pub head: String,
-    /// The first bad seq and why, in words; `None` when the whole chain verifies.
+    /// The first bad seq and why, in words; `None` when the whole chain (and every
+    /// checkpoint given) verifies.
     pub first_bad: Option<(i64, String)>,
+    /// Id of the key the events were checked with (16 hex).
+    pub key_id: String,
+    /// Where that key came from (a key file, a named secret, the environment).
+    pub key_source: String,
+    /// How many events (at the start) were written before schema 7, without a MAC.
+    pub unkeyed: u64,
+    /// How many checkpoints were checked.
+    pub checkpoints: u64,
+    /// The highest event a verified checkpoint anchors, when one was given.
+    pub anchored_seq: Option<i64>,
+    /// What the verification covers and what it cannot see, in words (one line each).
+    pub coverage: Vec<String>,
 }
 
 /// The state store. Object safe; every method is one transaction (or one consistent read).
@@ -623,7 +668,18 @@ pub trait Store: Send + Sync {
     /// the previous latest revision, unless already historical, becomes historical (its
     /// reason gains "; superseded by revision N (was STATE)"). Errors: empty name, database
     /// failure.
-    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord>;
+    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord> {
+        self.add_mapping_revision_traced(new, Vec::new())
+    }
+
+    /// [`Store::add_mapping_revision`] with `events` appended in the same transaction, each
+    /// object payload gaining `"revision": N` (the new revision): the row and the event
+    /// that proves it are committed together, or neither.
+    fn add_mapping_revision_traced(
+        &self,
+        new: &NewMappingRevision,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<MappingRecord>;
 
     /// Compare-and-set on the latest revision: `Ok(Some(record))` after the change;
     /// `Ok(None)` when the latest revision's state is not `expected` (someone else changed
@@ -635,12 +691,27 @@ pub trait Store: Send + Sync {
         expected: MappingState,
         to: MappingState,
         reason: &str,
+    ) -> anyhow::Result<Option<MappingRecord>> {
+        self.set_mapping_state_traced(name, expected, to, reason, Vec::new())
+    }
+
+    /// [`Store::set_mapping_state`] with `events` appended in the same transaction when the
+    /// state changes (each object payload gaining `"revision": N`); nothing is appended
+    /// when it does not.
+    fn set_mapping_state_traced(
+        &self,
+        name: &str,
+        expected: MappingState,
+        to: MappingState,
+        reason: &str,
+        events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>>;
 
     /// Appends one event: seq = previous + 1 (starting at 1), at_ms = now, prev_hash =
-    /// previous event's hash or 64 zeros, hash = hex sha256 of the RFC 8785 canonical JSON
-    /// of `{"seq","at_ms","kind","subject","payload","prev_hash"}`. The payload is stored as
-    /// canonical JSON text; the returned event carries it as stored.
+    /// previous event's hash or 64 zeros, hash = the hex HMAC-SHA256 under the host key of
+    /// the stored fields ([`key`] has the encoding), key_id = the key's id. The payload is
+    /// stored as canonical JSON text; the returned event carries it as stored. Errors when
+    /// the newest event was MACed with another key.
     fn append_trace(
         &self,
         kind: &str,
@@ -665,10 +736,35 @@ pub trait Store: Send + Sync {
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>>;
 
-    /// Recomputes the chain from seq 1: detects an edited field (hash mismatch), a broken
-    /// link (prev_hash differs from the previous event's hash), a missing or reordered event
-    /// (seq gap). Reports the first bad seq and why, in words a reviewer understands.
-    fn verify_trace(&self) -> anyhow::Result<TraceVerification>;
+    /// Recomputes the chain from seq 1 with the host key: detects an edited byte of any
+    /// stored field (MAC mismatch, even when the text still parses to the same JSON), a
+    /// broken link (prev_hash differs from the previous event's hash), a missing or
+    /// reordered event (seq gap), an event MACed with another key, and unkeyed events
+    /// after keyed ones (a chain recomputed without the key). Reports the first bad seq
+    /// and why, in words a reviewer understands. Cannot see deleted newest events: see
+    /// [`Store::verify_trace_against`].
+    fn verify_trace(&self) -> anyhow::Result<TraceVerification> {
+        self.verify_trace_against(&[])
+    }
+
+    /// [`Store::verify_trace`], then checks each checkpoint (with the line it came from):
+    /// it must verify with the host key, and the trace must still hold its event with
+    /// the same MAC. So deleted newest events, a deleted whole trace and a chain rewritten
+    /// up to a checkpointed event are reported.
+    fn verify_trace_against(
+        &self,
+        checkpoints: &[(usize, key::Checkpoint)],
+    ) -> anyhow::Result<TraceVerification>;
+
+    /// A checkpoint of the trace head now (seq + head MAC), MACed with the host key.
+    fn trace_checkpoint(&self) -> anyhow::Result<key::Checkpoint>;
+
+    /// The events that can prove the serving state of mapping `name`, in seq order: its
+    /// `mapping-revision` and `mapping-state-changed` events and every [`TRACE_KEYED`]
+    /// event (which attests the mapping records at migration), **only those whose MAC
+    /// verifies with the host key** (an unkeyed or forged event proves nothing). Read
+    /// through a partial index, not a scan of the trace.
+    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
@@ -788,6 +884,7 @@ pub struct SqliteStore {
     conn: Mutex<Connection>,
     path: PathBuf,
     commit: trace::GroupCommit,
+    key: TraceKey,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -799,28 +896,78 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
-    /// Creates `state_dir` (mode 0700 on unix) if missing and opens
-    /// `state_dir/`[`DATABASE_FILE`] with [`open_file`](Self::open_file).
+    /// [`open_with_key`](Self::open_with_key) with the key from [`key::KEY_ENV`] when it
+    /// is set, else from the state folder's key file (created when missing).
     pub fn open(state_dir: &Path) -> anyhow::Result<Self> {
-        create_private_dir(state_dir)?;
-        Self::open_file(&state_dir.join(DATABASE_FILE))
+        Self::open_with_key(state_dir, None)
     }
 
-    /// Opens (creating when missing, mode 0600 on unix) the database file at `path`,
-    /// refusing — without modifying it — a file that is not a readable SQLite database,
-    /// fails `PRAGMA quick_check`, was written by a newer schema, or holds tables but no
-    /// Airlock schema version. Then switches to WAL and applies pending migrations.
+    /// Creates `state_dir` (mode 0700) if missing and opens
+    /// `state_dir/`[`DATABASE_FILE`] with [`open_file_with_key`](Self::open_file_with_key).
+    /// Refuses, writing nothing, a state folder that is a symbolic link, not a folder, not
+    /// owned by this user or writable by group or others.
+    pub fn open_with_key(state_dir: &Path, key: Option<TraceKey>) -> anyhow::Result<Self> {
+        crate::private_fs::ensure_private_dir(state_dir, "state folder", ELSEWHERE)?;
+        Self::open_file_with_key(&state_dir.join(DATABASE_FILE), key)
+    }
+
+    /// [`open_file_with_key`](Self::open_file_with_key) with the default key (see
+    /// [`open`](Self::open)).
     pub fn open_file(path: &Path) -> anyhow::Result<Self> {
+        Self::open_file_with_key(path, None)
+    }
+
+    /// Opens (creating when missing, mode 0600) the database file at `path`, whose folder
+    /// is the state folder. Refuses — writing nothing — a folder, database, `-wal`, `-shm`
+    /// or `-journal` file or key file that breaks [`crate::private_fs`]'s rules (a link,
+    /// another owner, writable by others; a key readable by others), a file that is not a
+    /// readable SQLite database, fails `PRAGMA quick_check`, was written by a newer schema,
+    /// or holds tables but no Airlock schema version; and a missing key file when the
+    /// trace already holds MACed events. Then switches to WAL, applies pending migrations,
+    /// creates the key file if there is none (and no `key` was given), and pins an unkeyed
+    /// trace from before schema 7 with a [`TRACE_KEYED`] event.
+    ///
+    /// `key`: the host key (a named secret); `None` takes [`key::KEY_ENV`] when set, else
+    /// the state folder's [`key::KEY_FILE`].
+    pub fn open_file_with_key(path: &Path, key: Option<TraceKey>) -> anyhow::Result<Self> {
+        use crate::private_fs::{Access, check_private_dir, check_private_file};
         let shown = path.display();
-        let exists = match std::fs::metadata(path) {
-            Ok(meta) => {
-                if !meta.is_file() {
-                    bail!("state database {shown} is not a file; nothing was changed");
-                }
-                true
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(e).with_context(|| format!("state database {shown}")),
+        let folder = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !check_private_dir(folder, "state folder", ELSEWHERE)? {
+            bail!(
+                "the state folder {} does not exist; nothing was written",
+                folder.display()
+            );
+        }
+        let exists = check_private_file(
+            path,
+            "state database",
+            ELSEWHERE,
+            Access::NotWritableByOthers,
+        )?;
+        for (suffix, what) in [
+            ("-wal", "state database's write-ahead log"),
+            ("-shm", "state database's shared-memory file"),
+            ("-journal", "state database's rollback journal"),
+        ] {
+            let mut beside = path.as_os_str().to_owned();
+            beside.push(suffix);
+            check_private_file(
+                Path::new(&beside),
+                what,
+                ELSEWHERE,
+                Access::NotWritableByOthers,
+            )?;
+        }
+        let key = match key {
+            Some(key) => Some(key),
+            None => match TraceKey::from_env()? {
+                Some(key) => Some(key),
+                None => TraceKey::read_file(folder)?,
+            },
         };
         if exists {
             precheck(path)?;
@@ -828,18 +975,58 @@ impl SqliteStore {
             create_private_file(path)?;
         }
 
+        // SQLite opens every file with O_NOFOLLOW anyway; NOFOLLOW also refuses a link
+        // put in place since the checks above, with its own error.
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW;
         let mut conn = Connection::open_with_flags(path, flags)
             .with_context(|| format!("opening state database {shown}"))?;
         configure(&conn).with_context(|| format!("configuring state database {shown}"))?;
-        migrate(&mut conn, path)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .with_context(|| format!("state database {shown}: reading the schema version"))?;
+        let key = match key {
+            Some(key) => key,
+            None => {
+                // Before schema 7 no event has a MAC, so a first key is made safely.
+                let keyed: Option<String> = if version >= 7 {
+                    conn.query_row(
+                        "SELECT key_id FROM trace_events WHERE key_id IS NOT NULL LIMIT 1",
+                        [],
+                        |row| row.get(0),
+                    )
+                    .optional()
+                    .with_context(|| format!("state database {shown}: reading the trace"))?
+                } else {
+                    None
+                };
+                if let Some(id) = keyed {
+                    bail!(
+                        "the trace key file {} is missing, but the trace in {shown} is MACed \
+                         with key {id}: restore the key file (or give that key with [trace] \
+                         key or {}); a new key would not verify the events already written; \
+                         nothing was written",
+                        folder.join(key::KEY_FILE).display(),
+                        key::KEY_ENV
+                    );
+                }
+                TraceKey::create_file(folder)?
+            }
+        };
+        migrate(&mut conn, path, &key)?;
         Ok(Self {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
             commit: trace::GroupCommit::default(),
+            key,
         })
+    }
+
+    /// The host key the trace is MACed with.
+    pub fn key(&self) -> &TraceKey {
+        &self.key
     }
 
     /// Path of the database file.
@@ -952,8 +1139,9 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Applies migrations from the current `user_version` up to [`SCHEMA_VERSION`], each in its
 /// own `BEGIN IMMEDIATE` transaction that re-reads the version (another process may be
-/// migrating the same file).
-fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
+/// migrating the same file). The step to schema 7 also appends the [`TRACE_KEYED`] event
+/// (MACed with `key`) when the trace holds events.
+fn migrate(conn: &mut Connection, path: &Path, key: &TraceKey) -> anyhow::Result<()> {
     let shown = path.display();
     loop {
         let tx = conn
@@ -977,6 +1165,13 @@ fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
                 version + 1
             )
         })?;
+        if version + 1 == 7 {
+            // The trace becomes keyed: pin the unkeyed events (and attest the mapping
+            // records as they stand) with a MACed event, in the same transaction, so an
+            // unkeyed trace is accepted only as it was when this build first opened it.
+            trace::mark_keyed(&tx, key)
+                .with_context(|| format!("state database {shown}: starting the keyed trace"))?;
+        }
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit().with_context(|| {
             format!("state database {shown}: committing schema {}", version + 1)
@@ -984,28 +1179,8 @@ fn migrate(conn: &mut Connection, path: &Path) -> anyhow::Result<()> {
     }
 }
 
-fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        builder.mode(0o700);
-    }
-    builder
-        .create(dir)
-        .with_context(|| format!("creating state directory {}", dir.display()))
-}
-
 fn create_private_file(path: &Path) -> anyhow::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    match options.open(path) {
+    match crate::private_fs::create_new_private(path) {
         Ok(_) => Ok(()),
         // Another process created it first; the SQLite open that follows checks nothing
         // more than a fresh file needs.
@@ -1062,7 +1237,9 @@ fn new_connection_id() -> anyhow::Result<String> {
     Ok(format!("conn-{}", hex::encode(bytes)))
 }
 
-/// Hex sha256 of the canonical JSON of the chained fields of one trace event.
+/// Hex sha256 of the canonical JSON of the chained fields of one trace event (the
+/// re-parsing form of [`trace::chained_hash`], which a unit test holds equal).
+#[cfg(test)]
 fn trace_hash(
     seq: i64,
     at_ms: u64,
@@ -1071,6 +1248,7 @@ fn trace_hash(
     payload: &serde_json::Value,
     prev_hash: &str,
 ) -> anyhow::Result<String> {
+    use sha2::{Digest as _, Sha256};
     let chained = serde_json::json!({
         "seq": seq,
         "at_ms": at_ms,
@@ -1150,7 +1328,7 @@ fn latest_mapping(conn: &Connection, name: &str) -> rusqlite::Result<Option<Mapp
     .optional()
 }
 
-const TRACE_COLUMNS: &str = "seq, at_ms, kind, subject, payload, prev_hash, hash";
+const TRACE_COLUMNS: &str = "seq, at_ms, kind, subject, payload, prev_hash, hash, key_id";
 
 fn trace_from_row(row: &Row<'_>) -> rusqlite::Result<TraceEvent> {
     Ok(TraceEvent {
@@ -1161,6 +1339,7 @@ fn trace_from_row(row: &Row<'_>) -> rusqlite::Result<TraceEvent> {
         payload: get_json(row, 4)?,
         prev_hash: row.get(5)?,
         hash: row.get(6)?,
+        key_id: row.get(7)?,
     })
 }
 
@@ -1477,7 +1656,11 @@ impl Store for SqliteStore {
         run().with_context(|| self.context("listing mappings"))
     }
 
-    fn add_mapping_revision(&self, new: &NewMappingRevision) -> anyhow::Result<MappingRecord> {
+    fn add_mapping_revision_traced(
+        &self,
+        new: &NewMappingRevision,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<MappingRecord> {
         if new.name.is_empty() {
             bail!("a mapping name must not be empty");
         }
@@ -1529,6 +1712,7 @@ impl Store for SqliteStore {
                 ],
             )?;
             let pins = serde_json::from_str(&pins_text)?;
+            trace::append_in(&tx, &self.key, &with_revision(events.clone(), revision))?;
             tx.commit()?;
             Ok(MappingRecord {
                 name: new.name.clone(),
@@ -1552,12 +1736,13 @@ impl Store for SqliteStore {
         })
     }
 
-    fn set_mapping_state(
+    fn set_mapping_state_traced(
         &self,
         name: &str,
         expected: MappingState,
         to: MappingState,
         reason: &str,
+        events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>> {
         if !expected.can_become(to) {
             bail!("mapping {name:?}: {expected} cannot become {to}");
@@ -1578,6 +1763,11 @@ impl Store for SqliteStore {
                  WHERE name = ?4 AND revision = ?5",
                 params![to.as_str(), reason, now, name, latest.revision],
             )?;
+            trace::append_in(
+                &tx,
+                &self.key,
+                &with_revision(events.clone(), latest.revision),
+            )?;
             tx.commit()?;
             Ok(Some(MappingRecord {
                 state: to,
@@ -1597,44 +1787,12 @@ impl Store for SqliteStore {
         subject: &str,
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent> {
-        let payload_text = canonical(payload)?;
-        // The event carries the payload as stored, so what is returned now hashes the same
-        // as what is read back later.
-        let payload: serde_json::Value =
-            serde_json::from_str(&payload_text).context("re-reading canonical payload")?;
-        let at_ms = now_ms();
-        let at = ms_to_sql(at_ms)?;
         let mut conn = self.lock();
         let mut run = || -> anyhow::Result<TraceEvent> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let last: Option<(i64, String)> = tx
-                .query_row(
-                    "SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1",
-                    [],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-                .optional()?;
-            let (seq, prev_hash) = match last {
-                Some((seq, hash)) => (seq + 1, hash),
-                None => (1, GENESIS_HASH.to_owned()),
-            };
-            let hash = trace_hash(seq, at_ms, kind, subject, &payload, &prev_hash)?;
-            tx.execute(
-                &format!(
-                    "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
-                ),
-                params![seq, at, kind, subject, payload_text, prev_hash, hash],
-            )?;
+            let event = trace::append_one(&tx, &self.key, kind, subject, payload)?;
             tx.commit()?;
-            Ok(TraceEvent {
-                seq,
-                at_ms,
-                kind: kind.to_owned(),
-                subject: subject.to_owned(),
-                payload: payload.clone(),
-                prev_hash,
-                hash,
-            })
+            Ok(event)
         };
         run().with_context(|| self.context(&format!("appending trace event {kind:?}")))
     }
@@ -1672,7 +1830,7 @@ impl Store for SqliteStore {
         let result = (|| -> anyhow::Result<()> {
             conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
             let written = observations::write_in(&conn, &seen)
-                .and_then(|()| trace::append_in(&conn, &all))
+                .and_then(|()| trace::append_in(&conn, &self.key, &all))
                 .and_then(|_| {
                     conn.prepare_cached("COMMIT")?.execute([])?;
                     Ok(())
@@ -1822,7 +1980,10 @@ impl Store for SqliteStore {
         self.resolve_intent_impl(id, resolution, events)
     }
 
-    fn verify_trace(&self) -> anyhow::Result<TraceVerification> {
+    fn verify_trace_against(
+        &self,
+        checkpoints: &[(usize, Checkpoint)],
+    ) -> anyhow::Result<TraceVerification> {
         let mut conn = self.lock();
         let mut run = || -> anyhow::Result<TraceVerification> {
             // One read transaction: a consistent view even while others append.
@@ -1831,123 +1992,408 @@ impl Store for SqliteStore {
                 "SELECT {TRACE_COLUMNS} FROM trace_events ORDER BY seq"
             ))?;
             let mut rows = stmt.query([])?;
-            let mut events = 0u64;
-            let mut expected_seq = 1i64;
-            let mut prev = GENESIS_HASH.to_owned();
-            let mut first_bad: Option<(i64, String)> = None;
+            let wanted: std::collections::BTreeSet<i64> =
+                checkpoints.iter().map(|(_, c)| c.seq).collect();
+            let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
+            let mut chain = ChainCheck::new(&self.key);
             while let Some(row) = rows.next()? {
-                events += 1;
+                let stored = StoredEvent {
+                    seq: row.get(0)?,
+                    at: row.get(1)?,
+                    kind: row.get(2)?,
+                    subject: row.get(3)?,
+                    payload: row.get(4)?,
+                    prev_hash: row.get(5)?,
+                    hash: row.get(6)?,
+                    key_id: row.get(7)?,
+                };
+                if wanted.contains(&stored.seq) {
+                    recorded.insert(stored.seq, stored.hash.clone());
+                }
+                chain.next(stored)?;
+            }
+            Ok(chain.finish(checkpoints, &recorded))
+        };
+        run().with_context(|| self.context("verifying the trace"))
+    }
+
+    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        let conn = self.lock();
+        let run = || -> anyhow::Result<Vec<TraceEvent>> {
+            // The kind term repeats the partial index's WHERE clause word for word, so
+            // SQLite uses it.
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
+                 AND subject IN (?1, 'trace') ORDER BY seq"
+            ))?;
+            let mut rows = stmt.query(params![name])?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next()? {
                 let seq: i64 = row.get(0)?;
                 let at: i64 = row.get(1)?;
                 let kind: String = row.get(2)?;
                 let subject: String = row.get(3)?;
-                let payload_text: String = row.get(4)?;
+                let payload: String = row.get(4)?;
                 let prev_hash: String = row.get(5)?;
                 let hash: String = row.get(6)?;
-                if first_bad.is_none() {
-                    first_bad = check_event(
-                        expected_seq,
-                        &prev,
-                        seq,
-                        at,
-                        &kind,
-                        &subject,
-                        &payload_text,
-                        &prev_hash,
-                        &hash,
-                    )?;
+                let key_id: Option<String> = row.get(7)?;
+                let genuine = key_id.as_deref() == Some(self.key.id())
+                    && (subject == name || kind == TRACE_KEYED)
+                    && self
+                        .key
+                        .verify_event(seq, at, &kind, &subject, &payload, &prev_hash, &hash);
+                if !genuine {
+                    continue;
                 }
-                expected_seq = seq.saturating_add(1);
-                prev = hash;
+                out.push(TraceEvent {
+                    seq,
+                    at_ms: u64::try_from(at).unwrap_or(0),
+                    kind,
+                    subject,
+                    payload: serde_json::from_str(&payload)?,
+                    prev_hash,
+                    hash,
+                    key_id,
+                });
             }
-            Ok(TraceVerification {
-                events,
-                head: prev,
-                first_bad,
-            })
+            Ok(out)
         };
-        run().with_context(|| self.context("verifying the trace"))
+        run().with_context(|| self.context(&format!("reading the proofs of mapping {name:?}")))
+    }
+
+    fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
+        let conn = self.lock();
+        let head: Option<(i64, String)> = conn
+            .prepare_cached("SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1")
+            .and_then(|mut stmt| {
+                stmt.query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .with_context(|| self.context("reading the trace head"))?;
+        let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
+        Ok(self.key.checkpoint(seq, &head, now_ms()))
     }
 }
 
-/// Checks one stored event against the chain so far; `Some((seq, why))` when it is bad.
-#[allow(clippy::too_many_arguments)] // reason: one column each, read straight from the row
-fn check_event(
-    expected_seq: i64,
-    prev: &str,
+/// `events` with `"revision": revision` added to each object payload.
+fn with_revision(mut events: Vec<NewEvent>, revision: i64) -> Vec<NewEvent> {
+    for e in &mut events {
+        if let Some(map) = e.payload.as_object_mut() {
+            map.insert("revision".into(), revision.into());
+        }
+    }
+    events
+}
+
+/// One trace row as stored.
+struct StoredEvent {
     seq: i64,
     at: i64,
-    kind: &str,
-    subject: &str,
-    payload_text: &str,
-    prev_hash: &str,
-    hash: &str,
-) -> anyhow::Result<Option<(i64, String)>> {
-    if seq != expected_seq {
-        let why = if expected_seq == 1 {
-            format!(
-                "event {expected_seq} is missing: the trace starts at event {seq} (events \
-                 were deleted or renumbered)"
-            )
-        } else if seq > expected_seq {
-            format!(
-                "event {expected_seq} is missing: event {} is followed by event {seq} \
-                 (events were deleted or renumbered)",
-                expected_seq - 1
-            )
-        } else {
-            format!(
-                "event {seq} is out of order after event {}",
-                expected_seq - 1
-            )
-        };
-        return Ok(Some((expected_seq, why)));
+    kind: String,
+    subject: String,
+    payload: String,
+    prev_hash: String,
+    hash: String,
+    key_id: Option<String>,
+}
+
+/// The verification of a chain, one stored event at a time (in seq order).
+struct ChainCheck<'k> {
+    key: &'k TraceKey,
+    events: u64,
+    expected_seq: i64,
+    prev: String,
+    /// Seq of the first keyed event seen.
+    keyed_from: Option<i64>,
+    unkeyed: u64,
+    first_bad: Option<(i64, String)>,
+}
+
+impl<'k> ChainCheck<'k> {
+    fn new(key: &'k TraceKey) -> Self {
+        Self {
+            key,
+            events: 0,
+            expected_seq: 1,
+            prev: GENESIS_HASH.to_owned(),
+            keyed_from: None,
+            unkeyed: 0,
+            first_bad: None,
+        }
     }
-    if prev_hash != prev {
-        let why = if seq == 1 {
-            format!(
-                "event 1 does not start the chain: its prev_hash is {prev_hash}, not 64 zeros \
-                 (the chain was altered)"
-            )
-        } else {
-            format!(
-                "event {seq} does not link to event {}: its prev_hash is {prev_hash} but \
-                 event {}'s hash is {prev} (an event was altered, removed or inserted)",
-                seq - 1,
-                seq - 1
-            )
-        };
-        return Ok(Some((seq, why)));
+
+    fn next(&mut self, e: StoredEvent) -> anyhow::Result<()> {
+        self.events += 1;
+        if self.first_bad.is_none() {
+            self.first_bad = self.check(&e)?;
+        }
+        if e.key_id.is_some() && self.keyed_from.is_none() {
+            self.keyed_from = Some(e.seq);
+        } else if e.key_id.is_none() && self.keyed_from.is_none() {
+            self.unkeyed += 1;
+        }
+        self.expected_seq = e.seq.saturating_add(1);
+        self.prev = e.hash;
+        Ok(())
     }
-    let Ok(at_ms) = u64::try_from(at) else {
-        return Ok(Some((seq, format!("event {seq} has a negative time {at}"))));
-    };
-    let payload: serde_json::Value = match serde_json::from_str(payload_text) {
-        Ok(payload) => payload,
-        Err(e) => {
+
+    /// Checks one stored event against the chain so far; `Some((seq, why))` when it is bad.
+    fn check(&self, e: &StoredEvent) -> anyhow::Result<Option<(i64, String)>> {
+        let (seq, expected_seq, prev) = (e.seq, self.expected_seq, self.prev.as_str());
+        if seq != expected_seq {
+            let why = if expected_seq == 1 {
+                format!(
+                    "event {expected_seq} is missing: the trace starts at event {seq} (events \
+                     were deleted or renumbered)"
+                )
+            } else if seq > expected_seq {
+                format!(
+                    "event {expected_seq} is missing: event {} is followed by event {seq} \
+                     (events were deleted or renumbered)",
+                    expected_seq - 1
+                )
+            } else {
+                format!(
+                    "event {seq} is out of order after event {}",
+                    expected_seq - 1
+                )
+            };
+            return Ok(Some((expected_seq, why)));
+        }
+        if e.prev_hash != prev {
+            let why = if seq == 1 {
+                format!(
+                    "event 1 does not start the chain: its prev_hash is {}, not 64 zeros \
+                     (the chain was altered)",
+                    e.prev_hash
+                )
+            } else {
+                format!(
+                    "event {seq} does not link to event {}: its prev_hash is {} but \
+                     event {}'s hash is {prev} (an event was altered, removed or inserted)",
+                    seq - 1,
+                    e.prev_hash,
+                    seq - 1
+                )
+            };
+            return Ok(Some((seq, why)));
+        }
+        let Some(key_id) = &e.key_id else {
+            return self.check_unkeyed(e);
+        };
+        if key_id != self.key.id() {
             return Ok(Some((
                 seq,
-                format!("event {seq}'s payload is not valid JSON ({e}); it was altered"),
+                format!(
+                    "event {seq} is MACed with key {key_id}, not with this host's key {} \
+                     ({}): verify with the key that wrote the trace",
+                    self.key.id(),
+                    self.key.source()
+                ),
             )));
         }
-    };
-    let recomputed = trace_hash(seq, at_ms, kind, subject, &payload, prev_hash)?;
-    if recomputed != hash {
-        return Ok(Some((
+        if !self.key.verify_event(
             seq,
-            format!(
-                "event {seq} was altered: its contents (time, kind, subject or payload) no \
-                 longer match its recorded hash"
-            ),
-        )));
+            e.at,
+            &e.kind,
+            &e.subject,
+            &e.payload,
+            &e.prev_hash,
+            &e.hash,
+        ) {
+            return Ok(Some((
+                seq,
+                format!(
+                    "event {seq} was altered: its stored bytes (time, kind, subject, payload \
+                     or link) no longer match its MAC"
+                ),
+            )));
+        }
+        Ok(None)
     }
-    Ok(None)
+
+    /// An event from before schema 7: unkeyed, so accepted only before the first keyed
+    /// one, in the canonical form the store wrote, with its sha256 hash.
+    fn check_unkeyed(&self, e: &StoredEvent) -> anyhow::Result<Option<(i64, String)>> {
+        let seq = e.seq;
+        if let Some(first) = self.keyed_from {
+            return Ok(Some((
+                seq,
+                format!(
+                    "event {seq} has no MAC although event {first} before it has one: only \
+                     events written before the key (schema 7) may lack one, so the chain \
+                     from here was rewritten without the key"
+                ),
+            )));
+        }
+        let Ok(at_ms) = u64::try_from(e.at) else {
+            return Ok(Some((
+                seq,
+                format!("event {seq} has a negative time {}", e.at),
+            )));
+        };
+        let canonical_text = match serde_json::from_str::<serde_json::Value>(&e.payload)
+            .map_err(anyhow::Error::from)
+            .and_then(|v| trace::canonical(&v))
+        {
+            Ok(text) => text,
+            Err(err) => {
+                return Ok(Some((
+                    seq,
+                    format!("event {seq}'s payload is not valid JSON ({err}); it was altered"),
+                )));
+            }
+        };
+        if canonical_text != e.payload {
+            return Ok(Some((
+                seq,
+                format!(
+                    "event {seq}'s payload is not the canonical JSON the store writes (a \
+                     duplicated key, reordered keys or added spaces): it was altered"
+                ),
+            )));
+        }
+        let recomputed =
+            trace::chained_hash(seq, at_ms, &e.kind, &e.subject, &e.payload, &e.prev_hash)?;
+        if recomputed != e.hash {
+            return Ok(Some((
+                seq,
+                format!(
+                    "event {seq} was altered: its contents (time, kind, subject or payload) no \
+                     longer match its recorded hash"
+                ),
+            )));
+        }
+        Ok(None)
+    }
+
+    /// The result, after every event was read: the chain's first fault, else the first
+    /// checkpoint that does not hold.
+    fn finish(
+        mut self,
+        checkpoints: &[(usize, Checkpoint)],
+        recorded: &std::collections::BTreeMap<i64, String>,
+    ) -> TraceVerification {
+        let last = self.expected_seq - 1;
+        if self.first_bad.is_none() && self.events > 0 && self.keyed_from.is_none() {
+            self.first_bad = Some((
+                last,
+                format!(
+                    "no event is MACed with a key: this build MACs every event and marks an \
+                     older trace with a `{TRACE_KEYED}` event when it opens it, so the whole \
+                     trace was rewritten without the key"
+                ),
+            ));
+        }
+        let mut anchored: Option<i64> = None;
+        for (line, c) in checkpoints {
+            let fault = if !self.key.verifies(c) {
+                Some((
+                    c.seq,
+                    format!(
+                        "the checkpoint on line {line} does not verify with this host's key \
+                         {} (it names key {}): it was edited, or written with another key",
+                        self.key.id(),
+                        c.key_id
+                    ),
+                ))
+            } else if c.seq > last {
+                let when = time_text(c.at_ms);
+                Some((
+                    last + 1,
+                    if last == 0 {
+                        format!(
+                            "the whole trace is missing: the checkpoint on line {line} \
+                             ({when}) says it reached event {}, and no event is left (every \
+                             event was deleted)",
+                            c.seq
+                        )
+                    } else {
+                        format!(
+                            "events {}..={} are missing: the checkpoint on line {line} \
+                             ({when}) says the trace reached event {}, but it ends at event \
+                             {last} (the newest events were deleted)",
+                            last + 1,
+                            c.seq,
+                            c.seq
+                        )
+                    },
+                ))
+            } else if c.seq > 0 && recorded.get(&c.seq) != Some(&c.head) {
+                Some((
+                    c.seq,
+                    format!(
+                        "event {}'s MAC is not the one the checkpoint on line {line} recorded \
+                         ({}): the chain up to it was rewritten",
+                        c.seq, c.head
+                    ),
+                ))
+            } else {
+                anchored = anchored.max(Some(c.seq));
+                None
+            };
+            if self.first_bad.is_none() {
+                self.first_bad = fault;
+            }
+        }
+        let mut coverage = Vec::new();
+        match self.keyed_from {
+            Some(first) if last >= first => coverage.push(format!(
+                "events {first}..={last}: each MACed with key {} ({}) over its stored bytes \
+                 and the previous event's MAC",
+                self.key.id(),
+                self.key.source()
+            )),
+            _ => {}
+        }
+        if self.unkeyed > 0 {
+            coverage.push(format!(
+                "events 1..={}: written before the trace was keyed (schema 7); each is checked \
+                 by the unkeyed sha256 chain and its canonical form, and their head is MACed \
+                 by event {}, so they cannot change without the key either",
+                self.unkeyed,
+                self.unkeyed + 1
+            ));
+        }
+        match anchored {
+            None if checkpoints.is_empty() => coverage.push(
+                "no checkpoint given: deleted newest events, or a deleted trace, cannot be \
+                 seen without one (--checkpoint FILE)"
+                    .into(),
+            ),
+            None => coverage.push("no checkpoint held".into()),
+            Some(seq) if seq < last => coverage.push(format!(
+                "anchored by checkpoints up to event {seq}; events {}..={last} are not \
+                 anchored yet",
+                seq + 1
+            )),
+            Some(seq) => coverage.push(format!("anchored by checkpoints up to event {seq}")),
+        }
+        TraceVerification {
+            events: self.events,
+            head: self.prev,
+            first_bad: self.first_bad,
+            key_id: self.key.id().to_owned(),
+            key_source: self.key.source().to_string(),
+            unkeyed: self.unkeyed,
+            checkpoints: checkpoints.len() as u64,
+            anchored_seq: anchored,
+            coverage,
+        }
+    }
+}
+
+/// A unix-ms time as RFC 3339 (UTC, seconds).
+fn time_text(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use sha2::{Digest as _, Sha256};
 
     fn open_temp() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().unwrap();
@@ -2082,7 +2528,7 @@ mod tests {
         let path = dir.path().join(DATABASE_FILE);
         {
             let conn = Connection::open(&path).unwrap();
-            conn.execute_batch("CREATE TABLE future (x); PRAGMA user_version = 7;")
+            conn.execute_batch("CREATE TABLE future (x); PRAGMA user_version = 8;")
                 .unwrap();
         }
         let before = std::fs::read(&path).unwrap();
@@ -2090,7 +2536,7 @@ mod tests {
         assert!(err.contains("written by a newer Airlock"), "{err}");
         assert!(
             err.contains(&format!(
-                "schema 7; this build knows up to {SCHEMA_VERSION}"
+                "schema 8; this build knows up to {SCHEMA_VERSION}"
             )),
             "{err}"
         );
@@ -2475,16 +2921,16 @@ mod tests {
         assert_eq!(events[0].prev_hash, GENESIS_HASH);
         assert_eq!(events[1].prev_hash, events[0].hash);
         assert_eq!(events[2].prev_hash, events[1].hash);
-        let expected = trace_hash(
+        let expected = store.key().event_mac(
             1,
-            events[0].at_ms,
+            events[0].at_ms as i64,
             "mapping.state",
             "library",
-            &json!({"n": 1}),
+            r#"{"n":1}"#,
             GENESIS_HASH,
-        )
-        .unwrap();
+        );
         assert_eq!(events[0].hash, expected);
+        assert_eq!(events[0].key_id.as_deref(), Some(store.key().id()));
         assert_eq!(store.trace(0, 100).unwrap(), events);
         assert_eq!(store.trace(1, 1).unwrap(), events[1..2]);
         let verification = store.verify_trace().unwrap();
@@ -2611,6 +3057,140 @@ mod tests {
         assert_eq!(verification.events, 100);
         assert_eq!(verification.first_bad, None);
         assert_eq!(b.verify_trace().unwrap(), verification);
+    }
+
+    /// A schema 6 database with `n` unkeyed events, as an older Airlock wrote it.
+    fn schema_6_with_events(path: &Path, n: i64) {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        for m in &MIGRATIONS[..6] {
+            conn.execute_batch(m).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 6).unwrap();
+        let mut prev = GENESIS_HASH.to_owned();
+        for seq in 1..=n {
+            let payload = json!({"n": seq});
+            let hash = trace_hash(seq, 1000 + seq as u64, "old", "s", &payload, &prev).unwrap();
+            conn.execute(
+                "INSERT INTO trace_events (seq, at_ms, kind, subject, payload, prev_hash, hash) \
+                 VALUES (?1, ?2, 'old', 's', ?3, ?4, ?5)",
+                params![seq, 1000 + seq, canonical(&payload).unwrap(), prev, hash],
+            )
+            .unwrap();
+            prev = hash;
+        }
+    }
+
+    #[test]
+    fn a_schema_6_trace_is_pinned_by_the_key_and_says_what_is_covered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DATABASE_FILE);
+        schema_6_with_events(&path, 3);
+        let store = SqliteStore::open_file(&path).unwrap();
+        let events = store.trace(0, 100).unwrap();
+        assert_eq!(events.len(), 4);
+        assert!(events[..3].iter().all(|e| e.key_id.is_none()));
+        let marker = &events[3];
+        assert_eq!(marker.kind, TRACE_KEYED);
+        assert_eq!(marker.payload["unkeyed_events"], 3);
+        assert_eq!(marker.payload["unkeyed_head"], json!(events[2].hash));
+        assert_eq!(marker.prev_hash, events[2].hash);
+        store.append_trace("new", "s", &json!({})).unwrap();
+        let v = store.verify_trace().unwrap();
+        assert_eq!(v.first_bad, None, "{v:?}");
+        assert_eq!((v.events, v.unkeyed), (5, 3));
+        assert!(
+            v.coverage
+                .iter()
+                .any(|l| l.starts_with("events 4..=5: each MACed")),
+            "{v:?}"
+        );
+        assert!(
+            v.coverage
+                .iter()
+                .any(|l| l.starts_with("events 1..=3: written before the trace was keyed")),
+            "{v:?}"
+        );
+        drop(store);
+        // Opening again adds no second marker.
+        let store = SqliteStore::open_file(&path).unwrap();
+        assert_eq!(store.trace(0, 100).unwrap().len(), 5);
+
+        // An unkeyed event rewritten with a recomputed sha256 chain breaks the link the
+        // marker's MAC covers.
+        let conn = raw(&store);
+        drop_guards(&conn);
+        let payload = json!({"n": 20});
+        let h1 = trace_hash(1, 1001, "old", "s", &payload, GENESIS_HASH).unwrap();
+        conn.execute(
+            "UPDATE trace_events SET payload = ?1, hash = ?2 WHERE seq = 1",
+            params![canonical(&payload).unwrap(), h1],
+        )
+        .unwrap();
+        let mut prev = h1;
+        for seq in 2..=3i64 {
+            let payload = json!({"n": seq});
+            let h = trace_hash(seq, 1000 + seq as u64, "old", "s", &payload, &prev).unwrap();
+            conn.execute(
+                "UPDATE trace_events SET prev_hash = ?1, hash = ?2 WHERE seq = ?3",
+                params![prev, h, seq],
+            )
+            .unwrap();
+            prev = h;
+        }
+        let (seq, why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 4, "{why}");
+        assert!(why.contains("does not link to event 3"), "{why}");
+    }
+
+    #[test]
+    fn an_unkeyed_payload_that_is_not_canonical_is_reported() {
+        // Before the key, the only guard on a payload's text is that the store wrote it
+        // canonical: a duplicated key that parses to the same value is still caught.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(DATABASE_FILE);
+        schema_6_with_events(&path, 2);
+        let store = SqliteStore::open_file(&path).unwrap();
+        let conn = raw(&store);
+        drop_guards(&conn);
+        conn.execute(
+            r#"UPDATE trace_events SET payload = '{"n":7,"n":1}' WHERE seq = 1"#,
+            [],
+        )
+        .unwrap();
+        let (seq, why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 1);
+        assert!(why.contains("not the canonical JSON"), "{why}");
+    }
+
+    #[test]
+    fn a_trace_keyed_by_another_key_is_not_extended() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).unwrap();
+        store.append_trace("k", "s", &json!({})).unwrap();
+        drop(store);
+        let other = TraceKey::from_bytes(&[9u8; 32], KeySource::Environment).unwrap();
+        let store = SqliteStore::open_with_key(dir.path(), Some(other)).unwrap();
+        let err = store.append_trace("k", "s", &json!({})).unwrap_err();
+        assert!(format!("{err:#}").contains("is MACed with key"), "{err:#}");
+        let (seq, why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 1);
+        assert!(why.contains("not with this host's key"), "{why}");
+        assert_eq!(store.trace(0, 10).unwrap().len(), 1, "nothing appended");
+    }
+
+    #[test]
+    fn a_missing_key_file_is_refused_once_the_trace_is_keyed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).unwrap();
+        store.append_trace("k", "s", &json!({})).unwrap();
+        drop(store);
+        std::fs::remove_file(dir.path().join(key::KEY_FILE)).unwrap();
+        let err = SqliteStore::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("is missing"), "{err}");
+        assert!(
+            !dir.path().join(key::KEY_FILE).exists(),
+            "no new key was made"
+        );
     }
 
     #[test]

@@ -9,16 +9,22 @@
 //! the WAL file); a power loss can lose the last commits, which `synchronous=FULL` would
 //! prevent at the price of an fsync per commit.
 //!
-//! Each event's hash is computed exactly as [`Store::verify_trace`](super::Store) checks
-//! it: hex sha256 of the RFC 8785 canonical JSON of
-//! `{"seq","at_ms","kind","subject","payload","prev_hash"}`, built here without a second
-//! serialization (a unit test holds the two equal).
+//! Each event's `hash` is its MAC under the host key ([`super::key`]): one HMAC-SHA256 per
+//! event over the exact text stored (the payload's canonical JSON, written once) and the
+//! previous event's MAC, from a key state precomputed in memory; the head is read in the
+//! same transaction, so MACing adds no database round trip. An append refuses to extend a
+//! chain whose head was MACed with another key. Events from before schema 7 keep their
+//! unkeyed hash, hex sha256 of the RFC 8785 canonical JSON of
+//! `{"seq","at_ms","kind","subject","payload","prev_hash"}`, which [`chained_hash`]
+//! recomputes for verification without a second serialization (a unit test holds it
+//! equal to the re-parsing form).
 
 use anyhow::Context as _;
 use rusqlite::{Connection, OptionalExtension as _};
 use sha2::{Digest as _, Sha256};
 
-use super::{GENESIS_HASH, TRACE_COLUMNS, ms_to_sql, now_ms};
+use super::key::TraceKey;
+use super::{GENESIS_HASH, TRACE_COLUMNS, TRACE_KEYED, TraceEvent, ms_to_sql, now_ms};
 
 /// One event to append.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,58 +51,85 @@ impl NewEvent {
 /// Most rows one INSERT statement writes.
 const ROWS_PER_INSERT: usize = 8;
 
+/// Columns per row.
+const COLUMNS: usize = 8;
+
+/// The head `(seq, hash)` a new event chains to, inside the open transaction on `tx`;
+/// `(0, 64 zeros)` for an empty trace. Errors when the head was MACed with another key
+/// than `key` (appending would leave a chain no single key verifies).
+fn head(tx: &Connection, key: &TraceKey) -> anyhow::Result<(i64, String)> {
+    let last: Option<(i64, String, Option<String>)> = tx
+        .prepare_cached("SELECT seq, hash, key_id FROM trace_events ORDER BY seq DESC LIMIT 1")?
+        .query_row([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()?;
+    match last {
+        None => Ok((0, GENESIS_HASH.to_owned())),
+        Some((seq, _, Some(id))) if id != key.id() => anyhow::bail!(
+            "the trace's newest event ({seq}) is MACed with key {id}, but this process holds \
+             key {} ({}): run it with the key that wrote the trace (the state folder's {}, \
+             trace_key or {}); nothing was appended",
+            key.id(),
+            key.source(),
+            super::key::KEY_FILE,
+            super::key::KEY_ENV
+        ),
+        Some((seq, hash, _)) => Ok((seq, hash)),
+    }
+}
+
+/// The INSERT statement of `rows` rows (1..=[`ROWS_PER_INSERT`]), built once per size: the
+/// per-call path formats no SQL.
+fn insert_sql(rows: usize) -> &'static str {
+    static SQL: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        (1..=ROWS_PER_INSERT)
+            .map(|n| {
+                let rows: Vec<String> = (0..n)
+                    .map(|i| {
+                        let marks: Vec<String> = (1..=COLUMNS)
+                            .map(|c| format!("?{}", i * COLUMNS + c))
+                            .collect();
+                        format!("({})", marks.join(", "))
+                    })
+                    .collect();
+                format!(
+                    "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES {}",
+                    rows.join(", ")
+                )
+            })
+            .collect()
+    });
+    &all[rows - 1]
+}
+
 /// Appends `events` inside the open write transaction on `tx`, chained after the current
-/// head. Returns (first seq, last hash).
+/// head and MACed with `key`. Returns (first seq, last MAC).
 pub(super) fn append_in(
     tx: &Connection,
+    key: &TraceKey,
     events: &[NewEvent],
 ) -> anyhow::Result<Option<(i64, String)>> {
     if events.is_empty() {
         return Ok(None);
     }
-    let last: Option<(i64, String)> = tx
-        .prepare_cached("SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1")?
-        .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    let (mut seq, mut prev) = match last {
-        Some((seq, hash)) => (seq, hash),
-        None => (0, GENESIS_HASH.to_owned()),
-    };
+    let (mut seq, mut prev) = head(tx, key)?;
     let first = seq + 1;
-    let at_ms = now_ms();
-    let at = ms_to_sql(at_ms)?;
+    let at = ms_to_sql(now_ms())?;
     // Rows are computed first, then written ROWS_PER_INSERT at a time (one statement per
     // chunk is cheaper than one per row).
     let mut rows = Vec::with_capacity(events.len());
     for e in events {
         seq += 1;
         let payload = canonical(&e.payload)?;
-        let hash = chained_hash(seq, at_ms, e.kind, &e.subject, &payload, &prev)?;
-        rows.push((seq, e.kind, e.subject.as_str(), payload, prev, hash.clone()));
-        prev = hash;
+        let mac = key.event_mac(seq, at, e.kind, &e.subject, &payload, &prev);
+        rows.push((seq, e.kind, e.subject.as_str(), payload, prev, mac.clone()));
+        prev = mac;
     }
+    let key_id = key.id();
     for chunk in rows.chunks(ROWS_PER_INSERT) {
-        let placeholders: Vec<String> = (0..chunk.len())
-            .map(|i| {
-                let b = i * 7;
-                format!(
-                    "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                    b + 1,
-                    b + 2,
-                    b + 3,
-                    b + 4,
-                    b + 5,
-                    b + 6,
-                    b + 7
-                )
-            })
-            .collect();
-        let mut insert = tx.prepare_cached(&format!(
-            "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES {}",
-            placeholders.join(", ")
-        ))?;
-        let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * 7);
-        for (seq, kind, subject, payload, prev, hash) in chunk {
+        let mut insert = tx.prepare_cached(insert_sql(chunk.len()))?;
+        let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * COLUMNS);
+        for (seq, kind, subject, payload, prev, mac) in chunk {
             values.extend([
                 seq as &dyn rusqlite::ToSql,
                 &at,
@@ -104,12 +137,117 @@ pub(super) fn append_in(
                 subject,
                 payload,
                 prev,
-                hash,
+                mac,
+                &key_id,
             ]);
         }
         insert.execute(values.as_slice())?;
     }
     Ok(Some((first, prev)))
+}
+
+/// Appends one event inside the open write transaction on `tx` and returns it as stored.
+pub(super) fn append_one(
+    tx: &Connection,
+    key: &TraceKey,
+    kind: &str,
+    subject: &str,
+    payload: &serde_json::Value,
+) -> anyhow::Result<TraceEvent> {
+    let payload_text = canonical(payload)?;
+    // The event carries the payload as stored (canonical JSON parsed back).
+    let payload: serde_json::Value =
+        serde_json::from_str(&payload_text).context("re-reading canonical payload")?;
+    let (last, prev_hash) = head(tx, key)?;
+    let seq = last + 1;
+    let at_ms = now_ms();
+    let at = ms_to_sql(at_ms)?;
+    let hash = key.event_mac(seq, at, kind, subject, &payload_text, &prev_hash);
+    tx.prepare_cached(&format!(
+        "INSERT INTO trace_events ({TRACE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    ))?
+    .execute(rusqlite::params![
+        seq,
+        at,
+        kind,
+        subject,
+        payload_text,
+        prev_hash,
+        hash,
+        key.id()
+    ])?;
+    Ok(TraceEvent {
+        seq,
+        at_ms,
+        kind: kind.to_owned(),
+        subject: subject.to_owned(),
+        payload,
+        prev_hash,
+        hash,
+        key_id: Some(key.id().to_owned()),
+    })
+}
+
+/// Pins a trace written before schema 7, inside the migration's transaction on `tx`: when
+/// it holds events, appends a [`TRACE_KEYED`] event naming how many unkeyed events precede
+/// it and their head, and attesting the latest revision of every mapping as it stands
+/// (name, revision, state, manifest and component digests, pins), so the key covers both
+/// from now on.
+pub(super) fn mark_keyed(tx: &Connection, key: &TraceKey) -> anyhow::Result<()> {
+    let newest: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?;
+    let Some((seq, hash)) = newest else {
+        return Ok(());
+    };
+    let mut mappings = Vec::new();
+    {
+        let mut stmt = tx.prepare(
+            "SELECT name, revision, state, manifest_digest, component_sha256, pins FROM mappings m \
+             WHERE revision = (SELECT max(revision) FROM mappings WHERE name = m.name) \
+             ORDER BY name",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, String>(4)?,
+                row.get::<_, String>(5)?,
+            ))
+        })?;
+        for row in rows {
+            let (name, revision, state, manifest_digest, component_sha256, pins) = row?;
+            let pins: serde_json::Value =
+                serde_json::from_str(&pins).context("a mapping's pins are not JSON")?;
+            mappings.push(serde_json::json!({
+                "name": name,
+                "revision": revision,
+                "state": state,
+                "manifest_digest": manifest_digest,
+                "component_sha256": component_sha256,
+                "pins": pins,
+            }));
+        }
+    }
+    append_one(
+        tx,
+        key,
+        TRACE_KEYED,
+        "trace",
+        &serde_json::json!({
+            "unkeyed_events": seq,
+            "unkeyed_head": hash,
+            "key_id": key.id(),
+            "mappings": mappings,
+        }),
+    )?;
+    Ok(())
 }
 
 /// RFC 8785 canonical JSON of `value`. Trace payloads are made of ASCII keys, strings,
@@ -301,6 +439,57 @@ mod tests {
                 .unwrap();
             assert_eq!(fast, slow, "{text:?}");
         }
+    }
+
+    /// The per-event cost of chaining, before (schema 6: the unkeyed sha256 over a
+    /// canonical text built per event) and now (one HMAC-SHA256 over the stored fields from
+    /// the precomputed key state), on the per-call events of a read. A measurement, not a
+    /// check: `cargo test -p airlock --lib -- --ignored --nocapture per_event_chaining_cost`.
+    #[test]
+    #[ignore = "a measurement; run it by name"]
+    fn per_event_chaining_cost() {
+        let key = super::super::key::TraceKey::from_bytes(
+            &[1u8; 32],
+            super::super::key::KeySource::Environment,
+        )
+        .unwrap();
+        let payload = canonical(&serde_json::json!({"outcome": "completed", "stage": "executed", "content_sha256": "f".repeat(64), "upstream_requests": 1, "session": "ses_0", "elapsed_us": 120, "stages_us": {"normalize": 5, "authorize": 8}})).unwrap();
+        let prev = "a".repeat(64);
+        let n = 200_000;
+        let time = |f: &dyn Fn(i64) -> String| {
+            let start = std::time::Instant::now();
+            let mut last = String::new();
+            for i in 0..n {
+                last = f(i);
+            }
+            assert_eq!(last.len(), 64);
+            start.elapsed().as_nanos() as f64 / n as f64
+        };
+        let before = time(&|i| {
+            chained_hash(
+                i,
+                1_700_000_000_000,
+                "call-outcome",
+                "call_1",
+                &payload,
+                &prev,
+            )
+            .unwrap()
+        });
+        let after = time(&|i| {
+            key.event_mac(
+                i,
+                1_700_000_000_000,
+                "call-outcome",
+                "call_1",
+                &payload,
+                &prev,
+            )
+        });
+        println!(
+            "per event ({} payload bytes): unkeyed sha256 chain {before:.0} ns, HMAC-SHA256 {after:.0} ns",
+            payload.len()
+        );
     }
 
     /// Concurrent callers share transactions, and still every caller's events are all

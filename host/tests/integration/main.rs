@@ -31,3 +31,4 @@ mod registry;
 mod reload;
 mod serve;
 mod sessions;
+mod store_trust;
