@@ -22,6 +22,9 @@
 //! at the start and the end. Per-stage timings come from the trace itself: each
 //! `call-outcome` event carries `stages_us` and `elapsed_us`, read back from the state
 //! database after the run (p50 per stage).
+//!
+//! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
+//! HTTP) as two more interleaved paths: a before/after comparison in one run.
 
 use std::io::{BufRead as _, Read, Write};
 use std::path::{Path, PathBuf};
@@ -241,12 +244,13 @@ impl HttpCaller {
 
 /// Starts `airlock serve --http 127.0.0.1:0` on `config`; the child and its `host:port`.
 async fn serve_http(
+    bin: &Path,
     config: &Path,
     state_dir: &Path,
     cache_dir: &Path,
 ) -> (tokio::process::Child, String) {
     use tokio::io::AsyncBufReadExt as _;
-    let mut child = tokio::process::Command::new(airlock_bin())
+    let mut child = tokio::process::Command::new(bin)
         .arg("serve")
         .arg("--config")
         .arg(config)
@@ -434,12 +438,114 @@ fn stage_p50s(state_dir: &Path) -> Vec<(String, u64, usize)> {
         .collect()
 }
 
+/// Discovers and approves the notes mapping with `bin` in `state`, as an operator would.
+fn review(bin: &Path, config: &Path, state: &Path) {
+    let config = config.to_str().unwrap();
+    for args in [
+        &["discover", "notes", "--config", config][..],
+        &[
+            "review",
+            "approve",
+            "source-library",
+            "--config",
+            config,
+            "--reviewer",
+            "bench",
+        ],
+    ] {
+        let out = std::process::Command::new(bin)
+            .env("AIRLOCK_STATE_DIR", state)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{} {args:?}: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `airlock serve` (binary `bin`) on stdio with its own reviewed store, and a reference
+/// minted in its session.
+async fn airlock_stdio(
+    name: &'static str,
+    bin: &Path,
+    config: &Path,
+    state: &Path,
+    cache_dir: &Path,
+) -> StdioPath {
+    review(bin, config, state);
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("AIRLOCK_STATE_DIR", state)
+        .env("AIRLOCK_CACHE_DIR", cache_dir)
+        .env("AIRLOCK_LOG", log_filter());
+    let mut path = start_stdio(name, cmd, "retrieve_source").await;
+    let mut params = CallToolRequestParams::new("search_sources");
+    params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));
+    let hits = path.client.peer().call_tool(params).await.unwrap();
+    let reference = hits.structured_content.unwrap()["result"][0]["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    path.arguments = args(json!({"reference": reference}));
+    path
+}
+
+/// `airlock serve --http` (binary `bin`): 8 keep-alive connections and a reference minted
+/// over HTTP (its own process and session).
+struct HttpPath {
+    name: &'static str,
+    _child: tokio::process::Child,
+    pid: Option<u32>,
+    callers: Vec<HttpCaller>,
+    arguments: JsonObject,
+}
+
+async fn airlock_http(
+    name: &'static str,
+    bin: &Path,
+    config: &Path,
+    state: &Path,
+    cache_dir: &Path,
+) -> HttpPath {
+    review(bin, config, state);
+    let (child, addr) = serve_http(bin, config, state, cache_dir).await;
+    let mut callers = Vec::new();
+    for _ in 0..8 {
+        callers.push(HttpCaller::connect(&addr).await);
+    }
+    let hits = callers[0]
+        .call(
+            "search_sources",
+            &args(json!({"query": "keepalive", "limit": 1})),
+        )
+        .await;
+    let arguments = args(json!({
+        "reference": hits["structuredContent"]["result"][0]["reference"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no reference in {hits}"))
+    }));
+    HttpPath {
+        name,
+        pid: child.id(),
+        _child: child,
+        callers,
+        arguments,
+    }
+}
+
 async fn bench() {
     let iters = env_count("AIRLOCK_BENCH_ITERS", 4000);
     let rounds = env_count("AIRLOCK_BENCH_ROUNDS", 4);
     let calls = env_count("AIRLOCK_BENCH_CALLS", 4000);
     let per_round = (iters / rounds).max(1);
     let warmup = (per_round / 10).max(20);
+    let baseline = std::env::var_os("AIRLOCK_BENCH_BASELINE").map(PathBuf::from);
     println!(
         "airlock floor benchmark ({} build, {} samples per path in {rounds} interleaved rounds)",
         if cfg!(debug_assertions) {
@@ -449,6 +555,9 @@ async fn bench() {
         },
         per_round * rounds
     );
+    if let Some(b) = &baseline {
+        println!("baseline airlock binary: {}", b.display());
+    }
     println!("load average at start: {}", load_average());
 
     let bundle = Path::new(airlock::ADAPTER_BUNDLE).join("source-library");
@@ -462,115 +571,100 @@ async fn bench() {
         ),
     )
     .unwrap();
-    // Each airlock process gets its own store (so the trace read back is its own), reviewed
-    // first: an unreviewed mapping is loaded but not offered.
-    let stdio_state = dir.path().join("state-stdio");
-    let http_state = dir.path().join("state-http");
-    let config_arg = config.to_str().unwrap();
-    for state in [&stdio_state, &http_state] {
-        for args in [
-            &["discover", "notes", "--config", config_arg][..],
-            &[
-                "review",
-                "approve",
-                "source-library",
-                "--config",
-                config_arg,
-                "--reviewer",
-                "bench",
-            ],
-        ] {
-            let out = std::process::Command::new(airlock_bin())
-                .env("AIRLOCK_STATE_DIR", state)
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "airlock {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
     let cache_dir = dir.path().join("compiled");
-
-    let notes = |cmd: &mut tokio::process::Command| {
-        cmd.args(["fixture", "notes-server"]).env_clear();
-    };
-    let mut cmd = tokio::process::Command::new(airlock_bin());
-    notes(&mut cmd);
-    let direct = start_stdio("direct rmcp → notes server", cmd, "read_note").await;
     let me = std::env::current_exe().unwrap();
-    let mut relays = Vec::new();
+    let bin = airlock_bin();
+
+    // Stdio paths, cheapest first; each airlock process has its own store (so the trace
+    // read back is its own), reviewed first: an unreviewed mapping is not offered.
+    let mut stdio = Vec::new();
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.args(["fixture", "notes-server"]).env_clear();
+    stdio.push(start_stdio("direct rmcp → notes server", cmd, "read_note").await);
     for (name, mode) in [
         ("+ bare relay process", "bare"),
         ("+ parsing relay process (serde_json)", "parse"),
     ] {
         let mut cmd = tokio::process::Command::new(&me);
         cmd.args(["--relay", mode])
-            .arg(airlock_bin())
+            .arg(&bin)
             .args(["fixture", "notes-server"])
             .env_clear();
-        relays.push(start_stdio(name, cmd, "read_note").await);
+        stdio.push(start_stdio(name, cmd, "read_note").await);
     }
-    let mut cmd = tokio::process::Command::new(airlock_bin());
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .env("AIRLOCK_STATE_DIR", &stdio_state)
-        .env("AIRLOCK_CACHE_DIR", &cache_dir)
-        .env("AIRLOCK_LOG", log_filter());
-    let mut gateway = start_stdio("airlock serve (stdio)", cmd, "retrieve_source").await;
-    let mut params = CallToolRequestParams::new("search_sources");
-    params.arguments = Some(args(json!({"query": "keepalive", "limit": 1})));
-    let hits = gateway.client.peer().call_tool(params).await.unwrap();
-    let reference = hits.structured_content.unwrap()["result"][0]["reference"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    gateway.arguments = args(json!({"reference": reference}));
-    // The HTTP front: its own process and session, so its own reference.
-    let (http_child, http_addr) = serve_http(&config, &http_state, &cache_dir).await;
-    let mut http_callers = Vec::new();
-    for _ in 0..8 {
-        http_callers.push(HttpCaller::connect(&http_addr).await);
-    }
-    let hits = http_callers[0]
-        .call(
-            "search_sources",
-            &args(json!({"query": "keepalive", "limit": 1})),
+    let stdio_state = dir.path().join("state-stdio");
+    stdio.push(
+        airlock_stdio(
+            "airlock serve (stdio)",
+            &bin,
+            &config,
+            &stdio_state,
+            &cache_dir,
         )
-        .await;
-    let http_arguments = args(json!({
-        "reference": hits["structuredContent"]["result"][0]["reference"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no reference in {hits}"))
-    }));
+        .await,
+    );
+    let mut http = vec![
+        airlock_http(
+            "airlock serve --http (keep-alive)",
+            &bin,
+            &config,
+            &dir.path().join("state-http"),
+            &cache_dir,
+        )
+        .await,
+    ];
+    if let Some(old) = &baseline {
+        let old_cache = dir.path().join("compiled-baseline");
+        stdio.push(
+            airlock_stdio(
+                "baseline airlock serve (stdio)",
+                old,
+                &config,
+                &dir.path().join("state-baseline-stdio"),
+                &old_cache,
+            )
+            .await,
+        );
+        http.push(
+            airlock_http(
+                "baseline airlock serve --http",
+                old,
+                &config,
+                &dir.path().join("state-baseline-http"),
+                &old_cache,
+            )
+            .await,
+        );
+    }
+    let names: Vec<&'static str> = stdio
+        .iter()
+        .map(|p| p.name)
+        .chain(http.iter().map(|p| p.name))
+        .collect();
+    let n_stdio = stdio.len();
+    macro_rules! target {
+        ($i:expr) => {
+            if $i < n_stdio {
+                Target::Stdio(&stdio[$i])
+            } else {
+                let h = &mut http[$i - n_stdio];
+                Target::Http {
+                    callers: &mut h.callers,
+                    arguments: &h.arguments,
+                }
+            }
+        };
+    }
 
     // Latency: interleaved rounds, pooled.
-    let names = [
-        direct.name,
-        relays[0].name,
-        relays[1].name,
-        gateway.name,
-        "airlock serve --http (keep-alive)",
-    ];
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     let mut round_p50: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     for _ in 0..rounds {
-        for (i, sink) in samples.iter_mut().enumerate() {
-            let mut target = match i {
-                0 => Target::Stdio(&direct),
-                1 | 2 => Target::Stdio(&relays[i - 1]),
-                3 => Target::Stdio(&gateway),
-                _ => Target::Http {
-                    callers: &mut http_callers,
-                    arguments: &http_arguments,
-                },
-            };
+        for i in 0..names.len() {
+            let mut target = target!(i);
             let s = latency(&mut target, warmup, per_round).await;
             round_p50[i].push(us(stats(s.clone()).p50));
-            sink.extend(s);
+            samples[i].extend(s);
         }
     }
     let all: Vec<Stats> = samples.into_iter().map(stats).collect();
@@ -591,7 +685,7 @@ async fn bench() {
         let p: Vec<String> = p.iter().map(|v| format!("{v:.0}")).collect();
         println!("  {name:<36} {}", p.join(", "));
     }
-    println!("\nadded p50 / p99 of each path against each cheaper one (µs):");
+    println!("\nadded p50 / p99 of each path against the ones above it (µs):");
     for (i, a) in all.iter().enumerate().skip(1) {
         let against: Vec<String> = all[..i]
             .iter()
@@ -608,22 +702,18 @@ async fn bench() {
     }
 
     // Throughput at 1 and 8 concurrent callers.
-    let pids = [gateway.child.id(), http_child.id()];
-    let rss_before = pids.map(rss_kib);
+    let pids: Vec<(&str, Option<u32>)> = stdio[3..]
+        .iter()
+        .map(|p| (p.name, p.child.id()))
+        .chain(http.iter().map(|p| (p.name, p.pid)))
+        .collect();
+    let rss_before: Vec<u64> = pids.iter().map(|(_, p)| rss_kib(*p)).collect();
     println!("\n## throughput (calls/s, {calls} calls per measurement, 2 interleaved rounds)\n");
     for callers in [1usize, 8] {
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         for _ in 0..2 {
             for (i, rate) in rates.iter_mut().enumerate() {
-                let mut target = match i {
-                    0 => Target::Stdio(&direct),
-                    1 | 2 => Target::Stdio(&relays[i - 1]),
-                    3 => Target::Stdio(&gateway),
-                    _ => Target::Http {
-                        callers: &mut http_callers,
-                        arguments: &http_arguments,
-                    },
-                };
+                let mut target = target!(i);
                 rate.push(throughput(&mut target, callers, calls).await);
             }
         }
@@ -639,26 +729,32 @@ async fn bench() {
             );
         }
     }
-    let rss_after = pids.map(rss_kib);
-    println!(
-        "RSS of airlock serve (stdio) {} → {} KiB; airlock serve --http {} → {} KiB",
-        rss_before[0], rss_after[0], rss_before[1], rss_after[1]
-    );
+    println!("RSS before → after the throughput runs:");
+    for ((name, pid), before) in pids.iter().zip(&rss_before) {
+        println!("  {name:<36} {before} → {} KiB", rss_kib(*pid));
+    }
 
     // Per-stage timings of the stdio gateway's calls, from its trace.
-    drop(http_callers);
-    for p in [direct, gateway] {
+    drop(http);
+    for p in stdio {
         p.client.cancel().await.ok();
     }
-    for p in relays {
-        p.client.cancel().await.ok();
-    }
-    drop(http_child);
-    // Let the gateway finish its shutdown (the trace is committed per call anyway).
+    // Let the gateways finish their shutdown (the trace is committed per call anyway).
     tokio::time::sleep(Duration::from_millis(300)).await;
-    println!("\n## pipeline stages inside airlock serve (stdio), from its trace (p50, µs)\n");
-    for (stage, p50, n) in stage_p50s(&stdio_state) {
-        println!("  {stage:<24} {p50:>6}   (n={n})");
+    for (name, state) in [
+        ("airlock serve (stdio)", stdio_state),
+        (
+            "baseline airlock serve (stdio)",
+            dir.path().join("state-baseline-stdio"),
+        ),
+    ] {
+        if !state.exists() {
+            continue;
+        }
+        println!("\n## pipeline stages inside {name}, from its trace (p50, µs)\n");
+        for (stage, p50, n) in stage_p50s(&state) {
+            println!("  {stage:<24} {p50:>6}   (n={n})");
+        }
     }
     println!("\nload average at end: {}", load_average());
 }
