@@ -766,8 +766,8 @@ impl LoadedAdapter {
         Ok((store, stdout, stderr))
     }
 
-    /// Instantiates the adapter in a fresh Store and drops it, calling nothing. This is
-    /// the per-call setup cost; benchmarks measure it.
+    /// Instantiates the adapter in a fresh Store and hands the Store to the reaper,
+    /// calling nothing: the per-call setup cost a call waits for; benchmarks measure it.
     ///
     /// # Errors
     /// Instantiation failed.
@@ -776,7 +776,9 @@ impl LoadedAdapter {
         let (mut store, _, _) = self
             .new_store(grant, network, CallContext::default())
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        self.pre.instantiate_async(&mut store).await?;
+        let instantiated = self.pre.instantiate_async(&mut store).await;
+        reap(store);
+        instantiated?;
         Ok(())
     }
 

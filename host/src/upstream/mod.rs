@@ -1324,6 +1324,12 @@ impl Connection {
         let id = handle.id.clone();
         // The id as the reader's tap spells it (JSON text).
         let key = serde_json::to_string(&id).unwrap_or_default();
+        let mut unsettled = Unsettled {
+            peer,
+            tap: &self.tap,
+            id: Some(id.clone()),
+            key: key.clone(),
+        };
         let cancelled = async {
             match cancel {
                 Some(c) => c.cancelled().await,
@@ -1342,8 +1348,14 @@ impl Connection {
         // Settled either way: a kept answer is taken, and a late one is no longer kept.
         let raw = self.tap.take_raw(&key);
         let (failure, reason) = match answered {
-            Ok(result) => return Ok((result, raw, id.to_string())),
-            Err(Ok(failure)) => return Err((failure, Some(id.to_string()))),
+            Ok(result) => {
+                unsettled.id = None;
+                return Ok((result, raw, id.to_string()));
+            }
+            Err(Ok(failure)) => {
+                unsettled.id = None;
+                return Err((failure, Some(id.to_string())));
+            }
             Err(Err(cancelled)) => cancelled,
         };
         let _ = peer
@@ -1352,6 +1364,7 @@ impl Connection {
                 Some(reason.into()),
             ))
             .await;
+        unsettled.id = None;
         Err((failure, Some(id.to_string())))
     }
 
@@ -1399,6 +1412,38 @@ impl Connection {
                 }
                 UpstreamFailure::Unavailable(format!("connection `{}`: {other}", self.name))
             }
+        }
+    }
+}
+
+/// A request sent and not yet settled. Dropped unsettled — its caller stopped waiting
+/// while it was in flight, e.g. the adapter call's own deadline fired around it, or the
+/// call was dropped — the server is still told the request is cancelled (on a task of its
+/// own) and a late answer is not kept.
+struct Unsettled<'a> {
+    peer: &'a rmcp::service::Peer<RoleClient>,
+    tap: &'a Tap,
+    /// `None` once settled.
+    id: Option<rmcp::model::RequestId>,
+    key: String,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        self.tap.take_raw(&self.key);
+        let peer = self.peer.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = peer
+                    .notify_cancelled(CancelledNotificationParam::new(
+                        Some(id),
+                        Some("the caller stopped waiting".into()),
+                    ))
+                    .await;
+            });
         }
     }
 }
