@@ -246,6 +246,18 @@ mod tests {
         }
     }
 
+    /// U+2028 and U+2029 both end a line for some readers: neither reaches the model raw,
+    /// in a quoted line or in a scalar.
+    #[test]
+    fn both_unicode_separators_are_escaped() {
+        let value = json!({"title": "t\u{2029}u", "body": "a\u{2029}b\nc\u{2028}d"});
+        let text = render_text("cap", "m", &value, &[], "sha");
+        assert!(text.contains("title: \"t\\u{2029}u\"\n"), "{text}");
+        assert!(text.contains("  > a\\u{2029}b\n"), "{text}");
+        assert!(text.contains("  > c\\u{2028}d\n"), "{text}");
+        assert!(!text.contains(['\u{2028}', '\u{2029}']), "{text}");
+    }
+
     /// The exact text, byte for byte: nesting, empty arrays, scalars of each kind, a
     /// multi-line string with CR LF, controls, separators and non-ASCII text.
     #[test]

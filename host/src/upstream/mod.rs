@@ -1924,4 +1924,74 @@ mod tests {
         assert_eq!(first["error"]["code"], OUTPUT_BUDGET_ERROR_CODE);
         assert_eq!(lines.next().unwrap(), "{\"id\":43,\"result\":{}}");
     }
+
+    /// The connection-closed signal of a [`Filtered`] reader: its flag and its waiter.
+    fn end_signal() -> (Arc<std::sync::atomic::AtomicBool>, Arc<tokio::sync::Notify>) {
+        (
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            Arc::new(tokio::sync::Notify::new()),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_end_of_the_server_stream_marks_the_connection_closed_and_wakes_its_waiters() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (closed, gone) = end_signal();
+        let (mut server, stdout) = tokio::io::duplex(1024);
+        let mut filtered = Filtered::new(
+            stdout,
+            &Arc::new(std::sync::atomic::AtomicUsize::new(1 << 20)),
+            &Arc::new(AtomicU64::new(0)),
+            None,
+            Some((&closed, &gone)),
+        );
+        let woken = gone.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let line = b"{\"id\":1,\"result\":{}}\n";
+        server.write_all(line).await.unwrap();
+        let mut got = vec![0; line.len()];
+        filtered.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, line);
+        assert!(
+            !closed.load(Ordering::Acquire),
+            "open while the server writes"
+        );
+        // The server closes its stdout (an unfinished line is not a message).
+        server.write_all(b"{\"id\":2,").await.unwrap();
+        drop(server);
+        let mut rest = Vec::new();
+        filtered.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+        assert!(closed.load(Ordering::Acquire), "closed at the stream's end");
+        tokio::time::timeout(Duration::from_secs(1), woken)
+            .await
+            .expect("a waiter learns it at once");
+    }
+
+    #[tokio::test]
+    async fn rmcp_dropping_the_reader_marks_the_connection_closed_and_wakes_its_waiters() {
+        let (closed, gone) = end_signal();
+        let (_server, stdout) = tokio::io::duplex(1024);
+        let filtered = Filtered::new(
+            stdout,
+            &Arc::new(std::sync::atomic::AtomicUsize::new(1 << 20)),
+            &Arc::new(AtomicU64::new(0)),
+            None,
+            Some((&closed, &gone)),
+        );
+        let woken = gone.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        assert!(!closed.load(Ordering::Acquire));
+        // The server's stdout is still open: only the reader goes.
+        drop(filtered);
+        assert!(
+            closed.load(Ordering::Acquire),
+            "closed when rmcp stops reading"
+        );
+        tokio::time::timeout(Duration::from_secs(1), woken)
+            .await
+            .expect("a waiter learns it at once");
+    }
 }

@@ -841,6 +841,54 @@ async fn neighbours_are_served_while_adapters_spin() {
     );
 }
 
+/// The same, call after call: while every runtime worker runs a spinning adapter, the
+/// neighbour's answers keep coming promptly, not only the first. A guest that yields
+/// without letting its worker poll the IO driver (wasmtime's plain `Yield`, which tokio
+/// runs again at once from its LIFO slot) leaves each read and write of the neighbour's
+/// call waiting for the driver's occasional turn: hundreds of milliseconds per call.
+#[tokio::test]
+async fn neighbours_are_served_promptly_call_after_call_while_adapters_spin() {
+    let d = deploy_bare();
+    let client = std::sync::Arc::new(d.serve().await);
+    let spinners = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut spinning = Vec::new();
+    for _ in 0..spinners {
+        let client = client.clone();
+        spinning.push(tokio::spawn(async move { attack(&client, "spin").await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Five calls in a row, all while the spinners run (their deadline is 2 s).
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let hits = tokio::time::timeout(
+            CALL_TIMEOUT,
+            call(&client, "search_sources", json!({ "query": "checkpoint" })),
+        )
+        .await
+        .expect("search_sources answered in time")
+        .expect("search_sources call");
+        waits.push(started.elapsed());
+        assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
+    }
+    let still_spinning = spinning.iter().all(|s| !s.is_finished());
+    for s in spinning {
+        let result = s.await.unwrap();
+        assert!(
+            text_of(&result).starts_with("interrupted: "),
+            "{}",
+            text_of(&result)
+        );
+    }
+    let total: Duration = waits.iter().sum();
+    assert!(
+        still_spinning && total < Duration::from_millis(1000),
+        "with {spinners} adapters spinning (still spinning after the searches: \
+         {still_spinning}), the neighbour's five searches waited {waits:?} ({total:?} in all, \
+         bound 1 s)"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Upstream resources
 
