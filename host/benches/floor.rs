@@ -317,11 +317,13 @@ fn rss_kib(pid: Option<u32>) -> u64 {
         .unwrap_or(0)
 }
 
-/// What a measurement drives: an stdio path's peer, or the HTTP callers.
+/// What a measurement drives: an stdio path's peer, or an HTTP front's address (each
+/// measurement opens its own keep-alive connections first, outside the clock: an idle
+/// connection may have been closed by the server meanwhile).
 enum Target<'a> {
     Stdio(&'a StdioPath),
     Http {
-        callers: &'a mut Vec<HttpCaller>,
+        addr: &'a str,
         arguments: &'a JsonObject,
     },
 }
@@ -329,13 +331,18 @@ enum Target<'a> {
 /// `n` sequential calls after `warmup` unmeasured ones.
 async fn latency(target: &mut Target<'_>, warmup: usize, n: usize) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(n);
+    let mut http = match target {
+        Target::Http { addr, .. } => Some(HttpCaller::connect(addr).await),
+        Target::Stdio(_) => None,
+    };
     for i in 0..warmup + n {
         let start = Instant::now();
-        match target {
-            Target::Stdio(p) => call_stdio(p.client.peer(), p.tool, &p.arguments).await,
-            Target::Http { callers, arguments } => {
-                callers[0].call("retrieve_source", arguments).await;
+        match (&*target, http.as_mut()) {
+            (Target::Stdio(p), _) => call_stdio(p.client.peer(), p.tool, &p.arguments).await,
+            (Target::Http { arguments, .. }, Some(caller)) => {
+                caller.call("retrieve_source", arguments).await;
             }
+            (Target::Http { .. }, None) => unreachable!(),
         }
         if i >= warmup {
             samples.push(start.elapsed());
@@ -347,6 +354,12 @@ async fn latency(target: &mut Target<'_>, warmup: usize, n: usize) -> Vec<Durati
 /// `total` calls spread over `callers` concurrent callers; calls per second.
 async fn throughput(target: &mut Target<'_>, callers: usize, total: usize) -> f64 {
     let each = total / callers;
+    let mut pool = Vec::new();
+    if let Target::Http { addr, .. } = target {
+        for _ in 0..callers {
+            pool.push(HttpCaller::connect(addr).await);
+        }
+    }
     let start = Instant::now();
     match target {
         Target::Stdio(p) => {
@@ -364,12 +377,9 @@ async fn throughput(target: &mut Target<'_>, callers: usize, total: usize) -> f6
                 t.await.expect("a caller failed");
             }
         }
-        Target::Http {
-            callers: pool,
-            arguments,
-        } => {
+        Target::Http { arguments, .. } => {
             let mut tasks = Vec::new();
-            for mut caller in pool.drain(..callers) {
+            for mut caller in pool {
                 let arguments = (*arguments).clone();
                 tasks.push(tokio::spawn(async move {
                     for _ in 0..each {
@@ -379,7 +389,7 @@ async fn throughput(target: &mut Target<'_>, callers: usize, total: usize) -> f6
                 }));
             }
             for t in tasks {
-                pool.push(t.await.expect("a caller failed"));
+                t.await.expect("a caller failed");
             }
         }
     }
@@ -496,13 +506,13 @@ async fn airlock_stdio(
     path
 }
 
-/// `airlock serve --http` (binary `bin`): 8 keep-alive connections and a reference minted
-/// over HTTP (its own process and session).
+/// `airlock serve --http` (binary `bin`) and a reference minted over HTTP (its own process
+/// and session).
 struct HttpPath {
     name: &'static str,
     _child: tokio::process::Child,
     pid: Option<u32>,
-    callers: Vec<HttpCaller>,
+    addr: String,
     arguments: JsonObject,
 }
 
@@ -515,11 +525,8 @@ async fn airlock_http(
 ) -> HttpPath {
     review(bin, config, state);
     let (child, addr) = serve_http(bin, config, state, cache_dir).await;
-    let mut callers = Vec::new();
-    for _ in 0..8 {
-        callers.push(HttpCaller::connect(&addr).await);
-    }
-    let hits = callers[0]
+    let hits = HttpCaller::connect(&addr)
+        .await
         .call(
             "search_sources",
             &args(json!({"query": "keepalive", "limit": 1})),
@@ -534,7 +541,7 @@ async fn airlock_http(
         name,
         pid: child.id(),
         _child: child,
-        callers,
+        addr,
         arguments,
     }
 }
@@ -647,9 +654,9 @@ async fn bench() {
             if $i < n_stdio {
                 Target::Stdio(&stdio[$i])
             } else {
-                let h = &mut http[$i - n_stdio];
+                let h = &http[$i - n_stdio];
                 Target::Http {
-                    callers: &mut h.callers,
+                    addr: &h.addr,
                     arguments: &h.arguments,
                 }
             }
