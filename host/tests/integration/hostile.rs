@@ -990,3 +990,56 @@ async fn a_running_call_sends_nothing_upstream_after_the_server_announces_a_chan
     );
     client.cancel().await.unwrap();
 }
+
+/// Parses `remember`'s report (`static=N small@A=N large@A=N self-check=N`) into its fields.
+fn remembered(report: &str) -> std::collections::BTreeMap<String, String> {
+    report
+        .split_whitespace()
+        .map(|part| {
+            let (key, value) = part
+                .split_once('=')
+                .unwrap_or_else(|| panic!("`remember` part without `=`: {report}"));
+            (key.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+/// Every call gets a fresh instance in memory that no earlier call can have written: the
+/// host reuses pooled slots and keeps 4 MiB of each memory resident between calls
+/// (`runtime::KEEP_RESIDENT_BYTES`), so this is the test that fails if a slot came back
+/// dirty or an instance were kept for the next call. The adapter leaves a mark in a static,
+/// in a block inside the resident part and in one reaching past it; the next calls must
+/// see none of it, in blocks at the same addresses (else the check would prove nothing),
+/// while the adapter's own self-check shows that it does see a mark that is there.
+#[tokio::test]
+async fn a_call_sees_nothing_an_earlier_call_left_in_memory() {
+    let d = deploy_bare();
+    let client = d.serve().await;
+    let first = remembered(&outcome(&client, "remember").await);
+    for call in 1..4 {
+        // A neighbour's call between them, so the slot is handed out more than once.
+        assert_eq!(outcome(&client, "ping").await, "pong");
+        let again = remembered(&outcome(&client, "remember").await);
+        assert_eq!(
+            again["static"], "0",
+            "call {call} saw an earlier call's static: {again:?}"
+        );
+        assert_eq!(
+            again.keys().collect::<Vec<_>>(),
+            first.keys().collect::<Vec<_>>(),
+            "the blocks landed at the same addresses as in the first call: {first:?} / {again:?}"
+        );
+        for block in first.keys().filter(|k| k.contains('@')) {
+            assert_eq!(
+                again[block], "0",
+                "call {call}: block {block} still held an earlier call's bytes: {again:?}"
+            );
+        }
+        assert_ne!(
+            again["self-check"], "0",
+            "the adapter must see its own mark, else a zero proves nothing: {again:?}"
+        );
+    }
+    assert_eq!(first["static"], "0", "{first:?}");
+    client.cancel().await.unwrap();
+}
