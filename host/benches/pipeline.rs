@@ -185,6 +185,9 @@ impl Store for NoCallTrace {
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.mapping_proofs(name)
     }
+    fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
+        self.0.approval_proofs(id)
+    }
     fn create_approval(
         &self,
         new: &NewApproval,

@@ -15,8 +15,42 @@ use crate::registry::Registry;
 use crate::registry::events;
 use crate::store::{ApprovalDecision, ApprovalRecord, ApprovalState, NewEvent};
 
-/// One approval as people read it.
-pub fn show_text(r: &ApprovalRecord, now_ms: u64) -> String {
+/// Why the trace does not prove the row `r`, or `None` when it does
+/// ([`crate::pipeline::approve::prove_receipt`], with the row's own binding and the state
+/// the row claims: a pending row must have no recorded decision, an approved one the
+/// approval; rows that no longer authorize anything are checked for their binding only).
+///
+/// # Errors
+/// The store fails.
+pub fn tampered(registry: &Registry, r: &ApprovalRecord, now_ms: u64) -> Result<Option<String>> {
+    use crate::pipeline::approve::{ReceiptProof, prove_receipt};
+    let proofs = registry.store().approval_proofs(&r.id)?;
+    let in_band = r.state_at(now_ms) != ApprovalState::Approved;
+    Ok(
+        match prove_receipt(&proofs, Some(r), &r.id, &r.binding, in_band, now_ms) {
+            ReceiptProof::Tampered(why) => Some(why),
+            ReceiptProof::Proven | ReceiptProof::Refused(_) => None,
+        },
+    )
+}
+
+/// Refuses to act on a row the trace does not prove ([`tampered`]): a person must not
+/// approve (or be shown as approvable) facts someone wrote into the store.
+///
+/// # Errors
+/// The row is tampered (the error says why and what to run), or the store fails.
+pub fn refuse_tampered(registry: &Registry, r: &ApprovalRecord) -> Result<()> {
+    match tampered(registry, r, crate::store::now_ms())? {
+        None => Ok(()),
+        Some(why) => anyhow::bail!(
+            "approval `{}` does not match the trace (edited in the store?), so it cannot be decided: {why}; `airlock trace verify` checks the rest",
+            r.id
+        ),
+    }
+}
+
+/// One approval as people read it; `tampered` (from [`tampered`]) is shown first.
+pub fn show_text(r: &ApprovalRecord, now_ms: u64, tampered: Option<&str>) -> String {
     let b = &r.binding;
     let when = |ms: u64| {
         humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms))
@@ -37,6 +71,14 @@ pub fn show_text(r: &ApprovalRecord, now_ms: u64) -> String {
         b.policy_digest,
         b.args_digest,
     );
+    if let Some(why) = tampered {
+        out.insert_str(
+            0,
+            &format!(
+                "TAMPERED: the trace does not prove this row, so it authorizes nothing: {why}\n"
+            ),
+        );
+    }
     if let Some(d) = &b.artifact_digest {
         out.push_str(&format!("  artifact   sha256 {d}\n"));
     }
@@ -99,6 +141,7 @@ pub fn decide(
     let record = store.approval(id)?.with_context(|| {
         format!("no approval `{id}` in this state folder (`airlock approvals list` shows them)")
     })?;
+    refuse_tampered(registry, &record)?;
     let word = match decision {
         ApprovalDecision::Approve => "approved",
         ApprovalDecision::Deny => "denied",
@@ -114,6 +157,8 @@ pub fn decide(
             "by": by,
             "reason": reason,
             "stage": if decision == ApprovalDecision::Approve { Some("approved") } else { None },
+            // The receipt's lifetime from now, under the MAC (pipeline::approve::prove_receipt).
+            "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         }),
     );
     store.decide_approval(
@@ -143,7 +188,7 @@ pub fn confirm_on_terminal(r: &ApprovalRecord) -> Result<()> {
     write!(
         out,
         "{}\nType `approve` to approve exactly this, once: ",
-        show_text(r, crate::store::now_ms())
+        show_text(r, crate::store::now_ms(), None)
     )?;
     out.flush()?;
     let mut answer = String::new();

@@ -861,10 +861,14 @@ pub fn main() -> ExitCode {
                 let now = crate::store::now_ms();
                 let me = || crate::config::os_user_name();
                 let show = |r: &crate::store::ApprovalRecord, json: bool| -> Result<String> {
+                    let now = crate::store::now_ms();
+                    let tampered = approvals::tampered(&registry, r, now)?;
                     Ok(if json {
-                        serde_json::to_string_pretty(r)? + "\n"
+                        let mut v = serde_json::to_value(r)?;
+                        v["tampered"] = serde_json::json!(tampered);
+                        serde_json::to_string_pretty(&v)? + "\n"
                     } else {
-                        approvals::show_text(r, crate::store::now_ms())
+                        approvals::show_text(r, now, tampered.as_deref())
                     })
                 };
                 let action_kind = match &action {
@@ -905,6 +909,7 @@ pub fn main() -> ExitCode {
                         let pending = registry.store().approval(&id)?.with_context(|| {
                             format!("no approval `{id}` (`airlock approvals list` shows them)")
                         })?;
+                        approvals::refuse_tampered(&registry, &pending)?;
                         if !yes {
                             approvals::confirm_on_terminal(&pending)?;
                         }

@@ -36,7 +36,10 @@ use crate::pipeline::candidate::{Asker, ElicitAnswer};
 use crate::pipeline::normalize::Normalized;
 use crate::pipeline::{Call, Category, Outcome};
 use crate::registry::events;
-use crate::store::{ApprovalDecision, ApprovalMode, ApprovalState, NewApproval, NewEvent};
+use crate::store::{
+    ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, NewApproval, NewEvent,
+    ReceiptBinding, ReceiptRefusal, TraceEvent,
+};
 
 /// The key of the one input request an approval asks for.
 pub const INPUT_KEY: &str = "approval";
@@ -313,6 +316,10 @@ pub(super) async fn approve(
             "args_digest": n.args_digest(),
             "summary_sha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(summary.as_bytes())),
             "ttl_s": ttl.as_secs(),
+            // What the receipt is bound to and how long the request lives, under the MAC:
+            // the proof of the stored row (prove_receipt).
+            "binding": binding,
+            "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         }),
     );
     let new = NewApproval {
@@ -439,4 +446,149 @@ fn refuse_answer(
         Category::Forbidden,
         format!("the person did not approve this call ({reason}); nothing was done"),
     )
+}
+
+/// What the trace says of a receipt about to be consumed ([`prove_receipt`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReceiptProof {
+    /// The trace proves every claim of the row this consumption relies on: consume it
+    /// (the store still checks the row's state, nonce and binding in its transaction).
+    Proven,
+    /// The row claims what the trace does not record (edited in the store): why, in words.
+    Tampered(String),
+    /// The trace itself refuses this receipt (not approved, expired, bound to other facts)
+    /// and the row agrees: the refusal, as the store would give it. Nothing is consumed.
+    Refused(ReceiptRefusal),
+}
+
+/// What the MACed trace proves of the receipt of approval `approval` (its full id) for a
+/// call bound to `bound`, at `now_ms`, given the stored `record` and its proofs `events`
+/// ([`crate::store::Store::approval_proofs`]). The trace decides; the row is only
+/// compared with it, so a row edited in the store proves nothing and a race with such an
+/// edit cannot pass either. The rule:
+/// - exactly one `approval-requested` event names the approval, and the binding it
+///   recorded equals the row's field for field (else tampered) and the call's (else
+///   refused: changed);
+/// - approved out of band (`in_band` false): the last `approval-decided` event after the
+///   request says `approved`; answered at the client (`in_band` true): no decision was
+///   recorded. Else tampered when the row claims it is usable, refused otherwise;
+/// - the lifetime: before that decision's (or, in band, the request's) time plus the
+///   `ttl_ms` it recorded. Else tampered when the row claims it is not expired, refused
+///   (expired) otherwise.
+///
+/// Requests recorded before the binding entered the event (schema 7 and older) are not
+/// proven: such a receipt is refused as tampered and the call must ask anew.
+pub fn prove_receipt(
+    events: &[TraceEvent],
+    record: Option<&ApprovalRecord>,
+    approval: &str,
+    bound: &ReceiptBinding,
+    in_band: bool,
+    now_ms: u64,
+) -> ReceiptProof {
+    let Some(record) = record else {
+        return ReceiptProof::Refused(ReceiptRefusal::NotFound);
+    };
+    let tampered = |why: String| ReceiptProof::Tampered(why);
+    let names = |e: &&TraceEvent| e.payload["approval"].as_str() == Some(approval);
+    let requests: Vec<&TraceEvent> = events
+        .iter()
+        .filter(names)
+        .filter(|e| e.kind == events::APPROVAL_REQUESTED)
+        .collect();
+    let request = match requests.as_slice() {
+        [one] => *one,
+        [] => {
+            return tampered(format!(
+                "no MACed approval-requested event records approval {approval}"
+            ));
+        }
+        several => {
+            return tampered(format!(
+                "{} approval-requested events record approval {approval}; one request has one",
+                several.len()
+            ));
+        }
+    };
+    let recorded = match ReceiptBinding::deserialize(&request.payload["binding"]) {
+        Ok(b) => b,
+        Err(e) => {
+            return tampered(format!(
+                "the request event (seq {}) records no binding to check the row against: {e}",
+                request.seq
+            ));
+        }
+    };
+    let rebound = recorded.changed_fields(&record.binding);
+    if !rebound.is_empty() {
+        return tampered(format!(
+            "the row is bound to other facts than the request event (seq {}) recorded: {}",
+            request.seq,
+            rebound.join(", ")
+        ));
+    }
+    let changed = recorded.changed_fields(bound);
+    if !changed.is_empty() {
+        return ReceiptProof::Refused(ReceiptRefusal::Changed(changed));
+    }
+    let state = record.state_at(now_ms);
+    let claims_usable = state
+        == if in_band {
+            ApprovalState::Pending
+        } else {
+            ApprovalState::Approved
+        };
+    let last_decision = events
+        .iter()
+        .rev()
+        .filter(names)
+        .find(|e| e.kind == events::APPROVAL_DECIDED && e.seq > request.seq);
+    let decision = |d: &TraceEvent| {
+        format!(
+            "{} (seq {})",
+            d.payload["decision"].as_str().unwrap_or("?"),
+            d.seq
+        )
+    };
+    let unusable = |why: String| {
+        if claims_usable {
+            ReceiptProof::Tampered(why)
+        } else {
+            ReceiptProof::Refused(ReceiptRefusal::State(state))
+        }
+    };
+    let (from, lifetime) = match (in_band, last_decision) {
+        (true, None) => (request, "the request"),
+        (true, Some(d)) => {
+            return unusable(format!(
+                "the trace records a decision on it already: {}",
+                decision(d)
+            ));
+        }
+        (false, None) => {
+            return unusable("the trace records no decision on it".to_owned());
+        }
+        (false, Some(d)) if d.payload["decision"] == "approved" => (d, "the approval"),
+        (false, Some(d)) => {
+            return unusable(format!("its last recorded decision is {}", decision(d)));
+        }
+    };
+    let Some(ttl_ms) = from.payload["ttl_ms"].as_u64() else {
+        return tampered(format!(
+            "{lifetime} event (seq {}) records no lifetime",
+            from.seq
+        ));
+    };
+    let ends = from.at_ms.saturating_add(ttl_ms);
+    if now_ms < ends {
+        return ReceiptProof::Proven;
+    }
+    if state == ApprovalState::Expired {
+        return ReceiptProof::Refused(ReceiptRefusal::Expired);
+    }
+    tampered(format!(
+        "{lifetime} recorded at seq {} lived {ttl_ms} ms and ended {} ms ago, but the row says {state}",
+        from.seq,
+        now_ms - ends
+    ))
 }

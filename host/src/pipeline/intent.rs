@@ -16,6 +16,7 @@ use serde_json::json;
 use sha2::Digest as _;
 
 use crate::host::Host;
+use crate::pipeline::approve::{Receipt, ReceiptProof, prove_receipt};
 use crate::pipeline::authorize::{Authorized, binding};
 use crate::pipeline::{Call, Category, Outcome};
 use crate::registry::events;
@@ -135,6 +136,34 @@ pub(super) fn intent(
         Some((by, nonce)) => ConsumeAs::AnsweredInBand { by, nonce },
         None => ConsumeAs::Approved,
     };
+    // The row is only the trace's cache: a receipt the MACed trace does not prove (a row
+    // set to approved, rebound or given a longer life by hand) is refused before anything
+    // is consumed; one the trace itself refuses is not handed to the store at all.
+    let proof = store.approval(receipt.approval()).and_then(|record| {
+        let proofs = store.approval_proofs(receipt.approval())?;
+        Ok(prove_receipt(
+            &proofs,
+            record.as_ref(),
+            receipt.approval(),
+            &bound,
+            receipt.answered_in_band().is_some(),
+            crate::store::now_ms(),
+        ))
+    });
+    let refused_by_trace = match proof {
+        Ok(ReceiptProof::Proven) => None,
+        Ok(ReceiptProof::Refused(refusal)) => Some(refusal),
+        Ok(ReceiptProof::Tampered(why)) => {
+            return Err(tampered_receipt(call, &receipt, &why));
+        }
+        Err(e) => {
+            return Err(tampered_receipt(
+                call,
+                &receipt,
+                &format!("its proofs could not be read: {e:#}"),
+            ));
+        }
+    };
     let so_far = call.take_events();
     let mut events = so_far.clone();
     events.push(NewEvent::new(
@@ -148,7 +177,11 @@ pub(super) fn intent(
             "intent": intent_id,
         }),
     ));
-    match store.consume_receipt(receipt.approval(), &bound, how, &record, events) {
+    let consumed = match refused_by_trace {
+        Some(refusal) => Ok(Consumption::Refused(refusal)),
+        None => store.consume_receipt(receipt.approval(), &bound, how, &record, events),
+    };
+    match consumed {
         Ok(Consumption::Consumed(..)) => {
             call.durable_intent = Some(intent_id.clone());
             tracing::info!(approval = receipt.approval(), intent = %intent_id, "receipt consumed");
@@ -207,4 +240,25 @@ pub(super) fn intent(
             ))
         }
     }
+}
+
+/// Refuses a receipt the trace does not prove ([`ReceiptProof::Tampered`]): logged at
+/// ERROR, traced as `receipt-refused` (`tampered`, with why), and told to the model as
+/// forbidden with nothing done.
+fn tampered_receipt(call: &mut Call, receipt: &Receipt, why: &str) -> Outcome {
+    tracing::error!(
+        approval = receipt.approval(),
+        "refusing a receipt the trace does not prove (edited in the store?): {why}"
+    );
+    call.event(
+        events::RECEIPT_REFUSED,
+        json!({"approval": receipt.approval(), "mode": receipt.mode(), "refusal": "tampered", "detail": why}),
+    );
+    Outcome::refused(
+        Category::Forbidden,
+        format!(
+            "the host's record of approval {} does not match its trace, so it is not used; nothing was done (an operator can inspect it with `airlock approvals show` and `airlock trace verify`)",
+            receipt.approval()
+        ),
+    )
 }

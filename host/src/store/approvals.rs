@@ -22,7 +22,7 @@
 
 use anyhow::{Context as _, anyhow, bail};
 use rusqlite::{OptionalExtension as _, Row, Transaction, TransactionBehavior, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::trace::{self, NewEvent};
 use super::{SqliteStore, ms_to_sql, now_ms};
@@ -108,8 +108,9 @@ impl ApprovalMode {
     }
 }
 
-/// What a receipt is bound to: every field must match at use.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// What a receipt is bound to: every field must match at use. Recorded whole in the
+/// `approval-requested` event, whose MAC makes it the proof of the stored row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReceiptBinding {
     pub requester: String,
     pub session: String,
@@ -170,7 +171,15 @@ impl ApprovalRecord {
 
     /// Names of the binding fields that differ from `other`.
     pub fn changed_fields(&self, other: &ReceiptBinding) -> Vec<&'static str> {
-        let b = &self.binding;
+        self.binding.changed_fields(other)
+    }
+}
+
+impl ReceiptBinding {
+    /// Names of the fields that differ from `other` (`"requester"`, … `"arguments"`,
+    /// `"artifact"`), in declaration order; empty when the two bind the same call.
+    pub fn changed_fields(&self, other: &ReceiptBinding) -> Vec<&'static str> {
+        let b = self;
         let mut changed = Vec::new();
         let checks: [(&'static str, bool); 9] = [
             ("requester", b.requester != other.requester),

@@ -61,7 +61,7 @@ pub use observations::{NewObservation, observation_id};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -288,6 +288,13 @@ END;
 ALTER TABLE trace_events ADD COLUMN key_id TEXT;
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
+"#,
+    // 7 → 8: the events that prove an approval (Store::approval_proofs) are found by the
+    // approval id their payload names, without a scan; other events do not enter it.
+    r#"
+CREATE INDEX trace_events_approval_proofs
+    ON trace_events (json_extract(payload, '$.approval'), seq)
+    WHERE kind IN ('approval-requested', 'approval-decided');
 "#,
 ];
 
@@ -766,6 +773,13 @@ pub trait Store: Send + Sync {
     /// through a partial index, not a scan of the trace.
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
+    /// The events that can prove approval `id` (its id in full), in seq order: the
+    /// `approval-requested` and `approval-decided` events whose payload names it
+    /// (`"approval": id`), **only those whose MAC verifies with the host key**. Read
+    /// through an expression index, not a scan of the trace. The rule they prove is
+    /// [`crate::pipeline::approve::prove_receipt`]'s.
+    fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
+
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
     fn create_approval(
@@ -1032,6 +1046,50 @@ impl SqliteStore {
     /// Path of the database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The events `sql` selects (its one parameter bound to `param`) that `accept` takes by
+    /// kind and subject and whose MAC verifies with this store's key; the others are passed
+    /// over (an unkeyed or forged event proves nothing).
+    fn genuine_events(
+        &self,
+        sql: &str,
+        param: &str,
+        accept: impl Fn(&str, &str) -> bool,
+    ) -> anyhow::Result<Vec<TraceEvent>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(sql)?;
+        let mut rows = stmt.query(params![param])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let seq: i64 = row.get(0)?;
+            let at: i64 = row.get(1)?;
+            let kind: String = row.get(2)?;
+            let subject: String = row.get(3)?;
+            let payload: String = row.get(4)?;
+            let prev_hash: String = row.get(5)?;
+            let hash: String = row.get(6)?;
+            let key_id: Option<String> = row.get(7)?;
+            let genuine = key_id.as_deref() == Some(self.key.id())
+                && accept(&kind, &subject)
+                && self
+                    .key
+                    .verify_event(seq, at, &kind, &subject, &payload, &prev_hash, &hash);
+            if !genuine {
+                continue;
+            }
+            out.push(TraceEvent {
+                seq,
+                at_ms: u64::try_from(at).unwrap_or(0),
+                kind,
+                subject,
+                payload: serde_json::from_str(&payload)?,
+                prev_hash,
+                hash,
+                key_id,
+            });
+        }
+        Ok(out)
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -2018,48 +2076,32 @@ impl Store for SqliteStore {
     }
 
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        let conn = self.lock();
-        let run = || -> anyhow::Result<Vec<TraceEvent>> {
-            // The kind term repeats the partial index's WHERE clause word for word, so
-            // SQLite uses it.
-            let mut stmt = conn.prepare_cached(&format!(
+        // The kind term repeats the partial index's WHERE clause word for word, so SQLite
+        // uses it.
+        self.genuine_events(
+            &format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events \
                  WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
                  AND subject IN (?1, 'trace') ORDER BY seq"
-            ))?;
-            let mut rows = stmt.query(params![name])?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next()? {
-                let seq: i64 = row.get(0)?;
-                let at: i64 = row.get(1)?;
-                let kind: String = row.get(2)?;
-                let subject: String = row.get(3)?;
-                let payload: String = row.get(4)?;
-                let prev_hash: String = row.get(5)?;
-                let hash: String = row.get(6)?;
-                let key_id: Option<String> = row.get(7)?;
-                let genuine = key_id.as_deref() == Some(self.key.id())
-                    && (subject == name || kind == TRACE_KEYED)
-                    && self
-                        .key
-                        .verify_event(seq, at, &kind, &subject, &payload, &prev_hash, &hash);
-                if !genuine {
-                    continue;
-                }
-                out.push(TraceEvent {
-                    seq,
-                    at_ms: u64::try_from(at).unwrap_or(0),
-                    kind,
-                    subject,
-                    payload: serde_json::from_str(&payload)?,
-                    prev_hash,
-                    hash,
-                    key_id,
-                });
-            }
-            Ok(out)
-        };
-        run().with_context(|| self.context(&format!("reading the proofs of mapping {name:?}")))
+            ),
+            name,
+            |kind, subject| subject == name || kind == TRACE_KEYED,
+        )
+        .with_context(|| self.context(&format!("reading the proofs of mapping {name:?}")))
+    }
+
+    fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // Both terms repeat the expression index's definition word for word (migration 8).
+        self.genuine_events(
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('approval-requested', 'approval-decided') \
+                 AND json_extract(payload, '$.approval') = ?1 ORDER BY seq"
+            ),
+            id,
+            |_, _| true,
+        )
+        .with_context(|| self.context(&format!("reading the proofs of approval {id:?}")))
     }
 
     fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
@@ -2528,15 +2570,19 @@ mod tests {
         let path = dir.path().join(DATABASE_FILE);
         {
             let conn = Connection::open(&path).unwrap();
-            conn.execute_batch("CREATE TABLE future (x); PRAGMA user_version = 8;")
-                .unwrap();
+            conn.execute_batch(&format!(
+                "CREATE TABLE future (x); PRAGMA user_version = {};",
+                SCHEMA_VERSION + 1
+            ))
+            .unwrap();
         }
         let before = std::fs::read(&path).unwrap();
         let err = SqliteStore::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("written by a newer Airlock"), "{err}");
         assert!(
             err.contains(&format!(
-                "schema 8; this build knows up to {SCHEMA_VERSION}"
+                "schema {}; this build knows up to {SCHEMA_VERSION}",
+                SCHEMA_VERSION + 1
             )),
             "{err}"
         );

@@ -900,3 +900,278 @@ fn a_reference_whose_object_changed_is_replaced() {
         "b".repeat(64)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A receipt is proven by the trace, not by its row. Someone who can write `airlock.db`
+// (and not the host key) sets a pending approval to approved, rebinds an approved receipt
+// to other arguments, revives a revoked one or lengthens its life; the row then says
+// "approved, for this call, still valid", and only the MACed `approval-requested` /
+// `approval-decided` events say otherwise. Each case is refused before anything is
+// consumed, is traced as `receipt-refused` (`tampered`), and sends nothing.
+// ---------------------------------------------------------------------------------------
+
+impl Delivery {
+    /// The attacker: a connection of their own to the host's database file.
+    fn attacker(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.dir.path().join("state").join("airlock.db")).unwrap()
+    }
+
+    /// Asks for the delivery `args` out of band (a plain client): the new approval's id.
+    async fn ask(&self, session: &Arc<Session>, args: Value) -> String {
+        match self
+            .run(
+                session,
+                "deliver_artifact",
+                args,
+                ClientAbilities::plain(),
+                None,
+                &NoAsker,
+            )
+            .await
+        {
+            Outcome::ApprovalRequired { approval, .. } => approval,
+            other => panic!("expected an approval request, got {other:?}"),
+        }
+    }
+
+    /// A person's out-of-band decision, as `airlock approvals approve|revoke` records it.
+    fn decide(&self, id: &str, decision: airlock::store::ApprovalDecision, ttl: Duration) {
+        airlock::cli::approvals::decide(self.host.registry(), id, decision, "carol", None, ttl)
+            .unwrap();
+    }
+
+    /// Makes the call again (as the model does once a person approved): the outcome.
+    async fn again(&self, session: &Arc<Session>, args: Value) -> Outcome {
+        self.run(
+            session,
+            "deliver_artifact",
+            args,
+            ClientAbilities::plain(),
+            None,
+            &NoAsker,
+        )
+        .await
+    }
+
+    /// The `tampered` receipt refusals traced for approval `id`.
+    fn tampered_refusals(&self, id: &str) -> Vec<Value> {
+        self.trace()
+            .into_iter()
+            .filter(|e| {
+                e.kind == "receipt-refused"
+                    && e.payload["approval"] == id
+                    && e.payload["refusal"] == "tampered"
+            })
+            .map(|e| e.payload)
+            .collect()
+    }
+}
+
+/// The outcome is the refusal of a receipt the trace does not prove: `Forbidden`, naming
+/// the approval and saying nothing was done.
+fn assert_refused_as_tampered(outcome: &Outcome, approval: &str) {
+    match outcome {
+        Outcome::Refused {
+            category: Category::Forbidden,
+            detail,
+        } => assert!(
+            detail.contains(approval) && detail.contains("does not match its trace"),
+            "{detail}"
+        ),
+        other => panic!("expected the receipt to be refused as tampered, got {other:?}"),
+    }
+}
+
+/// A pending request set to `approved` in the database is not a receipt; approved by a
+/// person (the positive control: the same proof check passes), the same call runs once.
+#[tokio::test]
+async fn a_request_approved_in_the_database_is_not_a_receipt() {
+    let d = Delivery::start().await;
+    let s = d.session();
+    let (artifact, team) = d.prepared(&s).await;
+    let id = d.ask(&s, deliver(&artifact, &team)).await;
+    let far = airlock::store::now_ms() + 3_600_000;
+    let changed = d
+        .attacker()
+        .execute(
+            "UPDATE approvals SET state = 'approved', decided_by = 'mallory', decided_ms = ?2, expires_ms = ?3 WHERE id = ?1",
+            rusqlite::params![id, far as i64 - 3_600_000, far as i64],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let out = d.again(&s, deliver(&artifact, &team)).await;
+    assert_refused_as_tampered(&out, &id);
+    assert_eq!(d.sends(), 0, "a forged approval delivered");
+    let refusals = d.tampered_refusals(&id);
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(
+        refusals[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no decision"),
+        "{refusals:?}"
+    );
+    // The row was not consumed by the refusal; the attacker's edit is still there.
+    let state: String = d
+        .attacker()
+        .query_row("SELECT state FROM approvals WHERE id = ?1", [&id], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(state, "approved");
+    // `approvals show` says so; a person cannot decide on it.
+    let registry = d.host.registry();
+    let now = airlock::store::now_ms();
+    let row = registry.store().approval(&id).unwrap().unwrap();
+    let why = airlock::cli::approvals::tampered(registry, &row, now).unwrap();
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("no decision")),
+        "{why:?}"
+    );
+    assert!(
+        airlock::cli::approvals::show_text(&row, now, why.as_deref()).starts_with("TAMPERED: ")
+    );
+
+    // A genuine request, approved by a person, runs once.
+    let (artifact2, _) = d.prepared(&s).await;
+    let id2 = d.ask(&s, deliver(&artifact2, &team)).await;
+    d.decide(
+        &id2,
+        airlock::store::ApprovalDecision::Approve,
+        Duration::from_secs(600),
+    );
+    let row2 = registry.store().approval(&id2).unwrap().unwrap();
+    assert_eq!(
+        airlock::cli::approvals::tampered(registry, &row2, airlock::store::now_ms()).unwrap(),
+        None,
+        "a genuine approval is proven"
+    );
+    match d.again(&s, deliver(&artifact2, &team)).await {
+        Outcome::Completed(_) => {}
+        other => panic!("a genuinely approved receipt must run: {other:?}"),
+    }
+    assert_eq!(d.sends(), 1);
+}
+
+/// An approved receipt rebound in the database to other arguments does not let those run.
+#[tokio::test]
+async fn an_approved_receipt_rebound_to_other_arguments_is_refused() {
+    let d = Delivery::start().await;
+    let s = d.session();
+    let (wanted, team) = d.prepared(&s).await;
+    let (other, _) = d.prepared(&s).await;
+    // The call the attacker wants run is asked for, and stays pending.
+    let pending = d.ask(&s, deliver(&other, &team)).await;
+    // A person approves another, harmless-looking delivery.
+    let approved = d.ask(&s, deliver(&wanted, &team)).await;
+    d.decide(
+        &approved,
+        airlock::store::ApprovalDecision::Approve,
+        Duration::from_secs(600),
+    );
+    // The attacker moves the approved receipt onto the pending call's arguments.
+    let db = d.attacker();
+    let digest: String = db
+        .query_row(
+            "SELECT args_digest FROM approvals WHERE id = ?1",
+            [&pending],
+            |r| r.get(0),
+        )
+        .unwrap();
+    db.execute(
+        "UPDATE approvals SET args_digest = ?2 WHERE id = ?1",
+        rusqlite::params![approved, digest],
+    )
+    .unwrap();
+    // A pending request rebound in the database cannot be approved by a person either.
+    db.execute(
+        "UPDATE approvals SET capability = 'list_destinations' WHERE id = ?1",
+        [&pending],
+    )
+    .unwrap();
+    let refused = airlock::cli::approvals::decide(
+        d.host.registry(),
+        &pending,
+        airlock::store::ApprovalDecision::Approve,
+        "carol",
+        None,
+        Duration::from_secs(600),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("does not match the trace") && refused.contains("capability"),
+        "{refused}"
+    );
+    let out = d.again(&s, deliver(&other, &team)).await;
+    assert_refused_as_tampered(&out, &approved);
+    assert_eq!(d.sends(), 0, "a rebound receipt delivered other arguments");
+    let refusals = d.tampered_refusals(&approved);
+    assert!(
+        refusals[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("arguments"),
+        "{refusals:?}"
+    );
+}
+
+/// A revoked receipt set back to approved, and an approved one whose life was lengthened
+/// in the database after it ended, are both refused.
+#[tokio::test]
+async fn a_revived_or_lengthened_receipt_is_refused() {
+    use airlock::store::ApprovalDecision::{Approve, Revoke};
+    let d = Delivery::start().await;
+    let s = d.session();
+    let (artifact, team) = d.prepared(&s).await;
+    let far = (airlock::store::now_ms() + 3_600_000) as i64;
+
+    let revoked = d.ask(&s, deliver(&artifact, &team)).await;
+    d.decide(&revoked, Approve, Duration::from_secs(600));
+    d.decide(&revoked, Revoke, Duration::from_secs(600));
+    d.attacker()
+        .execute(
+            "UPDATE approvals SET state = 'approved' WHERE id = ?1",
+            [&revoked],
+        )
+        .unwrap();
+    let out = d.again(&s, deliver(&artifact, &team)).await;
+    assert_refused_as_tampered(&out, &revoked);
+    assert!(
+        d.tampered_refusals(&revoked)[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("revoked"),
+        "{:?}",
+        d.tampered_refusals(&revoked)
+    );
+    // Out of the attacker's way: the revived row is revoked again for the next case.
+    d.attacker()
+        .execute(
+            "UPDATE approvals SET state = 'revoked' WHERE id = ?1",
+            [&revoked],
+        )
+        .unwrap();
+
+    let (artifact2, _) = d.prepared(&s).await;
+    let short = d.ask(&s, deliver(&artifact2, &team)).await;
+    d.decide(&short, Approve, Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    d.attacker()
+        .execute(
+            "UPDATE approvals SET expires_ms = ?2 WHERE id = ?1",
+            rusqlite::params![short, far],
+        )
+        .unwrap();
+    let out = d.again(&s, deliver(&artifact2, &team)).await;
+    assert_refused_as_tampered(&out, &short);
+    assert!(
+        d.tampered_refusals(&short)[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("lived 50 ms"),
+        "{:?}",
+        d.tampered_refusals(&short)
+    );
+    assert_eq!(d.sends(), 0);
+}
