@@ -188,6 +188,9 @@ impl Store for NoCallTrace {
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.approval_proofs(id)
     }
+    fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
+        self.0.intent_proofs(id)
+    }
     fn create_approval(
         &self,
         new: &NewApproval,

@@ -132,6 +132,16 @@ pub fn show_text(r: &IntentRecord, attempts: &[AttemptRecord]) -> String {
     out
 }
 
+/// Why the trace does not prove the intent row `r`
+/// ([`crate::pipeline::intent::prove_intent`]), or `None` when it does.
+///
+/// # Errors
+/// The store fails.
+pub fn tampered(registry: &Registry, r: &IntentRecord) -> Result<Option<String>> {
+    let proofs = registry.store().intent_proofs(&r.intent.id)?;
+    Ok(crate::pipeline::intent::prove_intent(&proofs, r))
+}
+
 /// A person resolves an unknown intent.
 ///
 /// # Errors
@@ -154,6 +164,12 @@ pub fn resolve(
     let record = store
         .intent(id)?
         .with_context(|| format!("no intent `{id}` (`airlock intents list` shows them)"))?;
+    if let Some(why) = tampered(registry, &record)? {
+        bail!(
+            "intent `{}` does not match the trace (edited in the store?), so it cannot be resolved: {why}; `airlock trace verify` checks the rest",
+            record.intent.id
+        );
+    }
     let evidence: String = evidence.chars().take(2000).collect();
     let resolution = Resolution {
         state,

@@ -960,13 +960,21 @@ pub fn main() -> ExitCode {
                 let registry = registry_for(state_dir)?;
                 let show = |r: &crate::store::IntentRecord, json: bool| -> Result<String> {
                     let attempts = registry.store().attempts(&r.intent.id)?;
+                    let tampered = intents::tampered(&registry, r)?;
                     Ok(if json {
                         serde_json::to_string_pretty(&serde_json::json!({
                             "intent": r,
                             "attempts": attempts,
+                            "tampered": tampered,
                         }))? + "\n"
                     } else {
-                        intents::show_text(r, &attempts)
+                        let text = intents::show_text(r, &attempts);
+                        match tampered {
+                            Some(why) => format!(
+                                "TAMPERED: the trace does not prove this intent, so it is neither reconciled nor resolvable: {why}\n{text}"
+                            ),
+                            None => text,
+                        }
                     })
                 };
                 match action {

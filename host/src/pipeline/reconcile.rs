@@ -431,7 +431,23 @@ pub async fn before_calls(host: &Host, mapping: &Arc<ActiveMapping>) {
                 }
             };
             let catalog = host.catalog();
+            let store = host.registry().store();
             for intent in open {
+                // Only intents the trace proves are acted on: a row written by hand asks no
+                // query and retries nothing.
+                let unproven = match store.intent_proofs(&intent.intent.id) {
+                    Ok(proofs) => crate::pipeline::intent::prove_intent(&proofs, &intent),
+                    Err(e) => Some(format!("its proofs could not be read: {e:#}")),
+                };
+                if let Some(why) = unproven {
+                    tracing::error!(intent = %intent.intent.id, mapping = %mapping.name, "not reconciling an intent the trace does not prove (edited in the store?): {why}");
+                    host.registry().trace(
+                        events::INTENT_TAMPERED,
+                        &intent.intent.id,
+                        json!({"intent": intent.intent.id, "mapping": mapping.name, "why": why}),
+                    );
+                    continue;
+                }
                 // A prepared intent of this host run belongs to a call in flight.
                 if intent.state == IntentState::Prepared && intent.created_ms >= host.started_ms()
                 {

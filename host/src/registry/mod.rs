@@ -111,6 +111,9 @@ pub mod events {
     /// A reconciliation of an unknown intent ran and could not decide (the upstream was
     /// unreachable, or the contract cannot be asked): the intent is held for a person.
     pub const INTENT_HELD: &str = "intent-held";
+    /// A stored intent the trace does not prove (inserted or edited in the store): not
+    /// reconciled; the intent, its mapping and why (see `pipeline::intent::prove_intent`).
+    pub const INTENT_TAMPERED: &str = "intent-tampered";
     /// An upstream connection that had closed was started again.
     pub const CONNECTION_RESTARTED: &str = "connection-restarted";
     /// An upstream connection changed state (`connecting`, `ready`, `disconnected`,

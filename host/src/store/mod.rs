@@ -289,12 +289,16 @@ ALTER TABLE trace_events ADD COLUMN key_id TEXT;
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
 "#,
-    // 7 → 8: the events that prove an approval (Store::approval_proofs) are found by the
-    // approval id their payload names, without a scan; other events do not enter it.
+    // 7 → 8: the events that prove an approval (Store::approval_proofs) or an intent
+    // (Store::intent_proofs) are found by the id their payload names, without a scan;
+    // other events do not enter these indexes.
     r#"
 CREATE INDEX trace_events_approval_proofs
     ON trace_events (json_extract(payload, '$.approval'), seq)
     WHERE kind IN ('approval-requested', 'approval-decided');
+CREATE INDEX trace_events_intent_proofs
+    ON trace_events (json_extract(payload, '$.intent'), seq)
+    WHERE kind = 'intent-created';
 "#,
 ];
 
@@ -779,6 +783,12 @@ pub trait Store: Send + Sync {
     /// through an expression index, not a scan of the trace. The rule they prove is
     /// [`crate::pipeline::approve::prove_receipt`]'s.
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
+
+    /// The events that can prove intent `id` (its id in full), in seq order: the
+    /// `intent-created` events whose payload names it (`"intent": id`), **only those whose
+    /// MAC verifies with the host key**, read through an expression index. The rule they
+    /// prove is [`crate::pipeline::intent::prove_intent`]'s.
+    fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
@@ -2102,6 +2112,20 @@ impl Store for SqliteStore {
             |_, _| true,
         )
         .with_context(|| self.context(&format!("reading the proofs of approval {id:?}")))
+    }
+
+    fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // Both terms repeat the expression index's definition word for word (migration 8).
+        self.genuine_events(
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind = 'intent-created' \
+                 AND json_extract(payload, '$.intent') = ?1 ORDER BY seq"
+            ),
+            id,
+            |_, _| true,
+        )
+        .with_context(|| self.context(&format!("reading the proofs of intent {id:?}")))
     }
 
     fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {

@@ -473,3 +473,124 @@ async fn an_unanswered_send_the_query_cannot_find_is_held_while_its_request_may_
     );
     assert!(intents(&d, "failed").is_empty());
 }
+
+/// An intent row written into the store by hand — a copy of a genuine delivery under a
+/// new id, set to `unknown`, or the genuine one with its arguments edited — is proven by
+/// nothing in the MACed trace: the next host does not query the upstream about it
+/// (`intent-tampered` is traced instead), `intents show` says TAMPERED, and a person
+/// cannot resolve it; the genuine intent is proven again once restored.
+#[tokio::test]
+async fn an_intent_written_into_the_store_is_neither_reconciled_nor_resolvable() {
+    // Queryable: an unknown intent of this mapping is reconciled by asking the upstream.
+    let d = deployment(&["--fail-after-send"]);
+    let (client, r) = deliver(&d).await;
+    assert!(
+        text_of(&r).starts_with("Reconciled (intent int_"),
+        "{}",
+        text_of(&r)
+    );
+    client.cancel().await.unwrap();
+    let done = intents(&d, "completed");
+    let genuine = done
+        .iter()
+        .find(|i| i["capability"] == "deliver_artifact")
+        .expect("the delivery's intent")
+        .clone();
+    let id = genuine["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        show(&d, &id)["tampered"],
+        Value::Null,
+        "a genuine intent is proven"
+    );
+    assert_eq!(
+        keyed(&d, "lookup_delivery").len(),
+        1,
+        "asked once, in the call"
+    );
+
+    let forged = "int_f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0";
+    let db = rusqlite::Connection::open(d.state_dir().join("airlock.db")).unwrap();
+    db.execute_batch(&format!(
+        "CREATE TEMP TABLE copy AS SELECT * FROM intents WHERE id = '{id}';
+         UPDATE copy SET id = '{forged}', call_id = 'call_forged', approval_id = NULL,
+             idempotency_key = 'idk_forged', state = 'unknown', resolution = NULL,
+             resolved_ms = NULL;
+         INSERT INTO intents SELECT * FROM copy;
+         CREATE TEMP TABLE tries AS SELECT * FROM intent_attempts WHERE intent_id = '{id}';
+         UPDATE tries SET intent_id = '{forged}';
+         INSERT INTO intent_attempts SELECT * FROM tries;"
+    ))
+    .unwrap();
+    let shown = show(&d, forged);
+    assert!(
+        shown["tampered"]
+            .as_str()
+            .is_some_and(|w| w.contains("no MACed intent-created event")),
+        "{shown:#}"
+    );
+    assert!(
+        d.airlock_ok(&["intents", "show", forged])
+            .starts_with("TAMPERED: ")
+    );
+    let refused = d.airlock(&[
+        "intents",
+        "resolve",
+        forged,
+        "--as",
+        "failed",
+        "--evidence",
+        "nothing in the outbox",
+    ]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("does not match the trace"), "{stderr}");
+
+    // A new host: the mapping's first call reconciles the open intents first; the forged
+    // one is not acted on, so the upstream is asked nothing about it.
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let r = call(&client, "list_destinations", serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.unwrap();
+    assert_eq!(
+        keyed(&d, "lookup_delivery").len(),
+        1,
+        "the upstream was asked about a forged intent: {:?}",
+        d.outbox_calls()
+    );
+    assert_eq!(
+        intents(&d, "unknown").len(),
+        1,
+        "the forged row is left as it is"
+    );
+    let tampered: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "intent-tampered")
+        .collect();
+    assert_eq!(tampered.len(), 1, "{tampered:#?}");
+    assert_eq!(tampered[0]["payload"]["intent"], forged);
+
+    // The genuine intent with its arguments edited is not proven either; restored, it is.
+    db.execute(
+        "UPDATE intents SET args_digest = ?2 WHERE id = ?1",
+        rusqlite::params![id, "0".repeat(64)],
+    )
+    .unwrap();
+    let shown = show(&d, &id);
+    assert!(
+        shown["tampered"]
+            .as_str()
+            .is_some_and(|w| w.contains("arguments")),
+        "{shown:#}"
+    );
+    db.execute(
+        "UPDATE intents SET args_digest = ?2 WHERE id = ?1",
+        rusqlite::params![id, genuine["args_digest"].as_str().unwrap()],
+    )
+    .unwrap();
+    assert_eq!(show(&d, &id)["tampered"], Value::Null);
+}
