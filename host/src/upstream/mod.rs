@@ -38,12 +38,10 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use rmcp::ServiceExt as _;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientRequest, ErrorCode, JsonObject, ReadResourceRequest, ReadResourceRequestParams,
-    ReadResourceResult, ServerResult,
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ErrorCode,
+    JsonObject, ReadResourceRequest, ReadResourceRequestParams, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
-use serde::Deserialize as _;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, BufReader};
 use tokio::process::Command;
@@ -1238,29 +1236,11 @@ impl Connection {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = Some(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        match self.request(request, timeout, cancel).await? {
-            (_, Some(raw), id) => match CallToolResult::deserialize(&raw) {
-                Ok(_) => Ok((raw, id)),
-                Err(e) => Err((
-                    UpstreamFailure::Protocol(format!(
-                        "the server's answer to tools/call is not a CallToolResult: {e}"
-                    )),
-                    Some(id),
-                )),
-            },
-            (ServerResult::CallToolResult(result), None, id) => {
-                match serde_json::to_value(result) {
-                    Ok(v) => Ok((v, id)),
-                    Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
-                }
-            }
-            (_, None, id) => Err((
-                UpstreamFailure::Protocol(
-                    "the server answered tools/call with another kind of result".into(),
-                ),
-                Some(id),
-            )),
-        }
+        self.request_checked(request, CALL_TOOL, timeout, cancel, |r| match r {
+            ServerResult::CallToolResult(result) => Some(result),
+            _ => None,
+        })
+        .await
     }
 
     /// Sends `resources/read` and returns the result as JSON with the request's id.
@@ -1277,28 +1257,50 @@ impl Connection {
             serde_json::from_value(serde_json::json!({"uri": uri}))
                 .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
         let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(params));
+        self.request_checked(request, READ_RESOURCE, timeout, cancel, |r| match r {
+            ServerResult::ReadResourceResult(result) => Some(result),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Sends `request` (`(method, kind)`: its method and the result type's name, e.g.
+    /// [`CALL_TOOL`]) and returns its answer's `result` as JSON with
+    /// the request's id: the JSON the reader kept ([`RawAnswers`]), checked against `T`
+    /// by reference (the check's value is dropped), or else rmcp's typed result as
+    /// `typed` picks it out, converted to JSON.
+    ///
+    /// # Errors
+    /// As [`Connection::request`]; an answer that is not a `T` (or another kind of result)
+    /// is `Protocol`, naming `method` and `T`.
+    async fn request_checked<T>(
+        &self,
+        request: ClientRequest,
+        (method, kind): (&str, &str),
+        timeout: Duration,
+        cancel: Option<&CancellationToken>,
+        typed: fn(ServerResult) -> Option<T>,
+    ) -> Result<(Value, String), (UpstreamFailure, Option<String>)>
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize,
+    {
+        let protocol = |why: String, id: String| (UpstreamFailure::Protocol(why), Some(id));
         match self.request(request, timeout, cancel).await? {
-            (_, Some(raw), id) => match ReadResourceResult::deserialize(&raw) {
+            (_, Some(raw), id) => match T::deserialize(&raw) {
                 Ok(_) => Ok((raw, id)),
-                Err(e) => Err((
-                    UpstreamFailure::Protocol(format!(
-                        "the server's answer to resources/read is not a ReadResourceResult: {e}"
-                    )),
-                    Some(id),
+                Err(e) => Err(protocol(
+                    format!("the server's answer to {method} is not a {kind}: {e}"),
+                    id,
                 )),
             },
-            (ServerResult::ReadResourceResult(result), None, id) => {
-                match serde_json::to_value(result) {
-                    Ok(v) => Ok((v, id)),
-                    Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), Some(id))),
-                }
-            }
-            (_, None, id) => Err((
-                UpstreamFailure::Protocol(
-                    "the server answered resources/read with another kind of result".into(),
-                ),
-                Some(id),
-            )),
+            (result, None, id) => match typed(result).map(serde_json::to_value) {
+                Some(Ok(v)) => Ok((v, id)),
+                Some(Err(e)) => Err(protocol(e.to_string(), id)),
+                None => Err(protocol(
+                    format!("the server answered {method} with another kind of result"),
+                    id,
+                )),
+            },
         }
     }
 
@@ -1415,6 +1417,11 @@ impl Connection {
         }
     }
 }
+
+/// `tools/call` and the type its result must be ([`Connection::call_tool`]).
+const CALL_TOOL: (&str, &str) = ("tools/call", "CallToolResult");
+/// `resources/read` and the type its result must be ([`Connection::read_resource`]).
+const READ_RESOURCE: (&str, &str) = ("resources/read", "ReadResourceResult");
 
 /// A request sent and not yet settled. Dropped unsettled — its caller stopped waiting
 /// while it was in flight, e.g. the adapter call's own deadline fired around it, or the
