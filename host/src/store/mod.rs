@@ -49,6 +49,7 @@ pub mod approvals;
 pub mod intents;
 pub mod key;
 pub mod observations;
+pub mod postgres;
 pub mod trace;
 
 pub use approvals::{
@@ -58,6 +59,7 @@ pub use approvals::{
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
 pub use key::{Checkpoint, KeySource, TraceKey};
 pub use observations::{NewObservation, observation_id};
+pub use postgres::PostgresStore;
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).

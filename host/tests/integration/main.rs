@@ -31,4 +31,5 @@ mod registry;
 mod reload;
 mod serve;
 mod sessions;
+mod store_suite;
 mod store_trust;
