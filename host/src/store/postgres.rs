@@ -41,6 +41,7 @@
 //! transaction); PostgreSQL `TEXT` cannot hold a NUL character, so a subject, kind or
 //! other field containing one is refused with the server's error.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::{Condvar, Mutex};
@@ -50,7 +51,7 @@ use anyhow::{Context as _, anyhow, bail};
 use futures_executor::block_on;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Transaction};
+use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
 
 use super::approvals::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs,
@@ -334,8 +335,78 @@ impl Drop for IoThread {
 
 #[derive(Default)]
 struct PoolState {
-    idle: Vec<Client>,
+    idle: Vec<Conn>,
     open: usize,
+}
+
+/// One connection and the statements prepared on it (by SQL text): each statement is
+/// parsed and planned once per connection, so a query costs one round trip.
+struct Conn {
+    client: Client,
+    statements: Mutex<HashMap<String, Statement>>,
+}
+
+/// A client or transaction with its connection's prepared statements: the same calls as
+/// `tokio_postgres`'s, taking SQL text.
+struct Sql<'a, C> {
+    c: &'a C,
+    statements: &'a Mutex<HashMap<String, Statement>>,
+}
+
+impl<C: GenericClient + Sync> Sql<'_, C> {
+    async fn prepare(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+        let cached = self
+            .statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sql)
+            .cloned();
+        if let Some(statement) = cached {
+            return Ok(statement);
+        }
+        let statement = self.c.prepare(sql).await?;
+        self.statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = self.prepare(sql).await?;
+        self.c.query(&statement, params).await
+    }
+
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        let statement = self.prepare(sql).await?;
+        self.c.query_opt(&statement, params).await
+    }
+
+    async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        let statement = self.prepare(sql).await?;
+        self.c.query_one(&statement, params).await
+    }
+
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let statement = self.prepare(sql).await?;
+        self.c.execute(&statement, params).await
+    }
 }
 
 /// A few connections, opened on demand.
@@ -351,14 +422,18 @@ struct Pool {
 /// A connection lent by the pool; returned on drop (a closed one is discarded).
 struct Lease<'p> {
     pool: &'p Pool,
-    client: Option<Client>,
+    client: Option<Conn>,
 }
 
 impl Lease<'_> {
-    fn client(&mut self) -> &mut Client {
+    fn conn(&mut self) -> &mut Conn {
         self.client
             .as_mut()
             .expect("a lease holds its client until dropped")
+    }
+
+    fn client(&mut self) -> &mut Client {
+        &mut self.conn().client
     }
 }
 
@@ -366,7 +441,7 @@ impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let mut state = self.pool.lock();
         match self.client.take() {
-            Some(c) if !c.is_closed() => state.idle.push(c),
+            Some(c) if !c.client.is_closed() => state.idle.push(c),
             _ => state.open = state.open.saturating_sub(1),
         }
         drop(state);
@@ -384,7 +459,7 @@ impl Pool {
         let mut state = self.lock();
         loop {
             while let Some(client) = state.idle.pop() {
-                if client.is_closed() {
+                if client.client.is_closed() {
                     state.open = state.open.saturating_sub(1);
                     continue;
                 }
@@ -424,7 +499,7 @@ impl Pool {
         }
     }
 
-    fn connect(&self) -> anyhow::Result<Client> {
+    fn connect(&self) -> anyhow::Result<Conn> {
         let config = self.config.clone();
         let task = self.io.handle.spawn(async move {
             let (client, connection) = config.connect(NoTls).await?;
@@ -434,7 +509,10 @@ impl Pool {
             Ok::<_, tokio_postgres::Error>(client)
         });
         match block_on(task) {
-            Ok(Ok(client)) => Ok(client),
+            Ok(Ok(client)) => Ok(Conn {
+                client,
+                statements: Mutex::default(),
+            }),
             Ok(Err(e)) => Err(anyhow!(
                 "cannot reach the PostgreSQL store at {} ({}): check that the server runs and \
                  accepts this user, and the `store` setting; nothing was written",
@@ -634,10 +712,15 @@ impl PostgresStore {
     fn read<T>(
         &self,
         what: &str,
-        work: impl AsyncFnOnce(&Client) -> anyhow::Result<T>,
+        work: impl AsyncFnOnce(&Sql<'_, Client>) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         let mut lease = self.pool.get()?;
-        block_on(work(lease.client())).with_context(|| self.context(what))
+        let conn = lease.conn();
+        let sql = Sql {
+            c: &conn.client,
+            statements: &conn.statements,
+        };
+        block_on(work(&sql)).with_context(|| self.context(what))
     }
 
     /// Runs `work` in a write transaction that holds [`WRITE_LOCK`]; commits when it
@@ -645,16 +728,17 @@ impl PostgresStore {
     fn write<T>(
         &self,
         what: &str,
-        work: impl AsyncFnOnce(&Transaction<'_>) -> anyhow::Result<T>,
+        work: impl AsyncFnOnce(&Sql<'_, Transaction<'_>>) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         let mut lease = self.pool.get()?;
-        let client = lease.client();
+        let Conn { client, statements } = lease.conn();
         block_on(async {
             let tx = client.transaction().await.map_err(db)?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])
+            let sql = Sql { c: &tx, statements };
+            sql.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])
                 .await
                 .map_err(db)?;
-            let out = work(&tx).await?;
+            let out = work(&sql).await?;
             tx.commit().await.map_err(db)?;
             Ok::<_, anyhow::Error>(out)
         })
@@ -666,7 +750,7 @@ impl PostgresStore {
         &self,
         what: &str,
         events: &[NewEvent],
-        work: impl AsyncFnOnce(&Transaction<'_>) -> anyhow::Result<T>,
+        work: impl AsyncFnOnce(&Sql<'_, Transaction<'_>>) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         let key = &self.key;
         self.write(what, async |tx| {
@@ -948,7 +1032,7 @@ fn attempt_from_row(row: &Row) -> anyhow::Result<AttemptRecord> {
 }
 
 async fn latest_mapping(
-    c: &impl GenericClient,
+    c: &Sql<'_, impl GenericClient + Sync>,
     name: &str,
 ) -> anyhow::Result<Option<MappingRecord>> {
     c.query_opt(
@@ -965,7 +1049,7 @@ async fn latest_mapping(
 }
 
 async fn load_snapshot(
-    c: &impl GenericClient,
+    c: &Sql<'_, impl GenericClient + Sync>,
     digest: &str,
 ) -> anyhow::Result<Option<StoredSnapshot>> {
     let Some(row) = c
@@ -993,7 +1077,7 @@ async fn load_snapshot(
 }
 
 async fn load_approval(
-    c: &impl GenericClient,
+    c: &Sql<'_, impl GenericClient + Sync>,
     id: &str,
     for_update: bool,
 ) -> anyhow::Result<Option<ApprovalRecord>> {
@@ -1008,7 +1092,10 @@ async fn load_approval(
     .transpose()
 }
 
-async fn load_intent(c: &impl GenericClient, id: &str) -> anyhow::Result<Option<IntentRecord>> {
+async fn load_intent(
+    c: &Sql<'_, impl GenericClient + Sync>,
+    id: &str,
+) -> anyhow::Result<Option<IntentRecord>> {
     c.query_opt(
         &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = $1"),
         &[&id],
@@ -1020,7 +1107,7 @@ async fn load_intent(c: &impl GenericClient, id: &str) -> anyhow::Result<Option<
 }
 
 async fn insert_attempt(
-    tx: &Transaction<'_>,
+    tx: &Sql<'_, Transaction<'_>>,
     intent: &str,
     attempt: i64,
     now: i64,
@@ -1036,7 +1123,7 @@ async fn insert_attempt(
 }
 
 async fn insert_intent(
-    tx: &Transaction<'_>,
+    tx: &Sql<'_, Transaction<'_>>,
     intent: &NewIntent,
     approval_id: Option<&str>,
     now: i64,
@@ -1066,7 +1153,7 @@ async fn insert_intent(
 }
 
 /// The head `(seq, hash)` a new event chains to, read under the write lock.
-async fn head(tx: &Transaction<'_>, key: &TraceKey) -> anyhow::Result<(i64, String)> {
+async fn head(tx: &Sql<'_, Transaction<'_>>, key: &TraceKey) -> anyhow::Result<(i64, String)> {
     let last = tx
         .query_opt(
             "SELECT seq, hash, key_id FROM trace_events ORDER BY seq DESC LIMIT 1",
@@ -1098,7 +1185,7 @@ async fn head(tx: &Transaction<'_>, key: &TraceKey) -> anyhow::Result<(i64, Stri
 /// Appends `events` inside the write transaction `tx`, chained after the head and MACed
 /// with `key`, in one statement.
 async fn append_in(
-    tx: &Transaction<'_>,
+    tx: &Sql<'_, Transaction<'_>>,
     key: &TraceKey,
     events: &[NewEvent],
 ) -> anyhow::Result<()> {
@@ -1162,7 +1249,7 @@ const OBSERVATION_UPSERT: &str = "INSERT INTO observations (id, connection_id, c
      seen = observations.seen + 1";
 
 async fn write_observations(
-    tx: &Transaction<'_>,
+    tx: &Sql<'_, Transaction<'_>>,
     observations: &[NewObservation],
 ) -> anyhow::Result<()> {
     for o in observations {
