@@ -241,3 +241,32 @@ fn a_host_with_another_key_refuses_to_start_on_a_keyed_store() {
         "no key of its own was made"
     );
 }
+
+#[test]
+fn a_retirement_recorded_in_the_shared_store_reaches_both_hosts_within_a_second() {
+    let (d, target, b_state) = two_host_deployment();
+    let a = serve_http(&d, &d.state_dir());
+    let b = serve_http(&d, &b_state);
+    for s in [&a, &b] {
+        assert_eq!(tool_names(s), ["retrieve_source", "search_sources"]);
+    }
+    // What `airlock review retire` does, on the shared store.
+    let store = PostgresStore::open(&target, Some(&d.state_dir()), None).unwrap();
+    let registry = airlock::registry::Registry::new(std::sync::Arc::new(store));
+    registry.retire("source-library", "tests").unwrap();
+    let retired = std::time::Instant::now();
+    let mut left = vec![&a, &b];
+    while !left.is_empty() {
+        assert!(
+            retired.elapsed() < Duration::from_secs(1),
+            "{} host(s) still serve the retired mapping after 1 s",
+            left.len()
+        );
+        left.retain(|s| !tool_names(s).is_empty());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "both hosts stopped serving {:?} after the retirement",
+        retired.elapsed()
+    );
+}
