@@ -1,7 +1,8 @@
 //! The state store: connections and their configuration revisions, snapshots, mapping
 //! revisions and the trace, in one embedded SQLite database (`airlock.db`, WAL mode) under
-//! the state directory. Everything else reaches it through the narrow [`Store`] trait, so a
-//! shared PostgreSQL store can be added later without touching callers.
+//! the state directory, or in a PostgreSQL database shared by several hosts ([`postgres`]).
+//! Everything else reaches it through the narrow [`Store`] trait, so callers do not know
+//! which.
 //!
 //! The rules this module enforces:
 //! - **The trace is append-only, MACed and chained.** [`Store`] has no method that updates
