@@ -870,6 +870,15 @@ pub trait Store: Send + Sync {
     /// Intents matching `filter`, newest first.
     fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>>;
 
+    /// A signal, when the store can give one, that another process or host changed what
+    /// a serving host re-reads (mapping records, approvals): the value moves on each
+    /// change (and once after the store's listener reconnects, since changes may have been
+    /// missed). `None` (SQLite): no signal, the host polls. The PostgreSQL store sends it
+    /// through `LISTEN/NOTIFY`.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
     /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
     /// has a definite outcome.

@@ -37,6 +37,11 @@
 //! blocks its caller's thread for the round trips, as a SQLite call blocks it for the
 //! file I/O. Times are unix milliseconds; integers are `BIGINT`.
 //!
+//! Changes reach other hosts by `LISTEN/NOTIFY`: a write that changes what serving hosts
+//! re-read (mapping revisions and states, approval decisions) calls `pg_notify` on
+//! [`CHANGES_CHANNEL`] in its transaction (delivered at commit, never for a rollback), and
+//! each store listens on a connection of its own ([`Store::changes`]).
+//!
 //! Differences from SQLite: appends are not group-committed (each call is its own
 //! transaction); PostgreSQL `TEXT` cannot hold a NUL character, so a subject, kind or
 //! other field containing one is refused with the server's error.
@@ -75,6 +80,14 @@ pub const PG_SCHEMA_VERSION: i64 = 1;
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
 pub const WRITE_LOCK: i64 = 0x4169_726c_6f63_6b31;
+
+/// The `LISTEN/NOTIFY` channel on which a write that changes what serving hosts re-read
+/// (a mapping revision or state, an approval decision) tells every host, at commit.
+pub const CHANGES_CHANNEL: &str = "airlock_changes";
+
+/// How long the change listener waits before connecting again after losing its
+/// connection.
+const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 /// Connections one store keeps open at most; a caller waits for a free one beyond that.
 const MAX_CONNECTIONS: usize = 8;
@@ -552,6 +565,7 @@ fn pg_error(e: &tokio_postgres::Error) -> String {
 pub struct PostgresStore {
     pool: Pool,
     key: TraceKey,
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -691,7 +705,69 @@ impl PostgresStore {
         };
         block_on(migrate(lease.client(), &shown))?;
         drop(lease);
-        Ok(Self { pool, key })
+        let store = Self {
+            pool,
+            key,
+            changes: tokio::sync::watch::Sender::new(0),
+        };
+        store.listen();
+        Ok(store)
+    }
+
+    /// Starts the change listener on the I/O thread (it ends with the store): one
+    /// connection of its own that `LISTEN`s on [`CHANGES_CHANNEL`] and moves
+    /// [`Store::changes`] on each notification; after a lost connection it connects
+    /// again every [`LISTEN_RETRY`] and signals once (changes made meanwhile were not
+    /// heard).
+    fn listen(&self) {
+        let config = self.pool.config.clone();
+        let changes = self.changes.clone();
+        let shown = self.pool.shown.clone();
+        self.pool.io.handle.spawn(async move {
+            loop {
+                match config.connect(NoTls).await {
+                    Ok((client, mut connection)) => {
+                        let heard = changes.clone();
+                        // Notifications arrive as messages of the connection it drives.
+                        let driver = tokio::spawn(async move {
+                            while let Some(message) =
+                                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+                            {
+                                match message {
+                                    Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                                        heard.send_modify(|n| *n = n.wrapping_add(1));
+                                    }
+                                    Ok(_) => {}
+                                    Err(_) => break,
+                                }
+                            }
+                        });
+                        match client
+                            .batch_execute(&format!("LISTEN {CHANGES_CHANNEL}"))
+                            .await
+                        {
+                            Ok(()) => {
+                                changes.send_modify(|n| *n = n.wrapping_add(1));
+                                let _ = driver.await;
+                            }
+                            Err(e) => {
+                                tracing::warn!(
+                                    "the PostgreSQL store at {shown}: LISTEN failed: {}",
+                                    pg_error(&e)
+                                );
+                                driver.abort();
+                            }
+                        }
+                        drop(client);
+                    }
+                    Err(e) => tracing::warn!(
+                        "the PostgreSQL store at {shown}: listening for changes: {}",
+                        pg_error(&e)
+                    ),
+                }
+                tokio::time::sleep(LISTEN_RETRY).await;
+            }
+        });
     }
 
     /// The host key the trace is MACed with.
@@ -1237,6 +1313,14 @@ async fn append_in(
     Ok(())
 }
 
+/// Tells every listening host, at commit of `tx`, that `what` changed.
+async fn notify(tx: &Sql<'_, Transaction<'_>>, what: &str) -> anyhow::Result<()> {
+    tx.execute("SELECT pg_notify($1, $2)", &[&CHANGES_CHANNEL, &what])
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
 const OBSERVATION_UPSERT: &str = "INSERT INTO observations (id, connection_id, connection, \
      snapshot_digest, method, target, arguments_sha256, item, kind, media_type, sha256, bytes, \
      request_id, call_id, retrieved_ms, last_seen_ms, seen, previous) \
@@ -1278,6 +1362,10 @@ async fn write_observations(
 }
 
 impl Store for PostgresStore {
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+
     fn connection_revision(
         &self,
         name: &str,
@@ -1668,6 +1756,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(db)?;
                 append_in(tx, key, &with_revision(events.clone(), revision)).await?;
+                notify(tx, "mapping").await?;
                 Ok(MappingRecord {
                     name: new.name.clone(),
                     revision,
@@ -1719,6 +1808,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(db)?;
                 append_in(tx, key, &with_revision(events.clone(), latest.revision)).await?;
+                notify(tx, "mapping").await?;
                 Ok(Some(MappingRecord {
                     state: to,
                     reason: reason.to_owned(),
@@ -2109,6 +2199,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?;
             append_in(tx, key, &events).await?;
+            notify(tx, "approval").await?;
             Ok(Ok(load_approval(tx, id, false)
                 .await?
                 .ok_or_else(|| anyhow!("approval `{id}` vanished"))?))

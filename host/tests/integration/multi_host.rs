@@ -1,7 +1,8 @@
 //! Several hosts on one PostgreSQL store: two real `airlock serve --http` processes, each
 //! with its own state folder (holding the trace key file shipped from the first), on one
 //! database of the test PostgreSQL server (`common::pg`). What one reviewer approved
-//! through one host's configuration serves on both; both append to one MACed chain.
+//! through one host's configuration serves on both; both append to one MACed chain; a
+//! retirement recorded in the shared store reaches both (`LISTEN/NOTIFY`) within 1 s.
 
 use std::io::{BufRead as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};

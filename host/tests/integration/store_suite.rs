@@ -680,6 +680,79 @@ mod postgres_only {
         assert!(store.trace(0, 10).unwrap().is_empty());
     }
 
+    /// LISTEN/NOTIFY: a mapping change or an approval decision made through one store
+    /// (another host) signals every other store at commit; a trace append does not.
+    #[test]
+    fn a_change_made_through_one_store_is_signalled_to_another_at_commit() {
+        let target = pg::database();
+        let a = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let b = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let mut signal = a.changes().expect("the PostgreSQL store signals changes");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let wait = |signal: &mut tokio::sync::watch::Receiver<u64>, within: std::time::Duration| {
+            runtime.block_on(async { tokio::time::timeout(within, signal.changed()).await.is_ok() })
+        };
+        // The listener signals once when its LISTEN is in place ("re-read, you may have
+        // missed something"); from then on it hears every change.
+        let ready = std::time::Instant::now();
+        while *signal.borrow() == 0 {
+            assert!(
+                ready.elapsed() < std::time::Duration::from_secs(5),
+                "the listener never listened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        signal.borrow_and_update();
+        b.append_trace("test", "s", &json!({})).unwrap();
+        assert!(
+            !wait(&mut signal, std::time::Duration::from_millis(300)),
+            "a trace append is no change to re-read"
+        );
+        let c = b.connection_revision("notes", "d1", &json!({})).unwrap();
+        let start = std::time::Instant::now();
+        b.add_mapping_revision(&new_mapping("m", MappingState::Active, &c.connection_id))
+            .unwrap();
+        assert!(
+            wait(&mut signal, std::time::Duration::from_secs(1)),
+            "a new revision is signalled"
+        );
+        let heard = start.elapsed();
+        b.set_mapping_state("m", MappingState::Active, MappingState::Retiring, "r")
+            .unwrap()
+            .unwrap();
+        assert!(
+            wait(&mut signal, std::time::Duration::from_secs(1)),
+            "a state change is signalled"
+        );
+        let id = b
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap()
+            .id;
+        b.decide_approval(&id, ApprovalDecision::Approve, "bob", None, 60_000, vec![])
+            .unwrap();
+        assert!(
+            wait(&mut signal, std::time::Duration::from_secs(1)),
+            "a decision is signalled"
+        );
+        // A refused change commits no notification.
+        assert!(
+            b.set_mapping_state("m", MappingState::Active, MappingState::Retiring, "r")
+                .unwrap()
+                .is_none()
+        );
+        assert!(!wait(&mut signal, std::time::Duration::from_millis(300)));
+        println!("a new revision was heard by the other store after {heard:?}");
+        assert!(
+            SqliteStore::open_with_key(tempfile::tempdir().unwrap().path(), Some(key()))
+                .unwrap()
+                .changes()
+                .is_none()
+        );
+    }
+
     /// The sync store inside tokio tasks on a multi-thread and a current-thread runtime.
     #[test]
     fn the_store_works_inside_tokio_runtimes() {
