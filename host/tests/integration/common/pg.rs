@@ -6,7 +6,9 @@
 //! No orphan server: `postgres` runs as a child of a thread that lives as long as the test
 //! binary, with a parent-death signal (`PR_SET_PDEATHSIG`, SIGQUIT: immediate shutdown),
 //! so it stops when the binary exits however it exits (a normal end, a panic, SIGKILL);
-//! an `atexit` handler also asks it for a fast shutdown and waits for it on a normal exit.
+//! an `atexit` handler also asks it for a fast shutdown, waits for it and removes the
+//! temporary folder on a normal exit (a killed binary's folder is removed by a later run
+//! once it is an hour old).
 //! `pg_ctl` is not used because it detaches the server from its parent.
 //!
 //! As root (here and in CI), `initdb` and `postgres` refuse to run, so both run as the
@@ -29,6 +31,8 @@ pub struct Server {
 
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
 static CHILD: Mutex<Option<Child>> = Mutex::new(None);
+/// The temporary folder (data and socket), removed at exit once the server stopped.
+static ROOT: Mutex<Option<PathBuf>> = Mutex::new(None);
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 /// The PostgreSQL role the tests connect as (the bootstrap superuser).
@@ -71,6 +75,13 @@ fn server_user() -> (u32, u32) {
 }
 
 extern "C" fn stop_at_exit() {
+    stop_server();
+    if let Some(root) = ROOT.lock().ok().and_then(|mut r| r.take()) {
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
+
+fn stop_server() {
     let Ok(mut guard) = CHILD.lock() else { return };
     if let Some(child) = guard.as_mut() {
         // SIGINT: fast shutdown (ends sessions, checkpoints, removes the socket).
@@ -90,7 +101,37 @@ extern "C" fn stop_at_exit() {
     }
 }
 
+/// Removes the folders of earlier test binaries that were killed (their server died with
+/// them, see the module docs): older than an hour, with no live postmaster.
+fn remove_stale_folders() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("airlock-pg-") {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(3600));
+        let live = std::fs::read_to_string(path.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+            // SAFETY: signal 0 only asks whether the process exists.
+            .is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0);
+        if old && !live {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
 fn start() -> Result<Server, String> {
+    remove_stale_folders();
     let initdb =
         find_bin("initdb").ok_or("no `initdb`: install PostgreSQL (apt-get install postgresql)")?;
     let postgres = find_bin("postgres").ok_or("no `postgres` server binary next to initdb")?;
@@ -102,6 +143,7 @@ fn start() -> Result<Server, String> {
         .tempdir()
         .map_err(|e| e.to_string())?
         .keep();
+    *ROOT.lock().unwrap() = Some(root.clone());
     let data = root.join("data");
     std::fs::create_dir(&data).map_err(|e| e.to_string())?;
     for p in [&root, &data] {
@@ -152,7 +194,7 @@ fn start() -> Result<Server, String> {
                     "-c",
                     "fsync=off",
                     "-c",
-                    "max_connections=200",
+                    "max_connections=300",
                     "-c",
                     "shared_buffers=16MB",
                 ])
