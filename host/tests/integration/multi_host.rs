@@ -271,3 +271,34 @@ fn a_retirement_recorded_in_the_shared_store_reaches_both_hosts_within_a_second(
         retired.elapsed()
     );
 }
+
+/// A measurement, not a check: `tools/call` latency over HTTP (debug build, one caller,
+/// sequential) with the SQLite store and with the PostgreSQL store, in the same run.
+/// `cargo test -p airlock --test integration multi_host::tools_call_latency -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement; run it by name"]
+fn tools_call_latency_sqlite_vs_postgres() {
+    let sqlite = Deployment::with_notes().mapping("source-library");
+    sqlite.approve_all();
+    let (postgres, _, _) = two_host_deployment();
+    for (name, d) in [("sqlite", &sqlite), ("postgres", &postgres)] {
+        let s = serve_http(d, &d.state_dir());
+        for _ in 0..20 {
+            search(&s, "warm");
+        }
+        let mut us: Vec<u128> = (0..300)
+            .map(|i| {
+                let start = std::time::Instant::now();
+                search(&s, &format!("q{}", i % 7));
+                start.elapsed().as_micros()
+            })
+            .collect();
+        us.sort_unstable();
+        println!(
+            "{name}: tools/call p50 {} µs, p99 {} µs (n = {})",
+            us[us.len() / 2],
+            us[us.len() * 99 / 100],
+            us.len()
+        );
+    }
+}
