@@ -35,6 +35,11 @@
 //! mappings_dir = "mappings"      # optional: a watched folder of mappings, one sub-folder
 //!                                # each holding mapping.toml + its component; hot-reloaded
 //! state_dir = "state"            # optional: the store's folder (default: see default_state_dir)
+//! store = "postgres://airlock@localhost/airlock"  # optional: the shared PostgreSQL store
+//!                                # of several hosts (also postgresql://…, or libpq text
+//!                                # such as "host=/run/postgresql dbname=airlock"; see
+//!                                # crate::store::postgres); default "sqlite": airlock.db
+//!                                # in state_dir
 //! snapshot_interval = "10m"      # re-discover every connection this often (default 10m;
 //!                                # "off" = only on start and list_changed)
 //! start_timeout = "10s"          # how long one connection may take to start: spawn,
@@ -106,6 +111,8 @@ pub struct ServeConfig {
     pub mappings_dir: Option<PathBuf>,
     /// The store's folder, from the file (`state_dir`); the command line may override it.
     pub state_dir: Option<PathBuf>,
+    /// Which store: SQLite in the state folder (default) or a shared PostgreSQL (`store`).
+    pub store: StoreSetting,
     /// Re-discover every connection this often (besides start and `list_changed`);
     /// default [`DEFAULT_SNAPSHOT_INTERVAL`], `None` = off.
     pub snapshot_interval: Option<std::time::Duration>,
@@ -132,6 +139,50 @@ pub struct ServeConfig {
     pub http: crate::front::http::HttpSettings,
     /// `[trace]`: the trace's host key and checkpoints.
     pub trace: TraceSettings,
+}
+
+/// `store`: where the state lives.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum StoreSetting {
+    /// `airlock.db` in the state folder (`store = "sqlite"`, or no `store`).
+    #[default]
+    Sqlite,
+    /// A PostgreSQL database shared by several hosts: the target text as written (a URL
+    /// or libpq key/value text, already checked to parse; it may hold a password, so it
+    /// is never printed — `Debug` shows only the form).
+    Postgres(String),
+}
+
+impl std::fmt::Debug for StoreSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sqlite => f.write_str("Sqlite"),
+            Self::Postgres(_) => f.write_str("Postgres(…)"),
+        }
+    }
+}
+
+impl StoreSetting {
+    /// Parses a `store` value: `"sqlite"`, or a PostgreSQL target
+    /// ([`crate::store::postgres::is_postgres_target`]) that parses.
+    ///
+    /// # Errors
+    /// Any other text, or a PostgreSQL target that does not parse; the message never
+    /// repeats the value (it may hold a password).
+    pub fn parse(text: &str) -> Result<Self> {
+        if text.trim() == "sqlite" {
+            return Ok(Self::Sqlite);
+        }
+        if crate::store::postgres::is_postgres_target(text) {
+            crate::store::postgres::parse_target(text)?;
+            return Ok(Self::Postgres(text.trim().to_owned()));
+        }
+        anyhow::bail!(
+            "`store` must be \"sqlite\" (the default: airlock.db in the state folder) or a \
+             PostgreSQL target: a postgres:// or postgresql:// URL, or key/value text such as \
+             \"host=/run/postgresql dbname=airlock\"; the value given is neither"
+        )
+    }
 }
 
 /// How often a serving host writes a trace checkpoint when `[trace] checkpoint_interval`
@@ -276,6 +327,7 @@ impl ServeConfig {
             mappings: Vec::new(),
             mappings_dir: None,
             state_dir: None,
+            store: StoreSetting::Sqlite,
             snapshot_interval: None,
             start_timeout: DEFAULT_START_TIMEOUT,
             cache_dir: None,
@@ -357,6 +409,7 @@ struct RawConfig {
     secrets: BTreeMap<String, RawSecret>,
     mappings_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
+    store: Option<String>,
     snapshot_interval: Option<String>,
     start_timeout: Option<String>,
     #[serde(default)]
@@ -631,6 +684,10 @@ impl ServeConfig {
                     parse_bounded_duration("[approvals] elicitation_timeout", &text, 1, 24 * 3600)?;
             }
         }
+        let store = match raw.store.as_deref() {
+            None => StoreSetting::Sqlite,
+            Some(text) => StoreSetting::parse(text).context("store")?,
+        };
         let mut trace = TraceSettings::default();
         if let Some(t) = raw.trace {
             if let Some(name) = t.key {
@@ -661,6 +718,7 @@ impl ServeConfig {
             mappings,
             mappings_dir,
             state_dir: raw.state_dir.map(|d| base.join(d)),
+            store,
             snapshot_interval,
             start_timeout,
             cache_dir: None,
@@ -966,6 +1024,49 @@ mod tests {
     }
 
     const MAPPING: &str = "[[mapping]]\nmanifest = \"m/mapping.toml\"\n";
+
+    #[test]
+    fn the_store_setting_selects_sqlite_or_postgres_and_refuses_anything_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let parse =
+            |store: &str| ServeConfig::parse(&format!("store = {store:?}\n{MAPPING}"), dir.path());
+        assert_eq!(
+            ServeConfig::parse(MAPPING, dir.path()).unwrap().store,
+            StoreSetting::Sqlite
+        );
+        assert_eq!(parse("sqlite").unwrap().store, StoreSetting::Sqlite);
+        for target in [
+            "postgres://airlock:pw@localhost/airlock",
+            "postgresql:///airlock?host=/run/postgresql",
+            "host=/run/postgresql dbname=airlock",
+        ] {
+            assert_eq!(
+                parse(target).unwrap().store,
+                StoreSetting::Postgres(target.into())
+            );
+        }
+        let shown = format!("{:?}", parse("postgres://u:hunter2@localhost/db").unwrap());
+        assert!(!shown.contains("hunter2"), "the password in Debug: {shown}");
+        for (hostile, says) in [
+            ("mysql://u:hunter2@h/db", "must be \"sqlite\""),
+            ("", "must be \"sqlite\""),
+            ("/var/lib/airlock/airlock.db", "must be \"sqlite\""),
+            (
+                "postgres://u:hunter2@[::1/db",
+                "not a PostgreSQL connection string",
+            ),
+            ("postgres://u:hunter2@localhost/db?sslmode=require", "TLS"),
+            (
+                "host=/tmp bogus_option=hunter2",
+                "not a PostgreSQL connection string",
+            ),
+        ] {
+            let err = format!("{:#}", parse(hostile).unwrap_err());
+            assert!(err.contains(says), "{hostile}: {err}");
+            assert!(err.contains("store"), "{hostile}: {err}");
+            assert!(!err.contains("hunter2"), "{hostile}: the password in {err}");
+        }
+    }
 
     #[test]
     fn the_trace_table_names_a_key_and_where_checkpoints_go() {

@@ -392,21 +392,32 @@ impl MappingSource {
     }
 }
 
-/// Opens the store in `config`'s state folder (or the default one), with the host key its
-/// `[trace] key` names (else the store's default key, see [`SqliteStore::open`]).
+/// Opens the store `config` names: by default SQLite in its state folder (or the default
+/// one); with `store = "postgres://…"` the shared PostgreSQL store. Either way with the
+/// host key its `[trace] key` names (else the store's default key, see
+/// [`SqliteStore::open`]; for PostgreSQL the state folder's key file is the last resort,
+/// and every host must hold the same key).
 ///
 /// # Errors
-/// No state folder can be determined; the store cannot be opened.
+/// No state folder can be determined (SQLite); the store cannot be opened.
 pub fn open_registry(config: &ServeConfig) -> Result<Registry> {
     let dir = config
         .state_dir
         .clone()
-        .or_else(crate::config::default_state_dir)
-        .context(
-            "no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration",
-        )?;
-    let store = SqliteStore::open_with_key(&dir, config.trace.host_key()?)?;
-    Ok(Registry::new(Arc::new(store)))
+        .or_else(crate::config::default_state_dir);
+    let key = config.trace.host_key()?;
+    let store: Arc<dyn crate::store::Store> = match &config.store {
+        crate::config::StoreSetting::Sqlite => {
+            let dir = dir.context(
+                "no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration",
+            )?;
+            Arc::new(SqliteStore::open_with_key(&dir, key)?)
+        }
+        crate::config::StoreSetting::Postgres(target) => Arc::new(
+            crate::store::PostgresStore::open(target, dir.as_deref(), key)?,
+        ),
+    };
+    Ok(Registry::new(store))
 }
 
 /// A loaded (verified, compiled, linked) mapping that is not yet bound to a connection.

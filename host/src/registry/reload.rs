@@ -13,6 +13,9 @@
 //! - A changed policy file is validated and swapped in for the next decision; one that
 //!   does not validate leaves the previous policy deciding (traced as
 //!   `policy-load-failed`).
+//! - A store that signals changes made by other hosts ([`crate::store::Store::changes`],
+//!   PostgreSQL's `LISTEN/NOTIFY`) is re-read on each signal, not only every
+//!   [`STORE_POLL`].
 //! - Events are debounced ([`DEBOUNCE`]) so a copy in progress is read once it settles; a
 //!   manifest that lands before its component fails verification and loads when the
 //!   component arrives.
@@ -41,9 +44,24 @@ pub const STORE_POLL: Duration = Duration::from_millis(200);
 /// The mappings folder cannot be watched.
 pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
     let weak = Arc::downgrade(host);
+    // A store that signals changes (PostgreSQL's LISTEN/NOTIFY) is re-read at once on
+    // each signal; the poll stays as the fallback (and is all SQLite has).
+    let mut changes = host.registry().store().changes();
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(STORE_POLL).await;
+            match &mut changes {
+                Some(signal) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(STORE_POLL) => {}
+                        heard = signal.changed() => {
+                            if heard.is_err() {
+                                changes = None;
+                            }
+                        }
+                    }
+                }
+                None => tokio::time::sleep(STORE_POLL).await,
+            }
             let Some(host) = weak.upgrade() else { return };
             if let Err(e) = host.sync_with_store().await {
                 tracing::warn!("reading mapping records from the store failed: {e:#}");

@@ -101,7 +101,7 @@ impl ApprovalMode {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub(super) fn parse(s: &str) -> Option<Self> {
         [Self::Elicitation, Self::InputRequired, Self::OutOfBand]
             .into_iter()
             .find(|v| v.as_str() == s)
@@ -275,7 +275,7 @@ impl IntentState {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub(super) fn parse(s: &str) -> Option<Self> {
         [Self::Prepared, Self::Completed, Self::Failed, Self::Unknown]
             .into_iter()
             .find(|v| v.as_str() == s)
@@ -319,7 +319,7 @@ pub fn random_id(prefix: &str, bytes: usize) -> String {
     format!("{prefix}{}", hex::encode(buf))
 }
 
-const APPROVAL_COLUMNS: &str = "id, state, mode, requester, session, profile, capability, mapping, \
+pub(super) const APPROVAL_COLUMNS: &str = "id, state, mode, requester, session, profile, capability, mapping, \
      mapping_revision, snapshot_digest, policy_digest, args_digest, artifact_digest, summary, \
      nonce, created_ms, expires_ms, decided_by, decided_ms, reason, consumed_ms, intent_id";
 

@@ -65,12 +65,12 @@ impl AttemptState {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub(super) fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|v| v.as_str() == s)
     }
 
     /// The column holding the time this state was reached.
-    fn column(self) -> &'static str {
+    pub(super) fn column(self) -> &'static str {
         match self {
             Self::Prepared => "prepared_ms",
             Self::Sent => "sent_ms",
@@ -185,7 +185,7 @@ fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
     })
 }
 
-const ATTEMPT_COLUMNS: &str = "intent_id, attempt, state, requests, answered, last_request_id, \
+pub(super) const ATTEMPT_COLUMNS: &str = "intent_id, attempt, state, requests, answered, last_request_id, \
      prepared_ms, sent_ms, acknowledged_ms, observed_ms, verified_ms, committed_ms";
 
 /// Inserts attempt `attempt` of `intent`, prepared at `now`.

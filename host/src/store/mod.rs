@@ -1,7 +1,8 @@
 //! The state store: connections and their configuration revisions, snapshots, mapping
 //! revisions and the trace, in one embedded SQLite database (`airlock.db`, WAL mode) under
-//! the state directory. Everything else reaches it through the narrow [`Store`] trait, so a
-//! shared PostgreSQL store can be added later without touching callers.
+//! the state directory, or in a PostgreSQL database shared by several hosts ([`postgres`]).
+//! Everything else reaches it through the narrow [`Store`] trait, so callers do not know
+//! which.
 //!
 //! The rules this module enforces:
 //! - **The trace is append-only, MACed and chained.** [`Store`] has no method that updates
@@ -49,6 +50,7 @@ pub mod approvals;
 pub mod intents;
 pub mod key;
 pub mod observations;
+pub mod postgres;
 pub mod trace;
 
 pub use approvals::{
@@ -58,6 +60,7 @@ pub use approvals::{
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
 pub use key::{Checkpoint, KeySource, TraceKey};
 pub use observations::{NewObservation, observation_id};
+pub use postgres::PostgresStore;
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
@@ -890,6 +893,15 @@ pub trait Store: Send + Sync {
 
     /// Intents matching `filter`, newest first.
     fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>>;
+
+    /// A signal, when the store can give one, that another process or host changed what
+    /// a serving host re-reads (mapping records, approvals): the value moves on each
+    /// change (and once after the store's listener reconnects, since changes may have been
+    /// missed). `None` (SQLite): no signal, the host polls. The PostgreSQL store sends it
+    /// through `LISTEN/NOTIFY`.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 
     /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
     /// `resolution`, in one transaction with `events`. Errors: no such intent; it already

@@ -1,6 +1,8 @@
 //! Shared test kit: real `airlock serve` processes, real fixture servers, real components.
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::path::{Path, PathBuf};
 
 use rmcp::ServiceExt as _;

@@ -1,0 +1,826 @@
+//! The store suite: the [`Store`] trait's semantics, each test run against SQLite **and**
+//! against a real PostgreSQL (started by the tests, see `common::pg`). Test names end in
+//! `::sqlite` or `::postgres`; `cargo test -p airlock --test integration store_suite::`
+//! runs both. Tampering goes through each database directly, as an attacker holding the
+//! database (but not the key) would.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use airlock::store::{
+    ApprovalDecision, ApprovalMode, ApprovalState, AttemptState, ConsumeAs, Consumption,
+    IntentFilter, IntentState, MappingState, NewApproval, NewEvent, NewIntent, NewMappingRevision,
+    PostgresStore, ReceiptBinding, ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore,
+    Store, TraceKey,
+};
+use serde_json::json;
+
+use crate::common::pg;
+
+/// The key every store of a test is opened with (two hosts share it).
+const KEY: &str = "0123456789abcdef0123456789abcdef-store-suite";
+
+fn key() -> TraceKey {
+    TraceKey::from_secret("store-suite", KEY).unwrap()
+}
+
+/// One backend's database for one test, and how to open more stores on it.
+pub enum Db {
+    Sqlite(tempfile::TempDir),
+    Postgres(String),
+}
+
+impl Db {
+    fn new(backend: &str) -> Self {
+        match backend {
+            "sqlite" => Db::Sqlite(tempfile::tempdir().unwrap()),
+            "postgres" => Db::Postgres(pg::database()),
+            other => panic!("no backend {other}"),
+        }
+    }
+
+    /// Another store on the same database (another process or host would hold one).
+    fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Db::Sqlite(dir) => {
+                Arc::new(SqliteStore::open_with_key(dir.path(), Some(key())).unwrap())
+            }
+            Db::Postgres(target) => {
+                Arc::new(PostgresStore::open(target, None, Some(key())).unwrap())
+            }
+        }
+    }
+
+    /// Runs `sql` on the database directly, with the append-only guards switched off.
+    fn tamper(&self, sql: &str) {
+        match self {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("airlock.db")).unwrap();
+                conn.execute_batch(
+                    "DROP TRIGGER IF EXISTS trace_events_no_update; \
+                     DROP TRIGGER IF EXISTS trace_events_no_delete;",
+                )
+                .unwrap();
+                conn.execute_batch(sql).unwrap();
+            }
+            Db::Postgres(target) => pg::exec(
+                target,
+                &format!("ALTER TABLE trace_events DISABLE TRIGGER USER; {sql}"),
+            )
+            .unwrap(),
+        }
+    }
+
+    /// `SELECT count(*) FROM {table}`.
+    fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        match self {
+            Db::Sqlite(dir) => rusqlite::Connection::open(dir.path().join("airlock.db"))
+                .unwrap()
+                .query_row(&sql, [], |r| r.get(0))
+                .unwrap(),
+            Db::Postgres(target) => pg::query(target, &sql)[0][0]
+                .as_deref()
+                .unwrap()
+                .parse()
+                .unwrap(),
+        }
+    }
+}
+
+/// Each test body, once per backend: `name::sqlite` and `name::postgres`.
+macro_rules! both {
+    ($(fn $name:ident($db:ident, $store:ident) $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            #[allow(unused_variables)]
+            fn run(backend: &str) {
+                let $db = Db::new(backend);
+                #[allow(unused_variables)]
+                let $store = $db.open();
+                $body
+            }
+            #[test]
+            fn sqlite() {
+                run("sqlite")
+            }
+            #[test]
+            fn postgres() {
+                run("postgres")
+            }
+        }
+    )*};
+}
+
+fn binding() -> ReceiptBinding {
+    ReceiptBinding {
+        requester: "alice".into(),
+        session: "ses_1".into(),
+        capability: "deliver_artifact".into(),
+        mapping: "outbox-delivery".into(),
+        mapping_revision: 2,
+        snapshot_digest: "a".repeat(64),
+        policy_digest: "b".repeat(64),
+        args_digest: "c".repeat(64),
+        artifact_digest: Some("d".repeat(64)),
+    }
+}
+
+fn request(mode: ApprovalMode, ttl_ms: u64) -> NewApproval {
+    NewApproval {
+        binding: binding(),
+        profile: "publisher".into(),
+        mode,
+        summary: "Approve `deliver_artifact`".into(),
+        ttl_ms,
+    }
+}
+
+fn intent(n: usize) -> NewIntent {
+    NewIntent {
+        id: format!("int_{n}"),
+        idempotency_key: format!("idk_{n}"),
+        call_id: format!("call_{n}"),
+        requester: "alice".into(),
+        session: "ses_1".into(),
+        capability: "deliver_artifact".into(),
+        mapping: "outbox-delivery".into(),
+        mapping_revision: 2,
+        args_digest: "c".repeat(64),
+        effect_class: "external-effect".into(),
+    }
+}
+
+fn new_mapping(name: &str, state: MappingState, connection_id: &str) -> NewMappingRevision {
+    NewMappingRevision {
+        name: name.into(),
+        manifest_digest: "m".repeat(64),
+        component_sha256: "c".repeat(64),
+        connection_id: connection_id.into(),
+        config_revision: 1,
+        snapshot_digest: None,
+        pins: json!({"tools": {"b": "2", "a": "1"}}),
+        state,
+        reviewer: None,
+        reason: "recorded".into(),
+        manifest_text: Some("name = \"x\"\n".into()),
+    }
+}
+
+fn approved(store: &dyn Store) -> String {
+    let a = store
+        .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+        .unwrap();
+    store
+        .decide_approval(
+            &a.id,
+            ApprovalDecision::Approve,
+            "bob",
+            None,
+            60_000,
+            vec![],
+        )
+        .unwrap();
+    a.id
+}
+
+both! {
+    fn connection_ids_are_stable_and_revisions_follow_digests(db, store) {
+        let a = store.connection_revision("notes", "d1", &json!({"command": "x"})).unwrap();
+        assert!(a.created && a.revision == 1 && a.connection_id.starts_with("conn-"));
+        let again = store.connection_revision("notes", "d1", &json!({"command": "y"})).unwrap();
+        assert_eq!((again.revision, again.created, &again.connection_id), (1, false, &a.connection_id));
+        let b = store.connection_revision("notes", "d2", &json!({"command": "z"})).unwrap();
+        assert_eq!((b.revision, b.created), (2, true));
+        let other = store.connection_revision("files", "d1", &json!({})).unwrap();
+        assert_ne!(other.connection_id, a.connection_id);
+        let record = store.connection("notes").unwrap().unwrap();
+        assert_eq!((record.revision, record.config), (2, json!({"command": "z"})));
+        let names: Vec<String> = store.connections().unwrap().into_iter().map(|c| c.name).collect();
+        assert_eq!(names, ["files", "notes"]);
+        assert!(store.connection("nope").unwrap().is_none());
+        assert!(store.connection_revision("", "d", &json!({})).is_err());
+        assert!(store.connection_revision("n", "", &json!({})).is_err());
+    }
+
+    fn snapshots_are_immutable_stored_once_and_observed_each_time(db, store) {
+        let c = store.connection_revision("notes", "d1", &json!({})).unwrap();
+        let digest = "ab".repeat(32);
+        let body = json!({"tools": [{"name": "t", "description": "é \"q\""}]});
+        let first = store.put_snapshot(&digest.to_uppercase(), &c.connection_id, 1, &body).unwrap();
+        assert!(first.new);
+        assert_eq!(first.digest, digest);
+        let second = store.put_snapshot(&digest, &c.connection_id, 1, &body).unwrap();
+        assert!(!second.new);
+        let got = store.snapshot(&digest[..8]).unwrap().unwrap();
+        assert_eq!((got.body, got.observations), (body.clone(), 2));
+        let err = format!("{:#}", store.put_snapshot(&digest, &c.connection_id, 1, &json!({})).unwrap_err());
+        assert!(err.contains("immutable"), "{err}");
+        let err = format!("{:#}", store.put_snapshot(&"ef".repeat(32), &c.connection_id, 9, &body).unwrap_err());
+        assert!(err.contains("no configuration revision 9"), "{err}");
+        assert!(store.put_snapshot("not hex", &c.connection_id, 1, &body).is_err());
+        // A second snapshot sharing the first 8 characters makes that prefix ambiguous.
+        let near = format!("{}{}", &digest[..8], "0".repeat(56));
+        store.put_snapshot(&near, &c.connection_id, 1, &json!({"v": 2})).unwrap();
+        let err = format!("{:#}", store.snapshot(&digest[..8]).unwrap_err());
+        assert!(err.contains("matches 2 snapshots"), "{err}");
+        assert!(format!("{:#}", store.snapshot("abab").unwrap_err()).contains("too short"));
+        assert!(store.snapshot("%").is_err(), "a LIKE/GLOB metacharacter is refused");
+        assert!(store.snapshot(&"f".repeat(64)).unwrap().is_none());
+        assert_eq!(store.latest_snapshot(&c.connection_id).unwrap().unwrap().digest, near);
+        let listed: Vec<String> = store.snapshots(Some(&c.connection_id)).unwrap().into_iter().map(|s| s.digest).collect();
+        assert_eq!(listed, [near.clone(), digest.clone()]);
+        assert_eq!(store.snapshots(None).unwrap().len(), 2);
+        assert!(store.snapshots(Some("conn-none")).unwrap().is_empty());
+    }
+
+    fn a_new_mapping_revision_makes_the_previous_historical_and_state_changes_are_compare_and_set(db, store) {
+        let c = store.connection_revision("notes", "d1", &json!({})).unwrap();
+        let one = store.add_mapping_revision(&new_mapping("m", MappingState::Active, &c.connection_id)).unwrap();
+        assert_eq!(one.revision, 1);
+        assert_eq!(one.pins, json!({"tools": {"a": "1", "b": "2"}}));
+        let two = store
+            .add_mapping_revision_traced(
+                &new_mapping("m", MappingState::Candidate, &c.connection_id),
+                vec![NewEvent::new("mapping-revision", "m", json!({"state": "candidate"}))],
+            )
+            .unwrap();
+        assert_eq!(two.revision, 2);
+        let revisions = store.mapping_revisions("m").unwrap();
+        assert_eq!(revisions[0].state, MappingState::Historical);
+        assert_eq!(revisions[0].superseded_while_serving(), Some(MappingState::Active));
+        assert_eq!(store.mapping("m").unwrap().unwrap(), two);
+        assert_eq!(store.mappings().unwrap().len(), 1);
+        let events = store.trace(0, 10).unwrap();
+        assert_eq!(events[0].payload, json!({"state": "candidate", "revision": 2}));
+        // Compare-and-set: the wrong expected state changes nothing.
+        assert!(store.set_mapping_state("m", MappingState::Active, MappingState::Retiring, "x").unwrap().is_none());
+        let err = format!("{:#}", store.set_mapping_state("m", MappingState::Historical, MappingState::Active, "x").unwrap_err());
+        assert!(err.contains("cannot become"), "{err}");
+        assert!(store.set_mapping_state("nope", MappingState::Candidate, MappingState::FixtureTested, "x").is_err());
+        let moved = store
+            .set_mapping_state_traced(
+                "m",
+                MappingState::Candidate,
+                MappingState::FixtureTested,
+                "tested",
+                vec![NewEvent::new("mapping-state-changed", "m", json!({"to": "fixture-tested"}))],
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!((moved.state, moved.reason.as_str()), (MappingState::FixtureTested, "tested"));
+        assert_eq!(store.mapping("m").unwrap().unwrap().state, MappingState::FixtureTested);
+        let proofs = store.mapping_proofs("m").unwrap();
+        assert_eq!(proofs.len(), 2);
+        assert_eq!(proofs[1].payload["revision"], 2);
+        assert!(store.mapping_proofs("other").unwrap().is_empty());
+        assert!(store.verify_trace().unwrap().first_bad.is_none());
+        // A forged proof (edited without the key) proves nothing.
+        db.tamper("UPDATE trace_events SET payload = '{\"revision\":2,\"to\":\"active\"}' WHERE seq = 2");
+        assert_eq!(store.mapping_proofs("m").unwrap().len(), 1);
+    }
+
+    fn the_trace_is_one_verified_chain_and_each_tampering_is_named(db, store) {
+        let hostile = ["quote\" back\\slash", "unicode é 🦀 \u{2028}", "ctl \n\t\u{1f}", "'; DROP TABLE trace_events; --"];
+        for (i, text) in hostile.iter().enumerate() {
+            let e = store.append_trace("test", text, &json!({"text": text, "n": i, "z": null})).unwrap();
+            assert_eq!(e.seq, i as i64 + 1);
+            assert_eq!(e.subject, *text);
+        }
+        let events = store.trace(0, 100).unwrap();
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[3].payload["text"], hostile[3]);
+        assert_eq!(events[1].prev_hash, events[0].hash);
+        assert_eq!(store.trace(2, 1).unwrap()[0].seq, 3);
+        let v = store.verify_trace().unwrap();
+        assert_eq!((v.events, v.first_bad.clone()), (4, None), "{v:?}");
+        let checkpoint = store.trace_checkpoint().unwrap();
+        assert_eq!(checkpoint.seq, 4);
+        assert!(store.verify_trace_against(&[(1, checkpoint.clone())]).unwrap().first_bad.is_none());
+        // The same JSON with a duplicated key: the stored bytes changed, so the MAC fails.
+        db.tamper("UPDATE trace_events SET payload = '{\"n\":1,\"n\":1,\"text\":\"unicode é 🦀 \u{2028}\",\"z\":null}' WHERE seq = 2");
+        let (seq, why) = store.verify_trace().unwrap().first_bad.unwrap();
+        assert_eq!(seq, 2, "{why}");
+        assert!(why.contains("altered"), "{why}");
+    }
+
+    fn deleted_newest_events_and_a_deleted_trace_are_caught_by_a_checkpoint(db, store) {
+        store.append_events((0..5).map(|i| NewEvent::new("test", "s", json!({"i": i}))).collect()).unwrap();
+        let checkpoint = store.trace_checkpoint().unwrap();
+        db.tamper("DELETE FROM trace_events WHERE seq > 3");
+        assert!(store.verify_trace().unwrap().first_bad.is_none(), "without a checkpoint a shortened trace looks intact");
+        let (seq, why) = store.verify_trace_against(&[(1, checkpoint.clone())]).unwrap().first_bad.unwrap();
+        assert_eq!(seq, 4);
+        assert!(why.contains("events 4..=5 are missing"), "{why}");
+        db.tamper("DELETE FROM trace_events");
+        let (_, why) = store.verify_trace_against(&[(1, checkpoint)]).unwrap().first_bad.unwrap();
+        assert!(why.contains("whole trace is missing"), "{why}");
+    }
+
+    fn the_trace_refuses_edits_and_deletes_through_the_database(db, store) {
+        store.append_trace("test", "s", &json!({})).unwrap();
+        let refused = match &db {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("airlock.db")).unwrap();
+                ["UPDATE trace_events SET kind = 'x'", "DELETE FROM trace_events"]
+                    .iter()
+                    .map(|sql| conn.execute_batch(sql).unwrap_err().to_string())
+                    .collect::<Vec<_>>()
+            }
+            Db::Postgres(target) => ["UPDATE trace_events SET kind = 'x'", "DELETE FROM trace_events", "TRUNCATE trace_events"]
+                .iter()
+                .map(|sql| pg::exec(target, sql).unwrap_err())
+                .collect(),
+        };
+        for err in refused {
+            assert!(err.contains("append-only"), "{err}");
+        }
+        assert_eq!(db.count("trace_events"), 1);
+    }
+
+    fn concurrent_appenders_on_separate_stores_make_one_chain(db, store) {
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let other = db.open();
+                scope.spawn(move || {
+                    for i in 0..25 {
+                        let n = 1 + (t * 25 + i) % 11;
+                        other
+                            .append_events((0..n).map(|k| NewEvent::new("test", format!("t{t}"), json!({"i": i, "k": k}))).collect())
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let expected: usize = (0..4).flat_map(|t| (0..25).map(move |i| 1 + (t * 25 + i) % 11)).sum();
+        let v = store.verify_trace().unwrap();
+        assert_eq!((v.events as usize, v.first_bad), (expected, None));
+    }
+
+    fn thirty_two_concurrent_consumers_of_one_receipt_leave_one_intent(db, store) {
+        let id = approved(&*store);
+        let won = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for n in 0..32 {
+                let (id, won) = (&id, &won);
+                // Each consumer on a store of its own, as separate processes would be.
+                let s = db.open();
+                scope.spawn(move || {
+                    match s.consume_receipt(id, &binding(), ConsumeAs::Approved, &intent(n), vec![NewEvent::new("receipt-consumed", "call", json!({"n": n}))]).unwrap() {
+                        Consumption::Consumed(..) => {
+                            won.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Consumption::Refused(ReceiptRefusal::State(ApprovalState::Consumed)) => {}
+                        other => panic!("{other:?}"),
+                    }
+                });
+            }
+        });
+        assert_eq!(won.into_inner(), 1);
+        assert_eq!(db.count("intents"), 1);
+        assert_eq!(store.trace(0, 100).unwrap().len(), 1, "only the winner's event");
+        assert!(store.verify_trace().unwrap().first_bad.is_none());
+    }
+
+    fn a_receipt_for_other_facts_is_refused_and_names_what_changed(db, store) {
+        let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![NewEvent::new("approval-requested", "call", json!({}))]).unwrap();
+        assert_eq!(store.trace(0, 10).unwrap()[0].payload["approval"], a.id);
+        assert_eq!(
+            store.consume_receipt(&a.id, &binding(), ConsumeAs::Approved, &intent(0), vec![]).unwrap(),
+            Consumption::Refused(ReceiptRefusal::State(ApprovalState::Pending))
+        );
+        store.decide_approval(&a.id, ApprovalDecision::Approve, "bob", None, 60_000, vec![]).unwrap();
+        assert_eq!(store.find_approval(&binding()).unwrap().unwrap().state, ApprovalState::Approved);
+        let mut other = binding();
+        other.args_digest = "e".repeat(64);
+        other.mapping_revision = 3;
+        other.session = "ses_2".into();
+        match store.consume_receipt(&a.id, &other, ConsumeAs::Approved, &intent(0), vec![]).unwrap() {
+            Consumption::Refused(ReceiptRefusal::Changed(fields)) => assert_eq!(fields, ["session", "mapping revision", "arguments"]),
+            other => panic!("{other:?}"),
+        }
+        let Consumption::Consumed(approval, stored) = store.consume_receipt(&a.id, &binding(), ConsumeAs::Approved, &intent(1), vec![]).unwrap() else {
+            panic!("not consumed");
+        };
+        assert_eq!((approval.state, approval.intent_id.as_deref()), (ApprovalState::Consumed, Some("int_1")));
+        assert_eq!((stored.state, stored.approval_id.as_deref()), (IntentState::Prepared, Some(a.id.as_str())));
+        assert_eq!(
+            store.consume_receipt(&a.id, &binding(), ConsumeAs::Approved, &intent(2), vec![]).unwrap(),
+            Consumption::Refused(ReceiptRefusal::State(ApprovalState::Consumed))
+        );
+        assert_eq!(
+            store.consume_receipt("apr_000000000000000000000000", &binding(), ConsumeAs::Approved, &intent(3), vec![]).unwrap(),
+            Consumption::Refused(ReceiptRefusal::NotFound)
+        );
+        assert!(store.find_approval(&binding()).unwrap().is_none());
+        assert_eq!(store.approvals(Some(ApprovalState::Consumed), 10).unwrap().len(), 1);
+        assert_eq!(store.approvals(None, 10).unwrap().len(), 1);
+        assert_eq!(db.count("intents"), 1);
+    }
+
+    fn approval_states_move_one_way_and_expire_on_the_host_clock(db, store) {
+        let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
+        store.decide_approval(&a.id, ApprovalDecision::Deny, "bob", Some("no"), 0, vec![]).unwrap();
+        for d in [ApprovalDecision::Approve, ApprovalDecision::Deny, ApprovalDecision::Revoke] {
+            let err = store.decide_approval(&a.id, d, "bob", None, 60_000, vec![]).unwrap_err();
+            assert!(format!("{err:#}").contains("denied"), "{err:#}");
+        }
+        let b = store.create_approval(&request(ApprovalMode::OutOfBand, 0), vec![]).unwrap();
+        let err = store.decide_approval(&b.id, ApprovalDecision::Approve, "bob", None, 60_000, vec![]).unwrap_err();
+        assert!(format!("{err:#}").contains("expired"), "{err:#}");
+        assert_eq!(store.approval(&b.id).unwrap().unwrap().state, ApprovalState::Expired);
+        let c = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
+        store.decide_approval(&c.id, ApprovalDecision::Approve, "bob", None, 0, vec![]).unwrap();
+        assert_eq!(
+            store.consume_receipt(&c.id, &binding(), ConsumeAs::Approved, &intent(0), vec![]).unwrap(),
+            Consumption::Refused(ReceiptRefusal::Expired)
+        );
+        assert_eq!(store.approval(&c.id).unwrap().unwrap().state, ApprovalState::Expired, "the expiry is recorded");
+        let e = approved(&*store);
+        store.decide_approval(&e, ApprovalDecision::Revoke, "carol", None, 0, vec![]).unwrap();
+        assert_eq!(
+            store.consume_receipt(&e, &binding(), ConsumeAs::Approved, &intent(0), vec![]).unwrap(),
+            Consumption::Refused(ReceiptRefusal::State(ApprovalState::Revoked))
+        );
+        assert!(format!("{:#}", store.decide_approval("apr_nope", ApprovalDecision::Approve, "b", None, 0, vec![]).unwrap_err()).contains("no approval"));
+        assert_eq!(db.count("intents"), 0);
+    }
+
+    fn an_in_band_answer_needs_the_request_nonce(db, store) {
+        let a = store.create_approval(&request(ApprovalMode::InputRequired, 60_000), vec![]).unwrap();
+        let forged = ConsumeAs::AnsweredInBand { by: "alice", nonce: Some("00000000000000000000000000000000") };
+        assert_eq!(store.consume_receipt(&a.id, &binding(), forged, &intent(0), vec![]).unwrap(), Consumption::Refused(ReceiptRefusal::Nonce));
+        let genuine = ConsumeAs::AnsweredInBand { by: "alice", nonce: Some(&a.nonce) };
+        let Consumption::Consumed(record, _) = store.consume_receipt(&a.id, &binding(), genuine, &intent(1), vec![]).unwrap() else {
+            panic!("not consumed");
+        };
+        assert_eq!(record.decided_by.as_deref(), Some("alice"));
+    }
+
+    fn hostile_approval_ids_are_refused_clearly(db, store) {
+        for id in ["", "apr_", "short", "apr_'; DROP TABLE approvals; --", "apr_%%%%%%%%%%%%"] {
+            match store.approval(id) {
+                Ok(None) => {}
+                Err(e) => assert!(format!("{e:#}").contains("too short"), "{e:#}"),
+                Ok(Some(r)) => panic!("{id:?} found {r:?}"),
+            }
+        }
+        let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
+        assert_eq!(store.approval(&a.id[..16]).unwrap().unwrap().id, a.id, "a unique prefix");
+        assert_eq!(db.count("approvals"), 1);
+    }
+
+    fn an_attempt_is_sent_until_every_request_is_answered_and_outcomes_are_written_once(db, store) {
+        store.create_intent(&intent(1), vec![]).unwrap();
+        store.attempt_sending("int_1", 1).unwrap();
+        store.attempt_sending("int_1", 1).unwrap();
+        store.attempt_answered("int_1", 1, "7", true).unwrap();
+        assert_eq!(store.attempts("int_1").unwrap()[0].state, AttemptState::Sent);
+        store.attempt_answered("int_1", 1, "8", true).unwrap();
+        let a = &store.attempts("int_1").unwrap()[0];
+        assert_eq!((a.state, a.requests, a.answered, a.last_request_id.as_deref()), (AttemptState::Acknowledged, 2, 2, Some("8")));
+        store.advance_attempt("int_1", 1, AttemptState::ResultObserved).unwrap();
+        assert!(store.attempt_sending("int_1", 1).is_err(), "nothing is sent once there is a result");
+        assert_eq!(store.new_attempt("int_1").unwrap(), 2);
+        store.set_intent_state("int_1", IntentState::Completed, vec![]).unwrap();
+        let err = format!("{:#}", store.set_intent_state("int_1", IntentState::Failed, vec![]).unwrap_err());
+        assert!(err.contains("not prepared"), "{err}");
+        let attempts = store.attempts("int_1").unwrap();
+        assert_eq!((attempts[0].state, attempts[1].state), (AttemptState::ResultObserved, AttemptState::Committed));
+        assert!(attempts[1].at_ms[5].is_some());
+        assert_eq!(store.intent("int_1").unwrap().unwrap().state, IntentState::Completed);
+        assert!(store.intent("int_9").unwrap().is_none());
+    }
+
+    fn only_an_unknown_intent_is_resolved_and_only_once_and_listing_filters(db, store) {
+        store.create_intent(&intent(1), vec![]).unwrap();
+        store.create_intent(&intent(2), vec![]).unwrap();
+        store.set_intent_state("int_1", IntentState::Unknown, vec![]).unwrap();
+        let person = Resolution { state: IntentState::Completed, method: ResolutionMethod::Person, by: "carol".into(), evidence: json!({"said": "it went"}) };
+        let listed = store.intents(&IntentFilter { states: vec![IntentState::Unknown], limit: 10, ..Default::default() }).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(store.intents(&IntentFilter { mapping: Some("outbox-delivery".into()), limit: 10, ..Default::default() }).unwrap().len(), 2);
+        assert!(store.intents(&IntentFilter { mapping: Some("other".into()), limit: 10, ..Default::default() }).unwrap().is_empty());
+        assert!(store.intents(&IntentFilter { created_before_ms: Some(0), limit: 10, ..Default::default() }).unwrap().is_empty());
+        let resolved = store.resolve_intent("int_1", &person, vec![NewEvent::new("intent-resolved", "int_1", json!({}))]).unwrap();
+        assert_eq!(resolved.state, IntentState::Completed);
+        assert_eq!(resolved.resolution.unwrap()["by"], "carol");
+        let err = format!("{:#}", store.resolve_intent("int_1", &person, vec![]).unwrap_err());
+        assert!(err.contains("is completed"), "{err}");
+        assert!(format!("{:#}", store.resolve_intent("int_9", &person, vec![]).unwrap_err()).contains("no intent"));
+        let bad = Resolution { state: IntentState::Unknown, ..person };
+        assert!(store.resolve_intent("int_2", &bad, vec![]).is_err());
+        assert_eq!(store.trace(0, 10).unwrap().len(), 1, "refusals append nothing");
+    }
+
+    fn observations_commit_with_their_events_or_not_at_all(db, store) {
+        let item = |sha: &str, ms: u64| airlock::store::NewObservation {
+            id: airlock::store::observation_id("conn-1", "resources/read", "notes://x", "", "contents/0", sha),
+            connection_id: "conn-1".into(),
+            connection: "notes".into(),
+            snapshot_digest: "snap".into(),
+            method: "resources/read".into(),
+            target: "notes://x".into(),
+            arguments_sha256: String::new(),
+            item: "contents/0".into(),
+            kind: "text".into(),
+            media_type: "text/markdown".into(),
+            sha256: sha.into(),
+            bytes: 10,
+            request_id: "7".into(),
+            call_id: "call_1".into(),
+            retrieved_ms: ms,
+        };
+        store.append_call(vec![NewEvent::new("test", "c", json!({}))], vec![item("aaaa", 1)]).unwrap();
+        store.append_call(vec![], vec![item("aaaa", 2)]).unwrap();
+        store.append_call(vec![], vec![item("bbbb", 3)]).unwrap();
+        assert_eq!(db.count("observations"), 2, "the same content is referenced, not repeated");
+        let mut broken = item("zzzz", u64::MAX);
+        broken.bytes = 1;
+        assert!(store.append_call(vec![NewEvent::new("test", "c", json!({}))], vec![broken]).is_err());
+        assert_eq!((db.count("observations"), store.trace(0, 10).unwrap().len()), (2, 1));
+    }
+}
+
+/// What a PostgreSQL database Airlock did not write looks like to it, and what it does.
+mod postgres_only {
+    use super::*;
+
+    #[test]
+    fn a_foreign_database_is_refused_and_left_unchanged() {
+        let target = pg::database();
+        pg::exec(
+            &target,
+            "CREATE TABLE accounts (id int); INSERT INTO accounts VALUES (1)",
+        )
+        .unwrap();
+        let err = format!(
+            "{:#}",
+            PostgresStore::open(&target, None, Some(key())).unwrap_err()
+        );
+        assert!(
+            err.contains("not written by Airlock") && err.contains("nothing was changed"),
+            "{err}"
+        );
+        let tables = pg::query(
+            &target,
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'",
+        );
+        assert_eq!(tables, vec![vec![Some("accounts".to_owned())]]);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_left_unchanged() {
+        let target = pg::database();
+        drop(PostgresStore::open(&target, None, Some(key())).unwrap());
+        pg::exec(&target, "UPDATE airlock_schema SET version = 99").unwrap();
+        let err = format!(
+            "{:#}",
+            PostgresStore::open(&target, None, Some(key())).unwrap_err()
+        );
+        assert!(err.contains("newer Airlock (schema 99"), "{err}");
+        assert_eq!(
+            pg::query(&target, "SELECT version FROM airlock_schema"),
+            vec![vec![Some("99".to_owned())]]
+        );
+    }
+
+    #[test]
+    fn hosts_opening_one_new_database_at_once_migrate_it_once() {
+        let target = pg::database();
+        std::thread::scope(|scope| {
+            for _ in 0..6 {
+                scope.spawn(|| drop(PostgresStore::open(&target, None, Some(key())).unwrap()));
+            }
+        });
+        assert_eq!(
+            pg::query(&target, "SELECT version FROM airlock_schema"),
+            vec![vec![Some("1".to_owned())]]
+        );
+    }
+
+    #[test]
+    fn a_host_with_another_key_appends_nothing_and_says_why() {
+        let target = pg::database();
+        let a = PostgresStore::open(&target, None, Some(key())).unwrap();
+        a.append_trace("test", "s", &json!({})).unwrap();
+        let other = TraceKey::from_secret("other", &"z".repeat(40)).unwrap();
+        let b = PostgresStore::open(&target, None, Some(other)).unwrap();
+        let err = format!("{:#}", b.append_trace("test", "s", &json!({})).unwrap_err());
+        assert!(
+            err.contains("every host on one PostgreSQL store must hold the same key"),
+            "{err}"
+        );
+        assert_eq!(a.trace(0, 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn without_a_key_the_state_folder_key_is_used_and_a_missing_one_refused_once_keyed() {
+        let target = pg::database();
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let first = PostgresStore::open(&target, Some(&state), None).unwrap();
+        first.append_trace("test", "s", &json!({})).unwrap();
+        assert!(state.join("trace.key").is_file());
+        let again = PostgresStore::open(&target, Some(&state), None).unwrap();
+        assert_eq!(again.key().id(), first.key().id());
+        let elsewhere: PathBuf = dir.path().join("fresh");
+        let err = format!(
+            "{:#}",
+            PostgresStore::open(&target, Some(&elsewhere), None).unwrap_err()
+        );
+        assert!(
+            err.contains("is missing") && err.contains("MACed with key"),
+            "{err}"
+        );
+        assert!(!elsewhere.join("trace.key").exists(), "no new key was made");
+        let err = format!(
+            "{:#}",
+            PostgresStore::open(&target, None, None).unwrap_err()
+        );
+        assert!(err.contains("needs the trace key"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_database_and_a_refused_login_are_named() {
+        let _ = pg::server();
+        let err = format!(
+            "{:#}",
+            PostgresStore::open(&pg::target("no_such_db"), None, Some(key())).unwrap_err()
+        );
+        assert!(
+            err.contains("cannot reach the PostgreSQL store") && err.contains("no_such_db"),
+            "{err}"
+        );
+        let err = format!(
+            "{:#}",
+            PostgresStore::open(
+                &format!("{} user=mallory", pg::target("postgres")),
+                None,
+                Some(key())
+            )
+            .unwrap_err()
+        );
+        assert!(err.contains("mallory"), "{err}");
+    }
+
+    #[test]
+    fn a_nul_character_is_refused_and_nothing_is_written() {
+        let target = pg::database();
+        let store = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let err = format!(
+            "{:#}",
+            store
+                .append_trace("test", "nul \u{0} here", &json!({}))
+                .unwrap_err()
+        );
+        assert!(err.contains("0x00"), "{err}");
+        assert!(store.trace(0, 10).unwrap().is_empty());
+    }
+
+    /// LISTEN/NOTIFY: a mapping change or an approval decision made through one store
+    /// (another host) signals every other store at commit; a trace append does not.
+    #[test]
+    fn a_change_made_through_one_store_is_signalled_to_another_at_commit() {
+        let target = pg::database();
+        let a = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let b = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let mut signal = a.changes().expect("the PostgreSQL store signals changes");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let wait = |signal: &mut tokio::sync::watch::Receiver<u64>, within: std::time::Duration| {
+            runtime.block_on(async { tokio::time::timeout(within, signal.changed()).await.is_ok() })
+        };
+        // The listener signals once when its LISTEN is in place ("re-read, you may have
+        // missed something"); from then on it hears every change.
+        let ready = std::time::Instant::now();
+        while *signal.borrow() == 0 {
+            assert!(
+                ready.elapsed() < std::time::Duration::from_secs(5),
+                "the listener never listened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        signal.borrow_and_update();
+        b.append_trace("test", "s", &json!({})).unwrap();
+        assert!(
+            !wait(&mut signal, std::time::Duration::from_millis(300)),
+            "a trace append is no change to re-read"
+        );
+        let c = b.connection_revision("notes", "d1", &json!({})).unwrap();
+        let start = std::time::Instant::now();
+        b.add_mapping_revision(&new_mapping("m", MappingState::Active, &c.connection_id))
+            .unwrap();
+        assert!(
+            wait(&mut signal, std::time::Duration::from_secs(1)),
+            "a new revision is signalled"
+        );
+        let heard = start.elapsed();
+        b.set_mapping_state("m", MappingState::Active, MappingState::Retiring, "r")
+            .unwrap()
+            .unwrap();
+        assert!(
+            wait(&mut signal, std::time::Duration::from_secs(1)),
+            "a state change is signalled"
+        );
+        let id = b
+            .create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![])
+            .unwrap()
+            .id;
+        b.decide_approval(&id, ApprovalDecision::Approve, "bob", None, 60_000, vec![])
+            .unwrap();
+        assert!(
+            wait(&mut signal, std::time::Duration::from_secs(1)),
+            "a decision is signalled"
+        );
+        // A refused change commits no notification.
+        assert!(
+            b.set_mapping_state("m", MappingState::Active, MappingState::Retiring, "r")
+                .unwrap()
+                .is_none()
+        );
+        assert!(!wait(&mut signal, std::time::Duration::from_millis(300)));
+        println!("a new revision was heard by the other store after {heard:?}");
+        assert!(
+            SqliteStore::open_with_key(tempfile::tempdir().unwrap().path(), Some(key()))
+                .unwrap()
+                .changes()
+                .is_none()
+        );
+    }
+
+    /// The sync store inside tokio tasks on a multi-thread and a current-thread runtime.
+    #[test]
+    fn the_store_works_inside_tokio_runtimes() {
+        let target = pg::database();
+        let store: Arc<dyn Store> =
+            Arc::new(PostgresStore::open(&target, None, Some(key())).unwrap());
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let s = store.clone();
+        multi.block_on(async move {
+            let tasks: Vec<_> = (0..8)
+                .map(|i| {
+                    let s = s.clone();
+                    tokio::spawn(
+                        async move { s.append_trace("test", "m", &json!({"i": i})).unwrap() },
+                    )
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let current = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        current.block_on(async { store.append_trace("test", "c", &json!({})).unwrap() });
+        assert_eq!(store.verify_trace().unwrap().events, 9);
+        // Dropping the store inside a runtime is fine too.
+        current.block_on(async move { drop(store) });
+    }
+
+    /// A measurement, not a check: one store operation's latency on each backend.
+    /// `cargo test -p airlock --test integration store_suite::postgres_only::latency -- --ignored --nocapture`
+    #[test]
+    #[ignore = "a measurement; run it by name"]
+    fn latency() {
+        for backend in ["sqlite", "postgres"] {
+            let db = Db::new(backend);
+            let store = db.open();
+            let n = 500;
+            let time = |f: &dyn Fn(usize)| {
+                let start = std::time::Instant::now();
+                for i in 0..n {
+                    f(i);
+                }
+                start.elapsed().as_micros() as f64 / n as f64
+            };
+            let append = time(&|i| {
+                store
+                    .append_events(vec![NewEvent::new("call-outcome", "c", json!({"i": i}))])
+                    .unwrap()
+            });
+            let find = time(&|_| {
+                store.find_approval(&binding()).unwrap();
+            });
+            let consume = time(&|i| {
+                let id = approved(&*store);
+                store
+                    .consume_receipt(&id, &binding(), ConsumeAs::Approved, &intent(i), vec![])
+                    .unwrap();
+            });
+            println!(
+                "{backend}: append_events {append:.0} µs, find_approval {find:.0} µs, create+approve+consume {consume:.0} µs"
+            );
+        }
+    }
+}
