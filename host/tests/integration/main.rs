@@ -26,6 +26,7 @@ mod http;
 mod http_upstream;
 mod inspector;
 mod lifecycle;
+mod memory_graph;
 mod python_client;
 mod registry;
 mod reload;
