@@ -329,6 +329,17 @@ tools = ["search_nodes", "open_nodes"]
             );
             assert!(payload.contains(expect), "{expect}: {payload}");
         }
+        // The whole payload, as the SDK README shows it.
+        let _kit = kit()
+            .reply(
+                "search_nodes",
+                Reply::structured(json!({"entities": [{"name": "Ada"}]})),
+            )
+            .install();
+        assert_eq!(
+            case(search("ada").unwrap_err()).1,
+            "`search_nodes`: the tool result has an unexpected shape: missing field `entityType` at line 1 column 27"
+        );
     }
 
     #[test]

@@ -282,4 +282,15 @@ fn the_memory_adapter_takes_at_most_40_lines_and_shows_what_it_sends() {
             "the adapter no longer shows `{sent}`"
         );
     }
+    // The SDK README shows it verbatim (after the module documentation), with its count.
+    let readme = std::fs::read_to_string(workspace().join("sdk/README.md")).unwrap();
+    let body = &source[source.find("use airlock_sdk").unwrap()..];
+    assert!(
+        readme.contains(&format!("```rust,ignore\n{body}```")),
+        "sdk/README.md no longer shows adapters/memory-graph/src/lib.rs as it is"
+    );
+    assert!(
+        readme.contains(&format!("That is {lines} lines of code")),
+        "sdk/README.md states another line count than {lines}"
+    );
 }
