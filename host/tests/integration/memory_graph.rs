@@ -86,6 +86,37 @@ async fn a_search_and_a_read_over_the_published_memory_server() {
         );
     }
 
+    // The reviewer's view: no grant, and every write tool (and read_graph) unreachable.
+    let config = d.write_config();
+    let manifest = d.manifests()[0].to_str().unwrap().to_string();
+    let grants = d.airlock_json(&["grants", &manifest, "--config", config.to_str().unwrap()]);
+    assert_eq!(
+        grants["connection"]["unreachable_tools"],
+        json!([
+            "create_entities",
+            "create_relations",
+            "add_observations",
+            "delete_entities",
+            "delete_observations",
+            "delete_relations",
+            "read_graph"
+        ]),
+        "{grants}"
+    );
+    assert_eq!(grants["connection"]["missing_tools"], json!([]), "{grants}");
+    assert_eq!(grants["flagged"], 0, "{grants}");
+    assert_eq!(grants["grants"]["filesystem"], json!([]), "{grants}");
+    assert_eq!(grants["grants"]["env"], json!([]), "{grants}");
+    for tool in grants["upstream"]["tools"].as_array().unwrap() {
+        assert!(
+            tool["server_hints"]
+                .as_str()
+                .unwrap()
+                .starts_with("read-only"),
+            "{tool}"
+        );
+    }
+
     // search_nodes matches names, types and observations, case-insensitively.
     let found = call(&client, "search_memory", json!({"query": "babbage"}))
         .await
