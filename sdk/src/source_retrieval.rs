@@ -17,7 +17,7 @@
 //! | the answer | [`search_tool`] | [`read_tool`] |
 //! |---|---|---|
 //! | a result whose JSON (`structuredContent`, else the first text block) parses as `T` | `Ok(T)` | `Ok(T)` |
-//! | the host refused or failed the call ([`UpstreamError`]) | the SDK's table (`not-permitted`, `unavailable` → `unavailable`; `invalid-arguments` → `invalid-request`; `output-too-large`, `protocol-error` → `upstream-failed`) | the same |
+//! | the host refused or failed the call ([`UpstreamError`](crate::upstream::UpstreamError)) | the SDK's table (`not-permitted`, `unavailable` → `unavailable`; `invalid-arguments` → `invalid-request`; `output-too-large`, `protocol-error` → `upstream-failed`) | the same |
 //! | a tool-level failure (`isError: true`) | `invalid-request` with the tool's message: the upstream refused this search | `not-found`; the message is logged (`info`) |
 //! | no JSON, or JSON of another shape (a wrong type, a missing field) | `upstream-failed`: `` `tool`: the tool result has an unexpected shape: <parser message> `` | the same |
 //!
@@ -50,7 +50,7 @@ pub use crate::bindings::exports::airlock::contracts::source_retrieval::{
 /// The contract's trait under a descriptive name; the same trait as [`Guest`].
 pub use crate::bindings::exports::airlock::contracts::source_retrieval::Guest as SourceRetrieval;
 
-use crate::upstream::{self, MAX_ERROR_DETAIL, ToolOutput, UpstreamError};
+use crate::upstream::{self, MAX_ERROR_DETAIL, ToolOutput};
 
 /// Everything a search/read adapter names, in one import:
 /// `use airlock_sdk::source_retrieval::prelude::*;`
@@ -96,13 +96,13 @@ impl ContractError {
 /// `invalid-request` carrying its message (see the [module table](self)).
 ///
 /// # Errors
-/// As the module table says: an [`UpstreamError`] by the SDK's conversion,
+/// As the module table says: an [`UpstreamError`](crate::upstream::UpstreamError) by the SDK's conversion,
 /// `invalid-request` for `isError`, `upstream-failed` for an answer of another shape.
 pub fn search_tool<T: DeserializeOwned>(
     tool: &str,
     args: &(impl Serialize + ?Sized),
 ) -> Result<T, ContractError> {
-    let output = call(tool, args)?;
+    let output = upstream::call_tool_json(tool, args)?;
     if let Some(message) = output.error_message() {
         return Err(ContractError::InvalidRequest(message));
     }
@@ -118,13 +118,13 @@ pub fn search_tool<T: DeserializeOwned>(
 /// [`upstream::call_tool_json`] and map its answer yourself.
 ///
 /// # Errors
-/// As the module table says: an [`UpstreamError`] by the SDK's conversion, `not-found`
+/// As the module table says: an [`UpstreamError`](crate::upstream::UpstreamError) by the SDK's conversion, `not-found`
 /// for `isError`, `upstream-failed` for an answer of another shape.
 pub fn read_tool<T: DeserializeOwned>(
     tool: &str,
     args: &(impl Serialize + ?Sized),
 ) -> Result<T, ContractError> {
-    let output = call(tool, args)?;
+    let output = upstream::call_tool_json(tool, args)?;
     if let Some(message) = output.error_message() {
         crate::log::info(&format!(
             "upstream tool `{tool}` reported an error; answering not-found: {message}"
@@ -132,10 +132,6 @@ pub fn read_tool<T: DeserializeOwned>(
         return Err(ContractError::NotFound);
     }
     parse(tool, &output)
-}
-
-fn call(tool: &str, args: &(impl Serialize + ?Sized)) -> Result<ToolOutput, UpstreamError> {
-    upstream::call_tool_json(tool, args)
 }
 
 /// The result's JSON as `T`, or `upstream-failed` naming the tool.
@@ -233,6 +229,7 @@ mod tests {
     use super::*;
     use crate::serde_json::json;
     use crate::testing::{Reply, Upstream};
+    use crate::upstream::UpstreamError;
     use serde::Deserialize;
 
     const MAPPING: &str = r#"
