@@ -30,6 +30,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("source-library", "adapters/source-library"),
     ("fs-documents", "adapters/fs-documents"),
     ("outbox-delivery", "adapters/outbox-delivery"),
+    ("memory-graph", "adapters/memory-graph"),
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
     ("hostile", "fixtures/adapters/hostile"),

@@ -1683,6 +1683,7 @@ mod tests {
         for (name, version) in [
             ("source-library", HostVersion::V0_1_0),
             ("fs-documents", HostVersion::V0_1_0),
+            ("memory-graph", HostVersion::V0_1_0),
             ("outbox-delivery", HostVersion::V0_2_0),
         ] {
             let (manifest, bytes) = bundled_named(name);

@@ -26,6 +26,7 @@ mod http;
 mod http_upstream;
 mod inspector;
 mod lifecycle;
+mod memory_graph;
 mod multi_host;
 mod python_client;
 mod registry;
