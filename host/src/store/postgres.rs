@@ -185,6 +185,12 @@ CREATE TRIGGER trace_events_no_truncate BEFORE TRUNCATE ON trace_events
     FOR EACH STATEMENT EXECUTE FUNCTION airlock_refuse('trace events are append-only');
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
+-- The events that prove an approval or an intent, found by the id their payload names
+-- (Store::approval_proofs, Store::intent_proofs).
+CREATE INDEX trace_events_approval_proofs ON trace_events (((payload::jsonb ->> 'approval')), seq)
+    WHERE kind IN ('approval-requested', 'approval-decided');
+CREATE INDEX trace_events_intent_proofs ON trace_events (((payload::jsonb ->> 'intent')), seq)
+    WHERE kind = 'intent-created';
 
 CREATE TABLE approvals (
     id               TEXT PRIMARY KEY,
@@ -785,6 +791,51 @@ impl PostgresStore {
     }
 
     /// Runs `work` on a pooled connection.
+    /// The events `sql` selects (its one parameter bound to `param`) that `accept` takes by
+    /// kind and subject and whose MAC verifies with this store's key; the others are passed
+    /// over (an unkeyed or forged event proves nothing).
+    fn genuine_events(
+        &self,
+        what: &str,
+        sql: &str,
+        param: &str,
+        accept: impl Fn(&str, &str) -> bool,
+    ) -> anyhow::Result<Vec<TraceEvent>> {
+        let key = &self.key;
+        self.read(what, async |c| {
+            let rows = c.query(sql, &[&param]).await.map_err(db)?;
+            let mut out = Vec::new();
+            for row in &rows {
+                let e = stored_from_row(row);
+                let genuine = e.key_id.as_deref() == Some(key.id())
+                    && accept(&e.kind, &e.subject)
+                    && key.verify_event(
+                        e.seq,
+                        e.at,
+                        &e.kind,
+                        &e.subject,
+                        &e.payload,
+                        &e.prev_hash,
+                        &e.hash,
+                    );
+                if !genuine {
+                    continue;
+                }
+                out.push(TraceEvent {
+                    seq: e.seq,
+                    at_ms: u64::try_from(e.at).unwrap_or(0),
+                    payload: serde_json::from_str(&e.payload)?,
+                    kind: e.kind,
+                    subject: e.subject,
+                    prev_hash: e.prev_hash,
+                    hash: e.hash,
+                    key_id: e.key_id,
+                });
+            }
+            Ok(out)
+        })
+    }
+
     fn read<T>(
         &self,
         what: &str,
@@ -1970,51 +2021,43 @@ impl Store for PostgresStore {
     }
 
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        let key = &self.key;
-        self.read(
+        self.genuine_events(
             &format!("reading the proofs of mapping {name:?}"),
-            async |c| {
-                let rows = c
-                    .query(
-                        &format!(
-                            "SELECT {TRACE_COLUMNS} FROM trace_events \
-                             WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
-                             AND subject IN ($1, 'trace') ORDER BY seq"
-                        ),
-                        &[&name],
-                    )
-                    .await
-                    .map_err(db)?;
-                let mut out = Vec::new();
-                for row in &rows {
-                    let e = stored_from_row(row);
-                    let genuine = e.key_id.as_deref() == Some(key.id())
-                        && (e.subject == name || e.kind == TRACE_KEYED)
-                        && key.verify_event(
-                            e.seq,
-                            e.at,
-                            &e.kind,
-                            &e.subject,
-                            &e.payload,
-                            &e.prev_hash,
-                            &e.hash,
-                        );
-                    if !genuine {
-                        continue;
-                    }
-                    out.push(TraceEvent {
-                        seq: e.seq,
-                        at_ms: u64::try_from(e.at).unwrap_or(0),
-                        payload: serde_json::from_str(&e.payload)?,
-                        kind: e.kind,
-                        subject: e.subject,
-                        prev_hash: e.prev_hash,
-                        hash: e.hash,
-                        key_id: e.key_id,
-                    });
-                }
-                Ok(out)
-            },
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
+                 AND subject IN ($1, 'trace') ORDER BY seq"
+            ),
+            name,
+            |kind, subject| subject == name || kind == TRACE_KEYED,
+        )
+    }
+
+    fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // Both terms repeat the expression index's definition (trace_events_approval_proofs).
+        self.genuine_events(
+            &format!("reading the proofs of approval {id:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('approval-requested', 'approval-decided') \
+                 AND (payload::jsonb ->> 'approval') = $1 ORDER BY seq"
+            ),
+            id,
+            |_, _| true,
+        )
+    }
+
+    fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // Both terms repeat the expression index's definition (trace_events_intent_proofs).
+        self.genuine_events(
+            &format!("reading the proofs of intent {id:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind = 'intent-created' \
+                 AND (payload::jsonb ->> 'intent') = $1 ORDER BY seq"
+            ),
+            id,
+            |_, _| true,
         )
     }
 
