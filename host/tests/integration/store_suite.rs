@@ -187,6 +187,39 @@ fn approved(store: &dyn Store) -> String {
 }
 
 both! {
+    fn approval_and_intent_proofs_are_the_macd_events_naming_them_and_nothing_else(db, store) {
+        let requested = NewEvent::new("approval-requested", "call_1", json!({"binding": binding(), "ttl_ms": 60_000}));
+        let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![requested]).unwrap();
+        let decided = NewEvent::new("approval-decided", a.id.clone(), json!({"approval": a.id, "decision": "approved", "ttl_ms": 60_000}));
+        store.decide_approval(&a.id, ApprovalDecision::Approve, "bob", None, 60_000, vec![decided]).unwrap();
+        // Noise: other kinds naming the approval, and another approval's events.
+        store.append_trace("receipt-refused", "call_2", &json!({"approval": a.id})).unwrap();
+        let other = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![NewEvent::new("approval-requested", "call_3", json!({}))]).unwrap();
+        let created = NewEvent::new("intent-created", "call_1", json!({"intent": "int_1", "capability": "deliver_artifact"}));
+        store.create_intent(&intent(1), vec![created]).unwrap();
+        store.append_trace("intent-resolved", "call_1", &json!({"intent": "int_1"})).unwrap();
+
+        let proofs = store.approval_proofs(&a.id).unwrap();
+        let kinds: Vec<&str> = proofs.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["approval-requested", "approval-decided"]);
+        assert_eq!(proofs[0].payload["approval"], a.id.as_str(), "the store names the approval in its request event");
+        assert_eq!(proofs[0].payload["binding"]["args_digest"], "c".repeat(64));
+        assert_eq!(store.approval_proofs(&other.id).unwrap().len(), 1);
+        assert!(store.approval_proofs("apr_000000000000000000000000").unwrap().is_empty());
+        let intents = store.intent_proofs("int_1").unwrap();
+        assert_eq!(intents.len(), 1);
+        assert_eq!(intents[0].kind, "intent-created");
+        assert!(store.intent_proofs("int_2").unwrap().is_empty());
+
+        // An event whose bytes were edited in the database no longer proves anything.
+        let seq = proofs[1].seq;
+        db.tamper(&format!(
+            "UPDATE trace_events SET payload = replace(payload, '\"approved\"', '\"approved\" ') WHERE seq = {seq}"
+        ));
+        let kinds: Vec<String> = store.approval_proofs(&a.id).unwrap().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, ["approval-requested"], "the edited decision is passed over");
+    }
+
     fn connection_ids_are_stable_and_revisions_follow_digests(db, store) {
         let a = store.connection_revision("notes", "d1", &json!({"command": "x"})).unwrap();
         assert!(a.created && a.revision == 1 && a.connection_id.starts_with("conn-"));
