@@ -34,6 +34,14 @@ struct Cli {
     /// or ~/.local/state/airlock.
     #[arg(long, global = true, value_name = "DIR", env = "AIRLOCK_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// The store the operator commands (review, approvals, intents, trace, snapshots, …)
+    /// read and write: `sqlite` (the default: airlock.db in the state folder) or the
+    /// shared PostgreSQL store several hosts use — the same text as the configuration's
+    /// `store` (a postgres:// URL or libpq key/value text). The host key comes from
+    /// AIRLOCK_TRACE_KEY, else the state folder's trace.key. `serve` takes its store from
+    /// the configuration instead.
+    #[arg(long, global = true, value_name = "TARGET", env = "AIRLOCK_STORE")]
+    store: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -637,6 +645,15 @@ fn init_logging(default: &str) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let state_dir = cli.state_dir;
+    let store = match cli.store.as_deref().map(crate::config::StoreSetting::parse) {
+        None | Some(Ok(crate::config::StoreSetting::Sqlite)) => None,
+        Some(Ok(crate::config::StoreSetting::Postgres(target))) => Some(target),
+        Some(Err(e)) => {
+            eprintln!("airlock: --store: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = STORE.set(store);
     let cli_command = match cli.command {
         Command::Grants {
             manifest,
@@ -1233,7 +1250,20 @@ fn load_config(path: &std::path::Path, state_dir: Option<PathBuf>) -> Result<Ser
     Ok(config)
 }
 
+/// `--store` (or AIRLOCK_STORE) when it names a PostgreSQL store: set once at start.
+static STORE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// The registry over the store operator commands use: the PostgreSQL store `--store`
+/// names, else the SQLite database in `state_dir` (or the default state folder).
+///
+/// # Errors
+/// No state folder or no database in it; the store cannot be opened.
 fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry> {
+    if let Some(target) = STORE.get().and_then(Option::as_ref) {
+        let dir = state_dir.or_else(crate::config::default_state_dir);
+        let store = crate::store::PostgresStore::open(target, dir.as_deref(), None)?;
+        return Ok(crate::registry::Registry::new(std::sync::Arc::new(store)));
+    }
     let dir = state_dir
         .or_else(crate::config::default_state_dir)
         .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;

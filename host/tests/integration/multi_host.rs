@@ -251,10 +251,19 @@ fn a_retirement_recorded_in_the_shared_store_reaches_both_hosts_within_a_second(
     for s in [&a, &b] {
         assert_eq!(tool_names(s), ["retrieve_source", "search_sources"]);
     }
-    // What `airlock review retire` does, on the shared store.
-    let store = PostgresStore::open(&target, Some(&d.state_dir()), None).unwrap();
-    let registry = airlock::registry::Registry::new(std::sync::Arc::new(store));
-    registry.retire("source-library", "tests").unwrap();
+    // An operator retires it on the shared store with the CLI (`--store`), and the other
+    // operator commands read the same store: review, and the one chain.
+    let listed = d.airlock_json(&["--store", &target, "review", "list"]);
+    assert!(listed.to_string().contains("source-library"), "{listed}");
+    d.airlock_ok(&[
+        "--store",
+        &target,
+        "review",
+        "retire",
+        "source-library",
+        "--reviewer",
+        "tests",
+    ]);
     let retired = std::time::Instant::now();
     let mut left = vec![&a, &b];
     while !left.is_empty() {
@@ -270,6 +279,14 @@ fn a_retirement_recorded_in_the_shared_store_reaches_both_hosts_within_a_second(
         "both hosts stopped serving {:?} after the retirement",
         retired.elapsed()
     );
+    let verified = d.airlock_ok(&["--store", &target, "trace", "verify"]);
+    assert!(verified.contains("intact"), "{verified}");
+    // A --store that is neither sqlite nor PostgreSQL is a usage error that does not
+    // repeat the value (it may hold a password).
+    let out = d.airlock(&["--store", "mysql://u:s3cret@h/db", "review", "list"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--store") && !err.contains("s3cret"), "{err}");
 }
 
 /// A measurement, not a check: `tools/call` latency over HTTP (debug build, one caller,
