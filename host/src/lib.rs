@@ -36,6 +36,7 @@ pub mod jsonrpc;
 pub mod pipeline;
 pub mod policy;
 pub mod private_fs;
+pub mod record;
 pub mod registry;
 pub mod runtime;
 pub mod shutdown;

@@ -29,6 +29,7 @@ mod lifecycle;
 mod python_client;
 mod registry;
 mod reload;
+mod replay;
 mod serve;
 mod sessions;
 mod store_trust;
