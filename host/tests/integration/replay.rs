@@ -350,6 +350,21 @@ async fn hostile_fixture_files_get_a_clear_error() {
             .starts_with("returned {\"err\":"),
         "{report}"
     );
+    // A recorded answer over the manifest's output budget (max_output_bytes = 262144) is
+    // refused in replay as it would be live: the adapter never sees it.
+    let mut v: Value = serde_json::from_slice(&good).unwrap();
+    v["exchanges"][0]["answer"]["result"]["content"][0]["text"] = json!("x".repeat(300_000));
+    write(&path, &v);
+    let (code, stdout, _) = test(&d, &fixtures, &["--json"]);
+    assert_eq!(code, 1, "{stdout}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        report["error_paths"]
+            .to_string()
+            .contains("retrieve ← tools/call read_note: refused (airlock: the upstream answer exceeded the mapping's output budget of 262144 bytes"),
+        "{report}"
+    );
+    assert_eq!(report["fixtures"][1]["passed"], false);
     // No fixture at all.
     let empty = d.dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
