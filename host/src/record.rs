@@ -259,7 +259,7 @@ impl Redaction {
     }
 
     /// Redacts the whole fixture: call input and outcome, every exchange's params and
-    /// answer, and the idempotency key's text.
+    /// answer (messages included).
     pub fn apply_fixture(&self, fixture: &mut Fixture) {
         self.apply(&mut fixture.call.input);
         if let CallRecord::Result(v) = &mut fixture.call.outcome {
@@ -443,10 +443,6 @@ pub fn parse(bytes: &[u8]) -> Result<Fixture> {
                 ))
         );
     }
-    serde_path_to_error(value)
-}
-
-fn serde_path_to_error(value: Value) -> Result<Fixture> {
     Fixture::deserialize(value).map_err(|e| anyhow::anyhow!("does not have the fixture shape: {e}"))
 }
 

@@ -8,6 +8,10 @@
 //! - A call with a durable intent runs as an [`Attempt`]: each of its upstream requests is
 //!   recorded `sent` before it goes out and answered (or not) when it ends. Reads record
 //!   nothing: they pay for no intent they do not need.
+//! - When the host records (`airlock serve --record`, [`crate::record`]), the call keeps
+//!   its upstream exchanges and is written, redacted, as one fixture file once it ran
+//!   (the file write is on the call's path: recording is an author's tool). When it does
+//!   not, nothing is kept: one check of an `Option` per call, one per upstream request.
 
 use std::sync::Arc;
 

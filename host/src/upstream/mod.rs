@@ -218,7 +218,8 @@ pub struct Connection {
     tap: Arc<Tap>,
     discovery: tokio::sync::Mutex<()>,
     first_initialize: std::sync::Mutex<Option<Value>>,
-    /// For an HTTP connection: its bridge task and why the bridge closed.
+    /// For an HTTP connection: its bridge task and why the bridge closed; for a replayed
+    /// one ([`Connection::start_replay`]): the task answering from fixtures.
     http: Option<HttpParts>,
 }
 
