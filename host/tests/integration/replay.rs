@@ -101,7 +101,17 @@ fn write(path: &Path, v: &Value) {
 /// `airlock test` on the deployment's mapping with `extra` arguments: (exit code, stdout,
 /// stderr).
 fn test(d: &Deployment, fixtures: &Path, extra: &[&str]) -> (i32, String, String) {
-    let manifest = d.mapping_dir("source-library").join("mapping.toml");
+    test_mapping(d, "source-library", fixtures, extra)
+}
+
+/// [`test`] for mapping `name`.
+fn test_mapping(
+    d: &Deployment,
+    name: &str,
+    fixtures: &Path,
+    extra: &[&str],
+) -> (i32, String, String) {
+    let manifest = d.mapping_dir(name).join("mapping.toml");
     let config = d.write_config();
     let mut args = vec![
         "test",
@@ -436,4 +446,59 @@ async fn a_candidate_that_passes_becomes_fixture_tested_and_review_shows_the_dig
         show.contains("fixture-tested: revision 1 passed 3 fixture(s)"),
         "{show}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effect_call_replays_with_its_recorded_idempotency_key() {
+    use crate::approvals::{Person, deliver_args, prepared};
+    use crate::common::{POLICY, PROFILES};
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(&[])
+        .policy(POLICY)
+        .tables(PROFILES);
+    d.approve_all();
+    let fixtures = d.dir.path().join("fixtures");
+    let mut cmd = d.serve_command();
+    cmd.arg("--profile")
+        .arg("publisher")
+        .arg("--record")
+        .arg(&fixtures);
+    let client = Person::new(rmcp::model::ElicitationAction::Accept)
+        .serve(TokioChildProcess::new(cmd).unwrap())
+        .await
+        .unwrap();
+    let (artifact, team) = prepared(&client, "team-reports").await;
+    let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    client.cancel().await.unwrap();
+    assert_eq!(d.sends(), 1);
+    assert_eq!(
+        files(&fixtures),
+        [
+            "0001-prepare.json",
+            "0002-list-destinations.json",
+            "0003-deliver.json"
+        ]
+    );
+    let deliver = read(&fixtures.join("0003-deliver.json"));
+    let key = deliver["call"]["idempotency_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(key.starts_with("idk_"), "{deliver}");
+    assert_eq!(
+        deliver["exchanges"][0]["params"]["arguments"]["idempotency_key"],
+        key.as_str()
+    );
+    let (code, stdout, stderr) = test_mapping(&d, "outbox-delivery", &fixtures, &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("functions exercised: deliver ×1, list-destinations ×1, prepare ×1"),
+        "{stdout}"
+    );
+    // Nothing was delivered again: the replayed upstream is not the delivery server.
+    assert_eq!(d.sends(), 1);
 }
