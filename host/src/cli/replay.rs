@@ -86,6 +86,9 @@ pub struct TestReport {
     /// The error paths the fixtures exercised, in words (`search → err(not-found)`,
     /// `search ← tools/call search_notes: upstream error`), each once.
     pub error_paths: Vec<String>,
+    /// The error cases of the exercised functions' contract error types that no fixture
+    /// returned (`search → err(not-found)`): what a recording could still cover.
+    pub error_cases_not_exercised: Vec<String>,
     /// Why fixtures are stale, one line each (empty when none is).
     pub stale: Vec<String>,
     /// Whether stale fixtures were replayed anyway.
@@ -167,6 +170,7 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
         functions: BTreeMap::new(),
         not_exercised: Vec::new(),
         error_paths: Vec::new(),
+        error_cases_not_exercised: Vec::new(),
         stale: stale_reasons(&files, &source, under_test.as_ref(), snapshot.as_deref()),
         allow_stale: options.allow_stale,
         state_before: under_test.as_ref().map(|r| r.state),
@@ -429,6 +433,26 @@ async fn replay_all(
         result.passed = result.problems.is_empty();
         report.fixtures.push(result);
     }
+    for name in report.functions.keys() {
+        let Some(crate::contract::Shape::Result { err: Some(err), .. }) =
+            contract.functions.get(name).and_then(|f| f.result.as_ref())
+        else {
+            continue;
+        };
+        let cases: Vec<String> = match err.as_ref() {
+            crate::contract::Shape::Variant(cases) => {
+                cases.iter().map(|(c, _)| c.clone()).collect()
+            }
+            crate::contract::Shape::Enum(cases) => cases.clone(),
+            _ => continue,
+        };
+        for case in cases {
+            let path = format!("{name} → err({case})");
+            if !error_paths.contains(&path) {
+                report.error_cases_not_exercised.push(path);
+            }
+        }
+    }
     report.error_paths = error_paths.into_iter().collect();
     report.not_exercised = offered
         .iter()
@@ -607,6 +631,13 @@ impl TestReport {
                 self.error_paths.join("; ")
             }
         );
+        if !self.error_cases_not_exercised.is_empty() {
+            let _ = writeln!(
+                o,
+                "error cases no fixture returned: {}",
+                self.error_cases_not_exercised.join("; ")
+            );
+        }
         let _ = writeln!(
             o,
             "{}: {}",

@@ -185,6 +185,13 @@ async fn recorded_calls_replay_with_no_upstream_process_and_hold_no_secret() {
     assert_eq!(report["passed"], true);
     assert_eq!(report["functions"], json!({"retrieve": 1, "search": 2}));
     assert_eq!(report["not_exercised"], json!([]));
+    assert_eq!(report["error_paths"], json!([]));
+    assert!(
+        report["error_cases_not_exercised"]
+            .to_string()
+            .contains("retrieve → err(not-found)"),
+        "{report}"
+    );
     assert_eq!(report["fixtures"][1]["exchanges_used"], 1);
     assert_eq!(report["state_after"], "active");
     assert!(
@@ -352,6 +359,20 @@ async fn hostile_fixture_files_get_a_clear_error() {
         paths.contains("retrieve ← tools/call read_note: error")
             && paths.contains("retrieve → err("),
         "{paths}"
+    );
+    let exercised = report["error_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p.as_str().unwrap().starts_with("retrieve → err("))
+        .unwrap()
+        .clone();
+    assert!(
+        !report["error_cases_not_exercised"]
+            .as_array()
+            .unwrap()
+            .contains(&exercised),
+        "{report}"
     );
     assert!(
         report["fixtures"][1]["problems"][0]
