@@ -328,8 +328,9 @@ compared with the recorded one. The report names the contract functions and the 
 paths exercised.
 
 A fixture recorded under another mapping revision or snapshot than the mapping under test
-(the store's revision of this manifest; --state-dir or --config names the store) is
-refused, naming both, unless --allow-stale. Passing moves a candidate revision to
+(the store's revision of this manifest; --state-dir or --config names the store; with
+neither and no store in the default state folder, both are unknown) is refused, naming
+both, unless --allow-stale. Passing moves a candidate revision to
 fixture-tested (traced with the fixture digest; `airlock review show` prints it).
 
 Exit status: 0 every fixture passed; 1 a fixture failed or is stale; 2 the manifest, the

@@ -18,7 +18,8 @@
 //!   sha256) or another snapshot digest than the mapping under test is **stale** and
 //!   refused, naming both, unless `--allow-stale`. The mapping under test is the newest
 //!   store revision whose manifest sha256 is MANIFEST's; its snapshot is the one it pins,
-//!   else (a candidate pins none) its connection's latest.
+//!   else (a candidate pins none) its connection's latest. Without a store (none named,
+//!   none in the default state folder) both are unknown and every fixture is stale.
 //! - Passing moves that revision from `candidate` to `fixture-tested` when it is the
 //!   mapping's latest revision, with a MACed `mapping-state-changed` event carrying the
 //!   fixture digest ([`crate::record::fixtures_digest`]), the number of fixtures and
@@ -31,7 +32,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -142,14 +143,17 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
         }
     }
     let registry = open_store(options).map_err(usage)?;
-    let revisions = registry.store().mapping_revisions(&name).map_err(usage)?;
+    let revisions = match &registry {
+        Some(r) => r.store().mapping_revisions(&name).map_err(usage)?,
+        None => Vec::new(),
+    };
     let under_test: Option<MappingRecord> = revisions
         .iter()
         .rev()
         .find(|r| r.manifest_digest == source.manifest_digest)
         .cloned();
-    let snapshot = match &under_test {
-        Some(r) => match &r.snapshot_digest {
+    let snapshot = match (&under_test, &registry) {
+        (Some(r), Some(registry)) => match &r.snapshot_digest {
             Some(d) => Some(d.clone()),
             None => registry
                 .store()
@@ -157,7 +161,7 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
                 .map_err(usage)?
                 .map(|s| s.digest),
         },
-        None => None,
+        _ => None,
     };
     let mut report = TestReport {
         mapping: name.clone(),
@@ -171,7 +175,14 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
         not_exercised: Vec::new(),
         error_paths: Vec::new(),
         error_cases_not_exercised: Vec::new(),
-        stale: stale_reasons(&files, &source, under_test.as_ref(), snapshot.as_deref()),
+        stale: if registry.is_some() {
+            stale_reasons(&files, &source, under_test.as_ref(), snapshot.as_deref())
+        } else {
+            vec![format!(
+                "no store to compare with (none in the default state folder): the revision and snapshot of the mapping under test are unknown; pass --state-dir or --config, or --allow-stale to replay {} fixture(s) anyway",
+                files.len()
+            )]
+        },
         allow_stale: options.allow_stale,
         state_before: under_test.as_ref().map(|r| r.state),
         state_after: under_test.as_ref().map(|r| r.state),
@@ -185,24 +196,35 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
         .await
         .map_err(usage)?;
     report.passed = report.fixtures.iter().all(|f| f.passed);
-    report.state_note =
-        move_state(&registry, &revisions, under_test.as_ref(), &mut report).map_err(usage)?;
+    report.state_note = match &registry {
+        Some(registry) => {
+            move_state(registry, &revisions, under_test.as_ref(), &mut report).map_err(usage)?
+        }
+        None => "state unchanged: no store".into(),
+    };
     Ok(report)
 }
 
-fn open_store(options: &TestOptions<'_>) -> Result<Registry> {
+/// The store named by `--config` or `--state-dir` (required to exist), else the default
+/// state folder's when it has one (`None` when it has not: fixtures are then stale).
+fn open_store(options: &TestOptions<'_>) -> Result<Option<Registry>> {
     if let Some(path) = options.config {
         let mut config = crate::config::ServeConfig::load(path)?;
         if options.state_dir.is_some() {
             config.state_dir = options.state_dir.clone();
         }
-        return crate::registry::live::open_registry(&config);
+        return crate::registry::live::open_registry(&config).map(Some);
     }
-    let dir = options
-        .state_dir
-        .clone()
-        .or_else(crate::config::default_state_dir)
-        .context("no state folder: pass --state-dir, --config or set AIRLOCK_STATE_DIR")?;
+    let Some(dir) = options.state_dir.clone() else {
+        return match crate::config::default_state_dir() {
+            Some(dir)
+                if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_ok() =>
+            {
+                crate::cli::operate::registry_at(&dir).map(Some)
+            }
+            _ => Ok(None),
+        };
+    };
     if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_err() {
         bail!(
             "no Airlock state in {} (no {}): `airlock test` compares the fixtures with the store's record of the mapping; pass the --state-dir (or --config) of the host that loads it",
@@ -210,7 +232,7 @@ fn open_store(options: &TestOptions<'_>) -> Result<Registry> {
             crate::store::DATABASE_FILE
         );
     }
-    crate::cli::operate::registry_at(&dir)
+    crate::cli::operate::registry_at(&dir).map(Some)
 }
 
 /// Why each fixture is stale against the mapping under test (none: empty).

@@ -285,6 +285,35 @@ async fn stale_fixtures_are_refused_naming_both_unless_allowed() {
         "{stale}"
     );
     assert_eq!(test(&d, &fixtures, &["--allow-stale"]).0, 0);
+    // Without any store (a CI machine with only the crate and its fixtures) nothing can
+    // say which revision or snapshot is under test: stale until allowed.
+    let manifest = d.mapping_dir("source-library").join("mapping.toml");
+    let no_state = d.dir.path().join("no-state");
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(crate::common::airlock_bin())
+            .env_remove("AIRLOCK_STATE_DIR")
+            .env("XDG_STATE_HOME", &no_state)
+            .arg("test")
+            .arg(&manifest)
+            .arg("--fixtures")
+            .arg(&fixtures)
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, stdout) = run(&[]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("no store to compare with"), "{stdout}");
+    let (code, stdout) = run(&["--allow-stale"]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("PASSED: state unchanged: no store"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
