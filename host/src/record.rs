@@ -490,6 +490,50 @@ mod tests {
     }
 
     #[test]
+    fn the_configuration_secrets_are_what_is_redacted() {
+        // PATH: a variable every test environment has, standing in for a token.
+        let path = std::env::var("PATH").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::ServeConfig::parse(
+            r#"
+mappings_dir = "mappings"
+
+[secrets]
+token = { env = "PATH" }
+
+[[connection]]
+name = "local"
+command = "/bin/sh"
+env = { API_KEY = "k-1234567890" }
+
+[[connection]]
+name = "remote"
+url = "http://127.0.0.1:9/mcp"
+headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenant" = { value = "tenant-acme" } }
+"#,
+            dir.path(),
+        )
+        .unwrap();
+        let r = Redaction::new(Redaction::secrets_of(&config), &[]);
+        let mut v = json!({
+            "a": format!("Bearer {path}"),
+            "b": "key k-1234567890 used",
+            "c": "for tenant-acme",
+            "d": "nothing secret",
+        });
+        r.apply(&mut v);
+        assert_eq!(
+            v,
+            json!({
+                "a": "[redacted]",
+                "b": "key [redacted] used",
+                "c": "for [redacted]",
+                "d": "nothing secret",
+            })
+        );
+    }
+
+    #[test]
     fn hostile_fixture_text_is_refused_with_what_is_wrong() {
         for (bytes, needle) in [
             (&b"{not json"[..], "is not JSON"),
