@@ -39,6 +39,9 @@ pub struct Host {
     /// When this host started (ms since the epoch): a `prepared` intent older than this
     /// was left by a host that stopped, and is reconciled.
     started_ms: u64,
+    /// Where adapter calls are recorded as fixtures (`serve --record`); unset: nothing is
+    /// kept (one check per call).
+    recorder: std::sync::OnceLock<Arc<crate::record::Recorder>>,
 }
 
 impl Host {
@@ -99,7 +102,25 @@ impl Host {
             started_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            recorder: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Records every adapter call from now on as a fixture file written by `recorder`
+    /// (`airlock serve --record DIR`, see [`crate::record`]). Set once; a second call is
+    /// refused.
+    ///
+    /// # Errors
+    /// A recorder is already set.
+    pub fn record_to(&self, recorder: Arc<crate::record::Recorder>) -> Result<()> {
+        self.recorder
+            .set(recorder)
+            .map_err(|_| anyhow::anyhow!("this host already records its calls"))
+    }
+
+    /// The recorder, when the host records its calls.
+    pub fn recorder(&self) -> Option<&Arc<crate::record::Recorder>> {
+        self.recorder.get()
     }
 
     /// When this host started, in ms since the Unix epoch.

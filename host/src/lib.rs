@@ -16,6 +16,8 @@
 //!   live catalogue and hot reload.
 //! - [`store`]: SQLite — connections, snapshots, mappings, approvals, intents, the
 //!   trace, MACed with the host key and chained (group commit), its checkpoints.
+//! - [`record`]: recorded fixtures — what `airlock serve --record` writes (redacted) and
+//!   `airlock test` replays against the real component with no live connection.
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`config`]: the serve configuration.
 //! - [`private_fs`]: the owner, mode and no-symlink rules of private folders and files
@@ -36,6 +38,7 @@ pub mod jsonrpc;
 pub mod pipeline;
 pub mod policy;
 pub mod private_fs;
+pub mod record;
 pub mod registry;
 pub mod runtime;
 pub mod shutdown;

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod intents;
 pub mod operate;
 pub mod policy;
+pub mod replay;
 pub mod review;
 
 use std::path::PathBuf;
@@ -111,6 +112,17 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         /// profile of a token that names none. See README.md ("Serving over HTTP").
         #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::front::http::DEFAULT_ADDR)]
         http: Option<String>,
+        /// Record every adapter call into DIR as a fixture file (created if missing): the
+        /// contract call, each upstream request and the server's raw answer, the mapping
+        /// revision, connection and snapshot. Secret values of the configuration (every
+        /// [secrets] value, header value and connection env value) are replaced by
+        /// "[redacted]". Replay with `airlock test MANIFEST --fixtures DIR`. Stdio only.
+        #[arg(long, value_name = "DIR", conflicts_with = "http")]
+        record: Option<PathBuf>,
+        /// With --record: also replace the value of every JSON member named FIELD
+        /// (case-insensitive, at any depth; repeatable) by "[redacted]".
+        #[arg(long, value_name = "FIELD", requires = "record")]
+        redact: Vec<String>,
     },
     /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
     /// its component actually has, and a verdict for every import.
@@ -309,6 +321,47 @@ approves it: `airlock review approve NAME --config FILE --reviewer YOU`.")]
         #[arg(value_name = "MANIFEST")]
         manifest: PathBuf,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay recorded fixtures against a mapping's real component: no live connection,
+    /// no process started, no credentials.
+    #[command(after_help = "\
+Each fixture file (written by `airlock serve --config FILE --record DIR`) is one contract
+call with the upstream exchanges it made. The component named by MANIFEST (pin checked)
+runs in wasmtime under the manifest's limits; its upstream answers only from the fixture:
+a request the fixture does not hold fails with `missing fixture: ...` naming the tool or
+URI and its arguments. Each result is converted through the contract's result type and
+compared with the recorded one. The report names the contract functions and the error
+paths exercised.
+
+A fixture recorded under another mapping revision or snapshot than the mapping under test
+(the store's revision of this manifest; --state-dir or --config names the store; with
+neither and no store in the default state folder, both are unknown) is refused, naming
+both, unless --allow-stale. Passing moves a candidate revision to
+fixture-tested (traced with the fixture digest; `airlock review show` prints it).
+
+Exit status: 0 every fixture passed; 1 a fixture failed or is stale; 2 the manifest, the
+component, the store or a fixture file cannot be used.
+
+Example:
+  airlock serve --config my-notes/airlock.toml --record my-notes/fixtures
+  airlock test my-notes/mapping.toml --fixtures my-notes/fixtures --config my-notes/airlock.toml")]
+    Test {
+        /// The mapping manifest (its component beside it, as `airlock pack` placed it).
+        #[arg(value_name = "MANIFEST")]
+        manifest: PathBuf,
+        /// The fixture folder (`*.json`, replayed in file-name order).
+        #[arg(long, value_name = "DIR")]
+        fixtures: PathBuf,
+        /// Replay fixtures recorded under another mapping revision or snapshot anyway.
+        #[arg(long)]
+        allow_stale: bool,
+        /// Serve configuration whose store (state_dir, [trace] key) records the mapping.
+        /// Nothing it configures is started.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -673,6 +726,24 @@ pub fn main() -> ExitCode {
                 state_dir,
             );
         }
+        Command::Test {
+            manifest,
+            fixtures,
+            allow_stale,
+            config,
+            json,
+        } => {
+            return test(
+                &replay::TestOptions {
+                    manifest: &manifest,
+                    fixtures: &fixtures,
+                    allow_stale,
+                    state_dir,
+                    config: config.as_deref(),
+                },
+                json,
+            );
+        }
         other => other,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -687,13 +758,17 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli_command {
-            Command::Grants { .. } => unreachable!("handled before the async runtime starts"),
+            Command::Grants { .. } | Command::Test { .. } => {
+                unreachable!("handled before the async runtime starts")
+            }
             Command::Serve {
                 config,
                 cache_dir,
                 no_cache,
                 profile,
                 http,
+                record,
+                redact,
             } => {
                 init_logging("airlock=info");
                 let cache_dir = match (no_cache, cache_dir) {
@@ -706,7 +781,7 @@ pub fn main() -> ExitCode {
                     config.cache_dir = cache_dir;
                     return crate::front::http::serve(config, &addr, profile).await;
                 }
-                serve(config, cache_dir, state_dir, profile).await
+                serve(config, cache_dir, state_dir, profile, record.map(|dir| (dir, redact))).await
             }
             Command::Discover {
                 connection,
@@ -1222,6 +1297,64 @@ fn grants(
     ExitCode::SUCCESS
 }
 
+fn fields_of(recorder: &crate::record::Recorder) -> Vec<String> {
+    recorder.redaction().fields()
+}
+
+/// `airlock test`: prints the report; exit status 0 passed, 1 failed or stale, 2 inputs
+/// that cannot be used.
+fn test(options: &replay::TestOptions<'_>, json: bool) -> ExitCode {
+    init_logging("error");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(replay::run(options));
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    let report = match outcome {
+        Ok(report) => report,
+        Err(replay::TestError::Usage(e)) => {
+            eprintln!(
+                "airlock: error: {}",
+                crate::cli::operate::safe_lines(&format!("{e:#}"))
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let text = if json {
+        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
+    } else {
+        report.to_text()
+    };
+    if let Err(e) = print(text) {
+        eprintln!("airlock: error: writing the report: {e}");
+        return ExitCode::from(2);
+    }
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        if report.stale.is_empty() || report.allow_stale {
+            eprintln!(
+                "airlock: {} of {} fixture(s) failed",
+                report.fixtures.iter().filter(|f| !f.passed).count(),
+                report.fixtures.len()
+            );
+        } else {
+            eprintln!(
+                "airlock: stale fixtures refused ({} reason(s)); record again, or --allow-stale replays them",
+                report.stale.len()
+            );
+        }
+        ExitCode::FAILURE
+    }
+}
+
 /// `trace verify` found tampering (exit status 3).
 #[derive(Debug)]
 struct Tampered;
@@ -1283,6 +1416,7 @@ async fn serve(
     cache_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     profile: Option<String>,
+    record: Option<(PathBuf, Vec<String>)>,
 ) -> Result<()> {
     // From here on SIGTERM/SIGINT stop the host cleanly (crate::shutdown).
     crate::shutdown::catch_signals();
@@ -1290,7 +1424,25 @@ async fn serve(
     config.cache_dir = cache_dir;
     // Fail before anything starts when the profile does not exist.
     let profile = config.profile(profile.as_deref())?.name.clone();
+    // Open the fixture folder before anything starts: a bad --record fails fast.
+    let recorder = record
+        .map(|(dir, fields)| {
+            let redaction = crate::record::Redaction::new(
+                crate::record::Redaction::secrets_of(&config),
+                &fields,
+            );
+            crate::record::Recorder::open(&dir, redaction)
+        })
+        .transpose()?;
     let host = Host::start(&config).await?;
+    if let Some(recorder) = recorder {
+        tracing::warn!(
+            dir = %recorder.dir().display(),
+            redacted_fields = ?fields_of(&recorder),
+            "recording every adapter call as a fixture (secret values of the configuration redacted)"
+        );
+        host.record_to(std::sync::Arc::new(recorder))?;
+    }
     crate::registry::reload::spawn_background(&host)?;
     let session = host.stdio_session(Some(&profile))?;
     let catalog = host.catalog();

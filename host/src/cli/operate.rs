@@ -641,6 +641,45 @@ pub struct ReviewShow {
     /// (the row was edited in the store): why, in words. Such a mapping is not served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tampered: Option<String>,
+    /// The newest `airlock test` pass that moved a revision of this mapping to
+    /// `fixture-tested`, as its MACed trace event records it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixture_tested: Option<FixtureTested>,
+}
+
+/// A passing `airlock test` run, from its trace event.
+#[derive(Debug, Serialize)]
+pub struct FixtureTested {
+    /// The revision that became `fixture-tested`.
+    pub revision: i64,
+    /// The fixture folder's digest ([`crate::record::fixtures_digest`]).
+    pub fixtures_sha256: String,
+    /// How many fixture files it replayed.
+    pub fixtures: u64,
+    /// Whether stale fixtures (another revision or snapshot) were allowed.
+    pub stale_allowed: bool,
+    /// When, unix ms.
+    pub at_ms: u64,
+}
+
+/// The newest verified `mapping-state-changed` event of `name` to `fixture-tested`.
+fn fixture_tested(registry: &Registry, name: &str) -> Result<Option<FixtureTested>> {
+    let proofs = registry.store().mapping_proofs(name)?;
+    Ok(proofs
+        .iter()
+        .rev()
+        .filter(|e| e.kind == crate::registry::events::MAPPING_STATE && e.subject == name)
+        .find(|e| e.payload["to"] == "fixture-tested")
+        .map(|e| FixtureTested {
+            revision: e.payload["revision"].as_i64().unwrap_or(0),
+            fixtures_sha256: e.payload["fixtures_sha256"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string(),
+            fixtures: e.payload["fixtures"].as_u64().unwrap_or(0),
+            stale_allowed: e.payload["stale_allowed"].as_bool().unwrap_or(false),
+            at_ms: e.at_ms,
+        }))
 }
 
 /// One capability of a recorded manifest and the semantics it serves with.
@@ -774,6 +813,7 @@ pub fn review_show(
         revisions,
         latest_snapshot: latest.map(|s| s.digest),
         check,
+        fixture_tested: fixture_tested(registry, name)?,
     })
 }
 
@@ -868,6 +908,21 @@ impl ReviewShow {
                     "no snapshot of its connection yet: run `airlock discover CONNECTION --config FILE`"
                 );
             }
+        }
+        if let Some(f) = &self.fixture_tested {
+            let _ = writeln!(
+                o,
+                "fixture-tested: revision {} passed {} fixture(s), fixtures sha256 {} at {}{}",
+                f.revision,
+                f.fixtures,
+                f.fixtures_sha256,
+                time(f.at_ms),
+                if f.stale_allowed {
+                    " (stale fixtures allowed: recorded under another revision or snapshot)"
+                } else {
+                    ""
+                }
+            );
         }
         let _ = writeln!(o, "revisions:");
         for r in &self.revisions {

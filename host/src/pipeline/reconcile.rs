@@ -135,6 +135,7 @@ async fn ask(
                 attempt: 0,
                 attempts: None,
                 cancel: None,
+                record: false,
             },
         )
         .await;
@@ -359,6 +360,7 @@ pub async fn retry_same_key(
                 attempt: number,
                 attempts: Some(attempt.clone() as Arc<dyn crate::runtime::AttemptLog>),
                 cancel: None,
+                record: false,
             },
         )
         .await;

@@ -429,6 +429,9 @@ pub struct CallContext {
     /// Cancelled when the model-facing request is cancelled or the call is abandoned:
     /// the adapter's wait ends and the upstream request is cancelled.
     pub cancel: Option<tokio_util::sync::CancellationToken>,
+    /// Keep every upstream exchange of the call (request params and the raw answer) in
+    /// [`CallOutcome::exchanges`], for `airlock serve --record`. Off: nothing is kept.
+    pub record: bool,
 }
 
 /// Receives an attempt's upstream transitions at the moment each becomes true (DESIGN.md
@@ -632,6 +635,9 @@ pub struct CallOutcome {
     pub stderr: Vec<u8>,
     /// Where the call's time went.
     pub timings: CallTimings,
+    /// Every upstream exchange of the call, in order, when [`CallContext::record`] asked
+    /// for them (empty otherwise): unredacted, for [`crate::record`] to redact and write.
+    pub exchanges: Vec<crate::record::Exchange>,
 }
 
 /// Where one adapter call's time went (wall clock; zero for a part that never ran). The
@@ -737,6 +743,7 @@ impl LoadedAdapter {
                 refused: Vec::new(),
                 logs: Vec::new(),
                 requests_left: self.limits.max_upstream_requests,
+                exchanges: context.record.then(Vec::new),
                 context,
                 upstream_wait: Duration::ZERO,
             },
@@ -831,6 +838,7 @@ impl LoadedAdapter {
             stdout: Vec::new(),
             stderr: Vec::new(),
             timings: CallTimings::default(),
+            exchanges: Vec::new(),
         };
         let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
             return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
@@ -903,6 +911,7 @@ impl LoadedAdapter {
         let observations = std::mem::take(&mut store.data_mut().bridge.observations);
         let refused = std::mem::take(&mut store.data_mut().bridge.refused);
         let logs = std::mem::take(&mut store.data_mut().bridge.logs);
+        let exchanges = store.data_mut().bridge.exchanges.take().unwrap_or_default();
         timings.upstream = store.data().bridge.upstream_wait;
         // Tearing the instance down (its pooled memory reset, the Store's tables) is
         // nobody's wait: it happens on the reaper thread.
@@ -915,6 +924,7 @@ impl LoadedAdapter {
             stdout: stdout.contents().to_vec(),
             stderr: stderr.contents().to_vec(),
             timings,
+            exchanges,
         }
     }
 }
@@ -1140,6 +1150,42 @@ struct UpstreamBridge {
     context: CallContext,
     /// Time spent waiting for upstream answers.
     upstream_wait: Duration,
+    /// `Some` when the call records its exchanges ([`CallContext::record`]).
+    exchanges: Option<Vec<crate::record::Exchange>>,
+}
+
+impl UpstreamBridge {
+    /// Keeps one exchange when the call records them (one `Option` check otherwise).
+    fn keep(
+        &mut self,
+        method: &str,
+        target: &str,
+        arguments: Option<&Value>,
+        answer: &Result<(Value, String), (UpstreamFailure, Option<String>)>,
+    ) {
+        let Some(kept) = &mut self.exchanges else {
+            return;
+        };
+        use crate::record::Answer;
+        let answer = match answer {
+            Ok((result, _)) => Answer::Result(result.clone()),
+            Err((UpstreamFailure::Protocol(message), _)) => Answer::Error {
+                message: message.clone(),
+            },
+            Err((UpstreamFailure::OutputTooLarge(_), _)) => Answer::OutputTooLarge,
+            Err((UpstreamFailure::Unavailable(message), _)) => Answer::Unavailable {
+                message: message.clone(),
+            },
+            Err((UpstreamFailure::Cancelled, _)) => Answer::Unavailable {
+                message: "cancelled".into(),
+            },
+        };
+        kept.push(crate::record::Exchange {
+            method: method.to_string(),
+            params: crate::record::request_params(method, target, arguments),
+            answer,
+        });
+    }
 }
 
 impl UpstreamBridge {
@@ -1395,12 +1441,17 @@ impl upstream::Host for CallState {
         let timeout = bridge.remaining()?;
         bridge.take_request()?;
         bridge.sending("tools/call", &name)?;
+        let recorded = bridge
+            .exchanges
+            .is_some()
+            .then(|| Value::Object(arguments.clone()));
         let asked = Instant::now();
         let answer = bridge
             .connection
             .call_tool(&name, arguments, timeout, bridge.context.cancel.as_ref())
             .await;
         bridge.upstream_wait += asked.elapsed();
+        bridge.keep("tools/call", &name, recorded.as_ref(), &answer);
         let (result, request_id) = bridge.finished("tools/call", &name, answer)?;
         bridge.observe("tools/call", &name, arguments_sha256, request_id, &result)?;
         Ok(tool_output(&result))
@@ -1426,6 +1477,7 @@ impl upstream::Host for CallState {
             .read_resource(&uri, timeout, bridge.context.cancel.as_ref())
             .await;
         bridge.upstream_wait += asked.elapsed();
+        bridge.keep("resources/read", &uri, None, &answer);
         let (result, request_id) = bridge.finished("resources/read", &uri, answer)?;
         bridge.observe("resources/read", &uri, None, request_id, &result)?;
         let contents = result["contents"].as_array().cloned().unwrap_or_default();

@@ -28,6 +28,7 @@
 
 pub mod http;
 pub mod process;
+pub mod replay;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -215,7 +216,8 @@ pub struct Connection {
     tap: Arc<Tap>,
     discovery: tokio::sync::Mutex<()>,
     first_initialize: std::sync::Mutex<Option<Value>>,
-    /// For an HTTP connection: its bridge task and why the bridge closed.
+    /// For an HTTP connection: its bridge task and why the bridge closed; for a replayed
+    /// one ([`Connection::start_replay`]): the task answering from fixtures.
     http: Option<HttpParts>,
 }
 
@@ -880,6 +882,78 @@ impl Connection {
             closed,
             gone,
             http: Some(HttpParts { bridge, reason }),
+        })
+    }
+
+    /// A connection whose server is [`replay::serve`] answering from `replay`, in this
+    /// process: no process, no network, no credentials. Messages pass the same budget
+    /// filter (`max_message_bytes`) and JSON-RPC checks as a live connection's.
+    ///
+    /// # Errors
+    /// The rmcp client's handshake with the replayed upstream failed (a broken invariant).
+    pub async fn start_replay(
+        name: &str,
+        replay: Arc<replay::Replay>,
+        max_message_bytes: u64,
+    ) -> Result<Self> {
+        let discarded = Arc::new(AtomicU64::new(0));
+        let tap = Arc::new(Tap {
+            label: name.to_string(),
+            ..Tap::default()
+        });
+        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
+            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+        ));
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gone = Arc::new(tokio::sync::Notify::new());
+        let (to_server, server_in) = tokio::io::duplex(64 * 1024);
+        let (server_out, from_server) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(replay::serve(replay, server_in, server_out));
+        let filtered = Filtered::new(
+            from_server,
+            &limit,
+            &discarded,
+            Some(&tap),
+            Some((&closed, &gone)),
+        );
+        let writer = TapWriter {
+            inner: to_server,
+            tap: tap.clone(),
+            partial: Vec::new(),
+        };
+        let client =
+            match tokio::time::timeout(INITIALIZE_TIMEOUT, ().serve((filtered, writer))).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(e)) => {
+                    server.abort();
+                    anyhow::bail!("the replayed upstream `{name}` did not initialize: {e}");
+                }
+                Err(_) => {
+                    server.abort();
+                    anyhow::bail!("the replayed upstream `{name}` did not answer initialize");
+                }
+            };
+        client
+            .peer()
+            .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
+            .await;
+        Ok(Self {
+            name: name.to_string(),
+            max_message_bytes: limit,
+            client: Some(client),
+            process: None,
+            unstarted: None,
+            requests: AtomicU64::new(0),
+            discarded,
+            tap,
+            discovery: tokio::sync::Mutex::new(()),
+            first_initialize: std::sync::Mutex::new(None),
+            closed,
+            gone,
+            http: Some(HttpParts {
+                bridge: server,
+                reason: http::CloseReason::default(),
+            }),
         })
     }
 

@@ -31,6 +31,7 @@ mod multi_host;
 mod python_client;
 mod registry;
 mod reload;
+mod replay;
 mod serve;
 mod sessions;
 mod store_suite;
