@@ -469,6 +469,9 @@ pub enum ReceiptProof {
 /// - exactly one `approval-requested` event names the approval, and the binding it
 ///   recorded equals the row's field for field (else tampered) and the call's (else
 ///   refused: changed);
+/// - no `receipt-consumed` event after the request names it: a receipt is used once,
+///   whatever its row says since (else tampered when the row claims it is usable,
+///   refused otherwise);
 /// - approved out of band (`in_band` false): the last `approval-decided` event after the
 ///   request says `approved`; answered at the client (`in_band` true): no decision was
 ///   recorded. Else tampered when the row claims it is usable, refused otherwise;
@@ -557,6 +560,18 @@ pub fn prove_receipt(
             ReceiptProof::Refused(ReceiptRefusal::State(state))
         }
     };
+    // One receipt, one use: a consumption the trace records is final, whatever the row
+    // says since.
+    if let Some(used) = events
+        .iter()
+        .filter(names)
+        .find(|e| e.kind == events::RECEIPT_CONSUMED && e.seq > request.seq)
+    {
+        return unusable(format!(
+            "the trace records its use already: receipt-consumed (seq {})",
+            used.seq
+        ));
+    }
     let (from, lifetime) = match (in_band, last_decision) {
         (true, None) => (request, "the request"),
         (true, Some(d)) => {

@@ -298,7 +298,7 @@ CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     r#"
 CREATE INDEX trace_events_approval_proofs
     ON trace_events (json_extract(payload, '$.approval'), seq)
-    WHERE kind IN ('approval-requested', 'approval-decided');
+    WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed');
 CREATE INDEX trace_events_intent_proofs
     ON trace_events (json_extract(payload, '$.intent'), seq)
     WHERE kind = 'intent-created';
@@ -781,8 +781,9 @@ pub trait Store: Send + Sync {
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// The events that can prove approval `id` (its id in full), in seq order: the
-    /// `approval-requested` and `approval-decided` events whose payload names it
-    /// (`"approval": id`), **only those whose MAC verifies with the host key**. Read
+    /// `approval-requested`, `approval-decided` and `receipt-consumed` events whose
+    /// payload names it (`"approval": id`), **only those whose MAC verifies with the host
+    /// key**. Read
     /// through an expression index, not a scan of the trace. The rule they prove is
     /// [`crate::pipeline::approve::prove_receipt`]'s.
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
@@ -2117,7 +2118,7 @@ impl Store for SqliteStore {
         self.genuine_events(
             &format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind IN ('approval-requested', 'approval-decided') \
+                 WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed') \
                  AND json_extract(payload, '$.approval') = ?1 ORDER BY seq"
             ),
             id,

@@ -188,7 +188,7 @@ CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
 -- The events that prove an approval or an intent, found by the id their payload names
 -- (Store::approval_proofs, Store::intent_proofs).
 CREATE INDEX trace_events_approval_proofs ON trace_events (((payload::jsonb ->> 'approval')), seq)
-    WHERE kind IN ('approval-requested', 'approval-decided');
+    WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed');
 CREATE INDEX trace_events_intent_proofs ON trace_events (((payload::jsonb ->> 'intent')), seq)
     WHERE kind = 'intent-created';
 
@@ -2039,7 +2039,7 @@ impl Store for PostgresStore {
             &format!("reading the proofs of approval {id:?}"),
             &format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind IN ('approval-requested', 'approval-decided') \
+                 WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed') \
                  AND (payload::jsonb ->> 'approval') = $1 ORDER BY seq"
             ),
             id,

@@ -192,6 +192,7 @@ both! {
         let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![requested]).unwrap();
         let decided = NewEvent::new("approval-decided", a.id.clone(), json!({"approval": a.id, "decision": "approved", "ttl_ms": 60_000}));
         store.decide_approval(&a.id, ApprovalDecision::Approve, "bob", None, 60_000, vec![decided]).unwrap();
+        store.append_trace("receipt-consumed", "call_1", &json!({"approval": a.id})).unwrap();
         // Noise: other kinds naming the approval, and another approval's events.
         store.append_trace("receipt-refused", "call_2", &json!({"approval": a.id})).unwrap();
         let other = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![NewEvent::new("approval-requested", "call_3", json!({}))]).unwrap();
@@ -201,7 +202,7 @@ both! {
 
         let proofs = store.approval_proofs(&a.id).unwrap();
         let kinds: Vec<&str> = proofs.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, ["approval-requested", "approval-decided"]);
+        assert_eq!(kinds, ["approval-requested", "approval-decided", "receipt-consumed"]);
         assert_eq!(proofs[0].payload["approval"], a.id.as_str(), "the store names the approval in its request event");
         assert_eq!(proofs[0].payload["binding"]["args_digest"], "c".repeat(64));
         assert_eq!(store.approval_proofs(&other.id).unwrap().len(), 1);
@@ -217,7 +218,7 @@ both! {
             "UPDATE trace_events SET payload = replace(payload, '\"approved\"', '\"approved\" ') WHERE seq = {seq}"
         ));
         let kinds: Vec<String> = store.approval_proofs(&a.id).unwrap().into_iter().map(|e| e.kind).collect();
-        assert_eq!(kinds, ["approval-requested"], "the edited decision is passed over");
+        assert_eq!(kinds, ["approval-requested", "receipt-consumed"], "the edited decision is passed over");
     }
 
     fn connection_ids_are_stable_and_revisions_follow_digests(db, store) {
