@@ -607,3 +607,186 @@ pub fn prove_receipt(
         now_ms - ends
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`prove_receipt`] branch by branch, on hand-made proofs: the branches a DB writer
+    //! without the key cannot reach through the host (two requests for one approval, a
+    //! decision recorded before its request, a decision on an in-band request, a call
+    //! bound to other facts) are still decided by the trace.
+    use super::*;
+    use crate::store::{ApprovalMode, ApprovalRecord, ApprovalState, ReceiptBinding, TraceEvent};
+
+    const ID: &str = "apr_000000000001";
+    const NOW: u64 = 1_000_000;
+
+    fn binding() -> ReceiptBinding {
+        ReceiptBinding {
+            requester: "alice".into(),
+            session: "s1".into(),
+            capability: "deliver_artifact".into(),
+            mapping: "outbox-delivery".into(),
+            mapping_revision: 1,
+            snapshot_digest: "a".repeat(64),
+            policy_digest: "b".repeat(64),
+            args_digest: "c".repeat(64),
+            artifact_digest: None,
+        }
+    }
+
+    fn event(seq: i64, kind: &str, payload: Value) -> TraceEvent {
+        TraceEvent {
+            seq,
+            at_ms: NOW - 1_000,
+            kind: kind.into(),
+            subject: ID.into(),
+            payload,
+            prev_hash: String::new(),
+            hash: String::new(),
+            key_id: None,
+        }
+    }
+
+    fn request(seq: i64) -> TraceEvent {
+        event(
+            seq,
+            events::APPROVAL_REQUESTED,
+            json!({"approval": ID, "binding": binding(), "ttl_ms": 60_000}),
+        )
+    }
+
+    fn decided(seq: i64, decision: &str) -> TraceEvent {
+        event(
+            seq,
+            events::APPROVAL_DECIDED,
+            json!({"approval": ID, "decision": decision, "ttl_ms": 60_000}),
+        )
+    }
+
+    fn row(state: ApprovalState, mode: ApprovalMode) -> ApprovalRecord {
+        ApprovalRecord {
+            id: ID.into(),
+            state,
+            mode,
+            binding: binding(),
+            profile: "default".into(),
+            summary: String::new(),
+            nonce: "0".repeat(32),
+            created_ms: NOW - 1_000,
+            expires_ms: NOW + 60_000,
+            decided_by: None,
+            decided_ms: None,
+            reason: None,
+            consumed_ms: None,
+            intent_id: None,
+        }
+    }
+
+    fn prove(events: &[TraceEvent], state: ApprovalState, in_band: bool) -> ReceiptProof {
+        let mode = if in_band {
+            ApprovalMode::InputRequired
+        } else {
+            ApprovalMode::OutOfBand
+        };
+        prove_receipt(
+            events,
+            Some(&row(state, mode)),
+            ID,
+            &binding(),
+            in_band,
+            NOW,
+        )
+    }
+
+    fn tampered_with(proof: &ReceiptProof, words: &str) {
+        match proof {
+            ReceiptProof::Tampered(why) => assert!(why.contains(words), "{why}"),
+            other => panic!("expected tampered ({words}), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_genuine_receipt_is_proven_out_of_band_and_in_band() {
+        let out = [request(1), decided(2, "approved")];
+        assert_eq!(
+            prove(&out, ApprovalState::Approved, false),
+            ReceiptProof::Proven
+        );
+        assert_eq!(
+            prove(&[request(1)], ApprovalState::Pending, true),
+            ReceiptProof::Proven
+        );
+    }
+
+    #[test]
+    fn two_requests_for_one_approval_prove_nothing() {
+        let proofs = [request(1), request(2), decided(3, "approved")];
+        tampered_with(
+            &prove(&proofs, ApprovalState::Approved, false),
+            "2 approval-requested events",
+        );
+    }
+
+    #[test]
+    fn a_decision_recorded_before_its_request_is_no_decision() {
+        let proofs = [decided(1, "approved"), request(2)];
+        tampered_with(
+            &prove(&proofs, ApprovalState::Approved, false),
+            "no decision",
+        );
+    }
+
+    #[test]
+    fn an_in_band_answer_to_a_request_already_decided_is_refused() {
+        let proofs = [request(1), decided(2, "denied")];
+        tampered_with(
+            &prove(&proofs, ApprovalState::Pending, true),
+            "a decision on it already",
+        );
+        // The row agrees it is denied: refused, not tampered.
+        assert_eq!(
+            prove(&proofs, ApprovalState::Denied, true),
+            ReceiptProof::Refused(ReceiptRefusal::State(ApprovalState::Denied))
+        );
+    }
+
+    #[test]
+    fn a_call_bound_to_other_facts_than_the_request_is_refused_as_changed() {
+        let proofs = [request(1), decided(2, "approved")];
+        let mut other = binding();
+        other.args_digest = "d".repeat(64);
+        let record = row(ApprovalState::Approved, ApprovalMode::OutOfBand);
+        match prove_receipt(&proofs, Some(&record), ID, &other, false, NOW) {
+            ReceiptProof::Refused(ReceiptRefusal::Changed(fields)) => {
+                assert!(!fields.is_empty(), "{fields:?}");
+            }
+            other => panic!("expected refused (changed), got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_receipt_the_trace_records_as_used_is_not_usable_again() {
+        let used = event(
+            3,
+            events::RECEIPT_CONSUMED,
+            json!({"approval": ID, "stage": "approved"}),
+        );
+        let proofs = [request(1), decided(2, "approved"), used];
+        tampered_with(
+            &prove(&proofs, ApprovalState::Approved, false),
+            "its use already",
+        );
+        assert_eq!(
+            prove(&proofs, ApprovalState::Consumed, false),
+            ReceiptProof::Refused(ReceiptRefusal::State(ApprovalState::Consumed))
+        );
+        let in_band = [
+            request(1),
+            event(2, events::RECEIPT_CONSUMED, json!({"approval": ID})),
+        ];
+        tampered_with(
+            &prove(&in_band, ApprovalState::Pending, true),
+            "its use already",
+        );
+    }
+}

@@ -340,3 +340,66 @@ pub fn prove_intent(events: &[TraceEvent], record: &IntentRecord) -> Option<Stri
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`prove_intent`] on hand-made proofs: the branches the host never writes (two
+    //! `intent-created` events for one intent) are still decided by the trace.
+    use super::*;
+    use crate::store::IntentState;
+
+    fn record() -> IntentRecord {
+        IntentRecord {
+            intent: NewIntent {
+                id: "int_1".into(),
+                idempotency_key: "idk_1".into(),
+                call_id: "call_1".into(),
+                requester: "alice".into(),
+                session: "s1".into(),
+                capability: "deliver_artifact".into(),
+                mapping: "outbox-delivery".into(),
+                mapping_revision: 1,
+                args_digest: "c".repeat(64),
+                effect_class: "external".into(),
+            },
+            approval_id: None,
+            state: IntentState::Prepared,
+            created_ms: 1,
+            updated_ms: 1,
+            resolution: None,
+            resolved_ms: None,
+        }
+    }
+
+    fn created(seq: i64, r: &IntentRecord) -> TraceEvent {
+        let i = &r.intent;
+        TraceEvent {
+            seq,
+            at_ms: 1,
+            kind: events::INTENT_CREATED.into(),
+            subject: i.call_id.clone(),
+            payload: json!({
+                "intent": i.id, "call": i.call_id, "requester": i.requester,
+                "session": i.session, "capability": i.capability, "mapping": i.mapping,
+                "mapping_revision": i.mapping_revision, "effect_class": i.effect_class,
+                "args_digest": i.args_digest, "receipt": null,
+                "idempotency_key_sha256": hex::encode(sha2::Sha256::digest(i.idempotency_key.as_bytes())),
+            }),
+            prev_hash: String::new(),
+            hash: String::new(),
+            key_id: None,
+        }
+    }
+
+    #[test]
+    fn one_matching_event_proves_the_intent_and_two_prove_nothing() {
+        let r = record();
+        assert_eq!(prove_intent(&[created(1, &r)], &r), None);
+        let why = prove_intent(&[created(1, &r), created(2, &r)], &r).unwrap();
+        assert!(why.contains("2 intent-created events"), "{why}");
+        let mut edited = r.clone();
+        edited.intent.effect_class = "read".into();
+        let why = prove_intent(&[created(1, &r)], &edited).unwrap();
+        assert!(why.contains("effect class"), "{why}");
+    }
+}
