@@ -11,11 +11,12 @@
 //!   folder), written whole (temporary file, then renamed) with mode 0600.
 //! - **Redacted before anything is written**: every occurrence, in any string, of a value
 //!   the serve configuration holds as a secret — each `[secrets]` value (so bearer tokens
-//!   sent through `headers`), each header value, each `env` value of a stdio connection —
-//!   becomes [`REDACTED`]; so does the whole value of every object member whose name is in
-//!   the `--redact FIELD` list (compared case-insensitively). Values shorter than
-//!   [`MIN_SECRET_CHARS`] characters are not searched for (they would mangle every
-//!   fixture and are no secret); a test proves a real one is gone. Replay applies the same
+//!   sent through `headers`), each header value, the query of an HTTP connection's URL
+//!   and each of its values (transport errors name the URL), each `env` value of a stdio
+//!   connection — becomes [`REDACTED`]; so does the whole value of every object member
+//!   whose name is in the `--redact FIELD` list (compared case-insensitively). Values
+//!   shorter than [`MIN_SECRET_CHARS`] characters are not searched for (they would mangle
+//!   every fixture and are no secret); a test proves a real one is gone. Replay applies the same
 //!   field redaction to a live request before it looks for its fixture.
 //! - Reading fixtures is a boundary: at most [`MAX_FIXTURE_FILES`] files of at most
 //!   [`MAX_FIXTURE_BYTES`] bytes each; JSON that does not parse or does not have the
@@ -194,8 +195,9 @@ impl Redaction {
     }
 
     /// The secret values of `config`: every `[secrets]` value, every header value of an
-    /// HTTP connection (a secret one with its prefix, and bare), every `env` value of a
-    /// stdio connection.
+    /// HTTP connection (a secret one with its prefix, and bare), the query of an HTTP
+    /// connection's URL and each of its values (as written), every `env` value of a stdio
+    /// connection.
     pub fn secrets_of(config: &crate::config::ServeConfig) -> Vec<String> {
         use crate::upstream::UpstreamServer;
         use crate::upstream::http::HeaderValueSource;
@@ -207,6 +209,21 @@ impl Redaction {
             match server {
                 UpstreamServer::Stdio(s) => out.extend(s.env.values().cloned()),
                 UpstreamServer::Http(h) => {
+                    // A key in the URL's query (`?api_key=…`): the host's transport errors
+                    // name the URL, so its query and each of its values, as written.
+                    if let Some(query) = h
+                        .url
+                        .parse::<http::Uri>()
+                        .ok()
+                        .and_then(|u| u.query().map(str::to_owned))
+                    {
+                        out.extend(
+                            query
+                                .split('&')
+                                .filter_map(|pair| pair.split_once('=').map(|(_, v)| v.to_owned())),
+                        );
+                        out.push(query);
+                    }
                     for header in &h.headers {
                         match &header.value {
                             HeaderValueSource::Literal(v) => out.push(v.clone()),
@@ -508,7 +525,7 @@ env = { API_KEY = "k-1234567890" }
 
 [[connection]]
 name = "remote"
-url = "http://127.0.0.1:9/mcp"
+url = "http://127.0.0.1:9/mcp?tenant=t1&api_key=q-5ecret-77"
 headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenant" = { value = "tenant-acme" } }
 "#,
             dir.path(),
@@ -520,6 +537,8 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
             "b": "key k-1234567890 used",
             "c": "for tenant-acme",
             "d": "nothing secret",
+            "e": "the HTTP request to http://127.0.0.1:9/mcp?tenant=t1&api_key=q-5ecret-77 failed",
+            "f": "echoed q-5ecret-77",
         });
         r.apply(&mut v);
         assert_eq!(
@@ -529,6 +548,8 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
                 "b": "key [redacted] used",
                 "c": "for [redacted]",
                 "d": "nothing secret",
+                "e": "the HTTP request to http://127.0.0.1:9/mcp?[redacted] failed",
+                "f": "echoed [redacted]",
             })
         );
     }
