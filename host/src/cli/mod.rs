@@ -1137,16 +1137,7 @@ pub fn main() -> ExitCode {
                         } else {
                             role
                         };
-                        let registry = match config
-                            .state_dir
-                            .clone()
-                            .or_else(crate::config::default_state_dir)
-                        {
-                            Some(dir) if dir.join(crate::store::DATABASE_FILE).exists() => {
-                                Some(crate::cli::operate::registry_at(&dir)?)
-                            }
-                            _ => None,
-                        };
+                        let registry = crate::cli::operate::registry_of_config(&config)?;
                         let check = policy::check(&policy::CheckRequest {
                             config: &config,
                             requester: &name,
@@ -1251,13 +1242,7 @@ fn grants(
         }
         if let Some(path) = &config {
             let config = load_config(path, state_dir)?;
-            let registry = config
-                .state_dir
-                .clone()
-                .or_else(crate::config::default_state_dir)
-                .filter(|d| d.join(crate::store::DATABASE_FILE).exists())
-                .map(|d| crate::cli::operate::registry_at(&d))
-                .transpose()?;
+            let registry = crate::cli::operate::registry_of_config(&config)?;
             crate::cli::review::add_config(&mut review, path, &config, registry.as_ref())?;
         }
         Ok(review)
@@ -1386,13 +1371,19 @@ fn load_config(path: &std::path::Path, state_dir: Option<PathBuf>) -> Result<Ser
 /// `--store` (or AIRLOCK_STORE) when it names a PostgreSQL store: set once at start.
 static STORE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
+/// The shared PostgreSQL store `--store` (or AIRLOCK_STORE) names, if any: every command
+/// that opens a store by its state folder opens this one instead.
+pub fn shared_store() -> Option<&'static str> {
+    STORE.get().and_then(Option::as_deref)
+}
+
 /// The registry over the store operator commands use: the PostgreSQL store `--store`
 /// names, else the SQLite database in `state_dir` (or the default state folder).
 ///
 /// # Errors
 /// No state folder or no database in it; the store cannot be opened.
 fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry> {
-    if let Some(target) = STORE.get().and_then(Option::as_ref) {
+    if let Some(target) = shared_store() {
         let dir = state_dir.or_else(crate::config::default_state_dir);
         let store = crate::store::PostgresStore::open(target, dir.as_deref(), None)?;
         return Ok(crate::registry::Registry::new(std::sync::Arc::new(store)));

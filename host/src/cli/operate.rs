@@ -1081,11 +1081,42 @@ pub fn verification_text(v: &crate::store::TraceVerification) -> String {
     o
 }
 
-/// Opens the registry of a state folder given directly (commands without `--config`).
+/// Opens the registry of a state folder given directly (commands without `--config`): its
+/// SQLite database, or the shared PostgreSQL store `--store` names (the folder then only
+/// provides the key file when AIRLOCK_TRACE_KEY is not set).
 ///
 /// # Errors
 /// The store cannot be opened.
 pub fn registry_at(state_dir: &Path) -> Result<Registry> {
+    if let Some(target) = crate::cli::shared_store() {
+        let store = crate::store::PostgresStore::open(target, Some(state_dir), None)?;
+        return Ok(Registry::new(std::sync::Arc::new(store)));
+    }
     let store = crate::store::SqliteStore::open(state_dir)?;
     Ok(Registry::new(std::sync::Arc::new(store)))
+}
+
+/// The registry of the store `config` names when that is the shared PostgreSQL store
+/// (or `--store` names one), else the SQLite database of its state folder when there is
+/// one; `None` when there is no store to read.
+///
+/// # Errors
+/// The store cannot be opened.
+pub fn registry_of_config(config: &crate::config::ServeConfig) -> Result<Option<Registry>> {
+    if matches!(config.store, crate::config::StoreSetting::Postgres(_)) {
+        return crate::registry::live::open_registry(config).map(Some);
+    }
+    match config
+        .state_dir
+        .clone()
+        .or_else(crate::config::default_state_dir)
+    {
+        Some(dir)
+            if crate::cli::shared_store().is_some()
+                || std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_ok() =>
+        {
+            registry_at(&dir).map(Some)
+        }
+        _ => Ok(None),
+    }
 }
