@@ -175,6 +175,55 @@ impl ApprovalRecord {
     }
 }
 
+/// What a person's decision does to an approval (the rule both stores apply in their
+/// transaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum DecisionEffect {
+    /// Store this state and expiry (ms since the epoch).
+    Becomes(ApprovalState, u64),
+    /// The approval's time ran out: mark it expired (the refusal still commits), and
+    /// refuse with this message.
+    Expired(String),
+    /// The decision does not apply to its state: refuse with this message.
+    Refused(String),
+}
+
+impl ApprovalRecord {
+    /// What `decision` at `now_ms` does to this approval: approve or deny a pending one,
+    /// revoke a pending or approved one; an approved receipt lives `ttl_ms` from now, other
+    /// states keep their expiry. Anything else is refused, naming the state.
+    pub(super) fn decision_effect(
+        &self,
+        decision: ApprovalDecision,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> DecisionEffect {
+        let id = &self.id;
+        let to = match (decision, self.state_at(now_ms)) {
+            (ApprovalDecision::Approve, ApprovalState::Pending) => ApprovalState::Approved,
+            (ApprovalDecision::Deny, ApprovalState::Pending) => ApprovalState::Denied,
+            (ApprovalDecision::Revoke, ApprovalState::Pending | ApprovalState::Approved) => {
+                ApprovalState::Revoked
+            }
+            (_, ApprovalState::Expired) => {
+                return DecisionEffect::Expired(format!(
+                    "approval `{id}` has expired; the call must be made again to ask anew"
+                ));
+            }
+            (_, s) => {
+                return DecisionEffect::Refused(format!(
+                    "approval `{id}` is {s}; only a pending approval can be approved or denied, and only a pending or approved one revoked"
+                ));
+            }
+        };
+        let expires = match to {
+            ApprovalState::Approved => now_ms.saturating_add(ttl_ms),
+            _ => self.expires_ms,
+        };
+        DecisionEffect::Becomes(to, expires)
+    }
+}
+
 impl ReceiptBinding {
     /// Names of the fields that differ from `other` (`"requester"`, … `"arguments"`,
     /// `"artifact"`), in declaration order; empty when the two bind the same call.
@@ -580,31 +629,16 @@ impl SqliteStore {
             let Some(record) = load_approval(tx, id)? else {
                 return Ok(Err(format!("no approval `{id}`")));
             };
-            let state = record.state_at(now);
-            let to = match (decision, state) {
-                (ApprovalDecision::Approve, ApprovalState::Pending) => ApprovalState::Approved,
-                (ApprovalDecision::Deny, ApprovalState::Pending) => ApprovalState::Denied,
-                (ApprovalDecision::Revoke, ApprovalState::Pending | ApprovalState::Approved) => {
-                    ApprovalState::Revoked
-                }
-                (_, ApprovalState::Expired) => {
+            let (to, expires) = match record.decision_effect(decision, now, ttl_ms) {
+                DecisionEffect::Becomes(to, expires) => (to, ms_to_sql(expires)?),
+                DecisionEffect::Expired(why) => {
                     tx.execute(
                         "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
                         params![id],
                     )?;
-                    return Ok(Err(format!(
-                        "approval `{id}` has expired; the call must be made again to ask anew"
-                    )));
+                    return Ok(Err(why));
                 }
-                (_, s) => {
-                    return Ok(Err(format!(
-                        "approval `{id}` is {s}; only a pending approval can be approved or denied, and only a pending or approved one revoked"
-                    )));
-                }
-            };
-            let expires = match to {
-                ApprovalState::Approved => ms_to_sql(now.saturating_add(ttl_ms))?,
-                _ => ms_to_sql(record.expires_ms)?,
+                DecisionEffect::Refused(why) => return Ok(Err(why)),
             };
             tx.execute(
                 "UPDATE approvals SET state = ?2, decided_by = ?3, decided_ms = ?4, reason = ?5, expires_ms = ?6 WHERE id = ?1",

@@ -60,8 +60,8 @@ use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Trans
 
 use super::approvals::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs,
-    Consumption, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding,
-    ReceiptRefusal, random_id,
+    Consumption, DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
+    ReceiptBinding, ReceiptRefusal, random_id,
 };
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
@@ -2207,33 +2207,18 @@ impl Store for PostgresStore {
             let Some(record) = load_approval(tx, id, true).await? else {
                 return Ok(Err(format!("no approval `{id}`")));
             };
-            let state = record.state_at(now);
-            let to = match (decision, state) {
-                (ApprovalDecision::Approve, ApprovalState::Pending) => ApprovalState::Approved,
-                (ApprovalDecision::Deny, ApprovalState::Pending) => ApprovalState::Denied,
-                (ApprovalDecision::Revoke, ApprovalState::Pending | ApprovalState::Approved) => {
-                    ApprovalState::Revoked
-                }
-                (_, ApprovalState::Expired) => {
+            let (to, expires) = match record.decision_effect(decision, now, ttl_ms) {
+                DecisionEffect::Becomes(to, expires) => (to, ms_to_sql(expires)?),
+                DecisionEffect::Expired(why) => {
                     tx.execute(
                         "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
                         &[&id],
                     )
                     .await
                     .map_err(db)?;
-                    return Ok(Err(format!(
-                        "approval `{id}` has expired; the call must be made again to ask anew"
-                    )));
+                    return Ok(Err(why));
                 }
-                (_, s) => {
-                    return Ok(Err(format!(
-                        "approval `{id}` is {s}; only a pending approval can be approved or denied, and only a pending or approved one revoked"
-                    )));
-                }
-            };
-            let expires = match to {
-                ApprovalState::Approved => ms_to_sql(now.saturating_add(ttl_ms))?,
-                _ => ms_to_sql(record.expires_ms)?,
+                DecisionEffect::Refused(why) => return Ok(Err(why)),
             };
             tx.execute(
                 "UPDATE approvals SET state = $2, decided_by = $3, decided_ms = $4, reason = $5, expires_ms = $6 WHERE id = $1",
