@@ -39,6 +39,10 @@ pub struct Host {
     /// When this host started (ms since the epoch): a `prepared` intent older than this
     /// was left by a host that stopped, and is reconciled.
     started_ms: u64,
+    /// This host process among the hosts of one store (`hst_` + 16 hex, random per
+    /// start): recorded with each intent it creates, and held as its liveness lock on a
+    /// shared store, so another host reconciles its intents only once it has stopped.
+    instance: String,
     /// Where adapter calls are recorded as fixtures (`serve --record`); unset: nothing is
     /// kept (one check per call).
     recorder: std::sync::OnceLock<Arc<crate::record::Recorder>>,
@@ -94,6 +98,11 @@ impl Host {
         );
         tracing::info!(policy = %crate::registry::short(policy.digest()), files = policy.files().len(), "policy loaded");
         let seen = policy_files_digest(&live.config().policy_files);
+        let instance = crate::store::approvals::random_id("hst_", 8);
+        if let Err(e) = live.registry().store().register_host(&instance) {
+            // Other hosts would take this one for stopped and reconcile its open intents.
+            tracing::error!(host = %instance, "this host could not register as alive in the shared store: {e:#}");
+        }
         Arc::new(Self {
             live,
             policy: PolicyEngine::new(policy),
@@ -103,6 +112,7 @@ impl Host {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             recorder: std::sync::OnceLock::new(),
+            instance,
         })
     }
 
@@ -126,6 +136,11 @@ impl Host {
     /// When this host started, in ms since the Unix epoch.
     pub fn started_ms(&self) -> u64 {
         self.started_ms
+    }
+
+    /// This host process's instance id (`hst_…`, see the field's rule).
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// The live registry.
@@ -187,6 +202,30 @@ impl Host {
         requester: Requester,
         profile: Option<&str>,
     ) -> Result<Arc<Session>> {
+        self.open_session_as(requester, profile, false)
+    }
+
+    /// [`Host::open_session`] for a principal of the HTTP front, whose requests any host
+    /// behind a load balancer may serve: on a shared store its session has the same id on
+    /// every host ([`SessionId::of_principal`](crate::pipeline::session::SessionId::of_principal))
+    /// and keeps its references in the store; otherwise as [`Host::open_session`].
+    ///
+    /// # Errors
+    /// As [`Host::open_session`].
+    pub fn open_principal_session(
+        &self,
+        requester: Requester,
+        profile: Option<&str>,
+    ) -> Result<Arc<Session>> {
+        self.open_session_as(requester, profile, true)
+    }
+
+    fn open_session_as(
+        &self,
+        requester: Requester,
+        profile: Option<&str>,
+        principal_bound: bool,
+    ) -> Result<Arc<Session>> {
         let profile = self.config().profile(profile)?.clone();
         let principal =
             crate::policy::Principal::new(&requester.name, &requester.roles, requester.transport)?;
@@ -199,7 +238,21 @@ impl Host {
                 crate::registry::short(&decision.policy_digest)
             );
         }
-        let session = Arc::new(Session::new(requester, profile)?);
+        let shared = self
+            .registry()
+            .store_if_shared()
+            .filter(|_| principal_bound);
+        let session = Arc::new(match shared {
+            Some(store) => {
+                let id = crate::pipeline::session::SessionId::of_principal(
+                    store.trace_key(),
+                    &requester,
+                    &profile.name,
+                );
+                Session::with_id(requester, profile, id, Some(store))?
+            }
+            None => Session::new(requester, profile)?,
+        });
         self.registry().trace(
             events::SESSION_OPENED,
             session.id_text(),

@@ -405,7 +405,7 @@ impl HttpFront {
                 roles: r.roles.clone(),
                 transport: "http",
             };
-            let session = host.open_session(requester, default_profile.as_deref())?;
+            let session = host.open_principal_session(requester, default_profile.as_deref())?;
             Some(BoundPrincipal {
                 key: Arc::from(principal_key(
                     &session.requester().name,
@@ -726,7 +726,7 @@ impl HttpFront {
         };
         let session = self
             .host
-            .open_session(requester, Some(&profile))
+            .open_principal_session(requester, Some(&profile))
             .map_err(|e| {
                 tracing::info!(requester = %verified.subject, %profile, "refused a session: {e:#}");
                 Box::new(forbidden())

@@ -102,6 +102,8 @@ pub(super) fn intent(
             "mapping": cap.mapping.name,
             "mapping_revision": n.revision(),
             "args_digest": n.args_digest(),
+            // Which host delivers it: no other host reconciles it while this one lives.
+            "host": host.instance(),
         }),
     );
     let record = NewIntent {

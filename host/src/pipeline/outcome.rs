@@ -283,10 +283,9 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         generation: mapping.generation,
         revision: parts.revision,
     };
-    let table = call.session.references();
-    swap_handles(result_shape, &mut json, &mut |kind, locator, facts| {
-        table.mint(&origin, kind, locator, facts)
-    });
+    call.session
+        .references()
+        .mint_all(&origin, |mint| swap_handles(result_shape, &mut json, mint));
     let (ok, value) = match json {
         Value::Object(mut o) if o.len() == 1 && o.contains_key("ok") => {
             (true, o.remove("ok").unwrap_or_default())
@@ -354,10 +353,9 @@ pub(super) fn reconciled(
         generation: mapping.generation,
         revision,
     };
-    let table = call.session.references();
-    swap_handles(inner, &mut found, &mut |kind, locator, facts| {
-        table.mint(&origin, kind, locator, facts)
-    });
+    call.session
+        .references()
+        .mint_all(&origin, |mint| swap_handles(inner, &mut found, mint));
     let content_sha256 = hex::encode(sha2::Sha256::digest(found.to_string().as_bytes()));
     let note = match method {
         "retry" => {

@@ -34,6 +34,10 @@ use crate::store::{
 /// Longest wait for a closed connection to come back before a query is given up.
 pub const RESTART_WAIT: Duration = Duration::from_secs(5);
 
+/// On a shared store, how often (at most, per mapping, on its calls) a host looks for
+/// intents that other hosts left open when they stopped.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// What the contract's query said.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finding {
@@ -414,55 +418,119 @@ pub async fn retry_same_key(
 
 /// Reconciles the intents `mapping`'s calls left open — every `unknown` one, and the
 /// `prepared` ones a host that stopped left behind — once per loaded mapping, before its
-/// first call runs.
+/// first call runs; an intent another live host created is left to it. On a shared store
+/// the calls also look, every [`SWEEP_INTERVAL`] at most, for intents of hosts that have
+/// stopped since (their liveness lock is free) and reconcile those.
 pub async fn before_calls(host: &Host, mapping: &Arc<ActiveMapping>) {
     mapping
         .reconciled
-        .get_or_init(|| async {
-            let filter = IntentFilter {
-                states: vec![IntentState::Unknown, IntentState::Prepared],
-                mapping: Some(mapping.name.clone()),
-                created_before_ms: None,
-                limit: 1000,
-            };
-            let open = match host.registry().store().intents(&filter) {
-                Ok(list) => list,
-                Err(e) => {
-                    tracing::error!(mapping = %mapping.name, "could not list open intents: {e:#}");
-                    return;
-                }
-            };
-            let catalog = host.catalog();
-            let store = host.registry().store();
-            for intent in open {
-                // Only intents the trace proves are acted on: a row written by hand asks no
-                // query and retries nothing.
-                let unproven = match store.intent_proofs(&intent.intent.id) {
-                    Ok(proofs) => crate::pipeline::intent::prove_intent(&proofs, &intent),
-                    Err(e) => Some(format!("its proofs could not be read: {e:#}")),
-                };
-                if let Some(why) = unproven {
-                    tracing::error!(intent = %intent.intent.id, mapping = %mapping.name, "not reconciling an intent the trace does not prove (edited in the store?): {why}");
-                    host.registry().trace(
-                        events::INTENT_TAMPERED,
-                        &intent.intent.id,
-                        json!({"intent": intent.intent.id, "mapping": mapping.name, "why": why}),
-                    );
-                    continue;
-                }
-                // A prepared intent of this host run belongs to a call in flight.
-                if intent.state == IntentState::Prepared && intent.created_ms >= host.started_ms()
-                {
-                    continue;
-                }
-                let queryable = catalog
-                    .capability(&intent.intent.capability)
-                    .is_some_and(|c| c.semantics.queryable);
-                // A prepared intent of a stopped host, or an unknown one of this host whose
-                // connection the call saw: either way the request's sender is gone.
-                let r = reconcile(host, mapping, &intent, queryable, None).await;
-                tracing::info!(intent = %intent.intent.id, mapping = %mapping.name, result = ?r, "reconciled an open intent");
-            }
-        })
+        .get_or_init(|| sweep(host, mapping, true))
         .await;
+    if host.registry().store().is_shared() {
+        let due = {
+            let mut swept = mapping.swept.lock().unwrap_or_else(|e| e.into_inner());
+            let now = std::time::Instant::now();
+            let due = swept.is_none_or(|at| now.duration_since(at) >= SWEEP_INTERVAL);
+            if due {
+                *swept = Some(now);
+            }
+            due
+        };
+        if due {
+            sweep(host, mapping, false).await;
+        }
+    }
+}
+
+/// Which host created an intent, as its MACed `intent-created` event records it (`None`
+/// for intents recorded before hosts were named).
+fn creator(proofs: &[crate::store::TraceEvent], id: &str) -> Option<String> {
+    proofs
+        .iter()
+        .find(|e| e.kind == events::INTENT_CREATED && e.payload["intent"] == id)
+        .and_then(|e| e.payload["host"].as_str())
+        .map(str::to_owned)
+}
+
+/// Reconciles the open intents of `mapping` that no live host is delivering. `first`: the
+/// sweep before this load's first call, which also takes this host's own leftovers;
+/// otherwise (shared stores, every [`SWEEP_INTERVAL`] at most) only intents of other
+/// hosts that have stopped.
+async fn sweep(host: &Host, mapping: &Arc<ActiveMapping>, first: bool) {
+    let filter = IntentFilter {
+        states: vec![IntentState::Unknown, IntentState::Prepared],
+        mapping: Some(mapping.name.clone()),
+        created_before_ms: None,
+        limit: 1000,
+    };
+    let store = host.registry().store();
+    let open = match store.intents(&filter) {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::error!(mapping = %mapping.name, "could not list open intents: {e:#}");
+            return;
+        }
+    };
+    let catalog = host.catalog();
+    let mut alive: std::collections::HashMap<String, bool> = std::collections::HashMap::new();
+    for intent in open {
+        // Only intents the trace proves are acted on: a row written by hand asks no
+        // query and retries nothing.
+        let proofs = store.intent_proofs(&intent.intent.id);
+        let unproven = match &proofs {
+            Ok(proofs) => crate::pipeline::intent::prove_intent(proofs, &intent),
+            Err(e) => Some(format!("its proofs could not be read: {e:#}")),
+        };
+        if let Some(why) = unproven {
+            if first {
+                tracing::error!(intent = %intent.intent.id, mapping = %mapping.name, "not reconciling an intent the trace does not prove (edited in the store?): {why}");
+                host.registry().trace(
+                    events::INTENT_TAMPERED,
+                    &intent.intent.id,
+                    json!({"intent": intent.intent.id, "mapping": mapping.name, "why": why}),
+                );
+            }
+            continue;
+        }
+        let owner = proofs
+            .as_deref()
+            .ok()
+            .and_then(|p| creator(p, &intent.intent.id));
+        match owner.as_deref() {
+            // Another host's intent: its host delivers and reconciles it while it lives.
+            Some(other) if other != host.instance() => {
+                let lives = match alive.get(other) {
+                    Some(v) => *v,
+                    None => {
+                        let v = store.host_alive(other).unwrap_or_else(|e| {
+                            tracing::warn!(host = %other, "could not tell whether a host is alive (taken for alive): {e:#}");
+                            true
+                        });
+                        alive.insert(other.to_owned(), v);
+                        v
+                    }
+                };
+                if lives {
+                    continue;
+                }
+                tracing::info!(intent = %intent.intent.id, mapping = %mapping.name, host = %other, "reconciling an intent a stopped host left open");
+            }
+            // This host's own, or an unnamed one: only the first sweep takes them.
+            _ if !first => continue,
+            // A prepared intent of this host run belongs to a call in flight.
+            _ if intent.state == IntentState::Prepared
+                && intent.created_ms >= host.started_ms() =>
+            {
+                continue;
+            }
+            _ => {}
+        }
+        let queryable = catalog
+            .capability(&intent.intent.capability)
+            .is_some_and(|c| c.semantics.queryable);
+        // A prepared intent of a stopped host, or an unknown one whose connection the call
+        // saw: either way the request's sender is gone.
+        let r = reconcile(host, mapping, &intent, queryable, None).await;
+        tracing::info!(intent = %intent.intent.id, mapping = %mapping.name, result = ?r, "reconciled an open intent");
+    }
 }

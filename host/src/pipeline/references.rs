@@ -21,6 +21,14 @@
 //!   [`MAX_REFERENCES_PER_TABLE`] bindings; past it, the least recently used binding *of
 //!   that table* is dropped (O(1), `lru`). Expiry is checked when a token is used, never by
 //!   scanning. One session can never evict another session's references.
+//! - **On a shared store, a reference minted on one host resolves on every host, in the
+//!   same session only** ([`ReferenceTable::shared`]). Each new binding (and a renewal past
+//!   half its lifetime) is written to the store, one batch per result
+//!   ([`ReferenceTable::mint_all`]), before the result leaves the host; a token this table
+//!   does not hold is looked up in the store under this session's id, and what is found is
+//!   checked as a local binding is (kind, mapping, serving revision, expiry) and then kept
+//!   here. Across hosts a binding names the mapping revision, not a host's load
+//!   generation: a host's own unload still revokes what it holds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +36,9 @@ use std::time::{Duration, Instant};
 
 use lru::LruCache;
 use serde_json::{Map, Value};
+
+use crate::store::Store;
+use crate::store::shared::{SharedReference, token_digest};
 
 /// Default lifetime of a reference, renewed each time the same object is minted again.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30 * 60);
@@ -90,6 +101,8 @@ struct Binding {
     locator: Arc<str>,
     facts: Arc<Map<String, Value>>,
     expires: Instant,
+    /// Until when the shared store holds it (`None`: not written there).
+    stored_until: Option<Instant>,
 }
 
 type Token = [u8; 20];
@@ -105,6 +118,16 @@ struct LocatorKey {
 struct Inner {
     by_token: LruCache<Token, Binding>,
     by_locator: HashMap<LocatorKey, Token>,
+    /// Bindings to write to the shared store at the end of [`ReferenceTable::mint_all`].
+    to_store: Vec<SharedReference>,
+    /// Token digests to delete there (their object changed).
+    to_drop: Vec<String>,
+}
+
+/// The shared store a table writes to, and the scope (session id) it writes under.
+struct SharedScope {
+    store: Arc<dyn Store>,
+    scope: String,
 }
 
 /// One session's reference table.
@@ -112,6 +135,7 @@ pub struct ReferenceTable {
     inner: Mutex<Inner>,
     capacity: usize,
     ttl: Duration,
+    shared: Option<SharedScope>,
 }
 
 impl Default for ReferenceTable {
@@ -128,10 +152,81 @@ impl ReferenceTable {
             inner: Mutex::new(Inner {
                 by_token: LruCache::unbounded(),
                 by_locator: HashMap::new(),
+                to_store: Vec::new(),
+                to_drop: Vec::new(),
             }),
             capacity: capacity.max(1),
             ttl,
+            shared: None,
         }
+    }
+
+    /// A table of session `scope` (its `ses_…` id) whose bindings are also kept in the
+    /// shared `store`, so that every host sharing it resolves them (see the module's rule).
+    pub fn shared(store: Arc<dyn Store>, scope: &str) -> Self {
+        Self {
+            shared: Some(SharedScope {
+                store,
+                scope: scope.to_owned(),
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// Runs `f` with a minting function (as [`ReferenceTable::mint`]) and then writes what
+    /// it minted to the shared store in one batch, before returning: a reference in a
+    /// result resolves on another host as soon as the result is out. A failed write is
+    /// logged; the references still resolve on this host.
+    pub fn mint_all<R>(
+        &self,
+        origin: &Origin,
+        f: impl FnOnce(&mut dyn FnMut(&str, &str, Map<String, Value>) -> String) -> R,
+    ) -> R {
+        let out = f(&mut |kind, locator, facts| self.mint(origin, kind, locator, facts));
+        self.publish();
+        out
+    }
+
+    /// Writes the bindings minted since the last call to the shared store (nothing
+    /// without one).
+    fn publish(&self) {
+        let Some(shared) = &self.shared else { return };
+        let (put, drop) = {
+            let mut inner = self.lock();
+            (
+                std::mem::take(&mut inner.to_store),
+                std::mem::take(&mut inner.to_drop),
+            )
+        };
+        if put.is_empty() && drop.is_empty() {
+            return;
+        }
+        if let Err(e) = shared.store.write_references(&shared.scope, &put, &drop) {
+            tracing::warn!(session = %shared.scope, "references were not written to the shared store (they resolve on this host only): {e:#}");
+        }
+    }
+
+    /// The store's copy of a binding that expires at `expires`, for the next publish.
+    fn stored(
+        &self,
+        token: &Token,
+        origin: &Origin,
+        key: &LocatorKey,
+        facts: &Map<String, Value>,
+        expires: Instant,
+    ) -> Option<SharedReference> {
+        let shared = self.shared.as_ref()?;
+        let left = expires.saturating_duration_since(Instant::now());
+        Some(SharedReference {
+            token_sha256: token_digest(&render(token)),
+            scope: shared.scope.clone(),
+            kind: key.kind.to_string(),
+            mapping: origin.mapping.to_string(),
+            revision: origin.revision,
+            locator: key.locator.to_string(),
+            facts: facts.clone(),
+            expires_ms: crate::store::now_ms().saturating_add(left.as_millis() as u64),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -173,6 +268,17 @@ impl ReferenceTable {
             match inner.by_token.get_mut(&token) {
                 Some(b) if !conflicts(&b.facts, &facts) => {
                     b.expires = now + self.ttl;
+                    // The store's copy is renewed once half its lifetime is gone.
+                    let renew = b
+                        .stored_until
+                        .is_some_and(|until| until <= now + self.ttl / 2);
+                    if renew {
+                        b.stored_until = Some(b.expires);
+                        let (facts, expires) = (b.facts.clone(), b.expires);
+                        if let Some(r) = self.stored(&token, origin, &key, &facts, expires) {
+                            inner.to_store.push(r);
+                        }
+                    }
                     return render(&token);
                 }
                 // The upstream reports other facts for the same locator (its content
@@ -180,6 +286,9 @@ impl ReferenceTable {
                 Some(_) => {
                     inner.by_token.pop(&token);
                     inner.by_locator.remove(&key);
+                    if self.shared.is_some() {
+                        inner.to_drop.push(token_digest(&render(&token)));
+                    }
                 }
                 None => {
                     inner.by_locator.remove(&key);
@@ -188,24 +297,20 @@ impl ReferenceTable {
         }
         let mut token = [0u8; 20];
         getrandom::fill(&mut token).expect("the OS random generator failed");
-        while inner.by_token.len() >= self.capacity {
-            let Some((_, old)) = inner.by_token.pop_lru() else {
-                break;
-            };
-            inner.by_locator.remove(&LocatorKey {
-                generation: old.origin.generation,
-                revision: old.origin.revision,
-                kind: old.kind,
-                locator: old.locator,
-            });
-        }
+        make_room(&mut inner, self.capacity);
+        let expires = now + self.ttl;
+        let stored = self.stored(&token, origin, &key, &facts, expires);
         let binding = Binding {
             origin: origin.clone(),
             kind: key.kind.clone(),
             locator: key.locator.clone(),
             facts: Arc::new(facts),
-            expires: now + self.ttl,
+            expires,
+            stored_until: stored.as_ref().map(|_| expires),
         };
+        if let Some(r) = stored {
+            inner.to_store.push(r);
+        }
         inner.by_locator.insert(key, token);
         inner.by_token.put(token, binding);
         render(&token)
@@ -222,8 +327,13 @@ impl ReferenceTable {
         kind: &str,
         current: &Origin,
     ) -> Result<Resolved, ResolveError> {
+        let text = token;
         let token = parse(token).ok_or(ResolveError::NotValid)?;
         let mut inner = self.lock();
+        if !inner.by_token.contains(&token) {
+            drop(inner);
+            return self.resolve_shared(text, &token, kind, current);
+        }
         let Some(b) = inner.by_token.get(&token) else {
             return Err(ResolveError::NotValid);
         };
@@ -248,6 +358,82 @@ impl ReferenceTable {
             locator: b.locator.clone(),
             facts: b.facts.clone(),
         })
+    }
+}
+
+impl ReferenceTable {
+    /// A token this table does not hold: the shared store's binding for it in this
+    /// session, checked as a local one is, then kept here under the current load.
+    fn resolve_shared(
+        &self,
+        text: &str,
+        token: &Token,
+        kind: &str,
+        current: &Origin,
+    ) -> Result<Resolved, ResolveError> {
+        let Some(shared) = &self.shared else {
+            return Err(ResolveError::NotValid);
+        };
+        let found = match shared
+            .store
+            .find_reference(&shared.scope, &token_digest(text))
+        {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(ResolveError::NotValid),
+            Err(e) => {
+                tracing::warn!(session = %shared.scope, "a reference could not be read from the shared store: {e:#}");
+                return Err(ResolveError::NotValid);
+            }
+        };
+        if found.kind != kind || *found.mapping != *current.mapping {
+            return Err(ResolveError::NotValid);
+        }
+        if found.revision != current.revision {
+            return Err(ResolveError::Stale);
+        }
+        let now_ms = crate::store::now_ms();
+        if found.expires_ms <= now_ms {
+            return Err(ResolveError::Expired);
+        }
+        let expires = Instant::now() + Duration::from_millis(found.expires_ms - now_ms);
+        let key = LocatorKey {
+            generation: current.generation,
+            revision: current.revision,
+            kind: Arc::from(kind),
+            locator: Arc::from(found.locator.as_str()),
+        };
+        let facts = Arc::new(found.facts);
+        let mut inner = self.lock();
+        make_room(&mut inner, self.capacity);
+        inner.by_token.put(
+            *token,
+            Binding {
+                origin: current.clone(),
+                kind: key.kind.clone(),
+                locator: key.locator.clone(),
+                facts: facts.clone(),
+                expires,
+                stored_until: Some(expires),
+            },
+        );
+        let locator = key.locator.clone();
+        inner.by_locator.entry(key).or_insert(*token);
+        Ok(Resolved { locator, facts })
+    }
+}
+
+/// Drops the least recently used bindings until one more fits under `capacity`.
+fn make_room(inner: &mut Inner, capacity: usize) {
+    while inner.by_token.len() >= capacity {
+        let Some((_, old)) = inner.by_token.pop_lru() else {
+            break;
+        };
+        inner.by_locator.remove(&LocatorKey {
+            generation: old.origin.generation,
+            revision: old.origin.revision,
+            kind: old.kind,
+            locator: old.locator,
+        });
     }
 }
 

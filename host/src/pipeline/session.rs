@@ -6,6 +6,12 @@
 //! requester use it (`Airlock::Action::"use-profile"`). Each session owns its reference
 //! table ([`ReferenceTable`]); its id is 128 random bits, so receipts bound to a session
 //! cannot be used by a later process that happens to count sessions the same way.
+//!
+//! On a shared store (several hosts, [`crate::store::Store::is_shared`]) an HTTP
+//! principal's session has the same id on every host: 128 bits of an HMAC, under the
+//! trace key all those hosts hold, of (requester, roles, transport, profile)
+//! ([`SessionId::of_principal`]). Its receipts and references are then the same on every
+//! host behind a load balancer, and the id still cannot be guessed without the key.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -26,6 +32,25 @@ impl SessionId {
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).expect("the OS random generator failed");
+        Self(bytes)
+    }
+}
+
+impl SessionId {
+    /// The id every host holding `key` gives the session of `requester` under `profile`
+    /// (see the module doc).
+    pub fn of_principal(
+        key: &crate::store::key::TraceKey,
+        requester: &Requester,
+        profile: &str,
+    ) -> Self {
+        let roles = requester.roles.join("\u{1}");
+        let d = key.derive(
+            "principal-session",
+            &[&requester.name, &roles, requester.transport, profile],
+        );
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&d[..16]);
         Self(bytes)
     }
 }
@@ -77,15 +102,33 @@ impl Session {
     /// # Errors
     /// The requester cannot be represented as a Cedar principal.
     pub fn new(requester: Requester, profile: Profile) -> anyhow::Result<Self> {
+        Self::with_id(requester, profile, SessionId::random(), None)
+    }
+
+    /// A session with id `id`; its references are also kept in `shared` (a shared store)
+    /// when given.
+    ///
+    /// # Errors
+    /// As [`Session::new`].
+    pub fn with_id(
+        requester: Requester,
+        profile: Profile,
+        id: SessionId,
+        shared: Option<std::sync::Arc<dyn crate::store::Store>>,
+    ) -> anyhow::Result<Self> {
         let principal = Principal::new(&requester.name, &requester.roles, requester.transport)?;
-        let id = SessionId::random();
+        let id_text = id.to_string();
+        let references = match shared {
+            Some(store) => ReferenceTable::shared(store, &id_text),
+            None => ReferenceTable::default(),
+        };
         Ok(Self {
             id,
-            id_text: id.to_string(),
+            id_text,
             requester,
             principal,
             profile,
-            references: ReferenceTable::default(),
+            references,
             known: Mutex::default(),
             offered: Mutex::default(),
         })

@@ -78,6 +78,9 @@ pub struct ActiveMapping {
     /// Set once the intents this mapping's calls left open (unknown, or prepared by a
     /// host that stopped) were reconciled: no call of the mapping runs before.
     pub reconciled: tokio::sync::OnceCell<()>,
+    /// On a shared store, when intents that other, stopped hosts left open were last
+    /// looked for (see [`crate::pipeline::reconcile::before_calls`]).
+    pub swept: std::sync::Mutex<Option<std::time::Instant>>,
     record: ArcSwap<MappingRecord>,
 }
 
@@ -1226,6 +1229,7 @@ impl Live {
                 .find_map(|c| contract::query_function(&p.contract.interface, &c.function))
                 .and_then(|q| p.contract.functions.get(q).cloned()),
             reconciled: tokio::sync::OnceCell::new(),
+            swept: std::sync::Mutex::new(None),
             record: ArcSwap::from_pointee(record),
         });
         let mut capabilities = Vec::new();

@@ -448,6 +448,11 @@ impl Registry {
         self.store.as_ref()
     }
 
+    /// The store, when several hosts may share it ([`Store::is_shared`]).
+    pub fn store_if_shared(&self) -> Option<Arc<dyn Store>> {
+        self.store.is_shared().then(|| self.store.clone())
+    }
+
     /// The store, shared (for the trace writer thread).
     pub fn shared_store(&self) -> Arc<dyn Store> {
         self.store.clone()

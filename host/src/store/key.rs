@@ -194,6 +194,19 @@ impl TraceKey {
         &self.source
     }
 
+    /// HMAC of `parts` under this key for purpose `label`, each part length-prefixed: a
+    /// value every host holding the key derives alike and no one without it can predict
+    /// (e.g. the session id of an HTTP principal on a shared store).
+    pub fn derive(&self, label: &str, parts: &[&str]) -> [u8; 32] {
+        let mut m = self.mac.clone();
+        m.update(b"airlock-derive-v1\0");
+        for text in std::iter::once(label).chain(parts.iter().copied()) {
+            m.update(&(text.len() as u64).to_be_bytes());
+            m.update(text.as_bytes());
+        }
+        m.finalize().into_bytes().into()
+    }
+
     /// Hex HMAC of one event's stored fields (see the module doc for the encoding).
     pub(crate) fn event_mac(
         &self,

@@ -51,6 +51,7 @@ pub mod intents;
 pub mod key;
 pub mod observations;
 pub mod postgres;
+pub mod shared;
 pub mod trace;
 
 pub use approvals::{
@@ -904,6 +905,58 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// The key the trace is MACed with; every host on one shared store holds the same.
+    fn trace_key(&self) -> &TraceKey;
+
+    /// Whether several hosts may serve from this store at once (PostgreSQL). Then
+    /// references are kept here too ([`Store::write_references`]), sessions of one
+    /// principal have one id on every host, and an open intent of another live host is
+    /// left to it. `false` (SQLite): one host at a time.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Registers this process as live host `instance` until the store is dropped (see
+    /// [`shared`]). The embedded store needs nothing. Errors: the registration could not
+    /// be made (then other hosts would take this one for stopped).
+    fn register_host(&self, instance: &str) -> anyhow::Result<()> {
+        let _ = instance;
+        Ok(())
+    }
+
+    /// Whether host `instance` (not this process) is alive. The embedded store serves one
+    /// host at a time: any other instance that wrote here has stopped (`false`).
+    fn host_alive(&self, instance: &str) -> anyhow::Result<bool> {
+        let _ = instance;
+        Ok(false)
+    }
+
+    /// Writes shared references of one scope in one transaction: `put` are inserted (or,
+    /// for a token already there in the same scope, their expiry moved), `drop` (token
+    /// digests) deleted, and the scope's expired rows removed. Errors: the store is not
+    /// shared; database failure.
+    fn write_references(
+        &self,
+        scope: &str,
+        put: &[shared::SharedReference],
+        drop: &[String],
+    ) -> anyhow::Result<()> {
+        let _ = (scope, put, drop);
+        anyhow::bail!("references are kept in the host's memory with this store")
+    }
+
+    /// The shared reference with token digest `token_sha256` minted in `scope`, if any
+    /// (expired ones included: the caller says so). Errors: the store is not shared;
+    /// database failure.
+    fn find_reference(
+        &self,
+        scope: &str,
+        token_sha256: &str,
+    ) -> anyhow::Result<Option<shared::SharedReference>> {
+        let _ = (scope, token_sha256);
+        anyhow::bail!("references are kept in the host's memory with this store")
+    }
+
     /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
     /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
     /// has a definite outcome.
@@ -1447,6 +1500,10 @@ fn load_snapshot(conn: &Connection, digest: &str) -> rusqlite::Result<Option<Sto
 }
 
 impl Store for SqliteStore {
+    fn trace_key(&self) -> &TraceKey {
+        &self.key
+    }
+
     fn connection_revision(
         &self,
         name: &str,

@@ -65,6 +65,7 @@ use super::approvals::{
 };
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
+use super::shared;
 use super::trace::{self, NewEvent};
 use super::{
     CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, GENESIS_HASH,
@@ -75,7 +76,7 @@ use super::{
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
-pub const PG_SCHEMA_VERSION: i64 = 1;
+pub const PG_SCHEMA_VERSION: i64 = 2;
 
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
@@ -290,6 +291,21 @@ CREATE TRIGGER observations_keep_provenance
     FOR EACH ROW EXECUTE FUNCTION airlock_refuse('an observation''s provenance is immutable');
 CREATE TRIGGER observations_no_delete BEFORE DELETE ON observations
     FOR EACH ROW EXECUTE FUNCTION airlock_refuse('observations are not deleted');
+"#,
+    // 1 → 2: references shared by the hosts (crate::store::shared), by token digest.
+    r#"
+CREATE TABLE reference_bindings (
+    token_sha256 TEXT PRIMARY KEY,
+    scope        TEXT NOT NULL,
+    kind         TEXT NOT NULL,
+    mapping      TEXT NOT NULL,
+    revision     BIGINT NOT NULL,
+    locator      TEXT NOT NULL,
+    facts        TEXT NOT NULL,
+    expires_ms   BIGINT NOT NULL,
+    created_ms   BIGINT NOT NULL
+);
+CREATE INDEX reference_bindings_by_scope ON reference_bindings (scope, expires_ms);
 "#,
 ];
 
@@ -569,6 +585,9 @@ fn pg_error(e: &tokio_postgres::Error) -> String {
 /// [`Store`] on a PostgreSQL database shared by several hosts. Open one value per
 /// process and share it; it keeps up to eight connections.
 pub struct PostgresStore {
+    /// The connection that holds this host's liveness lock ([`Store::register_host`]);
+    /// dropped before the pool's I/O thread stops.
+    liveness: Mutex<Option<Client>>,
     pool: Pool,
     key: TraceKey,
     changes: tokio::sync::watch::Sender<u64>,
@@ -712,6 +731,7 @@ impl PostgresStore {
         block_on(migrate(lease.client(), &shown))?;
         drop(lease);
         let store = Self {
+            liveness: Mutex::new(None),
             pool,
             key,
             changes: tokio::sync::watch::Sender::new(0),
@@ -1415,6 +1435,156 @@ async fn write_observations(
 impl Store for PostgresStore {
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.changes.subscribe())
+    }
+
+    fn trace_key(&self) -> &TraceKey {
+        &self.key
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn register_host(&self, instance: &str) -> anyhow::Result<()> {
+        let (class, object) = shared::liveness_keys(instance);
+        let conn = self
+            .pool
+            .connect()
+            .with_context(|| self.context("registering this host"))?;
+        block_on(
+            conn.client
+                .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &object]),
+        )
+        .map_err(db)
+        .with_context(|| self.context("taking this host's liveness lock"))?;
+        *self.liveness.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.client);
+        Ok(())
+    }
+
+    fn host_alive(&self, instance: &str) -> anyhow::Result<bool> {
+        let (class, object) = shared::liveness_keys(instance);
+        self.read("asking whether a host is alive", async |c| {
+            let taken: bool = c
+                .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &object])
+                .await
+                .map_err(db)?
+                .get(0);
+            if taken {
+                // The lock was free: its holder is gone. Give it back at once.
+                c.execute("SELECT pg_advisory_unlock($1, $2)", &[&class, &object])
+                    .await
+                    .map_err(db)?;
+            }
+            Ok(!taken)
+        })
+    }
+
+    fn write_references(
+        &self,
+        scope: &str,
+        put: &[shared::SharedReference],
+        drop: &[String],
+    ) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        let mut tokens = Vec::with_capacity(put.len());
+        let mut kinds = Vec::with_capacity(put.len());
+        let mut mappings = Vec::with_capacity(put.len());
+        let mut revisions = Vec::with_capacity(put.len());
+        let mut locators = Vec::with_capacity(put.len());
+        let mut facts = Vec::with_capacity(put.len());
+        let mut expires = Vec::with_capacity(put.len());
+        for r in put {
+            if r.scope != scope {
+                bail!(
+                    "a reference of scope {} written under scope {scope}",
+                    r.scope
+                );
+            }
+            tokens.push(r.token_sha256.clone());
+            kinds.push(r.kind.clone());
+            mappings.push(r.mapping.clone());
+            revisions.push(r.revision);
+            locators.push(r.locator.clone());
+            facts.push(serde_json::Value::Object(r.facts.clone()).to_string());
+            expires.push(ms_to_sql(r.expires_ms)?);
+        }
+        let drop = drop.to_vec();
+        let mut lease = self.pool.get()?;
+        let Conn { client, statements } = lease.conn();
+        block_on(async {
+            let tx = client.transaction().await.map_err(db)?;
+            let sql = Sql { c: &tx, statements };
+            if !drop.is_empty() {
+                sql.execute(
+                    "DELETE FROM reference_bindings WHERE scope = $1 AND token_sha256 = ANY($2)",
+                    &[&scope, &drop],
+                )
+                .await
+                .map_err(db)?;
+            }
+            sql.execute(
+                "DELETE FROM reference_bindings WHERE scope = $1 AND expires_ms < $2",
+                &[&scope, &now],
+            )
+            .await
+            .map_err(db)?;
+            if !tokens.is_empty() {
+                // One statement for the whole batch; a token already there keeps its row
+                // (and its scope): only its expiry moves, and only within its own scope.
+                sql.execute(
+                    "INSERT INTO reference_bindings (token_sha256, scope, kind, mapping, \
+                     revision, locator, facts, expires_ms, created_ms) \
+                     SELECT t, $1, k, m, r, l, f, e, $9 FROM UNNEST($2::text[], $3::text[], \
+                     $4::text[], $5::bigint[], $6::text[], $7::text[], $8::bigint[]) \
+                     AS u(t, k, m, r, l, f, e) \
+                     ON CONFLICT (token_sha256) DO UPDATE SET expires_ms = EXCLUDED.expires_ms \
+                     WHERE reference_bindings.scope = EXCLUDED.scope",
+                    &[
+                        &scope, &tokens, &kinds, &mappings, &revisions, &locators, &facts,
+                        &expires, &now,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            }
+            tx.commit().await.map_err(db)?;
+            Ok::<_, anyhow::Error>(())
+        })
+        .with_context(|| self.context("writing references"))
+    }
+
+    fn find_reference(
+        &self,
+        scope: &str,
+        token_sha256: &str,
+    ) -> anyhow::Result<Option<shared::SharedReference>> {
+        self.read("reading a reference", async |c| {
+            let Some(row) = c
+                .query_opt(
+                    "SELECT kind, mapping, revision, locator, facts, expires_ms \
+                     FROM reference_bindings WHERE token_sha256 = $1 AND scope = $2",
+                    &[&token_sha256, &scope],
+                )
+                .await
+                .map_err(db)?
+            else {
+                return Ok(None);
+            };
+            let facts = match get_json(&row, 4)? {
+                serde_json::Value::Object(m) => m,
+                other => bail!("reference facts are not an object: {other}"),
+            };
+            Ok(Some(shared::SharedReference {
+                token_sha256: token_sha256.to_owned(),
+                scope: scope.to_owned(),
+                kind: row.try_get(0).map_err(db)?,
+                mapping: row.try_get(1).map_err(db)?,
+                revision: row.try_get(2).map_err(db)?,
+                locator: row.try_get(3).map_err(db)?,
+                facts,
+                expires_ms: get_ms(&row, 5)?,
+            }))
+        })
     }
 
     fn connection_revision(

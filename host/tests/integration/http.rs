@@ -16,7 +16,7 @@ const AUDIENCE: &str = "http://airlock.test/mcp";
 const METADATA_URL: &str = "http://airlock.test/.well-known/oauth-protected-resource/mcp";
 const MAX_BODY: usize = 65536;
 
-const POLICY: &str = r#"
+pub(crate) const POLICY: &str = r#"
 @id("use")
 permit (principal, action == Airlock::Action::"use-profile", resource);
 
@@ -32,7 +32,7 @@ permit (principal, action == Airlock::Action::"call", resource)
 when { resource.effect_class == "read" };
 "#;
 
-const PROFILES: &str = r#"
+pub(crate) const PROFILES: &str = r#"
 [[profile]]
 name = "research"
 capabilities = ["search_sources", "retrieve_source"]
@@ -42,7 +42,7 @@ name = "searcher"
 capabilities = ["search_sources"]
 "#;
 
-fn auth_tables() -> String {
+pub(crate) fn auth_tables() -> String {
     format!(
         "[http]\nmax_body_bytes = {MAX_BODY}\n\n[http.auth]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\njwks_file = {:?}\nrequired_scopes = [\"mcp\"]\nroles_claim = \"roles\"\nprofile_claim = \"airlock_profile\"\n",
         workspace()
@@ -91,11 +91,11 @@ fn sign_with(claims: &Value, key_file: &str, kid: &str) -> String {
     jsonwebtoken::encode(&header, claims, &EncodingKey::from_ec_der(&der)).unwrap()
 }
 
-fn token(sub: &str, extra: Value) -> String {
+pub(crate) fn token(sub: &str, extra: Value) -> String {
     sign_with(&claims(sub, extra), "issuer.pk8.der", "test-issuer-1")
 }
 
-fn alice() -> String {
+pub(crate) fn alice() -> String {
     token(
         "alice",
         json!({"roles": ["analyst"], "airlock_profile": "research"}),
