@@ -150,17 +150,22 @@ pub(super) fn intent(
     // The row is only the trace's cache: a receipt the MACed trace does not prove (a row
     // set to approved, rebound or given a longer life by hand) is refused before anything
     // is consumed; one the trace itself refuses is not handed to the store at all.
-    let proof = store.approval(receipt.approval()).and_then(|record| {
-        let proofs = store.approval_proofs(receipt.approval())?;
-        Ok(prove_receipt(
-            &proofs,
-            record.as_ref(),
-            receipt.approval(),
-            &bound,
-            receipt.answered_in_band().is_some(),
-            crate::store::now_ms(),
-        ))
-    });
+    // The trace is read before the row: a consumption committed between the two reads
+    // (another call, on this host or another) then shows as a spent row the trace does
+    // not yet record — refused as used — never as a usable row the trace contradicts.
+    let proof = store
+        .approval_proofs(receipt.approval())
+        .and_then(|proofs| {
+            let record = store.approval(receipt.approval())?;
+            Ok(prove_receipt(
+                &proofs,
+                record.as_ref(),
+                receipt.approval(),
+                &bound,
+                receipt.answered_in_band().is_some(),
+                crate::store::now_ms(),
+            ))
+        });
     let refused_by_trace = match proof {
         Ok(ReceiptProof::Proven) => None,
         Ok(ReceiptProof::Refused(refusal)) => Some(refusal),

@@ -599,6 +599,16 @@ fn thirty_two_consumers_of_one_receipt_on_two_hosts_deliver_once() {
         .filter(|e| e.kind == "receipt-consumed" && e.payload["approval"] == id.as_str())
         .collect();
     assert_eq!(consumed.len(), 1, "{consumed:#?}");
+    // A receipt asked for on A is used on B alone: the session, its references and the
+    // receipt are the same on both hosts.
+    let second = approved_delivery(&d, &target, &a, &args);
+    assert_ne!(second, id);
+    ok_result(&tool_call(&b, None, "deliver_artifact", args.clone()));
+    assert_eq!(
+        d.sends(),
+        2,
+        "the receipt approved through A delivered on B"
+    );
     let v = store.verify_trace().unwrap();
     assert!(v.first_bad.is_none(), "{v:?}");
 }
