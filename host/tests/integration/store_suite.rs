@@ -581,6 +581,105 @@ both! {
 /// What a PostgreSQL database Airlock did not write looks like to it, and what it does.
 mod postgres_only {
     use super::*;
+    use airlock::store::shared::{SharedReference, token_digest};
+
+    fn reference(token: &str, scope: &str, expires_ms: u64) -> SharedReference {
+        SharedReference {
+            token_sha256: token_digest(token),
+            scope: scope.into(),
+            kind: "source-ref".into(),
+            mapping: "source-library".into(),
+            revision: 3,
+            locator: "wal-checkpoints".into(),
+            facts: json!({"bytes": 12}).as_object().unwrap().clone(),
+            expires_ms,
+        }
+    }
+
+    #[test]
+    fn a_reference_written_by_one_host_is_found_by_another_in_its_scope_only() {
+        let target = pg::database();
+        let a = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let b = PostgresStore::open(&target, None, Some(key())).unwrap();
+        assert!(a.is_shared());
+        let later = airlock::store::now_ms() + 60_000;
+        let r = reference("ref_one", "ses_a", later);
+        a.write_references("ses_a", std::slice::from_ref(&r), &[])
+            .unwrap();
+        assert_eq!(
+            b.find_reference("ses_a", &r.token_sha256).unwrap(),
+            Some(r.clone())
+        );
+        assert_eq!(
+            b.find_reference("ses_b", &r.token_sha256).unwrap(),
+            None,
+            "another session"
+        );
+        // The token itself is nowhere in the database.
+        let rows = pg::query(
+            &target,
+            "SELECT token_sha256, locator FROM reference_bindings",
+        );
+        assert_eq!(rows.len(), 1);
+        assert!(!format!("{rows:?}").contains("ref_one"));
+        // Another scope writing the same digest neither takes the row nor moves its expiry.
+        let hijack = reference("ref_one", "ses_b", later + 1_000_000);
+        b.write_references("ses_b", std::slice::from_ref(&hijack), &[])
+            .unwrap();
+        assert_eq!(
+            b.find_reference("ses_a", &r.token_sha256).unwrap(),
+            Some(r.clone())
+        );
+        assert_eq!(b.find_reference("ses_b", &r.token_sha256).unwrap(), None);
+        // A batch naming another scope than its own is refused whole.
+        assert!(a.write_references("ses_a", &[hijack], &[]).is_err());
+        // The same scope renews it; a drop deletes it; expired rows go at the next write.
+        let renewed = reference("ref_one", "ses_a", later + 5_000);
+        a.write_references("ses_a", std::slice::from_ref(&renewed), &[])
+            .unwrap();
+        assert_eq!(
+            b.find_reference("ses_a", &r.token_sha256).unwrap(),
+            Some(renewed)
+        );
+        a.write_references("ses_a", &[], &[r.token_sha256.clone()])
+            .unwrap();
+        assert_eq!(b.find_reference("ses_a", &r.token_sha256).unwrap(), None);
+        let old = reference("ref_old", "ses_a", 1);
+        a.write_references("ses_a", std::slice::from_ref(&old), &[])
+            .unwrap();
+        a.write_references("ses_a", &[reference("ref_new", "ses_a", later)], &[])
+            .unwrap();
+        assert_eq!(b.find_reference("ses_a", &old.token_sha256).unwrap(), None);
+        // The embedded store keeps references in the host's memory: it refuses, loudly.
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = SqliteStore::open_with_key(dir.path(), Some(key())).unwrap();
+        assert!(!sqlite.is_shared());
+        assert!(sqlite.write_references("ses_a", &[], &[]).is_err());
+        assert!(sqlite.find_reference("ses_a", "x").is_err());
+    }
+
+    #[test]
+    fn a_host_is_alive_while_its_store_lives_and_asking_takes_nothing() {
+        let target = pg::database();
+        let a = PostgresStore::open(&target, None, Some(key())).unwrap();
+        let b = PostgresStore::open(&target, None, Some(key())).unwrap();
+        a.register_host("hst_a").unwrap();
+        assert!(b.host_alive("hst_a").unwrap(), "A holds its lock");
+        assert!(!b.host_alive("hst_never").unwrap(), "no one holds it");
+        // Asking gave the lock back: a host registering under that id gets it at once.
+        let c = PostgresStore::open(&target, None, Some(key())).unwrap();
+        c.register_host("hst_never").unwrap();
+        assert!(b.host_alive("hst_never").unwrap());
+        drop(a);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while b.host_alive("hst_a").unwrap() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "A's lock outlived its store"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 
     #[test]
     fn a_foreign_database_is_refused_and_left_unchanged() {
@@ -631,7 +730,9 @@ mod postgres_only {
         });
         assert_eq!(
             pg::query(&target, "SELECT version FROM airlock_schema"),
-            vec![vec![Some("1".to_owned())]]
+            vec![vec![Some(
+                airlock::store::postgres::PG_SCHEMA_VERSION.to_string()
+            )]]
         );
     }
 
