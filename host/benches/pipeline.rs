@@ -77,6 +77,9 @@ fn load_average() -> String {
 struct NoCallTrace(SqliteStore);
 
 impl Store for NoCallTrace {
+    fn trace_key(&self) -> &airlock::store::TraceKey {
+        self.0.trace_key()
+    }
     fn connection_revision(
         &self,
         name: &str,
