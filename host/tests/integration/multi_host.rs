@@ -145,15 +145,7 @@ fn two_host_deployment() -> (Deployment, String, PathBuf) {
         .mapping("source-library")
         .top(&format!("store = {target:?}\n"));
     d.approve_all();
-    let b = d.dir.path().join("state-b");
-    std::fs::create_dir(&b).unwrap();
-    std::fs::set_permissions(&b, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    std::fs::copy(d.state_dir().join("trace.key"), b.join("trace.key")).unwrap();
-    std::fs::set_permissions(
-        b.join("trace.key"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
+    let b = second_state_folder(&d);
     (d, target, b)
 }
 

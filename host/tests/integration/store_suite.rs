@@ -641,7 +641,7 @@ mod postgres_only {
             b.find_reference("ses_a", &r.token_sha256).unwrap(),
             Some(renewed)
         );
-        a.write_references("ses_a", &[], &[r.token_sha256.clone()])
+        a.write_references("ses_a", &[], std::slice::from_ref(&r.token_sha256))
             .unwrap();
         assert_eq!(b.find_reference("ses_a", &r.token_sha256).unwrap(), None);
         let old = reference("ref_old", "ses_a", 1);
