@@ -737,6 +737,37 @@ mod postgres_only {
     }
 
     #[test]
+    fn a_schema_1_store_is_migrated_to_2_keeping_its_trace() {
+        let target = pg::database();
+        let before = {
+            let store = PostgresStore::open(&target, None, Some(key())).unwrap();
+            store.append_trace("test", "s", &json!({"n": 1})).unwrap();
+            store.trace(0, 10).unwrap()
+        };
+        // Exactly the state a schema-1 build leaves: no reference_bindings table.
+        pg::exec(
+            &target,
+            "DROP TABLE reference_bindings; UPDATE airlock_schema SET version = 1",
+        )
+        .unwrap();
+        let store = PostgresStore::open(&target, None, Some(key())).unwrap();
+        assert_eq!(
+            pg::query(&target, "SELECT version FROM airlock_schema"),
+            vec![vec![Some("2".to_owned())]]
+        );
+        let r = reference("ref_after", "ses_a", airlock::store::now_ms() + 60_000);
+        store
+            .write_references("ses_a", std::slice::from_ref(&r), &[])
+            .unwrap();
+        assert_eq!(
+            store.find_reference("ses_a", &r.token_sha256).unwrap(),
+            Some(r)
+        );
+        assert_eq!(store.trace(0, 10).unwrap(), before);
+        assert!(store.verify_trace().unwrap().first_bad.is_none());
+    }
+
+    #[test]
     fn a_host_with_another_key_appends_nothing_and_says_why() {
         let target = pg::database();
         let a = PostgresStore::open(&target, None, Some(key())).unwrap();
