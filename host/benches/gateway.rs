@@ -29,11 +29,11 @@ use airlock::registry::live::{DISCOVERY_TIMEOUT, MappingSource};
 use airlock::runtime::{Allocator, Runtime, UpstreamGrant};
 use airlock::store::SqliteStore;
 use airlock::upstream::{Connection, StdioServer};
-use rmcp::model::JsonObject;
-use serde_json::{Value, json};
+use serde_json::json;
 
 mod common;
-use common::{Stats, stats, us};
+use common::serve::args;
+use common::{Stats, env_count, stats, us};
 
 fn print(name: &str, s: &Stats) {
     println!(
@@ -43,13 +43,6 @@ fn print(name: &str, s: &Stats) {
         us(s.p99),
         us(s.mean)
     );
-}
-
-fn args(v: Value) -> JsonObject {
-    match v {
-        Value::Object(o) => o,
-        _ => JsonObject::new(),
-    }
 }
 
 fn airlock_bin() -> PathBuf {
@@ -226,14 +219,6 @@ async fn main() {
 
     // 5. Snapshot and diff of a 500-tool server.
     snapshot_and_diff(env_count("AIRLOCK_BENCH_SNAPSHOTS", 20)).await;
-}
-
-fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(default)
 }
 
 fn ms(d: Duration) -> f64 {

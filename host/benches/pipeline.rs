@@ -28,8 +28,8 @@ use airlock::policy::{CallFacts, CapabilityFacts, Policy, PolicyEngine, Principa
 use airlock::registry::Registry;
 use airlock::registry::live::MappingSource;
 use airlock::store::{
-    ApprovalDecision, ApprovalMode, ConsumeAs, NewApproval, NewEvent, NewIntent, ReceiptBinding,
-    SqliteStore, Store,
+    ApprovalDecision, ConsumeAs, NewApproval, NewEvent, NewIntent, ReceiptBinding, SqliteStore,
+    Store,
 };
 use serde_json::{Map, Value, json};
 
@@ -41,7 +41,7 @@ fn iters() -> usize {
 }
 
 mod common;
-use common::{Stats, stats, us};
+use common::{Stats, load_average, stats, store_ops, us};
 
 fn print(name: &str, s: &Stats) {
     println!(
@@ -63,12 +63,6 @@ fn time(n: usize, mut f: impl FnMut(usize)) -> Stats {
         samples.push(start.elapsed());
     }
     stats(samples)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 /// A store that drops per-call trace events and observations (`append_events`,
@@ -376,82 +370,15 @@ fn policy_decisions(n: usize) {
 fn receipts(n: usize) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path()).unwrap();
-    let binding = ReceiptBinding {
-        requester: "alice".into(),
-        session: "ses_0".into(),
-        capability: "deliver_artifact".into(),
-        mapping: "outbox-delivery".into(),
-        mapping_revision: 1,
-        snapshot_digest: "a".repeat(64),
-        policy_digest: "b".repeat(64),
-        args_digest: "c".repeat(64),
-        artifact_digest: Some("d".repeat(64)),
-    };
-    let new = NewApproval {
-        binding: binding.clone(),
-        profile: "publisher".into(),
-        mode: ApprovalMode::OutOfBand,
-        summary: "Approve `deliver_artifact`".into(),
-        ttl_ms: 900_000,
-    };
-    let ids: Vec<String> = (0..n + n / 10 + 10)
-        .map(|_| {
-            let a = store.create_approval(&new, vec![]).unwrap();
-            store
-                .decide_approval(
-                    &a.id,
-                    ApprovalDecision::Approve,
-                    "bob",
-                    None,
-                    900_000,
-                    vec![],
-                )
-                .unwrap()
-                .id
-        })
-        .collect();
-    let event = |kind: &'static str, call: &str| {
-        NewEvent::new(
-            kind,
-            call,
-            json!({"call": call, "approval": "apr", "intent": "int"}),
-        )
-    };
+    let binding = store_ops::binding();
     // A fresh approval for every consumption, warm-up included.
+    let ids = store_ops::approved(&store, &binding, n + n / 10 + 10);
     let mut next = 0usize;
     print(
         "receipt: consume + create intent (+2 events), one txn",
         &time(n, |_| {
-            let i = next;
+            store_ops::consume(&store, &binding, &ids[next], next);
             next += 1;
-            let intent = NewIntent {
-                id: format!("int_{i:032x}"),
-                idempotency_key: format!("idk_{i:032x}"),
-                call_id: format!("call_{i}"),
-                requester: "alice".into(),
-                session: "ses_0".into(),
-                capability: "deliver_artifact".into(),
-                mapping: "outbox-delivery".into(),
-                mapping_revision: 1,
-                args_digest: "c".repeat(64),
-                effect_class: "external-effect".into(),
-            };
-            let r = store
-                .consume_receipt(
-                    &ids[i],
-                    &binding,
-                    ConsumeAs::Approved,
-                    &intent,
-                    vec![
-                        event("receipt-consumed", &intent.call_id),
-                        event("intent-created", &intent.call_id),
-                    ],
-                )
-                .unwrap();
-            assert!(
-                matches!(r, airlock::store::Consumption::Consumed(..)),
-                "{r:?}"
-            );
         }),
     );
     print(
@@ -467,27 +394,13 @@ fn receipts(n: usize) {
 fn intent_bookkeeping(n: usize) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path()).unwrap();
-    let intent = |i: usize| NewIntent {
-        id: format!("int_{i:032x}"),
-        idempotency_key: format!("idk_{i:032x}"),
-        call_id: format!("call_{i}"),
-        requester: "alice".into(),
-        session: "ses_0".into(),
-        capability: "deliver_artifact".into(),
-        mapping: "outbox-delivery".into(),
-        mapping_revision: 1,
-        args_digest: "c".repeat(64),
-        effect_class: "external-effect".into(),
-    };
-    let mut next = 0usize;
-    let mut fresh = || {
-        let i = next;
-        next += 1;
-        let record = intent(i);
-        store.create_intent(&record, vec![]).unwrap();
-        record.id
-    };
-    let ids: Vec<String> = (0..3 * (n + n / 10 + 10)).map(|_| fresh()).collect();
+    let ids: Vec<String> = (0..3 * (n + n / 10 + 10))
+        .map(|i| {
+            let record = store_ops::intent(i);
+            store.create_intent(&record, vec![]).unwrap();
+            record.id
+        })
+        .collect();
     let mut at = 0usize;
     print(
         "intent: attempt sent (one UPDATE, autocommit)",
@@ -500,16 +413,8 @@ fn intent_bookkeeping(n: usize) {
     print(
         "intent: the 4 attempt writes of a call (sent, acknowledged, observed, verified)",
         &time(n, |_| {
-            let id = &ids[at];
+            store_ops::attempt_writes(&store, &ids[at]);
             at += 1;
-            store.attempt_sending(id, 1).unwrap();
-            store.attempt_answered(id, 1, "7", true).unwrap();
-            store
-                .advance_attempt(id, 1, airlock::store::AttemptState::ResultObserved)
-                .unwrap();
-            store
-                .advance_attempt(id, 1, airlock::store::AttemptState::ReceiptVerified)
-                .unwrap();
         }),
     );
     // The floor: the same one-row UPDATE with rusqlite directly, same database file and
@@ -538,48 +443,10 @@ fn intent_bookkeeping(n: usize) {
     print(
         "intent: a whole effect call's bookkeeping (create + 4 attempt writes + commit)",
         &time(n, |_| {
-            let record = intent(i);
+            store_ops::effect_call(&store, i);
             i += 1;
-            store.create_intent(&record, vec![]).unwrap();
-            store.attempt_sending(&record.id, 1).unwrap();
-            store.attempt_answered(&record.id, 1, "7", true).unwrap();
-            store
-                .advance_attempt(&record.id, 1, airlock::store::AttemptState::ResultObserved)
-                .unwrap();
-            store
-                .advance_attempt(&record.id, 1, airlock::store::AttemptState::ReceiptVerified)
-                .unwrap();
-            store
-                .set_intent_state(&record.id, airlock::store::IntentState::Completed, vec![])
-                .unwrap();
         }),
     );
-}
-
-fn call_events(call: &str) -> Vec<NewEvent> {
-    let p = |kind: &'static str, extra: Value| {
-        let mut o = extra.as_object().cloned().unwrap_or_default();
-        o.insert("call".into(), json!(call));
-        NewEvent::new(kind, call, Value::Object(o))
-    };
-    vec![
-        p(
-            "call-candidate",
-            json!({"stage": "requested", "session": "ses_0123456789abcdef0123456789abcdef", "requester": "alice", "profile": "research", "capability": "search_sources", "arguments_sha256": "a".repeat(64), "arguments_bytes": 40, "offered_digest": "b".repeat(64), "protocol": "2025-11-25"}),
-        ),
-        p(
-            "call-decided",
-            json!({"capability": "search_sources", "mapping": "source-library", "revision": 1, "decision": {"verdict": "allow"}, "policy_digest": "c".repeat(64), "determining": ["reads"], "errors": 0, "args_digest": "d".repeat(64), "effect_class": "read"}),
-        ),
-        p(
-            "upstream-request",
-            json!({"connection_id": "conn-0123456789ab", "connection": "notes", "method": "tools/call", "target": "search_notes", "request_id": "12", "result_sha256": "e".repeat(64), "bytes": 1200, "at": "2026-12-01T10:00:00.000Z"}),
-        ),
-        p(
-            "call-outcome",
-            json!({"outcome": "completed", "stage": "executed", "content_sha256": "f".repeat(64), "upstream_requests": 1, "session": "ses_0", "elapsed_us": 120, "stages_us": {"normalize": 5, "authorize": 8}}),
-        ),
-    ]
 }
 
 fn trace_append(n: usize) {
@@ -589,7 +456,7 @@ fn trace_append(n: usize) {
         "trace: one read call's 4 events, one txn, 1 caller",
         &time(n, |i| {
             store
-                .append_events(call_events(&format!("call_{i}")))
+                .append_events(store_ops::call_events(&format!("call_{i}")))
                 .unwrap()
         }),
     );
@@ -605,7 +472,7 @@ fn trace_append(n: usize) {
                 for i in 0..per {
                     let start = Instant::now();
                     store
-                        .append_events(call_events(&format!("call_{t}_{i}")))
+                        .append_events(store_ops::call_events(&format!("call_{t}_{i}")))
                         .unwrap();
                     mine.push(start.elapsed());
                 }

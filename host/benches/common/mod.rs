@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+pub mod serve;
+pub mod store_ops;
+
 /// Order statistics of one sample set.
 pub struct Stats {
     pub p50: Duration,
@@ -30,4 +33,20 @@ pub fn stats(mut samples: Vec<Duration>) -> Stats {
 /// Microseconds.
 pub fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
+}
+
+/// The positive count in environment variable `name`, else `default`.
+pub fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), or `?`.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
 }
