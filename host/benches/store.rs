@@ -22,7 +22,10 @@
 //!    database, four callers each (two interleaved rounds of `AIRLOCK_BENCH_CALLS`, default
 //!    4000). Every call must succeed, and the shared trace must verify afterwards.
 //!
-//! `AIRLOCK_BENCH_ITERS` sets the samples per path and operation (default 2000).
+//! `AIRLOCK_BENCH_ITERS` sets the samples per path and operation (default 2000). PostgreSQL
+//! runs with its defaults (fsync on, `synchronous_commit` on: every commit waits for its
+//! WAL flush); `AIRLOCK_BENCH_PG_COMMIT=off` sets `synchronous_commit` off, which is what
+//! SQLite's WAL with `synchronous=NORMAL` (the SQLite store's setting) does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,12 +56,36 @@ fn main() {
         }
     );
     println!("load average at start: {}", load_average());
+    // PostgreSQL's durable defaults (fsync on), not the tests' fsync=off. SAFETY: no
+    // other thread runs yet.
+    unsafe { std::env::set_var(pg::DURABLE_ENV, "1") };
     let started = Instant::now();
     let server = pg::server();
     println!(
         "PostgreSQL server started on {} ({:.1} s)",
         server.socket_dir.display(),
         started.elapsed().as_secs_f64()
+    );
+    let synchronous_commit =
+        std::env::var("AIRLOCK_BENCH_PG_COMMIT").unwrap_or_else(|_| "on".into());
+    pg::psql_ok(
+        &server.socket_dir,
+        "postgres",
+        &format!("ALTER SYSTEM SET synchronous_commit = {synchronous_commit}"),
+    )
+    .unwrap();
+    pg::psql_ok(&server.socket_dir, "postgres", "SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    println!(
+        "PostgreSQL settings: {:?} (SQLite: WAL, synchronous=NORMAL)",
+        pg::query(
+            &pg::target("postgres"),
+            "SELECT name || '=' || setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit', 'shared_buffers', 'server_version') ORDER BY name"
+        )
+        .into_iter()
+        .flatten()
+        .flatten()
+        .collect::<Vec<_>>()
     );
     store_operations(iters, rounds);
     tokio::runtime::Builder::new_multi_thread()

@@ -35,6 +35,17 @@ static CHILD: Mutex<Option<Child>> = Mutex::new(None);
 static ROOT: Mutex<Option<PathBuf>> = Mutex::new(None);
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
+/// Whether the server keeps PostgreSQL's durable defaults (`fsync=on`, 128 MB of shared
+/// buffers): when [`DURABLE_ENV`] is `1` (the store bench sets it, to measure what a
+/// deployment pays). The tests run with `fsync=off` and 16 MB: they test behaviour, and
+/// a crash of the throw-away server loses nothing.
+fn durable() -> bool {
+    std::env::var(DURABLE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// See [`durable`].
+pub const DURABLE_ENV: &str = "AIRLOCK_TEST_PG_DURABLE";
+
 /// The PostgreSQL role the tests connect as (the bootstrap superuser).
 pub const ROLE: &str = "airlock";
 
@@ -192,11 +203,15 @@ fn start() -> Result<Server, String> {
                 .arg(format!("unix_socket_directories={}", s.display()))
                 .args([
                     "-c",
-                    "fsync=off",
+                    if durable() { "fsync=on" } else { "fsync=off" },
                     "-c",
                     "max_connections=300",
                     "-c",
-                    "shared_buffers=16MB",
+                    if durable() {
+                        "shared_buffers=128MB"
+                    } else {
+                        "shared_buffers=16MB"
+                    },
                 ])
                 .uid(uid)
                 .gid(gid)
