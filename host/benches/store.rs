@@ -11,7 +11,8 @@
 //!    transaction, two events); a whole effect call's intent bookkeeping (create, four
 //!    attempt writes, completed: six commits); one read call's four trace events (one
 //!    transaction). On PostgreSQL also 8 threads consuming receipts at once
-//!    (consumptions/s).
+//!    (consumptions/s) and 8 threads appending read calls' events at once (calls/s: the
+//!    rate one serialized chain allows).
 //! 2. **`tools/call` over the HTTP front**: `airlock serve --http` on SQLite and on
 //!    PostgreSQL, the same notes fixture server and component, one keep-alive connection,
 //!    stateless 2026-07-28 POSTs, interleaved rounds: `search_sources` (mints references:
@@ -20,7 +21,8 @@
 //! 3. **Throughput at 8 concurrent callers** (a keep-alive connection each,
 //!    `retrieve_source`): the SQLite host; one PostgreSQL host; two PostgreSQL hosts on one
 //!    database, four callers each (two interleaved rounds of `AIRLOCK_BENCH_CALLS`, default
-//!    4000). Every call must succeed, and the shared trace must verify afterwards.
+//!    4000), and for PostgreSQL the transactions committed per call (`pg_stat_database`).
+//!    Every call must succeed, and the shared trace must verify afterwards.
 //!
 //! `AIRLOCK_BENCH_ITERS` sets the samples per path and operation (default 2000). PostgreSQL
 //! runs with its defaults (fsync on, `synchronous_commit` on: every commit waits for its
@@ -232,6 +234,25 @@ fn store_operations(iters: usize, rounds: usize) {
         "postgres: 8 threads consuming receipts at once: {:.0} consumptions/s",
         (per * 8) as f64 / started.elapsed().as_secs_f64()
     );
+    // 8 threads appending read calls' events at once: the rate the one serialized chain
+    // allows, whatever the number of hosts.
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let store = store.clone();
+            s.spawn(move || {
+                for i in 0..per {
+                    store
+                        .append_events(store_ops::call_events(&format!("call_{t}_{i}")))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    println!(
+        "postgres: 8 threads appending a read call's 4 events at once: {:.0} calls/s",
+        (per * 8) as f64 / started.elapsed().as_secs_f64()
+    );
     let v = store.verify_trace().unwrap();
     assert!(v.first_bad.is_none(), "{v:?}");
 }
@@ -368,17 +389,32 @@ async fn fronts(iters: usize, rounds: usize, calls: usize) {
         ),
     ];
     let mut rates = vec![Vec::new(); layouts.len()];
+    let mut commits = vec![Vec::new(); layouts.len()];
     for _ in 0..2 {
-        for (l, (_, hosts)) in layouts.iter().enumerate() {
+        for (l, (name, hosts)) in layouts.iter().enumerate() {
+            let postgres = name.starts_with("postgres");
+            let before = postgres.then(|| committed(&target));
             rates[l].push(throughput(hosts, 8, calls).await);
+            if let Some(before) = before {
+                commits[l].push((committed(&target) - before) as f64 / calls as f64);
+            }
         }
     }
     for (l, (name, _)) in layouts.iter().enumerate() {
         let best = rates[l].iter().cloned().fold(0.0, f64::max);
         let rounds: Vec<String> = rates[l].iter().map(|r| format!("{r:.0}")).collect();
+        let per_call: Vec<String> = commits[l].iter().map(|c| format!("{c:.1}")).collect();
         println!(
-            "{name:<64} {best:>7.0} calls/s (rounds: {})",
-            rounds.join(", ")
+            "{name:<64} {best:>7.0} calls/s (rounds: {}){}",
+            rounds.join(", "),
+            if per_call.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; PostgreSQL transactions per call: {}",
+                    per_call.join(", ")
+                )
+            }
         );
     }
     drop((sqlite, a, b));
@@ -389,6 +425,21 @@ async fn fronts(iters: usize, rounds: usize, calls: usize) {
         "the shared trace verifies: {} events from both hosts in one chain",
         v.events
     );
+}
+
+/// Transactions committed in `target`'s database so far (`pg_stat_database.xact_commit`,
+/// reads included: every statement outside a transaction block is one), after waiting
+/// out the backends' statistics flush (at most 1 s in PostgreSQL 15).
+fn committed(target: &str) -> u64 {
+    std::thread::sleep(Duration::from_millis(1200));
+    pg::query(
+        target,
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )[0][0]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// `total` calls from `callers` concurrent callers, each on a keep-alive connection of

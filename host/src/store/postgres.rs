@@ -591,6 +591,12 @@ pub struct PostgresStore {
     pool: Pool,
     key: TraceKey,
     changes: tokio::sync::watch::Sender<u64>,
+    /// This host's calls waiting to append their events (group commit, as the SQLite
+    /// store does: [`super::trace`]).
+    commit: super::trace::GroupCommit,
+    /// Held by the one caller of this host that writes the queued batches; the others
+    /// wait on it and most find their batch already committed.
+    appending: Mutex<()>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -735,6 +741,8 @@ impl PostgresStore {
             pool,
             key,
             changes: tokio::sync::watch::Sender::new(0),
+            commit: super::trace::GroupCommit::default(),
+            appending: Mutex::new(()),
         };
         store.listen();
         Ok(store)
@@ -2099,14 +2107,43 @@ impl Store for PostgresStore {
         if events.is_empty() && observations.is_empty() {
             return Ok(());
         }
+        // Group commit within this host: while one caller's transaction holds the
+        // database's write lock, the calls that arrive queue up and the next writer commits
+        // all of them in one transaction, so the serialized chain is taken once per batch,
+        // not once per call. Each caller gets the result of the transaction that held its
+        // own events.
+        let mine = self.commit.enqueue(events, observations);
+        let _appending = self.appending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(result) = mine.get() {
+            return result
+                .clone()
+                .map_err(|why| anyhow!("appending to the trace failed: {why}"));
+        }
+        let (mut all, mut seen, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for (events, observations, slot) in self.commit.take() {
+            all.extend(events);
+            seen.extend(observations);
+            slots.push(slot);
+        }
         let key = &self.key;
-        self.write(
-            &format!("appending {} trace events", events.len()),
+        let result = self.write(
+            &format!("appending {} trace events", all.len()),
             async |tx| {
-                write_observations(tx, &observations).await?;
-                append_in(tx, key, &events).await
+                write_observations(tx, &seen).await?;
+                append_in(tx, key, &all).await
             },
-        )
+        );
+        let shared = result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+        for slot in &slots {
+            let _ = slot.set(shared.clone());
+        }
+        // Our own batch was among those taken (it was queued before we locked).
+        match mine.get() {
+            Some(r) => r
+                .clone()
+                .map_err(|why| anyhow!("appending to the trace failed: {why}")),
+            None => result,
+        }
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {

@@ -393,6 +393,39 @@ both! {
         assert_eq!((v.events as usize, v.first_bad), (expected, None));
     }
 
+    fn concurrent_appenders_on_one_store_each_commit_their_own_events_once(db, store) {
+        // One store, 8 threads: their batches share transactions (group commit); every
+        // event lands exactly once, each thread's in its own order, and the chain holds.
+        let _ = &db;
+        std::thread::scope(|scope| {
+            for t in 0..8 {
+                let store = &store;
+                scope.spawn(move || {
+                    for i in 0..40 {
+                        store
+                            .append_events(vec![
+                                NewEvent::new("test", format!("t{t}"), json!({"i": i, "k": 0})),
+                                NewEvent::new("test", format!("t{t}"), json!({"i": i, "k": 1})),
+                            ])
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let events = store.trace(0, 10_000).unwrap();
+        for t in 0..8 {
+            let mine: Vec<(i64, i64)> = events
+                .iter()
+                .filter(|e| e.subject == format!("t{t}"))
+                .map(|e| (e.payload["i"].as_i64().unwrap(), e.payload["k"].as_i64().unwrap()))
+                .collect();
+            let expected: Vec<(i64, i64)> = (0..40).flat_map(|i| [(i, 0), (i, 1)]).collect();
+            assert_eq!(mine, expected, "thread {t}");
+        }
+        let v = store.verify_trace().unwrap();
+        assert_eq!((v.events, v.first_bad), (640, None));
+    }
+
     fn thirty_two_concurrent_consumers_of_one_receipt_leave_one_intent(db, store) {
         let id = approved(&*store);
         let won = AtomicUsize::new(0);
