@@ -36,7 +36,7 @@ use rmcp::service::{Peer, RoleClient, RunningService};
 use serde_json::{Value, json};
 
 mod common;
-use common::serve::{HttpCaller, args, log_filter, review, rss_kib, serve_http};
+use common::serve::{HttpCaller, args, log_filter, mint_reference, review, rss_kib, serve_http};
 use common::{Stats, env_count, load_average, stats, us};
 
 fn main() {
@@ -342,18 +342,7 @@ async fn airlock_http(
 ) -> HttpPath {
     review(bin, config, state);
     let (child, addr) = serve_http(bin, config, state, cache_dir).await;
-    let hits = HttpCaller::connect(&addr)
-        .await
-        .call(
-            "search_sources",
-            &args(json!({"query": "keepalive", "limit": 1})),
-        )
-        .await;
-    let arguments = args(json!({
-        "reference": hits["structuredContent"]["result"][0]["reference"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no reference in {hits}"))
-    }));
+    let arguments = mint_reference(&addr).await;
     HttpPath {
         name,
         pid: child.id(),

@@ -38,7 +38,7 @@ use rmcp::model::JsonObject;
 use serde_json::json;
 
 mod common;
-use common::serve::{HttpCaller, args, review, serve_http};
+use common::serve::{HttpCaller, args, mint_reference, review, serve_http};
 use common::{Stats, env_count, load_average, stats, store_ops, us};
 
 #[path = "../tests/integration/common/pg.rs"]
@@ -271,18 +271,7 @@ struct Front {
 async fn start_front(name: &'static str, config: &Path, state: &Path, cache_dir: &Path) -> Front {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_airlock"));
     let (child, addr) = serve_http(&bin, config, state, cache_dir).await;
-    let hits = HttpCaller::connect(&addr)
-        .await
-        .call(
-            "search_sources",
-            &args(json!({"query": "keepalive", "limit": 1})),
-        )
-        .await;
-    let reference = args(json!({
-        "reference": hits["structuredContent"]["result"][0]["reference"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no reference in {hits}"))
-    }));
+    let reference = mint_reference(&addr).await;
     Front {
         name,
         _child: child,

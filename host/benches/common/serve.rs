@@ -179,3 +179,23 @@ pub fn review(bin: &Path, config: &Path, state: &Path) {
         );
     }
 }
+
+/// Searches the notes through the HTTP front at `addr` (a connection of its own) and
+/// returns `retrieve_source`'s arguments for the first hit's reference.
+///
+/// # Panics
+/// When the search fails or returns no reference.
+pub async fn mint_reference(addr: &str) -> JsonObject {
+    let hits = HttpCaller::connect(addr)
+        .await
+        .call(
+            "search_sources",
+            &args(json!({"query": "keepalive", "limit": 1})),
+        )
+        .await;
+    args(json!({
+        "reference": hits["structuredContent"]["result"][0]["reference"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no reference in {hits}"))
+    }))
+}

@@ -1947,49 +1947,29 @@ impl Store for SqliteStore {
         if events.is_empty() && observations.is_empty() {
             return Ok(());
         }
-        let mine = self.commit.enqueue(events, observations);
-        let conn = self.lock();
-        if let Some(result) = mine.get() {
-            // Committed (or failed) by whoever held the lock before us.
-            return result
-                .clone()
-                .map_err(|why| anyhow!("appending to the trace failed: {why}"));
-        }
-        let mut all: Vec<NewEvent> = Vec::new();
-        let mut seen: Vec<NewObservation> = Vec::new();
-        let mut slots = Vec::new();
-        for (events, observations, slot) in self.commit.take() {
-            all.extend(events);
-            seen.extend(observations);
-            slots.push(slot);
-        }
-        // Cached statements for BEGIN and COMMIT too: this runs once per call (or per batch
-        // of concurrent calls).
-        let result = (|| -> anyhow::Result<()> {
-            conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-            let written = observations::write_in(&conn, &seen)
-                .and_then(|()| trace::append_in(&conn, &self.key, &all))
-                .and_then(|_| {
-                    conn.prepare_cached("COMMIT")?.execute([])?;
-                    Ok(())
-                });
-            if written.is_err() && !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-            written
-        })()
-        .with_context(|| self.context(&format!("appending {} trace events", all.len())));
-        let shared = result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
-        for slot in &slots {
-            let _ = slot.set(shared.clone());
-        }
-        // Our own batch was among those taken (it was queued before we locked).
-        match mine.get() {
-            Some(r) => r
-                .clone()
-                .map_err(|why| anyhow!("appending to the trace failed: {why}")),
-            None => result,
-        }
+        self.commit.append(
+            events,
+            observations,
+            || self.lock(),
+            |conn, all, seen| {
+                // Cached statements for BEGIN and COMMIT too: this runs once per call (or
+                // per batch of concurrent calls).
+                (|| -> anyhow::Result<()> {
+                    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+                    let written = observations::write_in(conn, seen)
+                        .and_then(|()| trace::append_in(conn, &self.key, all))
+                        .and_then(|_| {
+                            conn.prepare_cached("COMMIT")?.execute([])?;
+                            Ok(())
+                        });
+                    if written.is_err() && !conn.is_autocommit() {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    }
+                    written
+                })()
+                .with_context(|| self.context(&format!("appending {} trace events", all.len())))
+            },
+        )
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {

@@ -2112,38 +2112,21 @@ impl Store for PostgresStore {
         // all of them in one transaction, so the serialized chain is taken once per batch,
         // not once per call. Each caller gets the result of the transaction that held its
         // own events.
-        let mine = self.commit.enqueue(events, observations);
-        let _appending = self.appending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(result) = mine.get() {
-            return result
-                .clone()
-                .map_err(|why| anyhow!("appending to the trace failed: {why}"));
-        }
-        let (mut all, mut seen, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        for (events, observations, slot) in self.commit.take() {
-            all.extend(events);
-            seen.extend(observations);
-            slots.push(slot);
-        }
         let key = &self.key;
-        let result = self.write(
-            &format!("appending {} trace events", all.len()),
-            async |tx| {
-                write_observations(tx, &seen).await?;
-                append_in(tx, key, &all).await
+        self.commit.append(
+            events,
+            observations,
+            || self.appending.lock().unwrap_or_else(|e| e.into_inner()),
+            |_, all, seen| {
+                self.write(
+                    &format!("appending {} trace events", all.len()),
+                    async |tx| {
+                        write_observations(tx, seen).await?;
+                        append_in(tx, key, all).await
+                    },
+                )
             },
-        );
-        let shared = result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
-        for slot in &slots {
-            let _ = slot.set(shared.clone());
-        }
-        // Our own batch was among those taken (it was queued before we locked).
-        match mine.get() {
-            Some(r) => r
-                .clone()
-                .map_err(|why| anyhow!("appending to the trace failed: {why}")),
-            None => result,
-        }
+        )
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {

@@ -384,11 +384,7 @@ pub(super) struct GroupCommit {
 
 impl GroupCommit {
     /// Queues `events` and `observations`; returns their result slot.
-    pub(super) fn enqueue(
-        &self,
-        events: Vec<NewEvent>,
-        observations: Vec<super::NewObservation>,
-    ) -> Slot {
+    fn enqueue(&self, events: Vec<NewEvent>, observations: Vec<super::NewObservation>) -> Slot {
         let slot = Slot::default();
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push((
             events,
@@ -399,8 +395,50 @@ impl GroupCommit {
     }
 
     /// Takes everything queued (called with the database lock held).
-    pub(super) fn take(&self) -> Vec<Batch> {
+    fn take(&self) -> Vec<Batch> {
         std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Appends one call's `events` and `observations` by group commit: queues them, takes
+    /// the writer's lock (`lock`), and unless an earlier holder already committed them,
+    /// writes everything queued in one transaction (`write`, given the lock's guard) and
+    /// answers every batch it took. Returns the result of the transaction that held this
+    /// call's own batch, never another's.
+    ///
+    /// # Errors
+    /// That transaction's error (the same words for every batch it held).
+    pub(super) fn append<G>(
+        &self,
+        events: Vec<NewEvent>,
+        observations: Vec<super::NewObservation>,
+        lock: impl FnOnce() -> G,
+        write: impl FnOnce(&G, &[NewEvent], &[super::NewObservation]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let mine = self.enqueue(events, observations);
+        let guard = lock();
+        let answered = |slot: &Slot| {
+            slot.get().map(|r| {
+                r.clone()
+                    .map_err(|why| anyhow::anyhow!("appending to the trace failed: {why}"))
+            })
+        };
+        if let Some(result) = answered(&mine) {
+            // Committed (or failed) by whoever held the lock before us.
+            return result;
+        }
+        let (mut all, mut seen, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for (events, observations, slot) in self.take() {
+            all.extend(events);
+            seen.extend(observations);
+            slots.push(slot);
+        }
+        let result = write(&guard, &all, &seen);
+        let shared = result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
+        for slot in &slots {
+            let _ = slot.set(shared.clone());
+        }
+        // Our own batch was among those taken (it was queued before we locked).
+        answered(&mine).unwrap_or(result)
     }
 }
 
