@@ -185,6 +185,9 @@ impl Store for NoCallTrace {
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.approval_proofs(id)
     }
+    fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
+        self.0.trace_missing_from(seq)
+    }
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.intent_proofs(id)
     }

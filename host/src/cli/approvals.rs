@@ -29,7 +29,17 @@ pub fn tampered(registry: &Registry, r: &ApprovalRecord, now_ms: u64) -> Result<
     Ok(
         match prove_receipt(&proofs, Some(r), &r.id, &r.binding, in_band, now_ms) {
             ReceiptProof::Tampered(why) => Some(why),
-            ReceiptProof::Proven | ReceiptProof::Refused(_) => None,
+            ReceiptProof::Refused(_) => None,
+            // Only a row that still authorizes something is worth the count.
+            ReceiptProof::Proven
+                if matches!(
+                    r.state_at(now_ms),
+                    ApprovalState::Approved | ApprovalState::Pending
+                ) =>
+            {
+                crate::pipeline::approve::proofs_not_whole(registry.store(), &proofs)?
+            }
+            ReceiptProof::Proven => None,
         },
     )
 }

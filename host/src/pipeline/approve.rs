@@ -461,6 +461,32 @@ pub enum ReceiptProof {
     Refused(ReceiptRefusal),
 }
 
+/// Why the trace is not whole after the first of `proofs` (an approval's or an intent's
+/// MACed events), or `None` when every event from it to the head is there.
+///
+/// A person's decision is an event in the chain: an attacker who can write the store
+/// deletes a revocation (and sets the row back) to revive a receipt; the remaining proofs
+/// still verify one by one, so the gap is what shows it. Costs one indexed count over the
+/// events since the request (bounded by the receipt's life).
+///
+/// # Errors
+/// The store fails.
+pub fn proofs_not_whole(
+    store: &dyn crate::store::Store,
+    proofs: &[TraceEvent],
+) -> anyhow::Result<Option<String>> {
+    let Some(first) = proofs.iter().map(|e| e.seq).min() else {
+        return Ok(None);
+    };
+    let missing = store.trace_missing_from(first)?;
+    Ok((missing > 0).then(|| {
+        format!(
+            "{missing} trace event(s) after its request (seq {first}) are missing, so a \
+             decision may have been deleted; run `airlock trace verify`"
+        )
+    }))
+}
+
 /// What the MACed trace proves of the receipt of approval `approval` (its full id) for a
 /// call bound to `bound`, at `now_ms`, given the stored `record` and its proofs `events`
 /// ([`crate::store::Store::approval_proofs`]). The trace decides; the row is only

@@ -157,14 +157,23 @@ pub(super) fn intent(
         .approval_proofs(receipt.approval())
         .and_then(|proofs| {
             let record = store.approval(receipt.approval())?;
-            Ok(prove_receipt(
+            let proof = prove_receipt(
                 &proofs,
                 record.as_ref(),
                 receipt.approval(),
                 &bound,
                 receipt.answered_in_band().is_some(),
                 crate::store::now_ms(),
-            ))
+            );
+            if proof != ReceiptProof::Proven {
+                return Ok(proof);
+            }
+            Ok(
+                match crate::pipeline::approve::proofs_not_whole(store, &proofs)? {
+                    Some(why) => ReceiptProof::Tampered(why),
+                    None => proof,
+                },
+            )
         });
     let refused_by_trace = match proof {
         Ok(ReceiptProof::Proven) => None,

@@ -795,6 +795,16 @@ pub trait Store: Send + Sync {
     /// prove is [`crate::pipeline::intent::prove_intent`]'s.
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
+    /// How many events are missing from the trace between `seq` and its head: the head's
+    /// seq minus `seq`, plus one, minus the events stored there (one indexed count, read in
+    /// one snapshot). Seqs are consecutive and each is inside its event's MAC, so an event
+    /// deleted from the middle of the chain leaves a gap no one without the key can close;
+    /// a deleted tail is caught by the checkpoints ([`Checkpoint`]), not here.
+    ///
+    /// # Errors
+    /// The store fails.
+    fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64>;
+
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
     fn create_approval(
@@ -2178,6 +2188,17 @@ impl Store for SqliteStore {
         .with_context(|| self.context(&format!("reading the proofs of intent {id:?}")))
     }
 
+    fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
+        let conn = self.lock();
+        let (count, head): (i64, i64) = conn
+            .prepare_cached(
+                "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= ?1",
+            )
+            .and_then(|mut stmt| stmt.query_row(params![seq], |r| Ok((r.get(0)?, r.get(1)?))))
+            .with_context(|| self.context("counting the trace's events"))?;
+        Ok(missing(seq, count, head))
+    }
+
     fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
         let conn = self.lock();
         let head: Option<(i64, String)> = conn
@@ -2503,6 +2524,13 @@ impl<'k> ChainCheck<'k> {
 /// A unix-ms time as RFC 3339 (UTC, seconds).
 fn time_text(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// Events missing from the seqs `from..=head` when `count` of them are stored (0 for an
+/// empty range).
+pub(crate) fn missing(from: i64, count: i64, head: i64) -> u64 {
+    let expected = if head >= from { head - from + 1 } else { 0 };
+    u64::try_from(expected - count).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -2237,6 +2237,20 @@ impl Store for PostgresStore {
         )
     }
 
+    fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
+        let (count, head): (i64, i64) = self.read("counting the trace's events", async |c| {
+            let row = c
+                .query_one(
+                    "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= $1",
+                    &[&seq],
+                )
+                .await
+                .map_err(db)?;
+            Ok((row.get(0), row.get(1)))
+        })?;
+        Ok(super::missing(seq, count, head))
+    }
+
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
         // Both terms repeat the expression index's definition (trace_events_intent_proofs).
         self.genuine_events(

@@ -1218,15 +1218,10 @@ async fn a_consumed_receipt_set_back_to_approved_is_refused() {
 
 /// Deleting the revocation from the trace (the delete trigger dropped first: whoever can
 /// write the file can) and setting the row back to `approved` does not revive the
-/// receipt: the trace after the approval is no longer whole.
-///
-/// KNOWN HOLE, not fixed: [`airlock::pipeline::approve::prove_receipt`] reads only the
-/// MACed events that name the approval, so an event deleted from the middle of the chain
-/// is not missed there (only `airlock trace verify` reports the broken chain, after the
-/// fact), and the revoked receipt delivers. A fix needs the chain checked whole from the
-/// request to the head (or a per-approval anchor outside the rows a DB writer controls).
+/// receipt: the remaining proofs verify one by one, but the trace after the request is no
+/// longer whole ([`airlock::pipeline::approve::proofs_not_whole`]), so the receipt is
+/// refused as tampered and nothing is sent.
 #[tokio::test]
-#[ignore = "known hole: a deleted revocation revives a receipt (see the doc comment)"]
 async fn a_revocation_deleted_from_the_trace_does_not_revive_the_receipt() {
     use airlock::store::ApprovalDecision::{Approve, Revoke};
     let d = Delivery::start().await;

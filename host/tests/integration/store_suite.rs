@@ -393,6 +393,18 @@ both! {
         assert_eq!((v.events as usize, v.first_bad), (expected, None));
     }
 
+    fn an_event_deleted_from_the_middle_of_the_trace_leaves_a_counted_gap(db, store) {
+        for i in 0..6 {
+            store.append_trace("test", "s", &json!({"i": i})).unwrap();
+        }
+        assert_eq!(store.trace_missing_from(1).unwrap(), 0);
+        assert_eq!(store.trace_missing_from(99).unwrap(), 0, "past the head");
+        db.tamper("DELETE FROM trace_events WHERE seq IN (3, 4)");
+        assert_eq!(store.trace_missing_from(1).unwrap(), 2);
+        assert_eq!(store.trace_missing_from(3).unwrap(), 2);
+        assert_eq!(store.trace_missing_from(5).unwrap(), 0, "after the gap");
+    }
+
     fn concurrent_appenders_on_one_store_each_commit_their_own_events_once(db, store) {
         // One store, 8 threads: their batches share transactions (group commit); every
         // event lands exactly once, each thread's in its own order, and the chain holds.
