@@ -194,7 +194,7 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     let mut call = Call::new(candidate.session.clone());
     call.cancel = candidate.cancel.clone();
     let mut outcome = stages(host, &mut call, candidate, asker).await;
-    let failed = finish(host, &mut call, &outcome).err();
+    let failed = finish_off_worker(host, &mut call, &outcome).err();
     if failed.is_none()
         && let Some(unknown) = call.unknown.take()
     {
@@ -400,6 +400,23 @@ async fn reconcile_now(
 
 /// Records the outcome event and commits every queued event of the call (with the
 /// intent's final state, when it has a durable intent).
+/// [`finish`], on a shared store (PostgreSQL: a commit is about a millisecond of waiting
+/// on the database, and one host's calls wait for each other's commits, see the store's
+/// group commit) inside `block_in_place`: the runtime worker's other tasks move to
+/// another thread meanwhile, so the front keeps reading requests and the calls that reach
+/// their commit queue up and share the next transaction. The embedded store's commit
+/// (~50 µs) stays on the worker, where the hand-off would cost more than it saves; so does
+/// any store on a current-thread runtime, where `block_in_place` is not allowed.
+fn finish_off_worker(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread && host.registry().store().is_shared() {
+        tokio::task::block_in_place(|| finish(host, call, outcome))
+    } else {
+        finish(host, call, outcome)
+    }
+}
+
 fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
     let stages: serde_json::Map<String, Value> = call
         .stages
