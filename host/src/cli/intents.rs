@@ -54,15 +54,20 @@ pub fn list(
     })
 }
 
-/// The list as people read it: one line each.
-pub fn list_text(list: &[IntentRecord]) -> String {
+/// The list as people read it: one line each. `tampered[i]`: why the trace does not
+/// prove `list[i]` ([`tampered`]); such a row is marked `TAMPERED` at its line's end.
+pub fn list_text(list: &[IntentRecord], tampered: &[Option<String>]) -> String {
     if list.is_empty() {
         return "no intents\n".to_string();
     }
     let mut out = String::new();
-    for r in list {
+    for (i, r) in list.iter().enumerate() {
+        let mark = match tampered.get(i) {
+            Some(Some(_)) => "  TAMPERED (airlock intents show says why)",
+            _ => "",
+        };
         out.push_str(&format!(
-            "{}  {:<9} {:<18} {:<20} {} rev {}  {}  requester {}\n",
+            "{}  {:<9} {:<18} {:<20} {} rev {}  {}  requester {}{mark}\n",
             r.intent.id,
             r.state.as_str(),
             r.intent.effect_class,
@@ -185,6 +190,7 @@ pub fn resolve(
             "capability": record.intent.capability,
             "mapping": record.intent.mapping,
             "state": state,
+            "intent_state": state,
             "method": ResolutionMethod::Person,
             "by": by,
             "evidence": resolution.evidence,

@@ -1073,10 +1073,23 @@ pub fn main() -> ExitCode {
                     IntentsAction::List { state, limit, json } => {
                         let wanted = state.as_deref().map(intents::parse_state).transpose()?;
                         let list = intents::list(&registry, wanted, limit)?;
+                        let proven = list
+                            .iter()
+                            .map(|r| intents::tampered(&registry, r))
+                            .collect::<Result<Vec<_>>>()?;
                         print(if json {
-                            serde_json::to_string_pretty(&list)? + "\n"
+                            let rows = list
+                                .iter()
+                                .zip(&proven)
+                                .map(|(r, tampered)| {
+                                    let mut row = serde_json::to_value(r)?;
+                                    row["tampered"] = serde_json::json!(tampered);
+                                    Ok(row)
+                                })
+                                .collect::<Result<Vec<_>>>()?;
+                            serde_json::to_string_pretty(&rows)? + "\n"
                         } else {
-                            intents::list_text(&list)
+                            intents::list_text(&list, &proven)
                         })
                     }
                     IntentsAction::Show { id, json } => {

@@ -22,7 +22,8 @@ use crate::pipeline::{Call, Category, Outcome};
 use crate::registry::events;
 use crate::store::approvals::random_id;
 use crate::store::{
-    ConsumeAs, Consumption, IntentRecord, NewEvent, NewIntent, ReceiptRefusal, TraceEvent,
+    ConsumeAs, Consumption, IntentRecord, IntentState, NewEvent, NewIntent, ReceiptRefusal,
+    TraceEvent,
 };
 
 /// An authorized call with its intent.
@@ -104,6 +105,9 @@ pub(super) fn intent(
             "args_digest": n.args_digest(),
             // Which host delivers it: no other host reconciles it while this one lives.
             "host": host.instance(),
+            // The state this event gives the intent (prove_intent): every later change of
+            // state is an event naming the intent with its `intent_state`.
+            "intent_state": IntentState::Prepared,
         }),
     );
     let record = NewIntent {
@@ -295,8 +299,13 @@ fn tampered_receipt(call: &mut Call, receipt: &Receipt, why: &str) -> Outcome {
 /// mapping and revision, effect class, arguments digest, receipt, and the sha256 of its
 /// idempotency key (`null` for an intent without one). An intent row inserted or edited by
 /// hand is therefore never reconciled (no query is asked, nothing is retried) and cannot be
-/// resolved by a person. Its state is not proven here: an outcome edited in the store is
-/// out of this rule's reach (see the README).
+/// resolved by a person.
+///
+/// The row's state is proven too, for intents created since schema 9 (their
+/// `intent-created` event carries `intent_state`): [`traced_state`] of the events must
+/// agree with it — open (`prepared` or `unknown`), `completed` or `failed`. A row set to
+/// `completed` by hand while the trace leaves it unknown is therefore refused like an
+/// edited one. Older intents are proven by their creation only.
 ///
 /// Intents created before these facts entered the event (schema 7 and older) are not
 /// proven.
@@ -348,13 +357,56 @@ pub fn prove_intent(events: &[TraceEvent], record: &IntentRecord) -> Option<Stri
         .filter(|(_, same)| !same)
         .map(|(name, _)| name)
         .collect();
-    (!differ.is_empty()).then(|| {
-        format!(
+    if !differ.is_empty() {
+        return Some(format!(
             "the row differs from what the intent-created event (seq {}) recorded: {}",
             event.seq,
             differ.join(", ")
-        )
+        ));
+    }
+    // Created before schema 9: its state changes carry no `intent_state`.
+    p.get("intent_state")?;
+    let traced = traced_state(events, &i.id);
+    let open = |s: IntentState| matches!(s, IntentState::Prepared | IntentState::Unknown);
+    let agree = traced.0 == record.state || (open(traced.0) && open(record.state));
+    (!agree).then(|| match traced.1 {
+        Some(seq) => format!(
+            "the row says {} but the trace says {} (seq {seq})",
+            record.state.as_str(),
+            traced.0.as_str()
+        ),
+        None => format!(
+            "the row says {} but the trace says {}: no event after intent-created (seq {}) changed its state",
+            record.state.as_str(),
+            traced.0.as_str(),
+            event.seq
+        ),
     })
+}
+
+/// The state the MACed `events` (an intent's proofs, [`crate::store::Store::intent_proofs`],
+/// in seq order) give intent `id`, with the seq of the event that gave it (`None`: only
+/// its creation). An intent starts `prepared`; each later event naming it with an
+/// `intent_state` moves it, until one says `completed` or `failed` — the first final
+/// state wins, as in the store, which changes only an open row.
+pub fn traced_state(events: &[TraceEvent], id: &str) -> (IntentState, Option<i64>) {
+    let mut state = (IntentState::Prepared, None);
+    for e in events {
+        if e.kind == events::INTENT_CREATED || e.payload["intent"] != id {
+            continue;
+        }
+        let Some(next) = e.payload["intent_state"]
+            .as_str()
+            .and_then(IntentState::parse)
+        else {
+            continue;
+        };
+        state = (next, Some(e.seq));
+        if matches!(next, IntentState::Completed | IntentState::Failed) {
+            break;
+        }
+    }
+    state
 }
 
 #[cfg(test)]
@@ -417,5 +469,80 @@ mod tests {
         edited.intent.effect_class = "read".into();
         let why = prove_intent(&[created(1, &r)], &edited).unwrap();
         assert!(why.contains("effect class"), "{why}");
+    }
+
+    /// `created` as written since schema 9, with `intent_state`.
+    fn created_v9(seq: i64, r: &IntentRecord) -> TraceEvent {
+        let mut e = created(seq, r);
+        e.payload["intent_state"] = json!("prepared");
+        e
+    }
+
+    fn moved(seq: i64, kind: &str, id: &str, state: &str) -> TraceEvent {
+        TraceEvent {
+            seq,
+            at_ms: 1,
+            kind: kind.into(),
+            subject: "call_1".into(),
+            payload: json!({"intent": id, "intent_state": state}),
+            prev_hash: String::new(),
+            hash: String::new(),
+            key_id: None,
+        }
+    }
+
+    #[test]
+    fn the_first_final_state_the_trace_records_is_the_one_the_row_must_hold() {
+        let r = record();
+        let open = [created_v9(1, &r)];
+        let unknown = [
+            created_v9(1, &r),
+            moved(4, events::CALL_OUTCOME, "int_1", "unknown"),
+        ];
+        let resolved = [
+            created_v9(1, &r),
+            moved(4, events::CALL_OUTCOME, "int_1", "unknown"),
+            moved(6, events::INTENT_RESOLVED, "int_1", "failed"),
+            // A later event cannot reopen or change a final state.
+            moved(9, events::INTENT_HELD, "int_1", "unknown"),
+            moved(10, events::INTENT_RESOLVED, "int_1", "completed"),
+        ];
+        assert_eq!(traced_state(&open, "int_1"), (IntentState::Prepared, None));
+        assert_eq!(
+            traced_state(&unknown, "int_1"),
+            (IntentState::Unknown, Some(4))
+        );
+        assert_eq!(
+            traced_state(&resolved, "int_1"),
+            (IntentState::Failed, Some(6))
+        );
+        // Another intent's events move nothing.
+        let other = [
+            created_v9(1, &r),
+            moved(2, events::CALL_OUTCOME, "int_2", "completed"),
+        ];
+        assert_eq!(traced_state(&other, "int_1").0, IntentState::Prepared);
+
+        let with = |state: IntentState| IntentRecord { state, ..r.clone() };
+        // Open agrees with open, prepared or unknown.
+        assert_eq!(prove_intent(&open, &with(IntentState::Unknown)), None);
+        assert_eq!(prove_intent(&unknown, &with(IntentState::Prepared)), None);
+        assert_eq!(prove_intent(&resolved, &with(IntentState::Failed)), None);
+        // A row closed by hand while the trace leaves it open.
+        let why = prove_intent(&unknown, &with(IntentState::Completed)).unwrap();
+        assert!(
+            why.contains("the row says completed but the trace says unknown (seq 4)"),
+            "{why}"
+        );
+        let why = prove_intent(&open, &with(IntentState::Failed)).unwrap();
+        assert!(why.contains("no event after intent-created"), "{why}");
+        // A closed row reopened or flipped by hand.
+        assert!(prove_intent(&resolved, &with(IntentState::Unknown)).is_some());
+        assert!(prove_intent(&resolved, &with(IntentState::Completed)).is_some());
+        // Created before schema 9: proven by its creation only.
+        assert_eq!(
+            prove_intent(&[created(1, &r)], &with(IntentState::Completed)),
+            None
+        );
     }
 }

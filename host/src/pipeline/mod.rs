@@ -254,7 +254,7 @@ async fn stages(
                 if let Some(intent) = call.durable_intent.take() {
                     call.event(
                         events::CALL_REFUSED,
-                        json!({"intent": intent, "changed": "mapping-revision", "restarted": true}),
+                        json!({"intent": intent, "changed": "mapping-revision", "restarted": true, "intent_state": IntentState::Failed}),
                     );
                     let closed = host.registry().store().set_intent_state(
                         &intent,
@@ -438,21 +438,27 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
             o.insert("recheck_policy_digest".into(), json!(&**digest));
         }
     }
+    // A durable intent's final state rides on the outcome event, under its MAC: the
+    // trace's proof of the row (intent::prove_intent).
+    let durable = call.durable_intent.take().map(|intent| {
+        let state = match outcome {
+            Outcome::Completed(_) => IntentState::Completed,
+            Outcome::Refused { category, .. } if *category == Category::Unknown => {
+                IntentState::Unknown
+            }
+            _ => IntentState::Failed,
+        };
+        if let Some(o) = payload.as_object_mut() {
+            o.insert("intent_state".into(), json!(state));
+        }
+        (intent, state)
+    });
     call.event(events::CALL_OUTCOME, payload);
     let events = call.take_events();
     let observations = std::mem::take(&mut call.observations);
     let store = host.registry().store();
-    match call.durable_intent.take() {
-        Some(intent) => {
-            let state = match outcome {
-                Outcome::Completed(_) => IntentState::Completed,
-                Outcome::Refused { category, .. } if *category == Category::Unknown => {
-                    IntentState::Unknown
-                }
-                _ => IntentState::Failed,
-            };
-            store.finish_intent(&intent, state, events, observations)
-        }
+    match durable {
+        Some((intent, state)) => store.finish_intent(&intent, state, events, observations),
         None => store.append_call(events, observations),
     }
 }

@@ -251,6 +251,7 @@ pub async fn reconcile(
                 "capability": intent.intent.capability,
                 "mapping": intent.intent.mapping,
                 "state": state,
+                "intent_state": state,
                 "method": method,
                 "by": "airlock",
                 "evidence": resolution.evidence,
@@ -303,16 +304,19 @@ pub async fn reconcile(
         }
         Finding::Happened(_) => unreachable!("decided above"),
     };
-    host.registry().trace(
-        events::INTENT_HELD,
-        &intent.intent.call_id,
-        json!({"intent": id, "capability": intent.intent.capability, "mapping": intent.intent.mapping, "reason": why}),
-    );
-    // An intent a stopped host left prepared, once it may have sent, is unknown.
-    if intent.state == IntentState::Prepared
-        && let Err(e) = store.set_intent_state(id, IntentState::Unknown, Vec::new())
-    {
-        tracing::error!(intent = %id, "could not mark a stale intent unknown: {e:#}");
+    let held = json!({"intent": id, "capability": intent.intent.capability, "mapping": intent.intent.mapping, "reason": why});
+    if intent.state == IntentState::Prepared {
+        // An intent a stopped host left prepared, once it may have sent, is unknown; the
+        // held event records the change, in the same transaction.
+        let mut held = held;
+        held["intent_state"] = json!(IntentState::Unknown);
+        let event = NewEvent::new(events::INTENT_HELD, intent.intent.call_id.clone(), held);
+        if let Err(e) = store.set_intent_state(id, IntentState::Unknown, vec![event]) {
+            tracing::error!(intent = %id, "could not mark a stale intent unknown: {e:#}");
+        }
+    } else {
+        host.registry()
+            .trace(events::INTENT_HELD, &intent.intent.call_id, held);
     }
     Reconciled::Held(why)
 }
@@ -405,6 +409,7 @@ pub async fn retry_same_key(
             "capability": intent.intent.capability,
             "mapping": intent.intent.mapping,
             "state": IntentState::Completed,
+            "intent_state": IntentState::Completed,
             "method": ResolutionMethod::Retry,
             "by": "airlock",
             "evidence": resolution.evidence,
@@ -452,6 +457,25 @@ fn creator(proofs: &[crate::store::TraceEvent], id: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Why the trace does not prove intent `id` as the store holds it now (its row read
+/// first, then its proofs, so a state change committed in between shows in both), or
+/// `None` when it does. A missing row the trace knows is unproven too.
+fn unproven_now(store: &dyn crate::store::Store, id: &str) -> Option<String> {
+    let row = match store.intent(id) {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            return Some(
+                "the trace records this intent as open, but the store has no row for it".into(),
+            );
+        }
+        Err(e) => return Some(format!("its row could not be read: {e:#}")),
+    };
+    match store.intent_proofs(id) {
+        Ok(proofs) => crate::pipeline::intent::prove_intent(&proofs, &row),
+        Err(e) => Some(format!("its proofs could not be read: {e:#}")),
+    }
+}
+
 /// Reconciles the open intents of `mapping` that no live host is delivering. `first`: the
 /// sweep before this load's first call, which also takes this host's own leftovers;
 /// otherwise (shared stores, every [`SWEEP_INTERVAL`] at most) only intents of other
@@ -473,6 +497,32 @@ async fn sweep(host: &Host, mapping: &Arc<ActiveMapping>, first: bool) {
     };
     let catalog = host.catalog();
     let mut alive: std::collections::HashMap<String, bool> = std::collections::HashMap::new();
+    let tampered = |id: &str, why: &str| {
+        tracing::error!(intent = %id, mapping = %mapping.name, "not reconciling an intent the trace does not prove (edited in the store?): {why}");
+        host.registry().trace(
+            events::INTENT_TAMPERED,
+            id,
+            json!({"intent": id, "mapping": mapping.name, "why": why}),
+        );
+    };
+    if first {
+        // Trace-driven: an intent the trace leaves open whose row says otherwise, or has
+        // no row, was closed or deleted by hand; nothing would list it as open.
+        let listed: std::collections::HashSet<&str> =
+            open.iter().map(|i| i.intent.id.as_str()).collect();
+        match store.intents_open_in_trace(&mapping.name, filter.limit) {
+            Ok(ids) => {
+                for id in ids.iter().filter(|id| !listed.contains(id.as_str())) {
+                    if let Some(why) = unproven_now(store, id) {
+                        tampered(id, &why);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(mapping = %mapping.name, "could not list the intents the trace leaves open: {e:#}");
+            }
+        }
+    }
     for intent in open {
         // Only intents the trace proves are acted on: a row written by hand asks no
         // query and retries nothing.
@@ -481,14 +531,13 @@ async fn sweep(host: &Host, mapping: &Arc<ActiveMapping>, first: bool) {
             Ok(proofs) => crate::pipeline::intent::prove_intent(proofs, &intent),
             Err(e) => Some(format!("its proofs could not be read: {e:#}")),
         };
-        if let Some(why) = unproven {
-            if first {
-                tracing::error!(intent = %intent.intent.id, mapping = %mapping.name, "not reconciling an intent the trace does not prove (edited in the store?): {why}");
-                host.registry().trace(
-                    events::INTENT_TAMPERED,
-                    &intent.intent.id,
-                    json!({"intent": intent.intent.id, "mapping": mapping.name, "why": why}),
-                );
+        if unproven.is_some() {
+            // The listing may be older than the proofs: another host may have closed the
+            // intent in between. Only what still disagrees on a fresh read is tampering.
+            if let Some(why) = unproven_now(store, &intent.intent.id)
+                && first
+            {
+                tampered(&intent.intent.id, &why);
             }
             continue;
         }

@@ -324,7 +324,8 @@ impl IntentState {
         }
     }
 
-    pub(super) fn parse(s: &str) -> Option<Self> {
+    /// The state a stored name (`prepared`, `completed`, `failed`, `unknown`) names.
+    pub fn parse(s: &str) -> Option<Self> {
         [Self::Prepared, Self::Completed, Self::Failed, Self::Unknown]
             .into_iter()
             .find(|v| v.as_str() == s)

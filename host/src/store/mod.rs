@@ -65,7 +65,7 @@ pub use postgres::PostgresStore;
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -304,7 +304,51 @@ CREATE INDEX trace_events_intent_proofs
     ON trace_events (json_extract(payload, '$.intent'), seq)
     WHERE kind = 'intent-created';
 "#,
+    // 8 → 9: the events that change an intent's state after its creation carry
+    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace); this index
+    // finds them by the intent their payload names. Reads' outcome events, which name an
+    // intent but change none, stay out of it.
+    r#"
+CREATE INDEX trace_events_intent_states
+    ON trace_events (json_extract(payload, '$.intent'), seq)
+    WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held')
+    AND json_extract(payload, '$.intent_state') IS NOT NULL;
+"#,
 ];
+
+/// The SQL (SQLite) of [`Store::intent_proofs`]: both terms of each half repeat an
+/// expression index's definition word for word (`trace_events_intent_proofs`, migration
+/// 8; `trace_events_intent_states`, migration 9), so each half reads its index.
+fn intent_proofs_sql() -> String {
+    format!(
+        "SELECT {TRACE_COLUMNS} FROM trace_events \
+         WHERE kind = 'intent-created' AND json_extract(payload, '$.intent') = ?1 \
+         UNION ALL \
+         SELECT {TRACE_COLUMNS} FROM trace_events \
+         WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+         AND json_extract(payload, '$.intent_state') IS NOT NULL \
+         AND json_extract(payload, '$.intent') = ?1 \
+         ORDER BY seq"
+    )
+}
+
+/// The SQL (SQLite) of [`Store::intents_open_in_trace`]: the intents of mapping `?1`
+/// whose `intent-created` event carries `intent_state` and which no state event closes.
+/// `INDEXED BY`: on a young trace the planner would rather scan the whole table than walk
+/// the partial index of creations; the trace grows with every call, the index only with
+/// effects.
+fn intents_open_in_trace_sql() -> &'static str {
+    "SELECT json_extract(c.payload, '$.intent') \
+     FROM trace_events AS c INDEXED BY trace_events_intent_proofs \
+     WHERE c.kind = 'intent-created' AND json_extract(c.payload, '$.mapping') = ?1 \
+     AND json_extract(c.payload, '$.intent_state') IS NOT NULL \
+     AND NOT EXISTS (SELECT 1 FROM trace_events e \
+         WHERE e.kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+         AND json_extract(e.payload, '$.intent_state') IS NOT NULL \
+         AND json_extract(e.payload, '$.intent') = json_extract(c.payload, '$.intent') \
+         AND json_extract(e.payload, '$.intent_state') IN ('completed', 'failed')) \
+     ORDER BY c.seq LIMIT ?2"
+}
 
 /// Kind of the event that starts the keyed part of a trace migrated from schema 6: its
 /// payload names how many unkeyed events precede it and their head hash, and its MAC
@@ -790,10 +834,25 @@ pub trait Store: Send + Sync {
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// The events that can prove intent `id` (its id in full), in seq order: the
-    /// `intent-created` events whose payload names it (`"intent": id`), **only those whose
-    /// MAC verifies with the host key**, read through an expression index. The rule they
-    /// prove is [`crate::pipeline::intent::prove_intent`]'s.
+    /// `intent-created` events whose payload names it (`"intent": id`) and the events that
+    /// changed its state since (`call-outcome`, `call-refused`, `intent-resolved`,
+    /// `intent-held` naming it with an `intent_state`), **only those whose MAC verifies
+    /// with the host key**, read through two expression indexes. The rule they prove is
+    /// [`crate::pipeline::intent::prove_intent`]'s.
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
+
+    /// The ids of mapping `mapping`'s intents that the trace leaves open, oldest first, at
+    /// most `limit`: an `intent-created` event records them (with `intent_state`, so
+    /// written since schema 9) and no later event names them with `intent_state`
+    /// `completed` or `failed`. One query over the trace's intent indexes, whatever the
+    /// rows of the intents table say: it finds rows closed or deleted by hand. A
+    /// **prefilter**: the events are not MAC-checked here, so the caller proves each id
+    /// it acts on ([`Store::intent_proofs`]); a forged closing event hides an intent from
+    /// this list and is caught by [`Store::verify_trace`].
+    ///
+    /// # Errors
+    /// The store fails.
+    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>>;
 
     /// How many events are missing from the trace between `seq` and its head: the head's
     /// seq minus `seq`, plus one, minus the events stored there (one indexed count, read in
@@ -2175,17 +2234,23 @@ impl Store for SqliteStore {
     }
 
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        // Both terms repeat the expression index's definition word for word (migration 8).
-        self.genuine_events(
-            &format!(
-                "SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind = 'intent-created' \
-                 AND json_extract(payload, '$.intent') = ?1 ORDER BY seq"
-            ),
-            id,
-            |_, _| true,
-        )
-        .with_context(|| self.context(&format!("reading the proofs of intent {id:?}")))
+        self.genuine_events(&intent_proofs_sql(), id, |_, _| true)
+            .with_context(|| self.context(&format!("reading the proofs of intent {id:?}")))
+    }
+
+    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>> {
+        let conn = self.lock();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        conn.prepare_cached(intents_open_in_trace_sql())
+            .and_then(|mut stmt| {
+                stmt.query_map(params![mapping, limit], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .with_context(|| {
+                self.context(&format!(
+                    "listing the intents of {mapping:?} the trace leaves open"
+                ))
+            })
     }
 
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
@@ -2543,6 +2608,32 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("state")).unwrap();
         (dir, store)
+    }
+
+    /// The plan of `sql` with `params`, one step per line.
+    fn plan(store: &SqliteStore, sql: &str, params: impl rusqlite::Params) -> String {
+        let conn = store.lock();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let steps: Vec<String> = stmt
+            .query_map(params, |row| row.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        steps.join("\n")
+    }
+
+    /// An intent's proofs and the trace's open intents are read through the intent
+    /// indexes, never by scanning the trace (which grows with every call).
+    #[test]
+    fn intent_proofs_and_open_intents_read_the_intent_indexes() {
+        let (_dir, store) = open_temp();
+        let proofs = plan(&store, &intent_proofs_sql(), params!["int_1"]);
+        assert!(proofs.contains("trace_events_intent_proofs"), "{proofs}");
+        assert!(proofs.contains("trace_events_intent_states"), "{proofs}");
+        assert!(!proofs.contains("SCAN trace_events"), "{proofs}");
+        let open = plan(&store, intents_open_in_trace_sql(), params!["m", 10]);
+        assert!(open.contains("trace_events_intent_proofs"), "{open}");
+        assert!(open.contains("trace_events_intent_states"), "{open}");
     }
 
     /// A raw connection to the store's file, as an attacker with file access would use.

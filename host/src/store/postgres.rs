@@ -76,7 +76,7 @@ use super::{
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
-pub const PG_SCHEMA_VERSION: i64 = 2;
+pub const PG_SCHEMA_VERSION: i64 = 3;
 
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
@@ -306,6 +306,14 @@ CREATE TABLE reference_bindings (
     created_ms   BIGINT NOT NULL
 );
 CREATE INDEX reference_bindings_by_scope ON reference_bindings (scope, expires_ms);
+"#,
+    // 2 → 3: the events that change an intent's state after its creation carry
+    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace), found by the
+    // intent their payload names; reads' outcome events stay out of the index.
+    r#"
+CREATE INDEX trace_events_intent_states ON trace_events (((payload::jsonb ->> 'intent')), seq)
+    WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held')
+    AND (payload::jsonb ->> 'intent_state') IS NOT NULL;
 "#,
 ];
 
@@ -2252,16 +2260,52 @@ impl Store for PostgresStore {
     }
 
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        // Both terms repeat the expression index's definition (trace_events_intent_proofs).
+        // Each half repeats an expression index's definition (trace_events_intent_proofs,
+        // trace_events_intent_states), so each reads its index.
         self.genuine_events(
             &format!("reading the proofs of intent {id:?}"),
             &format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events \
                  WHERE kind = 'intent-created' \
-                 AND (payload::jsonb ->> 'intent') = $1 ORDER BY seq"
+                 AND (payload::jsonb ->> 'intent') = $1 \
+                 UNION ALL \
+                 SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+                 AND (payload::jsonb ->> 'intent_state') IS NOT NULL \
+                 AND (payload::jsonb ->> 'intent') = $1 \
+                 ORDER BY seq"
             ),
             id,
             |_, _| true,
+        )
+    }
+
+    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(
+            &format!("listing the intents of {mapping:?} the trace leaves open"),
+            async |c| {
+                let rows = c
+                    .query(
+                        "SELECT (c.payload::jsonb ->> 'intent') FROM trace_events c \
+                         WHERE c.kind = 'intent-created' \
+                         AND (c.payload::jsonb ->> 'mapping') = $1 \
+                         AND (c.payload::jsonb ->> 'intent_state') IS NOT NULL \
+                         AND NOT EXISTS (SELECT 1 FROM trace_events e \
+                             WHERE e.kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+                             AND (e.payload::jsonb ->> 'intent_state') IS NOT NULL \
+                             AND (e.payload::jsonb ->> 'intent') = (c.payload::jsonb ->> 'intent') \
+                             AND (e.payload::jsonb ->> 'intent_state') IN ('completed', 'failed')) \
+                         ORDER BY c.seq LIMIT $2",
+                        &[&mapping, &limit],
+                    )
+                    .await
+                    .map_err(db)?;
+                rows.iter()
+                    .map(|r| r.try_get::<_, Option<String>>(0).map(Option::unwrap_or_default))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(db)
+            },
         )
     }
 

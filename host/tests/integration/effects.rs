@@ -594,3 +594,101 @@ async fn an_intent_written_into_the_store_is_neither_reconciled_nor_resolvable()
     .unwrap();
     assert_eq!(show(&d, &id)["tampered"], Value::Null);
 }
+
+/// The state of an intent is proven by the trace too: an unknown delivery set to
+/// `completed` by hand (so that no one reconciles it or sees it held) is shown TAMPERED,
+/// cannot be resolved, and the next host's first call of the mapping traces
+/// `intent-tampered` for it — found from the trace, since its row no longer says open —
+/// without asking the upstream about it. Restored to `unknown`, it is proven again.
+#[tokio::test]
+async fn an_unknown_intent_closed_by_hand_in_the_store_is_found_from_the_trace() {
+    let d = edited(&["--hang-before-send"], |m| {
+        m.replace("deadline_ms = 5000", "deadline_ms = 1500")
+    });
+    let (client, r) = deliver(&d).await;
+    assert!(text_of(&r).starts_with("unknown:"), "{}", text_of(&r));
+    client.cancel().await.unwrap();
+    let held = intents(&d, "unknown");
+    assert_eq!(held.len(), 1, "{held:#?}");
+    let id = held[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        show(&d, &id)["tampered"],
+        Value::Null,
+        "a genuine unknown intent is proven"
+    );
+    let asked = keyed(&d, "lookup_delivery").len();
+
+    let db = rusqlite::Connection::open(d.state_dir().join("airlock.db")).unwrap();
+    db.execute(
+        "UPDATE intents SET state = 'completed' WHERE id = ?1",
+        rusqlite::params![id],
+    )
+    .unwrap();
+    assert!(
+        intents(&d, "unknown").is_empty(),
+        "nothing lists it as held any more"
+    );
+    let shown = show(&d, &id);
+    assert!(
+        shown["tampered"]
+            .as_str()
+            .is_some_and(|w| w.contains("the row says completed but the trace says unknown")),
+        "{shown:#}"
+    );
+    let listed = d.airlock_ok(&["intents", "list"]);
+    let line = listed.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(line.contains("TAMPERED"), "{listed}");
+    assert_eq!(
+        intents(&d, "completed")
+            .iter()
+            .find(|i| i["id"] == id.as_str())
+            .map(|i| i["tampered"].is_string()),
+        Some(true)
+    );
+    let refused = d.airlock(&[
+        "intents",
+        "resolve",
+        &id,
+        "--as",
+        "completed",
+        "--evidence",
+        "it is there",
+    ]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("does not match the trace"), "{stderr}");
+
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let r = call(&client, "list_destinations", serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.unwrap();
+    let tampered: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "intent-tampered")
+        .collect();
+    assert_eq!(tampered.len(), 1, "{tampered:#?}");
+    assert_eq!(tampered[0]["payload"]["intent"], id.as_str());
+    assert!(
+        tampered[0]["payload"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("the trace says unknown")),
+        "{tampered:#?}"
+    );
+    assert_eq!(
+        keyed(&d, "lookup_delivery").len(),
+        asked,
+        "the upstream was asked about an intent whose row was edited"
+    );
+
+    db.execute(
+        "UPDATE intents SET state = 'unknown' WHERE id = ?1",
+        rusqlite::params![id],
+    )
+    .unwrap();
+    assert_eq!(show(&d, &id)["tampered"], Value::Null);
+}

@@ -221,6 +221,51 @@ both! {
         assert_eq!(kinds, ["approval-requested", "receipt-consumed"], "the edited decision is passed over");
     }
 
+    fn an_intents_state_changes_are_its_proofs_and_the_trace_lists_what_it_leaves_open(db, store) {
+        let created = |n: usize, mapping: &str, marked: bool| {
+            let mut p = json!({"intent": format!("int_{n}"), "mapping": mapping});
+            if marked {
+                p["intent_state"] = json!("prepared");
+            }
+            let mut new = intent(n);
+            new.mapping = mapping.into();
+            store.create_intent(&new, vec![NewEvent::new("intent-created", format!("call_{n}"), p)]).unwrap();
+        };
+        let outcome = |n: usize, state: IntentState| {
+            NewEvent::new("call-outcome", format!("call_{n}"), json!({"intent": format!("int_{n}"), "intent_state": state}))
+        };
+        created(1, "m", true);
+        created(2, "m", true);
+        created(3, "other", true);
+        created(4, "m", false); // written before schema 9
+        created(5, "m", true);
+        store.finish_intent("int_1", IntentState::Completed, vec![outcome(1, IntentState::Completed)], vec![]).unwrap();
+        store.finish_intent("int_2", IntentState::Unknown, vec![outcome(2, IntentState::Unknown)], vec![]).unwrap();
+        let resolved = NewEvent::new("intent-resolved", "call_5", json!({"intent": "int_5", "state": "failed", "intent_state": "failed"}));
+        store.finish_intent("int_5", IntentState::Unknown, vec![outcome(5, IntentState::Unknown)], vec![]).unwrap();
+        store.resolve_intent("int_5", &Resolution { state: IntentState::Failed, method: ResolutionMethod::Person, by: "bob".into(), evidence: json!({}) }, vec![resolved]).unwrap();
+        // Noise: a read's outcome names an intent but changes no state.
+        store.append_trace("call-outcome", "call_1", &json!({"intent": "int_1", "outcome": "refused"})).unwrap();
+
+        let kinds = |id: &str| -> Vec<(String, serde_json::Value)> {
+            store.intent_proofs(id).unwrap().into_iter().map(|e| (e.kind, e.payload["intent_state"].clone())).collect()
+        };
+        assert_eq!(kinds("int_1"), [("intent-created".to_string(), json!("prepared")), ("call-outcome".to_string(), json!("completed"))]);
+        assert_eq!(kinds("int_5").len(), 3, "{:?}", kinds("int_5"));
+        assert_eq!(store.intents_open_in_trace("m", 10).unwrap(), ["int_2"]);
+        assert_eq!(store.intents_open_in_trace("other", 10).unwrap(), ["int_3"]);
+        assert!(store.intents_open_in_trace("m", 0).unwrap().is_empty());
+
+        // The list follows the trace, not the rows: int_2 closed by hand is still open.
+        db.tamper("UPDATE intents SET state = 'completed' WHERE id = 'int_2'");
+        assert_eq!(store.intent("int_2").unwrap().unwrap().state, IntentState::Completed);
+        assert_eq!(store.intents_open_in_trace("m", 10).unwrap(), ["int_2"]);
+        // A state event whose bytes were edited proves nothing.
+        let seq = store.intent_proofs("int_1").unwrap()[1].seq;
+        db.tamper(&format!("UPDATE trace_events SET payload = replace(payload, 'completed', 'failed') WHERE seq = {seq}"));
+        assert_eq!(kinds("int_1").len(), 1, "the edited outcome is passed over");
+    }
+
     fn connection_ids_are_stable_and_revisions_follow_digests(db, store) {
         let a = store.connection_revision("notes", "d1", &json!({"command": "x"})).unwrap();
         assert!(a.created && a.revision == 1 && a.connection_id.starts_with("conn-"));
@@ -782,23 +827,34 @@ mod postgres_only {
     }
 
     #[test]
-    fn a_schema_1_store_is_migrated_to_2_keeping_its_trace() {
+    fn a_schema_1_store_is_migrated_to_the_current_schema_keeping_its_trace() {
         let target = pg::database();
         let before = {
             let store = PostgresStore::open(&target, None, Some(key())).unwrap();
             store.append_trace("test", "s", &json!({"n": 1})).unwrap();
             store.trace(0, 10).unwrap()
         };
-        // Exactly the state a schema-1 build leaves: no reference_bindings table.
+        // Exactly the state a schema-1 build leaves: no reference_bindings table (2), no
+        // index of intent state events (3).
         pg::exec(
             &target,
-            "DROP TABLE reference_bindings; UPDATE airlock_schema SET version = 1",
+            "DROP TABLE reference_bindings; DROP INDEX trace_events_intent_states; \
+             UPDATE airlock_schema SET version = 1",
         )
         .unwrap();
         let store = PostgresStore::open(&target, None, Some(key())).unwrap();
         assert_eq!(
             pg::query(&target, "SELECT version FROM airlock_schema"),
-            vec![vec![Some("2".to_owned())]]
+            vec![vec![Some(
+                airlock::store::postgres::PG_SCHEMA_VERSION.to_string()
+            )]]
+        );
+        assert_eq!(
+            pg::query(
+                &target,
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'trace_events_intent_states'"
+            ),
+            vec![vec![Some("1".to_owned())]]
         );
         let r = reference("ref_after", "ses_a", airlock::store::now_ms() + 60_000);
         store
@@ -808,6 +864,7 @@ mod postgres_only {
             store.find_reference("ses_a", &r.token_sha256).unwrap(),
             Some(r)
         );
+        assert!(store.intents_open_in_trace("m", 10).unwrap().is_empty());
         assert_eq!(store.trace(0, 10).unwrap(), before);
         assert!(store.verify_trace().unwrap().first_bad.is_none());
     }
