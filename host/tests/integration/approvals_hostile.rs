@@ -855,6 +855,16 @@ async fn a_restarted_call_closes_the_intent_it_superseded() {
         orphans.len()
     );
     assert!(orphans.is_empty(), "orphan prepared intents: {orphans:?}");
+    // Every intent's state, the superseded ones' `failed` included, is the trace's.
+    for id in by_call.values().flatten() {
+        let row = store.intent(id).unwrap().unwrap();
+        let proofs = store.intent_proofs(id).unwrap();
+        assert_eq!(
+            airlock::pipeline::intent::prove_intent(&proofs, &row),
+            None,
+            "{row:#?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

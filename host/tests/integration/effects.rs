@@ -186,6 +186,11 @@ async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retr
     assert_eq!(resolved["intent"]["state"], "completed");
     assert_eq!(resolved["intent"]["resolution"]["method"], "person");
     assert_eq!(resolved["intent"]["resolution"]["by"], "bob");
+    assert_eq!(
+        show(&d, &id)["tampered"],
+        Value::Null,
+        "the resolution's event proves the row's new state"
+    );
     let again = d.airlock(&[
         "intents",
         "resolve",
