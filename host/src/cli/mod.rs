@@ -123,6 +123,13 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         /// (case-insensitive, at any depth; repeatable) by "[redacted]".
         #[arg(long, value_name = "FIELD", requires = "record")]
         redact: Vec<String>,
+        /// Runtime worker threads that run the front, the pipeline and the guests.
+        /// Default: 1 on stdio (one client stream: a call then stays on one thread, which
+        /// measured faster in latency and throughput than one worker per core, see
+        /// BENCHMARKS.md §1), one per core with --http (many connections). A spinning
+        /// guest still yields to its neighbours at every epoch tick.
+        #[arg(long, value_name = "N", env = "AIRLOCK_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        workers: Option<u16>,
     },
     /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
     /// its component actually has, and a verdict for every import.
@@ -746,10 +753,12 @@ pub fn main() -> ExitCode {
         }
         other => other,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = serve_workers(&cli_command) {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("airlock: cannot start the async runtime: {e}");
@@ -769,8 +778,13 @@ pub fn main() -> ExitCode {
                 http,
                 record,
                 redact,
+                workers: _,
             } => {
                 init_logging("airlock=info");
+                tracing::info!(
+                    workers = tokio::runtime::Handle::current().metrics().num_workers(),
+                    "runtime started (--workers)"
+                );
                 let cache_dir = match (no_cache, cache_dir) {
                     (true, _) => None,
                     (false, Some(dir)) => Some(dir),
@@ -1239,6 +1253,22 @@ pub fn main() -> ExitCode {
 
 /// `airlock grants`: prints the review; exit status 2 when an import is flagged (unless
 /// `allow_flagged`), 1 on an error.
+/// How many runtime workers `command` runs on: `serve`'s `--workers`, else 1 on stdio
+/// (one client stream; measured in BENCHMARKS.md §1: a call that stays on one thread
+/// skips the cross-thread wake-ups two workers pay on every hand-off), else `None` —
+/// one per core (tokio's default, which also honours `TOKIO_WORKER_THREADS`) for
+/// `serve --http` and every other command.
+fn serve_workers(command: &Command) -> Option<usize> {
+    match command {
+        Command::Serve { workers, http, .. } => match (workers, http) {
+            (Some(n), _) => Some(usize::from(*n)),
+            (None, None) => Some(1),
+            (None, Some(_)) => None,
+        },
+        _ => None,
+    }
+}
+
 fn grants(
     manifest: &std::path::Path,
     json: bool,
@@ -1473,4 +1503,46 @@ async fn serve(
         Ok(())
     })
     .await
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::*;
+
+    fn workers(args: &[&str]) -> Option<usize> {
+        let cli = Cli::try_parse_from(args).unwrap();
+        serve_workers(&cli.command)
+    }
+
+    #[test]
+    fn stdio_serve_runs_one_worker_and_http_one_per_core_unless_told() {
+        assert_eq!(
+            workers(&["airlock", "serve", "--config", "a.toml"]),
+            Some(1)
+        );
+        assert_eq!(
+            workers(&["airlock", "serve", "--config", "a.toml", "--http"]),
+            None
+        );
+        assert_eq!(
+            workers(&[
+                "airlock",
+                "serve",
+                "--config",
+                "a.toml",
+                "--http",
+                "--workers",
+                "3"
+            ]),
+            Some(3)
+        );
+        assert_eq!(
+            workers(&["airlock", "serve", "--config", "a.toml", "--workers", "2"]),
+            Some(2)
+        );
+        assert_eq!(workers(&["airlock", "review", "list"]), None);
+        assert!(
+            Cli::try_parse_from(["airlock", "serve", "--config", "a", "--workers", "0"]).is_err()
+        );
+    }
 }
