@@ -158,8 +158,8 @@ impl Runtime {
             // instead of madvise(DONTNEED) and a page fault per touched page at the next
             // call. With the PAGEMAP_SCAN ioctl (Linux ≥ 6.7) wasmtime resets only the
             // pages the call dirtied; without it, it memsets all of the first
-            // KEEP_RESIDENT_BYTES. The reset happens when the Store drops, on the reaper
-            // thread (see `reap`).
+            // KEEP_RESIDENT_BYTES. The reset happens when the Store drops, off the
+            // response path (see `reap`).
             .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
             .table_keep_resident(64 * 1024)
             .pagemap_scan(wasmtime::Enabled::Auto);
@@ -660,29 +660,22 @@ pub struct CallTimings {
     pub run: Duration,
 }
 
-/// Drops a call's Store on the `airlock-reaper` thread, off the response path: the
-/// instance's teardown (returning its pooled memory, tables and stack, dropping the WASI
-/// context) then costs the caller one channel send. Where the thread cannot be started,
-/// the Store is dropped here.
+/// Drops a call's Store off the response path with no thread hand-off: in a task of the
+/// current runtime (dropped in place outside one). The instance's teardown (its pooled
+/// memory reset to the pages the call dirtied, tables and stack returned, the WASI
+/// context dropped) then runs on the same worker once the call's task yields, after the
+/// task the call's answer woke (tokio polls a task woken by a running one from the
+/// worker's LIFO slot, before spawned ones), so the answer is written first. Before
+/// 2026-12-03 a dedicated `airlock-reaper` thread did this; waking it cost a futex
+/// system call and a context switch per call (BENCHMARKS.md §1).
 fn reap(store: Store<CallState>) {
-    static REAPER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Store<CallState>>>> =
-        std::sync::OnceLock::new();
-    let reaper = REAPER.get_or_init(|| {
-        let (send, receive) = std::sync::mpsc::channel::<Store<CallState>>();
-        std::thread::Builder::new()
-            .name("airlock-reaper".into())
-            .spawn(move || receive.into_iter().for_each(drop))
-            .map_err(|e| tracing::warn!("no reaper thread ({e}): Stores are dropped in line"))
-            .ok()
-            .map(|_| send)
-    });
-    match reaper {
-        Some(send) => {
-            if let Err(unsent) = send.send(store) {
-                drop(unsent.0);
-            }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            // If the runtime is shutting down the task is dropped at once, and the Store
+            // with it.
+            drop(runtime.spawn(async move { drop(store) }));
         }
-        None => drop(store),
+        Err(_) => drop(store),
     }
 }
 
@@ -780,7 +773,7 @@ impl LoadedAdapter {
         Ok((store, stdout, stderr))
     }
 
-    /// Instantiates the adapter in a fresh Store and hands the Store to the reaper,
+    /// Instantiates the adapter in a fresh Store and hands the Store to `reap`,
     /// calling nothing: the per-call setup cost a call waits for; benchmarks measure it.
     ///
     /// # Errors
@@ -921,7 +914,7 @@ impl LoadedAdapter {
         let exchanges = store.data_mut().bridge.exchanges.take().unwrap_or_default();
         timings.upstream = store.data().bridge.upstream_wait;
         // Tearing the instance down (its pooled memory reset, the Store's tables) is
-        // nobody's wait: it happens on the reaper thread.
+        // nobody's wait: it happens after the answer (`reap`).
         reap(store);
         CallOutcome {
             result,
