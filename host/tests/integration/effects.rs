@@ -78,6 +78,43 @@ fn show(d: &Deployment, id: &str) -> Value {
     d.airlock_json(&["intents", "show", id])
 }
 
+/// `intents resolve ID --as STATE` is refused because the row does not match the trace.
+fn resolve_is_refused_as_tampered(d: &Deployment, id: &str, state: &str) {
+    let refused = d.airlock(&[
+        "intents",
+        "resolve",
+        id,
+        "--as",
+        state,
+        "--evidence",
+        "what I saw upstream",
+    ]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("does not match the trace"), "{stderr}");
+}
+
+/// A new host's first call of the outbox mapping (`list_destinations`, a read): the
+/// mapping's open intents are reconciled before it runs.
+async fn first_call_on_a_new_host(d: &Deployment) {
+    let client = d
+        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
+        .await;
+    let r = call(&client, "list_destinations", serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.unwrap();
+}
+
+/// The trace's `intent-tampered` events.
+fn tampered_events(d: &Deployment) -> Vec<Value> {
+    d.trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "intent-tampered")
+        .collect()
+}
+
 #[tokio::test]
 async fn a_delivery_whose_answer_is_lost_is_reconciled_by_query_not_repeated() {
     let d = deployment(&["--fail-after-send"]);
@@ -266,14 +303,7 @@ async fn a_host_killed_mid_delivery_reconciles_before_the_next_call_and_delivers
     );
 
     // A new host: the first call of the mapping waits for the reconciliation.
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let r = call(&client, "list_destinations", serde_json::json!({}))
-        .await
-        .unwrap();
-    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
-    client.cancel().await.unwrap();
+    first_call_on_a_new_host(&d).await;
     let done = intents(&d, "completed");
     let intent = done
         .iter()
@@ -537,29 +567,11 @@ async fn an_intent_written_into_the_store_is_neither_reconciled_nor_resolvable()
         d.airlock_ok(&["intents", "show", forged])
             .starts_with("TAMPERED: ")
     );
-    let refused = d.airlock(&[
-        "intents",
-        "resolve",
-        forged,
-        "--as",
-        "failed",
-        "--evidence",
-        "nothing in the outbox",
-    ]);
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("does not match the trace"), "{stderr}");
+    resolve_is_refused_as_tampered(&d, forged, "failed");
 
     // A new host: the mapping's first call reconciles the open intents first; the forged
     // one is not acted on, so the upstream is asked nothing about it.
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let r = call(&client, "list_destinations", serde_json::json!({}))
-        .await
-        .unwrap();
-    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
-    client.cancel().await.unwrap();
+    first_call_on_a_new_host(&d).await;
     assert_eq!(
         keyed(&d, "lookup_delivery").len(),
         1,
@@ -571,11 +583,7 @@ async fn an_intent_written_into_the_store_is_neither_reconciled_nor_resolvable()
         1,
         "the forged row is left as it is"
     );
-    let tampered: Vec<Value> = d
-        .trace()
-        .into_iter()
-        .filter(|e| e["kind"] == "intent-tampered")
-        .collect();
+    let tampered = tampered_events(&d);
     assert_eq!(tampered.len(), 1, "{tampered:#?}");
     assert_eq!(tampered[0]["payload"]["intent"], forged);
 
@@ -650,32 +658,10 @@ async fn an_unknown_intent_closed_by_hand_in_the_store_is_found_from_the_trace()
             .map(|i| i["tampered"].is_string()),
         Some(true)
     );
-    let refused = d.airlock(&[
-        "intents",
-        "resolve",
-        &id,
-        "--as",
-        "completed",
-        "--evidence",
-        "it is there",
-    ]);
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("does not match the trace"), "{stderr}");
+    resolve_is_refused_as_tampered(&d, &id, "completed");
 
-    let client = d
-        .serve_profile("publisher", Person::new(ElicitationAction::Accept))
-        .await;
-    let r = call(&client, "list_destinations", serde_json::json!({}))
-        .await
-        .unwrap();
-    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
-    client.cancel().await.unwrap();
-    let tampered: Vec<Value> = d
-        .trace()
-        .into_iter()
-        .filter(|e| e["kind"] == "intent-tampered")
-        .collect();
+    first_call_on_a_new_host(&d).await;
+    let tampered = tampered_events(&d);
     assert_eq!(tampered.len(), 1, "{tampered:#?}");
     assert_eq!(tampered[0]["payload"]["intent"], id.as_str());
     assert!(
