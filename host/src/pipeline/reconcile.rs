@@ -508,11 +508,9 @@ async fn sweep(host: &Host, mapping: &Arc<ActiveMapping>, first: bool) {
     if first {
         // Trace-driven: an intent the trace leaves open whose row says otherwise, or has
         // no row, was closed or deleted by hand; nothing would list it as open.
-        let listed: std::collections::HashSet<&str> =
-            open.iter().map(|i| i.intent.id.as_str()).collect();
-        match store.intents_open_in_trace(&mapping.name, filter.limit) {
+        match store.intents_open_in_trace_only(&mapping.name, filter.limit) {
             Ok(ids) => {
-                for id in ids.iter().filter(|id| !listed.contains(id.as_str())) {
+                for id in &ids {
                     if let Some(why) = unproven_now(store, id) {
                         tampered(id, &why);
                     }

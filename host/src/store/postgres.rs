@@ -308,7 +308,7 @@ CREATE TABLE reference_bindings (
 CREATE INDEX reference_bindings_by_scope ON reference_bindings (scope, expires_ms);
 "#,
     // 2 → 3: the events that change an intent's state after its creation carry
-    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace), found by the
+    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace_only), found by the
     // intent their payload names; reads' outcome events stay out of the index.
     r#"
 CREATE INDEX trace_events_intent_states ON trace_events (((payload::jsonb ->> 'intent')), seq)
@@ -2280,7 +2280,11 @@ impl Store for PostgresStore {
         )
     }
 
-    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>> {
+    fn intents_open_in_trace_only(
+        &self,
+        mapping: &str,
+        limit: usize,
+    ) -> anyhow::Result<Vec<String>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(
             &format!("listing the intents of {mapping:?} the trace leaves open"),
@@ -2296,6 +2300,9 @@ impl Store for PostgresStore {
                              AND (e.payload::jsonb ->> 'intent_state') IS NOT NULL \
                              AND (e.payload::jsonb ->> 'intent') = (c.payload::jsonb ->> 'intent') \
                              AND (e.payload::jsonb ->> 'intent_state') IN ('completed', 'failed')) \
+                         AND NOT EXISTS (SELECT 1 FROM intents i \
+                             WHERE i.id = (c.payload::jsonb ->> 'intent') \
+                             AND i.state IN ('prepared', 'unknown')) \
                          ORDER BY c.seq LIMIT $2",
                         &[&mapping, &limit],
                     )

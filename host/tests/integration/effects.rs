@@ -276,9 +276,15 @@ async fn a_host_killed_mid_delivery_reconciles_before_the_next_call_and_delivers
     let mut params = rmcp::model::CallToolRequestParams::new("deliver_artifact");
     params.arguments = deliver_args(&artifact, &team).as_object().cloned();
     let in_flight = tokio::spawn(async move { peer.call_tool(params).await });
-    // Wait until the delivery is on the server's disk, with its answer withheld.
+    // Wait until the delivery is on the server's disk, with its answer withheld: the file
+    // and then its ledger line (a file without one is no delivery to the fixture).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while d.delivered("team-reports").is_empty() {
+    let ledger = d.dir.path().join("outbox").join(".deliveries.jsonl");
+    let recorded = || {
+        std::fs::read_to_string(&ledger)
+            .is_ok_and(|t| t.lines().any(|l| l.contains("team-reports")))
+    };
+    while d.delivered("team-reports").is_empty() || !recorded() {
         assert!(
             std::time::Instant::now() < deadline,
             "the delivery never happened"
@@ -682,4 +688,25 @@ async fn an_unknown_intent_closed_by_hand_in_the_store_is_found_from_the_trace()
     )
     .unwrap();
     assert_eq!(show(&d, &id)["tampered"], Value::Null);
+
+    // Deleted by hand, attempts and all: found from the trace too.
+    db.execute_batch(&format!(
+        "DELETE FROM intent_attempts WHERE intent_id = '{id}'; DELETE FROM intents WHERE id = '{id}';"
+    ))
+    .unwrap();
+    first_call_on_a_new_host(&d).await;
+    let tampered = tampered_events(&d);
+    assert_eq!(tampered.len(), 2, "{tampered:#?}");
+    assert_eq!(tampered[1]["payload"]["intent"], id.as_str());
+    assert!(
+        tampered[1]["payload"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("the store has no row for it")),
+        "{tampered:#?}"
+    );
+    assert_eq!(
+        keyed(&d, "lookup_delivery").len(),
+        asked,
+        "the upstream was asked about a deleted intent"
+    );
 }
