@@ -191,8 +191,12 @@ impl Store for NoCallTrace {
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.intent_proofs(id)
     }
-    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>> {
-        self.0.intents_open_in_trace(mapping, limit)
+    fn intents_open_in_trace_only(
+        &self,
+        mapping: &str,
+        limit: usize,
+    ) -> anyhow::Result<Vec<String>> {
+        self.0.intents_open_in_trace_only(mapping, limit)
     }
     fn create_approval(
         &self,

@@ -47,6 +47,7 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
 pub mod approvals;
+mod checkpoint;
 pub mod intents;
 pub mod key;
 pub mod observations;
@@ -305,7 +306,7 @@ CREATE INDEX trace_events_intent_proofs
     WHERE kind = 'intent-created';
 "#,
     // 8 → 9: the events that change an intent's state after its creation carry
-    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace); this index
+    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace_only); this index
     // finds them by the intent their payload names. Reads' outcome events, which name an
     // intent but change none, stay out of it.
     r#"
@@ -332,12 +333,13 @@ fn intent_proofs_sql() -> String {
     )
 }
 
-/// The SQL (SQLite) of [`Store::intents_open_in_trace`]: the intents of mapping `?1`
-/// whose `intent-created` event carries `intent_state` and which no state event closes.
+/// The SQL (SQLite) of [`Store::intents_open_in_trace_only`]: the intents of mapping `?1`
+/// whose `intent-created` event carries `intent_state`, which no state event closes, and
+/// whose row is missing or not open.
 /// `INDEXED BY`: on a young trace the planner would rather scan the whole table than walk
 /// the partial index of creations; the trace grows with every call, the index only with
 /// effects.
-fn intents_open_in_trace_sql() -> &'static str {
+fn intents_open_in_trace_only_sql() -> &'static str {
     "SELECT json_extract(c.payload, '$.intent') \
      FROM trace_events AS c INDEXED BY trace_events_intent_proofs \
      WHERE c.kind = 'intent-created' AND json_extract(c.payload, '$.mapping') = ?1 \
@@ -347,6 +349,8 @@ fn intents_open_in_trace_sql() -> &'static str {
          AND json_extract(e.payload, '$.intent_state') IS NOT NULL \
          AND json_extract(e.payload, '$.intent') = json_extract(c.payload, '$.intent') \
          AND json_extract(e.payload, '$.intent_state') IN ('completed', 'failed')) \
+     AND NOT EXISTS (SELECT 1 FROM intents i \
+         WHERE i.id = json_extract(c.payload, '$.intent') AND i.state IN ('prepared', 'unknown')) \
      ORDER BY c.seq LIMIT ?2"
 }
 
@@ -841,18 +845,24 @@ pub trait Store: Send + Sync {
     /// [`crate::pipeline::intent::prove_intent`]'s.
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
-    /// The ids of mapping `mapping`'s intents that the trace leaves open, oldest first, at
-    /// most `limit`: an `intent-created` event records them (with `intent_state`, so
-    /// written since schema 9) and no later event names them with `intent_state`
-    /// `completed` or `failed`. One query over the trace's intent indexes, whatever the
-    /// rows of the intents table say: it finds rows closed or deleted by hand. A
-    /// **prefilter**: the events are not MAC-checked here, so the caller proves each id
-    /// it acts on ([`Store::intent_proofs`]); a forged closing event hides an intent from
-    /// this list and is caught by [`Store::verify_trace`].
+    /// The ids of mapping `mapping`'s intents that the trace leaves open while their row
+    /// does not (closed, or missing), oldest first, at most `limit`: an `intent-created`
+    /// event records them (with `intent_state`, so written since schema 9), no later event
+    /// names them with `intent_state` `completed` or `failed`, and no row of theirs is
+    /// `prepared` or `unknown` (open rows are listed, and proven, from the intents table).
+    /// So it finds rows closed or deleted by hand, however many intents are open. One query
+    /// over the trace's intent indexes and the intents table's key. A **prefilter**: the
+    /// events are not MAC-checked here, so the caller proves each id it acts on
+    /// ([`Store::intent_proofs`]); a forged closing event hides an intent from this list
+    /// and is caught by [`Store::verify_trace`].
     ///
     /// # Errors
     /// The store fails.
-    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>>;
+    fn intents_open_in_trace_only(
+        &self,
+        mapping: &str,
+        limit: usize,
+    ) -> anyhow::Result<Vec<String>>;
 
     /// How many events are missing from the trace between `seq` and its head: the head's
     /// seq minus `seq`, plus one, minus the events stored there (one indexed count, read in
@@ -1040,6 +1050,9 @@ pub trait Store: Send + Sync {
 /// [`Store`] on one SQLite database file. One connection per value, behind a mutex; open
 /// one value per process and share it.
 pub struct SqliteStore {
+    /// Dropped first (fields drop in order): its thread and connection are gone before
+    /// `conn` closes (see [`checkpoint::Checkpointer`]).
+    checkpointer: Option<checkpoint::Checkpointer>,
     conn: Mutex<Connection>,
     path: PathBuf,
     commit: trace::GroupCommit,
@@ -1175,12 +1188,23 @@ impl SqliteStore {
             }
         };
         migrate(&mut conn, path, &key)?;
+        let checkpointer = checkpoint::move_off_request_path(&mut conn, path, BUSY_TIMEOUT);
         Ok(Self {
+            checkpointer,
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
             commit: trace::GroupCommit::default(),
             key,
         })
+    }
+
+    /// How many WAL checkpoints the store's `airlock-checkpoint` thread has run, or `None`
+    /// when SQLite's automatic checkpoint runs inside commits instead (the thread or its
+    /// connection could not start; see `store::checkpoint`).
+    pub fn wal_checkpoints(&self) -> Option<u64> {
+        self.checkpointer
+            .as_ref()
+            .map(|c| c.done.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The host key the trace is MACed with.
@@ -2238,10 +2262,14 @@ impl Store for SqliteStore {
             .with_context(|| self.context(&format!("reading the proofs of intent {id:?}")))
     }
 
-    fn intents_open_in_trace(&self, mapping: &str, limit: usize) -> anyhow::Result<Vec<String>> {
+    fn intents_open_in_trace_only(
+        &self,
+        mapping: &str,
+        limit: usize,
+    ) -> anyhow::Result<Vec<String>> {
         let conn = self.lock();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        conn.prepare_cached(intents_open_in_trace_sql())
+        conn.prepare_cached(intents_open_in_trace_only_sql())
             .and_then(|mut stmt| {
                 stmt.query_map(params![mapping, limit], |r| r.get::<_, String>(0))?
                     .collect::<Result<Vec<_>, _>>()
@@ -2610,6 +2638,33 @@ mod tests {
         (dir, store)
     }
 
+    /// The trace's commits do not checkpoint: the store's thread does, once the WAL passes
+    /// its threshold, and the store's files are as SQLite leaves them when it closes.
+    #[test]
+    fn the_stores_checkpoints_run_on_its_thread() {
+        let (dir, store) = open_temp();
+        assert_eq!(store.wal_checkpoints(), Some(0));
+        let big = "x".repeat(3000);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut n = 0;
+        while store.wal_checkpoints() == Some(0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint after {n} commits"
+            );
+            store
+                .append_trace("test", "s", &json!({"n": n, "pad": big}))
+                .unwrap();
+            n += 1;
+        }
+        drop(store);
+        let state = dir.path().join("state");
+        assert!(
+            !state.join("airlock.db-wal").exists(),
+            "the last close removes the WAL"
+        );
+    }
+
     /// The plan of `sql` with `params`, one step per line.
     fn plan(store: &SqliteStore, sql: &str, params: impl rusqlite::Params) -> String {
         let conn = store.lock();
@@ -2631,7 +2686,7 @@ mod tests {
         assert!(proofs.contains("trace_events_intent_proofs"), "{proofs}");
         assert!(proofs.contains("trace_events_intent_states"), "{proofs}");
         assert!(!proofs.contains("SCAN trace_events"), "{proofs}");
-        let open = plan(&store, intents_open_in_trace_sql(), params!["m", 10]);
+        let open = plan(&store, intents_open_in_trace_only_sql(), params!["m", 10]);
         assert!(open.contains("trace_events_intent_proofs"), "{open}");
         assert!(open.contains("trace_events_intent_states"), "{open}");
     }
