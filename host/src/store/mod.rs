@@ -47,13 +47,13 @@ use rusqlite::types::Type;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
 pub mod approvals;
-mod checkpoint;
 pub mod intents;
 pub mod key;
 pub mod observations;
 pub mod postgres;
 pub mod shared;
 pub mod trace;
+mod wal_checkpoint;
 
 pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
@@ -1051,8 +1051,8 @@ pub trait Store: Send + Sync {
 /// one value per process and share it.
 pub struct SqliteStore {
     /// Dropped first (fields drop in order): its thread and connection are gone before
-    /// `conn` closes (see [`checkpoint::Checkpointer`]).
-    checkpointer: Option<checkpoint::Checkpointer>,
+    /// `conn` closes (see [`wal_checkpoint::WalCheckpointer`]).
+    checkpointer: Option<wal_checkpoint::WalCheckpointer>,
     conn: Mutex<Connection>,
     path: PathBuf,
     commit: trace::GroupCommit,
@@ -1188,7 +1188,7 @@ impl SqliteStore {
             }
         };
         migrate(&mut conn, path, &key)?;
-        let checkpointer = checkpoint::move_off_request_path(&mut conn, path, BUSY_TIMEOUT);
+        let checkpointer = wal_checkpoint::move_off_request_path(&mut conn, path, BUSY_TIMEOUT);
         Ok(Self {
             checkpointer,
             conn: Mutex::new(conn),
@@ -1198,9 +1198,9 @@ impl SqliteStore {
         })
     }
 
-    /// How many WAL checkpoints the store's `airlock-checkpoint` thread has run, or `None`
+    /// How many WAL checkpoints the store's `airlock-wal-checkpoint` thread has run, or `None`
     /// when SQLite's automatic checkpoint runs inside commits instead (the thread or its
-    /// connection could not start; see `store::checkpoint`).
+    /// connection could not start; see `store::wal_checkpoint`).
     pub fn wal_checkpoints(&self) -> Option<u64> {
         self.checkpointer
             .as_ref()

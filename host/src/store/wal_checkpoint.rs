@@ -5,7 +5,7 @@
 //! paid for copying ~1000 pages back into the database and two `fsync`s (BENCHMARKS.md §10:
 //! SQLite's p99 of ~3 ms on receipts and intents). Here the store's connection reports its
 //! WAL size after each commit (`sqlite3_wal_hook`, which also switches the automatic
-//! checkpoint off); past [`THRESHOLD_PAGES`] it wakes the `airlock-checkpoint` thread, once
+//! checkpoint off); past [`THRESHOLD_PAGES`] it wakes the `airlock-wal-checkpoint` thread, once
 //! until that thread has run, and the thread runs a `PASSIVE` checkpoint on a connection of
 //! its own, which copies what no reader still needs while writers go on committing.
 //!
@@ -25,11 +25,11 @@ use rusqlite::{Connection, OpenFlags};
 /// threshold (`SQLITE_DEFAULT_WAL_AUTOCHECKPOINT`).
 pub const THRESHOLD_PAGES: i32 = 1000;
 
-/// The `airlock-checkpoint` thread of one store. Dropping it stops the thread and waits for
+/// The `airlock-wal-checkpoint` thread of one store. Dropping it stops the thread and waits for
 /// it, closing its connection: drop it before the store's own connection, so that the
 /// store's connection is the last one and, closing, checkpoints and removes the WAL as
 /// SQLite always did, before the drop returns.
-pub struct Checkpointer {
+pub struct WalCheckpointer {
     wake: std::sync::mpsc::SyncSender<()>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -37,7 +37,7 @@ pub struct Checkpointer {
     pub done: Arc<AtomicU64>,
 }
 
-impl Drop for Checkpointer {
+impl Drop for WalCheckpointer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         // Full: a wake-up is queued already, and the thread sees `stop` after it.
@@ -48,7 +48,7 @@ impl Drop for Checkpointer {
     }
 }
 
-/// Moves `conn`'s checkpoints to an `airlock-checkpoint` thread with its own connection to
+/// Moves `conn`'s checkpoints to an `airlock-wal-checkpoint` thread with its own connection to
 /// `path` (the same file, opened without creating it and without following links). `None`
 /// when it could not take them over: the automatic checkpoint is then left on (and a
 /// warning logged).
@@ -56,7 +56,7 @@ pub fn move_off_request_path(
     conn: &mut Connection,
     path: &Path,
     busy: std::time::Duration,
-) -> Option<Checkpointer> {
+) -> Option<WalCheckpointer> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_NOFOLLOW;
@@ -86,7 +86,7 @@ pub fn move_off_request_path(
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
     let started = std::thread::Builder::new()
-        .name("airlock-checkpoint".into())
+        .name("airlock-wal-checkpoint".into())
         .spawn(move || {
             while asked.recv().is_ok() && !stopped.load(Ordering::Acquire) {
                 running.store(false, Ordering::Release);
@@ -106,7 +106,7 @@ pub fn move_off_request_path(
             return None;
         }
     };
-    let checkpointer = Checkpointer {
+    let checkpointer = WalCheckpointer {
         wake: wake.clone(),
         stop,
         thread: Some(thread),
