@@ -11,9 +11,8 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::json;
 
 use crate::registry::Registry;
-use crate::registry::events;
 use crate::store::{
-    AttemptRecord, AttemptState, IntentFilter, IntentRecord, IntentState, NewEvent, Resolution,
+    AttemptRecord, AttemptState, IntentFilter, IntentRecord, IntentState, Resolution,
     ResolutionMethod,
 };
 
@@ -182,20 +181,7 @@ pub fn resolve(
         by: by.to_string(),
         evidence: json!({"statement": evidence}),
     };
-    let event = NewEvent::new(
-        events::INTENT_RESOLVED,
-        record.intent.call_id.clone(),
-        json!({
-            "intent": record.intent.id,
-            "capability": record.intent.capability,
-            "mapping": record.intent.mapping,
-            "state": state,
-            "intent_state": state,
-            "method": ResolutionMethod::Person,
-            "by": by,
-            "evidence": resolution.evidence,
-        }),
-    );
+    let event = crate::pipeline::reconcile::resolved_event(&record, &resolution);
     store.resolve_intent(&record.intent.id, &resolution, vec![event])
 }
 

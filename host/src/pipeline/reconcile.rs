@@ -217,6 +217,28 @@ pub enum Reconciled {
     Held(String),
 }
 
+/// The `intent-resolved` event of `resolution` of `intent`, written in the resolution's
+/// transaction: the intent's id, capability and mapping, the resolution (state, method,
+/// who, evidence) and `intent_state`, the state it gives the intent in the trace
+/// ([`crate::pipeline::intent::traced_state`]). The host's resolutions and a person's
+/// (`airlock intents resolve`) use it alike.
+pub fn resolved_event(intent: &IntentRecord, resolution: &Resolution) -> NewEvent {
+    NewEvent::new(
+        events::INTENT_RESOLVED,
+        intent.intent.call_id.clone(),
+        json!({
+            "intent": intent.intent.id,
+            "capability": intent.intent.capability,
+            "mapping": intent.intent.mapping,
+            "state": resolution.state,
+            "intent_state": resolution.state,
+            "method": resolution.method,
+            "by": resolution.by,
+            "evidence": resolution.evidence,
+        }),
+    )
+}
+
 /// Reconciles one open intent of `mapping` (see the module rules). `carrier`: the
 /// connection that carried the intent's requests, `None` when the host that sent them
 /// stopped; once it is closed, no request of the intent can still be processed.
@@ -243,21 +265,7 @@ pub async fn reconcile(
             by: "airlock".into(),
             evidence,
         };
-        let event = NewEvent::new(
-            events::INTENT_RESOLVED,
-            intent.intent.call_id.clone(),
-            json!({
-                "intent": id,
-                "capability": intent.intent.capability,
-                "mapping": intent.intent.mapping,
-                "state": state,
-                "intent_state": state,
-                "method": method,
-                "by": "airlock",
-                "evidence": resolution.evidence,
-            }),
-        );
-        store.resolve_intent(id, &resolution, vec![event])
+        store.resolve_intent(id, &resolution, vec![resolved_event(intent, &resolution)])
     };
     if !sent {
         return match resolve(
@@ -401,21 +409,7 @@ pub async fn retry_same_key(
         by: "airlock".into(),
         evidence: json!({"attempt": number, "record": evidence_of(&value)}),
     };
-    let event = NewEvent::new(
-        events::INTENT_RESOLVED,
-        intent.intent.call_id.clone(),
-        json!({
-            "intent": id,
-            "capability": intent.intent.capability,
-            "mapping": intent.intent.mapping,
-            "state": IntentState::Completed,
-            "intent_state": IntentState::Completed,
-            "method": ResolutionMethod::Retry,
-            "by": "airlock",
-            "evidence": resolution.evidence,
-        }),
-    );
-    match store.resolve_intent(id, &resolution, vec![event]) {
+    match store.resolve_intent(id, &resolution, vec![resolved_event(intent, &resolution)]) {
         Ok(_) => Retried::Completed(value),
         Err(e) => Retried::Failed(format!("recording the resolution failed: {e:#}")),
     }

@@ -107,6 +107,32 @@ async fn first_call_on_a_new_host(d: &Deployment) {
     client.cancel().await.unwrap();
 }
 
+/// A new host's first call traces `intent-tampered` for `id` as its `nth` such event,
+/// saying `why`, and the upstream is asked no more queries than the `asked` before.
+async fn traced_tampered_on_a_new_host(
+    d: &Deployment,
+    id: &str,
+    nth: usize,
+    why: &str,
+    asked: usize,
+) {
+    first_call_on_a_new_host(d).await;
+    let tampered = tampered_events(d);
+    assert_eq!(tampered.len(), nth, "{tampered:#?}");
+    assert_eq!(tampered[nth - 1]["payload"]["intent"], id);
+    assert!(
+        tampered[nth - 1]["payload"]["why"]
+            .as_str()
+            .is_some_and(|w| w.contains(why)),
+        "{tampered:#?}"
+    );
+    assert_eq!(
+        keyed(d, "lookup_delivery").len(),
+        asked,
+        "the upstream was asked about an intent edited in the store"
+    );
+}
+
 /// The trace's `intent-tampered` events.
 fn tampered_events(d: &Deployment) -> Vec<Value> {
     d.trace()
@@ -666,21 +692,7 @@ async fn an_unknown_intent_closed_by_hand_in_the_store_is_found_from_the_trace()
     );
     resolve_is_refused_as_tampered(&d, &id, "completed");
 
-    first_call_on_a_new_host(&d).await;
-    let tampered = tampered_events(&d);
-    assert_eq!(tampered.len(), 1, "{tampered:#?}");
-    assert_eq!(tampered[0]["payload"]["intent"], id.as_str());
-    assert!(
-        tampered[0]["payload"]["why"]
-            .as_str()
-            .is_some_and(|w| w.contains("the trace says unknown")),
-        "{tampered:#?}"
-    );
-    assert_eq!(
-        keyed(&d, "lookup_delivery").len(),
-        asked,
-        "the upstream was asked about an intent whose row was edited"
-    );
+    traced_tampered_on_a_new_host(&d, &id, 1, "the trace says unknown", asked).await;
 
     db.execute(
         "UPDATE intents SET state = 'unknown' WHERE id = ?1",
@@ -694,19 +706,5 @@ async fn an_unknown_intent_closed_by_hand_in_the_store_is_found_from_the_trace()
         "DELETE FROM intent_attempts WHERE intent_id = '{id}'; DELETE FROM intents WHERE id = '{id}';"
     ))
     .unwrap();
-    first_call_on_a_new_host(&d).await;
-    let tampered = tampered_events(&d);
-    assert_eq!(tampered.len(), 2, "{tampered:#?}");
-    assert_eq!(tampered[1]["payload"]["intent"], id.as_str());
-    assert!(
-        tampered[1]["payload"]["why"]
-            .as_str()
-            .is_some_and(|w| w.contains("the store has no row for it")),
-        "{tampered:#?}"
-    );
-    assert_eq!(
-        keyed(&d, "lookup_delivery").len(),
-        asked,
-        "the upstream was asked about a deleted intent"
-    );
+    traced_tampered_on_a_new_host(&d, &id, 2, "the store has no row for it", asked).await;
 }
