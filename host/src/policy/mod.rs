@@ -128,6 +128,10 @@ pub struct PolicyFile {
 pub struct Policy {
     set: PolicySet,
     digest: Arc<str>,
+    /// Unique to this load in this process: the decision cache's key names the policy by
+    /// it, not by the digest (which covers the files' bytes, not their labels, and so
+    /// not the default policy ids a decision's `determining` lists).
+    serial: u64,
     files: Vec<PolicyFile>,
     /// Which file each policy came from (index into `files`).
     origin: HashMap<PolicyId, usize>,
@@ -272,9 +276,11 @@ impl Policy {
         let canonical = serde_json_canonicalizer::to_string(&digests)
             .context("canonicalizing the policy digest")?;
         let digest = hex::encode(sha2::Sha256::digest(canonical.as_bytes()));
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Self {
             set,
             digest: Arc::from(digest),
+            serial: SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             files,
             origin,
         })
@@ -477,21 +483,33 @@ impl Principal {
         Ok(Self {
             uid,
             entities: Arc::new(entities),
-            key: Arc::from(format!(
-                "{name}\u{0}{}\u{0}{transport}",
-                roles.join("\u{0}")
-            )),
+            key: {
+                let mut key = String::new();
+                push_fields(&mut key, &[name, transport, &roles.len().to_string()]);
+                let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+                push_fields(&mut key, &roles);
+                Arc::from(key)
+            },
         })
     }
 }
 
-/// Entity sets by (principal, capability facts): building them (and their transitive
-/// closure) is most of a decision's cost, and they only change with the mapping's revision
-/// or state.
-type EntityKey = (Arc<str>, String, i64, String);
-
-/// Most entity sets kept.
+/// Most entity sets kept (by principal and capability facts: building them and their
+/// transitive closure is most of an evaluation's cost, and they change only with the
+/// mapping's revision or state).
 const ENTITY_CACHE: usize = 4096;
+
+/// Most decisions kept (see [`PolicyEngine`]).
+const DECISION_CACHE: usize = 4096;
+
+/// Appends each of `fields` to `key` as its byte length, `:` and its text, so two
+/// different lists of fields never give the same key (a name may hold any character).
+fn push_fields(key: &mut String, fields: &[&str]) {
+    use std::fmt::Write as _;
+    for field in fields {
+        let _ = write!(key, "{}:{field}", field.len());
+    }
+}
 
 /// What policy knows about a capability at decision time.
 #[derive(Debug, Clone)]
@@ -537,22 +555,57 @@ pub struct CallFacts<'a> {
 }
 
 /// Decides with the current policy; the policy can be replaced while the host runs.
+///
+/// Rule: a decision is a function of what Cedar is given — the policy, the principal, the
+/// action, the capability's facts (its entities) and the call's facts (its context) —
+/// because Cedar's evaluation reads nothing else (no clock, no randomness, no I/O). So
+/// decisions are kept by all of those (at most [`DECISION_CACHE`], least recently used
+/// first out) and an equal question is answered without asking Cedar again. The policy
+/// is named by its load (`Policy::serial`), so a replaced policy, a new mapping revision
+/// or state, another destination or artifact size is a new question; evaluation errors
+/// are logged again on every answer that carries them.
 pub struct PolicyEngine {
     authorizer: Authorizer,
     current: ArcSwap<Policy>,
-    entities: std::sync::Mutex<lru::LruCache<EntityKey, Arc<Entities>>>,
+    entities: std::sync::Mutex<lru::LruCache<String, Arc<Entities>>>,
+    decisions: std::sync::Mutex<lru::LruCache<String, Decision>>,
+    /// Questions put to Cedar (each decision asks one or two).
+    evaluations: std::sync::atomic::AtomicU64,
 }
 
 impl PolicyEngine {
     /// An engine deciding with `policy`.
     pub fn new(policy: Policy) -> Self {
+        let size = |n| std::num::NonZeroUsize::new(n).expect("non-zero");
         Self {
             authorizer: Authorizer::new(),
             current: ArcSwap::from_pointee(policy),
-            entities: std::sync::Mutex::new(lru::LruCache::new(
-                std::num::NonZeroUsize::new(ENTITY_CACHE).expect("non-zero"),
-            )),
+            entities: std::sync::Mutex::new(lru::LruCache::new(size(ENTITY_CACHE))),
+            decisions: std::sync::Mutex::new(lru::LruCache::new(size(DECISION_CACHE))),
+            evaluations: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many questions this engine has put to Cedar so far (a decision not found among
+    /// the kept ones asks one, or two for require-approval and deny).
+    pub fn evaluations(&self) -> u64 {
+        self.evaluations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The kept decision for `key`, its evaluation errors logged again.
+    fn kept(&self, key: &str) -> Option<Decision> {
+        let mut kept = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        let decision = kept.get(key)?.clone();
+        drop(kept);
+        for e in &decision.errors {
+            tracing::warn!("policy evaluation error (the policy was skipped): {e}");
+        }
+        Some(decision)
+    }
+
+    fn keep(&self, key: String, decision: &Decision) {
+        let mut kept = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
+        kept.put(key, decision.clone());
     }
 
     /// The current policy.
@@ -563,18 +616,34 @@ impl PolicyEngine {
     /// Replaces the policy: the next decision uses `policy`.
     pub fn replace(&self, policy: Policy) {
         self.current.store(Arc::new(policy));
+        // Kept decisions name the old policy's serial and cannot be asked for again.
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// May `principal` use `profile`?
     pub fn may_use_profile(&self, principal: &Principal, profile: &str) -> Decision {
         let policy = self.current();
+        let mut key = format!("{}/use-profile/", policy.serial);
+        push_fields(&mut key, &[&principal.key, profile]);
+        if let Some(decision) = self.kept(&key) {
+            return decision;
+        }
+        let decision = self.ask_use_profile(&policy, principal, profile);
+        self.keep(key, &decision);
+        decision
+    }
+
+    fn ask_use_profile(&self, policy: &Policy, principal: &Principal, profile: &str) -> Decision {
         let resource = uid("Profile", profile);
         let entities = match Entities::from_entities(principal.entities.as_ref().clone(), None) {
             Ok(e) => e,
             Err(e) => return Decision::unbuildable(&policy.digest, &e),
         };
         let (allowed, determining, errors) = self.ask(
-            &policy,
+            policy,
             principal,
             action("use-profile"),
             resource,
@@ -613,8 +682,40 @@ impl PolicyEngine {
         call: &CallFacts<'_>,
         approved: bool,
     ) -> Decision {
+        let facts = capability_key(principal, capability);
+        let mut key = format!("{}/call/{}/", policy.serial, u8::from(approved));
+        key.push_str(&facts);
+        let bytes = call.artifact_bytes.map(|b| b.to_string());
+        push_fields(
+            &mut key,
+            &[
+                call.profile,
+                call.transport,
+                call.protocol,
+                if call.destination.is_some() { "1" } else { "0" },
+                call.destination.unwrap_or(""),
+                bytes.as_deref().unwrap_or("-"),
+            ],
+        );
+        if let Some(decision) = self.kept(&key) {
+            return decision;
+        }
+        let decision = self.ask_call(policy, principal, capability, facts, call, approved);
+        self.keep(key, &decision);
+        decision
+    }
+
+    fn ask_call(
+        &self,
+        policy: &Policy,
+        principal: &Principal,
+        capability: &CapabilityFacts<'_>,
+        facts: String,
+        call: &CallFacts<'_>,
+        approved: bool,
+    ) -> Decision {
         let resource = uid("Capability", capability.name);
-        let entities = match self.entities_for(principal, capability) {
+        let entities = match self.entities_for(principal, capability, facts) {
             Ok(e) => e,
             Err(e) => return Decision::unbuildable(&policy.digest, &e),
         };
@@ -654,30 +755,14 @@ impl PolicyEngine {
         }
     }
 
-    /// The entity set for `principal` and `capability` (cached; see [`EntityKey`]).
+    /// The entity set for `principal` and `capability`, kept by `key`
+    /// ([`capability_key`]).
     fn entities_for(
         &self,
         principal: &Principal,
         capability: &CapabilityFacts<'_>,
+        key: String,
     ) -> Result<Arc<Entities>> {
-        let key: EntityKey = (
-            principal.key.clone(),
-            format!(
-                "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}{}{}\u{0}{}\u{0}{}",
-                capability.name,
-                capability.mapping,
-                capability.contract,
-                capability.function,
-                capability.effect_class,
-                u8::from(capability.idempotent),
-                u8::from(capability.queryable),
-                u8::from(capability.compensable),
-                capability.connection,
-                capability.data_class
-            ),
-            capability.mapping_revision,
-            capability.mapping_state.to_string(),
-        );
         let mut cache = self.entities.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = cache.get(&key) {
             return Ok(e.clone());
@@ -703,6 +788,8 @@ impl PolicyEngine {
             Ok(r) => r,
             Err(e) => return (false, Vec::new(), vec![format!("request: {e}")]),
         };
+        self.evaluations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let response = self
             .authorizer
             .is_authorized(&request, &policy.set, entities);
@@ -725,6 +812,36 @@ impl PolicyEngine {
             errors,
         )
     }
+}
+
+/// Everything the entities of a decision are built from: the principal (name, roles,
+/// transport) and every capability fact, each field length-prefixed ([`push_fields`]).
+fn capability_key(principal: &Principal, c: &CapabilityFacts<'_>) -> String {
+    let mut key = String::with_capacity(256);
+    key.push_str(&principal.key);
+    let revision = c.mapping_revision.to_string();
+    let flags = format!(
+        "{}{}{}",
+        u8::from(c.idempotent),
+        u8::from(c.queryable),
+        u8::from(c.compensable)
+    );
+    push_fields(
+        &mut key,
+        &[
+            c.name,
+            c.mapping,
+            c.contract,
+            c.function,
+            c.effect_class,
+            &flags,
+            c.connection,
+            c.data_class,
+            &revision,
+            c.mapping_state,
+        ],
+    );
+    key
 }
 
 /// The category of a denial: the first determining forbid's `@category`, else
@@ -1066,5 +1183,143 @@ when { resource.queryable && resource.idempotent && !resource.compensable };
         );
         assert_ne!(a.digest(), c.digest());
         assert_eq!(a.origin("no-big"), Some("a.cedar"));
+    }
+
+    #[test]
+    fn an_equal_question_is_answered_from_the_kept_decisions_and_any_change_is_asked_again() {
+        let policy = Policy::from_texts(&[("airlock.cedar".into(), POLICY.into())]).unwrap();
+        let engine = PolicyEngine::new(policy);
+        let p = principal();
+        let deliver = capability("external-effect", "deliver_artifact");
+        let asked = |engine: &PolicyEngine, facts: &CapabilityFacts<'_>, call: &CallFacts<'_>| {
+            let before = engine.evaluations();
+            let d = engine.decide_call(&p, facts, call);
+            (d.verdict, engine.evaluations() - before)
+        };
+        let team = call("publisher", Some("team-reports"));
+        // Require-approval asks Cedar twice; the same question again asks nothing.
+        assert_eq!(
+            asked(&engine, &deliver, &team),
+            (Verdict::RequireApproval, 2)
+        );
+        assert_eq!(
+            asked(&engine, &deliver, &team),
+            (Verdict::RequireApproval, 0)
+        );
+        // Another destination, artifact size, profile, protocol, mapping state or revision
+        // is another question, with its own answer.
+        let partner = call("publisher", Some("partner-drop"));
+        assert_eq!(
+            asked(&engine, &deliver, &partner).0,
+            Verdict::Deny(DenyCategory::OutsideScope)
+        );
+        let mut big = call("publisher", Some("team-reports"));
+        big.artifact_bytes = Some(2_000_000);
+        assert_eq!(
+            asked(&engine, &deliver, &big).0,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        let mut unsized_call = team.clone();
+        unsized_call.artifact_bytes = None;
+        assert_eq!(asked(&engine, &deliver, &unsized_call).1, 2);
+        let mut other_protocol = team.clone();
+        other_protocol.protocol = "2026-07-28";
+        assert_eq!(asked(&engine, &deliver, &other_protocol).1, 2);
+        assert_eq!(
+            asked(&engine, &deliver, &call("reader", Some("team-reports"))).0,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        let read = capability("read", "search");
+        assert_eq!(
+            asked(&engine, &read, &call("reader", None)),
+            (Verdict::Allow, 1)
+        );
+        let stopped = CapabilityFacts {
+            mapping_state: "review-required",
+            ..read.clone()
+        };
+        assert_eq!(asked(&engine, &stopped, &call("reader", None)).1, 1);
+        let newer = CapabilityFacts {
+            mapping_revision: 3,
+            ..read.clone()
+        };
+        assert_eq!(asked(&engine, &newer, &call("reader", None)).1, 1);
+        // Another requester, or the same name with other roles.
+        let bob = Principal::new("bob", &[], "stdio").unwrap();
+        let before = engine.evaluations();
+        assert_eq!(
+            engine.decide_call(&bob, &deliver, &team).verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        assert_eq!(engine.evaluations() - before, 2);
+        // The receipt-holding question is its own (approved): allow, asked once.
+        let before = engine.evaluations();
+        let held = engine.decide_call_with(&engine.current(), &p, &deliver, &team, true);
+        assert_eq!(
+            (held.verdict, engine.evaluations() - before),
+            (Verdict::Allow, 1)
+        );
+        // A replaced policy is asked again, even for a question asked before: the call
+        // that was allowed is now denied.
+        let forbid_reads = format!(
+            "{POLICY}\n@id(\"no-reads\")\nforbid (principal, action == Airlock::Action::\"call\", resource) when {{ resource.effect_class == \"read\" }};"
+        );
+        engine.replace(Policy::from_texts(&[("airlock.cedar".into(), forbid_reads)]).unwrap());
+        let (verdict, evaluations) = asked(&engine, &read, &call("reader", None));
+        assert_eq!(verdict, Verdict::Deny(DenyCategory::CapabilityUnavailable));
+        assert!(evaluations >= 1);
+        // The same text loaded again is another load: asked again, and its answer names
+        // its own file's policy ids.
+        engine.replace(Policy::from_texts(&[("airlock.cedar".into(), POLICY.into())]).unwrap());
+        assert_eq!(
+            asked(&engine, &read, &call("reader", None)),
+            (Verdict::Allow, 1)
+        );
+        let text = POLICY.replace("@id(\"reader-reads\")\n", "");
+        engine.replace(Policy::from_texts(&[("first.cedar".into(), text.clone())]).unwrap());
+        let first = engine.decide_call(&p, &read, &call("reader", None));
+        engine.replace(Policy::from_texts(&[("second.cedar".into(), text)]).unwrap());
+        let second = engine.decide_call(&p, &read, &call("reader", None));
+        assert_eq!(first.policy_digest, second.policy_digest);
+        assert_eq!(first.determining, ["first.cedar#1"]);
+        assert_eq!(second.determining, ["second.cedar#1"]);
+    }
+
+    #[test]
+    fn profile_use_is_kept_per_policy_principal_and_profile() {
+        let engine = PolicyEngine::new(Policy::builtin());
+        let p = principal();
+        let before = engine.evaluations();
+        assert_eq!(engine.may_use_profile(&p, "any").verdict, Verdict::Allow);
+        assert_eq!(engine.may_use_profile(&p, "any").verdict, Verdict::Allow);
+        assert_eq!(engine.evaluations() - before, 1);
+        engine.replace(Policy::from_texts(&[("airlock.cedar".into(), POLICY.into())]).unwrap());
+        assert_eq!(
+            engine.may_use_profile(&p, "any").verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        assert_eq!(engine.evaluations() - before, 2);
+    }
+
+    #[test]
+    fn keys_do_not_run_fields_together() {
+        // "ab" + "c" and "a" + "bc" are different requesters, roles and capabilities.
+        let a = Principal::new("ab", &["c".to_string()], "stdio").unwrap();
+        let b = Principal::new("a", &["bc".to_string()], "stdio").unwrap();
+        let c = Principal::new("a", &["b".to_string(), "c".to_string()], "stdio").unwrap();
+        assert_ne!(a.key, b.key);
+        assert_ne!(b.key, c.key);
+        let x = capability("read", "ab");
+        let y = CapabilityFacts {
+            name: "a",
+            mapping: "boutbox-delivery",
+            ..x.clone()
+        };
+        let z = CapabilityFacts {
+            mapping: "boutbox-delivery",
+            ..x.clone()
+        };
+        assert_ne!(capability_key(&a, &x), capability_key(&a, &y));
+        assert_ne!(capability_key(&a, &z), capability_key(&a, &y));
     }
 }
