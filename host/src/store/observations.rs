@@ -84,27 +84,38 @@ pub fn observation_id(
     format!("obs_{}", &digest[..32])
 }
 
-/// The upsert behind [`write_in`]: a new observation links to the identity's most recently
-/// seen one; a known one only moves `last_seen_ms` and `seen`.
-const UPSERT: &str = "INSERT INTO observations (id, connection_id, connection, snapshot_digest, \
+/// The first statement of [`write_in`]: content seen before under the same identity (the
+/// same id) only moves `last_seen_ms` and `seen`. It is tried first because a re-read of
+/// unchanged content is the common case, and it needs no look-up of the identity's latest
+/// observation.
+const SEEN_AGAIN: &str = "UPDATE observations SET last_seen_ms = max(last_seen_ms, ?2), \
+     seen = seen + 1 WHERE id = ?1";
+
+/// The second, when [`SEEN_AGAIN`] changed no row: a new observation, linked to the
+/// identity's most recently seen one.
+const INSERT: &str = "INSERT INTO observations (id, connection_id, connection, snapshot_digest, \
      method, target, arguments_sha256, item, kind, media_type, sha256, bytes, request_id, \
      call_id, retrieved_ms, last_seen_ms, seen, previous) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15, 1, \
      (SELECT id FROM observations WHERE connection_id = ?2 AND method = ?5 AND target = ?6 \
-      AND arguments_sha256 = ?7 AND item = ?8 AND id <> ?1 \
-      ORDER BY last_seen_ms DESC, seq DESC LIMIT 1)) \
-     ON CONFLICT (id) DO UPDATE SET last_seen_ms = max(last_seen_ms, excluded.last_seen_ms), \
-     seen = seen + 1";
+      AND arguments_sha256 = ?7 AND item = ?8 \
+      ORDER BY last_seen_ms DESC, seq DESC LIMIT 1))";
 
-/// Records `observations` inside the open write transaction on `tx`.
+/// Records `observations` inside the open write transaction on `tx` (the caller's
+/// transaction makes the two statements of each item one change).
 pub(super) fn write_in(tx: &Connection, observations: &[NewObservation]) -> anyhow::Result<()> {
     if observations.is_empty() {
         return Ok(());
     }
-    let mut upsert = tx.prepare_cached(UPSERT)?;
+    let mut seen_again = tx.prepare_cached(SEEN_AGAIN)?;
+    let mut insert = tx.prepare_cached(INSERT)?;
     for o in observations {
         let bytes = i64::try_from(o.bytes)?;
-        upsert.execute(rusqlite::params![
+        let retrieved_ms = ms_to_sql(o.retrieved_ms)?;
+        if seen_again.execute(rusqlite::params![o.id, retrieved_ms])? == 1 {
+            continue;
+        }
+        insert.execute(rusqlite::params![
             o.id,
             o.connection_id,
             o.connection,
@@ -119,7 +130,7 @@ pub(super) fn write_in(tx: &Connection, observations: &[NewObservation]) -> anyh
             bytes,
             o.request_id,
             o.call_id,
-            ms_to_sql(o.retrieved_ms)?,
+            retrieved_ms,
         ])?;
     }
     Ok(())
