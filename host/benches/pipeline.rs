@@ -348,31 +348,52 @@ fn policy_decisions(n: usize) {
     let research = call("research", None);
     let team = call("publisher", Some("team-reports"));
     let partner = call("publisher", Some("partner-drop"));
+    // Each row but the last asks a question not asked before (the artifact size moves by a
+    // byte per question, warm-up included, which no policy here reads), so Cedar evaluates every sample; the
+    // engine keeps decisions (PolicyEngine), and the last row is an equal question again.
+    let asked = std::cell::Cell::new(0u64);
+    let fresh = |base: &CallFacts<'static>, _: usize| {
+        asked.set(asked.get() + 1);
+        CallFacts {
+            artifact_bytes: Some(12_288 + asked.get()),
+            ..base.clone()
+        }
+    };
     print(
         "policy: allow (read)",
-        &time(n, |_| {
-            std::hint::black_box(engine.decide_call(&principal, &read, &research));
+        &time(n, |i| {
+            std::hint::black_box(engine.decide_call(&principal, &read, &fresh(&research, i)));
         }),
     );
     print(
         "policy: require-approval (two evaluations)",
-        &time(n, |_| {
-            std::hint::black_box(engine.decide_call(&principal, &deliver, &team));
+        &time(n, |i| {
+            std::hint::black_box(engine.decide_call(&principal, &deliver, &fresh(&team, i)));
         }),
     );
     print(
         "policy: deny (forbid, outside scope)",
-        &time(n, |_| {
-            std::hint::black_box(engine.decide_call(&principal, &deliver, &partner));
+        &time(n, |i| {
+            std::hint::black_box(engine.decide_call(&principal, &deliver, &fresh(&partner, i)));
         }),
     );
     let current = engine.current();
     print(
         "policy: re-check with a receipt (approved = true)",
+        &time(n, |i| {
+            std::hint::black_box(engine.decide_call_with(
+                &current,
+                &principal,
+                &deliver,
+                &fresh(&team, i),
+                true,
+            ));
+        }),
+    );
+    print(
+        "policy: allow (read), the same question again (kept)",
         &time(n, |_| {
-            std::hint::black_box(
-                engine.decide_call_with(&current, &principal, &deliver, &team, true),
-            );
+            std::hint::black_box(engine.decide_call(&principal, &read, &research));
         }),
     );
 }
