@@ -1299,6 +1299,28 @@ when { resource.queryable && resource.idempotent && !resource.compensable };
             Verdict::Deny(DenyCategory::CapabilityUnavailable)
         );
         assert_eq!(engine.evaluations() - before, 2);
+        // One profile allowed, another not, for the same requester: each its own answer.
+        let text = format!(
+            "{POLICY}\n@id(\"readers\")\npermit (principal, action == Airlock::Action::\"use-profile\", resource == Airlock::Profile::\"reader\");"
+        );
+        engine.replace(Policy::from_texts(&[("airlock.cedar".into(), text)]).unwrap());
+        assert_eq!(engine.may_use_profile(&p, "reader").verdict, Verdict::Allow);
+        assert_eq!(
+            engine.may_use_profile(&p, "writer").verdict,
+            Verdict::Deny(DenyCategory::CapabilityUnavailable)
+        );
+        assert_eq!(engine.may_use_profile(&p, "reader").verdict, Verdict::Allow);
+        let bob = Principal::new("bob", &[], "stdio").unwrap();
+        let before = engine.evaluations();
+        assert_eq!(
+            engine.may_use_profile(&bob, "reader").verdict,
+            Verdict::Allow
+        );
+        assert_eq!(
+            engine.evaluations() - before,
+            1,
+            "another requester is asked"
+        );
     }
 
     #[test]
