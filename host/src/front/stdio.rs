@@ -535,16 +535,26 @@ fn judge_object(map: Map<String, Value>) -> Verdict {
         );
     }
     let id = id.cloned();
-    match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(Value::Object(map)) {
-        Ok(JsonRpcMessage::Request(request)) => {
-            if let ClientRequest::CustomRequest(custom) = &request.request
-                && let Some(why) = params_error(&custom.method, custom.params.as_ref())
-            {
-                tracing::info!("refused a request: {why}");
-                return Verdict::Answer(error_line(id.as_ref(), INVALID_PARAMS, &why));
-            }
-            Verdict::Deliver(Box::new(JsonRpcMessage::Request(request)))
+    // A request is read straight into rmcp's request type: the message enum rmcp reads
+    // otherwise buffers the whole message and tries each kind of message in turn. Only a
+    // request that is one (no `result` or `error` beside its `method`) and reads cleanly
+    // takes this way; anything else is read as before, so it is refused in rmcp's words.
+    let map = if is_request && !map.contains_key("result") && !map.contains_key("error") {
+        let message = Value::Object(map);
+        match <rmcp::model::JsonRpcRequest<ClientRequest> as serde::Deserialize>::deserialize(
+            &message,
+        ) {
+            Ok(request) => return deliver_request(request, id.as_ref()),
+            Err(_) => match message {
+                Value::Object(map) => map,
+                _ => unreachable!("built from a map"),
+            },
         }
+    } else {
+        map
+    };
+    match serde_json::from_value::<RxJsonRpcMessage<RoleServer>>(Value::Object(map)) {
+        Ok(JsonRpcMessage::Request(request)) => deliver_request(request, id.as_ref()),
         Ok(message) => Verdict::Deliver(Box::new(message)),
         Err(e) if is_request => Verdict::Answer(error_line(
             id.as_ref(),
@@ -556,6 +566,21 @@ fn judge_object(map: Map<String, Value>) -> Verdict {
             Verdict::Skip
         }
     }
+}
+
+/// Hands `request` to rmcp, unless it is a method Airlock serves that rmcp could read only
+/// as a custom request (its params have the wrong shape): that is answered `-32602`.
+fn deliver_request(
+    request: rmcp::model::JsonRpcRequest<ClientRequest>,
+    id: Option<&Value>,
+) -> Verdict {
+    if let ClientRequest::CustomRequest(custom) = &request.request
+        && let Some(why) = params_error(&custom.method, custom.params.as_ref())
+    {
+        tracing::info!("refused a request: {why}");
+        return Verdict::Answer(error_line(id, INVALID_PARAMS, &why));
+    }
+    Verdict::Deliver(Box::new(JsonRpcMessage::Request(request)))
 }
 
 /// Whether `id` is one MCP allows in a request: a string or an integer rmcp can carry.
