@@ -12,7 +12,9 @@
 //! What does not change: durability (`synchronous=NORMAL` in WAL mode: a commit is durable
 //! against a crash of the process, and the checkpoint `fsync`s as before), and the WAL's
 //! bound — if the thread cannot keep up the log grows until the next checkpoint, as it would
-//! behind a long reader. Where the thread or its connection cannot start, SQLite's automatic
+//! behind a long reader. A `PASSIVE` checkpoint never waits for a lock, so under load one
+//! sometimes fails busy; it is retried at the next threshold and logged at debug level, and
+//! only [`BUSY_IN_A_ROW`] busy failures in a row (or any other error) are a warning. Where the thread or its connection cannot start, SQLite's automatic
 //! checkpoint stays on.
 
 use std::path::Path;
@@ -88,14 +90,23 @@ pub fn move_off_request_path(
     let started = std::thread::Builder::new()
         .name("airlock-wal-checkpoint".into())
         .spawn(move || {
+            let mut failed = 0u32;
             while asked.recv().is_ok() && !stopped.load(Ordering::Acquire) {
                 running.store(false, Ordering::Release);
                 match own.wal_checkpoint_v2(None::<&str>, rusqlite::wal::CheckpointMode::PASSIVE) {
                     Ok((log, copied)) => {
+                        failed = 0;
                         counted.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(db = %shown, log, copied, "WAL checkpoint");
                     }
-                    Err(e) => tracing::warn!(db = %shown, "WAL checkpoint failed (retried at the next threshold): {e}"),
+                    Err(e) => {
+                        failed += 1;
+                        if worth_a_warning(&e, failed) {
+                            tracing::warn!(db = %shown, failed, "WAL checkpoint failed (retried at the next threshold): {e}");
+                        } else {
+                            tracing::debug!(db = %shown, failed, "WAL checkpoint busy (retried at the next threshold): {e}");
+                        }
+                    }
                 }
             }
         });
@@ -127,6 +138,23 @@ pub fn move_off_request_path(
             None
         }
     }
+}
+
+/// Busy checkpoints in a row before one is worth a warning: [`THRESHOLD_PAGES`] more pages
+/// each, so the WAL has grown past ~32 MiB (4 KiB pages) by then.
+pub const BUSY_IN_A_ROW: u32 = 8;
+
+/// Whether the `failed`-th checkpoint failure in a row, `e`, is worth a warning. A
+/// `PASSIVE` checkpoint never waits (SQLite does not call the busy handler for it), so it
+/// fails `SQLITE_BUSY` whenever a writer holds a lock it needs at that instant; the next
+/// threshold retries it, and that is only worth a warning when it keeps happening (the WAL
+/// then grows). Any other error is worth one at once.
+fn worth_a_warning(e: &rusqlite::Error, failed: u32) -> bool {
+    let busy = matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    );
+    !busy || failed >= BUSY_IN_A_ROW
 }
 
 #[cfg(test)]
@@ -183,5 +211,28 @@ mod tests {
         assert!(
             move_off_request_path(&mut conn, &path, std::time::Duration::from_secs(1)).is_none()
         );
+    }
+
+    #[test]
+    fn a_busy_checkpoint_warns_only_when_it_keeps_failing_and_any_other_error_at_once() {
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        );
+        let locked = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_LOCKED),
+            None,
+        );
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            None,
+        );
+        for failed in 1..BUSY_IN_A_ROW {
+            assert!(!worth_a_warning(&busy, failed), "{failed}");
+            assert!(!worth_a_warning(&locked, failed), "{failed}");
+            assert!(worth_a_warning(&full, failed), "{failed}");
+        }
+        assert!(worth_a_warning(&busy, BUSY_IN_A_ROW));
+        assert!(worth_a_warning(&locked, BUSY_IN_A_ROW + 1));
     }
 }
