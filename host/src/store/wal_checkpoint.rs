@@ -14,8 +14,8 @@
 //! bound — if the thread cannot keep up the log grows until the next checkpoint, as it would
 //! behind a long reader. A `PASSIVE` checkpoint never waits for a lock, so under load one
 //! sometimes fails busy; it is retried at the next threshold and logged at debug level, and
-//! only [`BUSY_IN_A_ROW`] busy failures in a row (or any other error) are a warning. Where the thread or its connection cannot start, SQLite's automatic
-//! checkpoint stays on.
+//! only [`BUSY_IN_A_ROW`] busy failures in a row (or any other error) are a warning. Where
+//! the thread or its connection cannot start, SQLite's automatic checkpoint stays on.
 
 use std::path::Path;
 use std::sync::Arc;
