@@ -144,6 +144,10 @@ impl Runtime {
             .wasm_component_model(true)
             .epoch_interruption(true)
             .consume_fuel(true);
+        // For `perf record`: the compiled guest code's symbols in /tmp/perf-PID.map.
+        if std::env::var_os("AIRLOCK_WASM_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let mut pooled = config.clone();
         let mut pool = wasmtime::PoolingAllocationConfig::new();
         pool.total_component_instances(256)
