@@ -19,6 +19,7 @@
 //! - [`record`]: recorded fixtures — what `airlock serve --record` writes (redacted) and
 //!   `airlock test` replays against the real component with no live connection.
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
+//! - [`canonical`]: RFC 8785 canonical JSON, written directly on the hot path.
 //! - [`config`]: the serve configuration.
 //! - [`private_fs`]: the owner, mode and no-symlink rules of private folders and files
 //!   (state folder, database, trace key, checkpoints, compiled cache).
@@ -27,6 +28,7 @@
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
 //! - [`cli`]: the `airlock` command line and its operator commands.
 
+pub mod canonical;
 pub mod cli;
 pub mod config;
 pub mod contract;

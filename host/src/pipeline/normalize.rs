@@ -223,7 +223,9 @@ pub(super) async fn normalize(
         &mut |_, locator| Ok(locator.to_string()),
     )
     .and_then(|v| {
-        serde_json_canonicalizer::to_vec(&v).map_err(|e| anyhow::anyhow!("canonical JSON: {e}"))
+        crate::canonical::to_string(&v)
+            .map(String::into_bytes)
+            .map_err(|e| anyhow::anyhow!("canonical JSON: {e}"))
     })
     .map_err(|e| {
         tracing::error!(capability = %cap.name, "normalized arguments did not convert back: {e:#}");

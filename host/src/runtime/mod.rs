@@ -1358,38 +1358,26 @@ impl UpstreamBridge {
     }
 }
 
-/// Counts and hashes what is written to it.
-struct Digesting(sha2::Sha256, u64);
-
-impl std::io::Write for Digesting {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        self.1 += buf.len() as u64;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// sha256 (hex) and size of `value` as compact JSON, serialized straight into the hash.
+/// sha256 (hex) and size of `value` as compact JSON: serialized into one buffer, then
+/// hashed at once (a hashing writer is handed each token separately).
 fn digest_json(value: &Value) -> (String, u64) {
-    let mut out = Digesting(sha2::Sha256::new(), 0);
-    // Writing a `Value` into an infallible writer cannot fail.
-    let _ = serde_json::to_writer(&mut out, value);
-    (hex::encode(out.0.finalize()), out.1)
+    // Serializing a `Value` into a `Vec` cannot fail.
+    let text = serde_json::to_vec(value).unwrap_or_default();
+    (hex::encode(sha2::Sha256::digest(&text)), text.len() as u64)
 }
 
-/// sha256 (hex) and size of `value` as RFC 8785 canonical JSON: the same content has the
-/// same digest whatever order the server (or rmcp) wrote its keys in.
+/// sha256 (hex) and size of `value` as RFC 8785 canonical JSON ([`crate::canonical`]):
+/// the same content has the same digest whatever order the server (or rmcp) wrote its
+/// keys in.
 fn digest_canonical(value: &Value) -> (String, u64) {
-    let mut out = Digesting(sha2::Sha256::new(), 0);
-    if serde_json_canonicalizer::to_writer(value, &mut out).is_err() {
+    match crate::canonical::to_string(value) {
+        Ok(text) => (
+            hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            text.len() as u64,
+        ),
         // Not canonicalizable (a number outside IEEE 754): the compact form instead.
-        return digest_json(value);
+        Err(_) => digest_json(value),
     }
-    (hex::encode(out.0.finalize()), out.1)
 }
 
 /// The error the adapter gets for an answer refused by its budget (the 0.1.0 WIT has no
@@ -1439,8 +1427,8 @@ impl upstream::Host for CallState {
                 )));
             }
         };
-        let arguments_sha256 = serde_json_canonicalizer::to_vec(&arguments)
-            .map(|c| hex::encode(sha2::Sha256::digest(&c)))
+        let arguments_sha256 = crate::canonical::object_to_string(&arguments)
+            .map(|c| hex::encode(sha2::Sha256::digest(c.as_bytes())))
             .ok();
         let timeout = bridge.remaining()?;
         bridge.take_request()?;

@@ -250,93 +250,14 @@ pub(super) fn mark_keyed(tx: &Connection, key: &TraceKey) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// RFC 8785 canonical JSON of `value`. Trace payloads are made of ASCII keys, strings,
-/// integers within ±2^53, booleans, null, arrays and objects; for those the canonical form
-/// is written directly (keys sorted; for ASCII keys byte order is UTF-16 order; integers as
-/// their digits; strings escaped as RFC 8785 says, which is serde_json's escaping). Any
-/// other value is canonicalized by `serde_json_canonicalizer`. A unit test holds the two
-/// equal.
+/// RFC 8785 canonical JSON of `value` ([`crate::canonical::to_string`]: trace payloads
+/// stay on its fast path).
 pub(super) fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
-    let mut out = String::with_capacity(256);
-    if write_simple(value, &mut out) {
-        return Ok(out);
-    }
-    serde_json_canonicalizer::to_string(value).context("canonicalizing a trace payload")
+    crate::canonical::to_string(value).context("canonicalizing a trace payload")
 }
 
-/// Writes the canonical form of a "simple" value; false (output unusable) otherwise.
-fn write_simple(value: &serde_json::Value, out: &mut String) -> bool {
-    use serde_json::Value;
-    const SAFE: u64 = 1 << 53;
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64().filter(|u| *u <= SAFE) {
-                out.push_str(itoa::Buffer::new().format(u));
-            } else if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() <= SAFE) {
-                out.push_str(itoa::Buffer::new().format(i));
-            } else {
-                return false;
-            }
-        }
-        Value::String(s) => push_string(s, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                if !write_simple(item, out) {
-                    return false;
-                }
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            if entries.iter().any(|(k, _)| !k.is_ascii()) {
-                return false;
-            }
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_string(k, out);
-                out.push(':');
-                if !write_simple(v, out) {
-                    return false;
-                }
-            }
-            out.push('}');
-        }
-    }
-    true
-}
-
-/// A JSON string as RFC 8785 writes it: `"` and `\` escaped, the short escapes
-/// `\b \f \n \r \t`, other control characters as `\u00xx` (lowercase), nothing else.
 fn push_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    crate::canonical::push_string(s, out);
 }
 
 /// The event hash from the canonical payload text, without re-serializing the payload.
