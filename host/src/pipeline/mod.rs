@@ -194,7 +194,7 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     let mut call = Call::new(candidate.session.clone());
     call.cancel = candidate.cancel.clone();
     let mut outcome = stages(host, &mut call, candidate, asker).await;
-    let failed = finish_off_worker(host, &mut call, &outcome).err();
+    let failed = finish_off_worker(host, &mut call, &outcome).await.err();
     if failed.is_none()
         && let Some(unknown) = call.unknown.take()
     {
@@ -400,24 +400,67 @@ async fn reconcile_now(
 
 /// Records the outcome event and commits every queued event of the call (with the
 /// intent's final state, when it has a durable intent).
-/// [`finish`], on a shared store (PostgreSQL: a commit is about a millisecond of waiting
-/// on the database, and one host's calls wait for each other's commits, see the store's
-/// group commit) inside `block_in_place`: the runtime worker's other tasks move to
-/// another thread meanwhile, so the front keeps reading requests and the calls that reach
-/// their commit queue up and share the next transaction. The embedded store's commit
-/// (~50 µs) stays on the worker, where the hand-off would cost more than it saves; so does
-/// any store on a current-thread runtime, where `block_in_place` is not allowed.
-fn finish_off_worker(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
+///
+/// - A shared store (PostgreSQL: a commit is about a millisecond of waiting on the
+///   database, and one host's calls wait for each other's commits, see the store's group
+///   commit) commits inside `block_in_place`: the runtime worker's other tasks move to
+///   another thread meanwhile, so the front keeps reading requests and the calls that
+///   reach their commit queue up and share the next transaction (not on a current-thread
+///   runtime, where `block_in_place` is not allowed).
+/// - The embedded store's commit (~50 µs) stays on the worker, where a hand-off would cost
+///   more than it saves. While other calls are in flight, a call without a durable intent
+///   is queued, the worker's other tasks run once (`yield_now`), and then it commits
+///   ([`crate::store::Store::queue_call`]): the calls that reach their commit meanwhile
+///   share its transaction, so a worker busy with several calls commits them together
+///   instead of one transaction each. A call alone commits at once. A call's answer
+///   still waits for the commit that holds its events.
+async fn finish_off_worker(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi_thread && host.registry().store().is_shared() {
-        tokio::task::block_in_place(|| finish(host, call, outcome))
-    } else {
-        finish(host, call, outcome)
+    let store = host.registry().store();
+    let finishing = finishing(call, outcome);
+    if store.is_shared() {
+        return if multi_thread {
+            tokio::task::block_in_place(|| finishing.commit(store))
+        } else {
+            finishing.commit(store)
+        };
+    }
+    match finishing {
+        // Another call is in flight (this one counts itself): it may reach its commit
+        // while this one waits a turn. Alone, a call commits at once (a turn costs ~20 µs).
+        Finishing::Call(events, observations) if host.live().calls_in_flight() > 1 => {
+            let queued = store.queue_call(events, observations);
+            tokio::task::yield_now().await;
+            store.commit_queued(queued)
+        }
+        finishing => finishing.commit(store),
     }
 }
 
-fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
+/// A finished call's events and observations, ready to commit.
+enum Finishing {
+    /// With the final state of its durable intent (id), committed with the intent's row.
+    Intent(String, IntentState, Vec<NewEvent>, Vec<NewObservation>),
+    /// A call without a durable intent.
+    Call(Vec<NewEvent>, Vec<NewObservation>),
+}
+
+impl Finishing {
+    /// Commits in one transaction, alone.
+    fn commit(self, store: &dyn crate::store::Store) -> anyhow::Result<()> {
+        match self {
+            Finishing::Intent(intent, state, events, observations) => {
+                store.finish_intent(&intent, state, events, observations)
+            }
+            Finishing::Call(events, observations) => store.append_call(events, observations),
+        }
+    }
+}
+
+/// Records the outcome event and takes every queued event and observation of the call
+/// (with the intent's final state, when it has a durable intent).
+fn finishing(call: &mut Call, outcome: &Outcome) -> Finishing {
     let stages: serde_json::Map<String, Value> = call
         .stages
         .iter()
@@ -456,9 +499,8 @@ fn finish(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()>
     call.event(events::CALL_OUTCOME, payload);
     let events = call.take_events();
     let observations = std::mem::take(&mut call.observations);
-    let store = host.registry().store();
     match durable {
-        Some((intent, state)) => store.finish_intent(&intent, state, events, observations),
-        None => store.append_call(events, observations),
+        Some((intent, state)) => Finishing::Intent(intent, state, events, observations),
+        None => Finishing::Call(events, observations),
     }
 }

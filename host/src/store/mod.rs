@@ -673,6 +673,17 @@ pub struct TraceVerification {
     pub coverage: Vec<String>,
 }
 
+/// A call's events and observations handed to [`Store::queue_call`], not yet known to be
+/// committed: [`Store::commit_queued`] commits it and says whether it was.
+pub struct QueuedCall(Queued);
+
+enum Queued {
+    /// Kept in the ticket (a store without a shared queue).
+    Held(Vec<NewEvent>, Vec<NewObservation>),
+    /// Queued in the store's group commit.
+    InGroup(trace::Slot),
+}
+
 /// The state store. Object safe; every method is one transaction (or one consistent read).
 pub trait Store: Send + Sync {
     /// Connection identity. `name` is the configured connection name. First sight of a name
@@ -795,6 +806,30 @@ pub trait Store: Send + Sync {
         events: Vec<NewEvent>,
         observations: Vec<NewObservation>,
     ) -> anyhow::Result<()>;
+
+    /// [`Store::append_call`] in two steps, so that calls finishing together on one
+    /// thread share a transaction: this hands the batch over and returns its ticket;
+    /// [`Store::commit_queued`] then commits it (with whatever else is queued by then).
+    /// A caller that queues, lets the other tasks of its thread run (`yield_now`), then
+    /// commits, shares its transaction with every call that queued meanwhile. Nothing is
+    /// committed until some caller commits; a ticket dropped uncommitted leaves its batch
+    /// to the next commit. The default keeps the batch in the ticket, and
+    /// [`Store::commit_queued`] appends it alone.
+    fn queue_call(&self, events: Vec<NewEvent>, observations: Vec<NewObservation>) -> QueuedCall {
+        QueuedCall(Queued::Held(events, observations))
+    }
+
+    /// Commits `queued` ([`Store::queue_call`]), unless an earlier commit already held it,
+    /// and returns the result of the transaction that held it, as [`Store::append_call`].
+    ///
+    /// # Errors
+    /// That transaction's error.
+    fn commit_queued(&self, queued: QueuedCall) -> anyhow::Result<()> {
+        match queued.0 {
+            Queued::Held(events, observations) => self.append_call(events, observations),
+            Queued::InGroup(_) => anyhow::bail!("a call queued on another store"),
+        }
+    }
 
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>>;
@@ -1068,6 +1103,32 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
+    /// Writes the queued calls' `observations` and `events` in one transaction on `conn`
+    /// (the writer's connection, its lock held): both are committed, or neither.
+    fn write_calls(
+        &self,
+        conn: &Connection,
+        events: &[NewEvent],
+        observations: &[NewObservation],
+    ) -> anyhow::Result<()> {
+        // Cached statements for BEGIN and COMMIT too: this runs once per call (or per
+        // batch of calls that finished together).
+        (|| -> anyhow::Result<()> {
+            conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            let written = observations::write_in(conn, observations)
+                .and_then(|()| trace::append_in(conn, &self.key, events))
+                .and_then(|_| {
+                    conn.prepare_cached("COMMIT")?.execute([])?;
+                    Ok(())
+                });
+            if written.is_err() && !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            written
+        })()
+        .with_context(|| self.context(&format!("appending {} trace events", events.len())))
+    }
+
     /// [`open_with_key`](Self::open_with_key) with the key from [`key::KEY_ENV`] when it
     /// is set, else from the state folder's key file (created when missing).
     pub fn open(state_dir: &Path) -> anyhow::Result<Self> {
@@ -2044,25 +2105,23 @@ impl Store for SqliteStore {
             events,
             observations,
             || self.lock(),
-            |conn, all, seen| {
-                // Cached statements for BEGIN and COMMIT too: this runs once per call (or
-                // per batch of concurrent calls).
-                (|| -> anyhow::Result<()> {
-                    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-                    let written = observations::write_in(conn, seen)
-                        .and_then(|()| trace::append_in(conn, &self.key, all))
-                        .and_then(|_| {
-                            conn.prepare_cached("COMMIT")?.execute([])?;
-                            Ok(())
-                        });
-                    if written.is_err() && !conn.is_autocommit() {
-                        let _ = conn.execute_batch("ROLLBACK");
-                    }
-                    written
-                })()
-                .with_context(|| self.context(&format!("appending {} trace events", all.len())))
-            },
+            |conn, all, seen| self.write_calls(conn, all, seen),
         )
+    }
+
+    fn queue_call(&self, events: Vec<NewEvent>, observations: Vec<NewObservation>) -> QueuedCall {
+        QueuedCall(Queued::InGroup(self.commit.enqueue(events, observations)))
+    }
+
+    fn commit_queued(&self, queued: QueuedCall) -> anyhow::Result<()> {
+        match queued.0 {
+            Queued::Held(events, observations) => self.append_call(events, observations),
+            Queued::InGroup(slot) => self.commit.commit(
+                &slot,
+                || self.lock(),
+                |conn, all, seen| self.write_calls(conn, all, seen),
+            ),
+        }
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {

@@ -137,11 +137,12 @@ pub(super) fn write_in(tx: &Connection, observations: &[NewObservation]) -> anyh
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{SqliteStore, Store as _};
     use super::*;
 
-    fn item(uri: &str, sha: &str, ms: u64) -> NewObservation {
+    /// An observation of a resource read of `uri` with content digest `sha` at `ms`.
+    pub(in crate::store) fn item(uri: &str, sha: &str, ms: u64) -> NewObservation {
         NewObservation {
             id: observation_id("conn-1", "resources/read", uri, "", "contents/0", sha),
             connection_id: "conn-1".into(),

@@ -289,7 +289,7 @@ pub(super) fn chained_hash(
 }
 
 /// The result slot of one queued batch, filled by whoever commits it.
-type Slot = std::sync::Arc<std::sync::OnceLock<Result<(), String>>>;
+pub(super) type Slot = std::sync::Arc<std::sync::OnceLock<Result<(), String>>>;
 
 /// One queued batch: a call's events, its observations, and where its result goes.
 type Batch = (Vec<NewEvent>, Vec<super::NewObservation>, Slot);
@@ -301,11 +301,17 @@ type Batch = (Vec<NewEvent>, Vec<super::NewObservation>, Slot);
 #[derive(Default)]
 pub(super) struct GroupCommit {
     queue: std::sync::Mutex<Vec<Batch>>,
+    /// Transactions written (tests count them).
+    transactions: std::sync::atomic::AtomicU64,
 }
 
 impl GroupCommit {
     /// Queues `events` and `observations`; returns their result slot.
-    fn enqueue(&self, events: Vec<NewEvent>, observations: Vec<super::NewObservation>) -> Slot {
+    pub(super) fn enqueue(
+        &self,
+        events: Vec<NewEvent>,
+        observations: Vec<super::NewObservation>,
+    ) -> Slot {
         let slot = Slot::default();
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push((
             events,
@@ -313,6 +319,12 @@ impl GroupCommit {
             slot.clone(),
         ));
         slot
+    }
+
+    /// Transactions written so far.
+    #[cfg(test)]
+    pub(super) fn transactions(&self) -> u64 {
+        self.transactions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes everything queued (called with the database lock held).
@@ -336,6 +348,22 @@ impl GroupCommit {
         write: impl FnOnce(&G, &[NewEvent], &[super::NewObservation]) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         let mine = self.enqueue(events, observations);
+        self.commit(&mine, lock, write)
+    }
+
+    /// The second half of [`GroupCommit::append`], for a batch queued earlier
+    /// ([`GroupCommit::enqueue`]): takes the writer's lock and, unless an earlier holder
+    /// already committed `mine`, writes everything queued in one transaction. Returns the
+    /// result of the transaction that held `mine`.
+    ///
+    /// # Errors
+    /// That transaction's error.
+    pub(super) fn commit<G>(
+        &self,
+        mine: &Slot,
+        lock: impl FnOnce() -> G,
+        write: impl FnOnce(&G, &[NewEvent], &[super::NewObservation]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         let guard = lock();
         let answered = |slot: &Slot| {
             slot.get().map(|r| {
@@ -343,7 +371,7 @@ impl GroupCommit {
                     .map_err(|why| anyhow::anyhow!("appending to the trace failed: {why}"))
             })
         };
-        if let Some(result) = answered(&mine) {
+        if let Some(result) = answered(mine) {
             // Committed (or failed) by whoever held the lock before us.
             return result;
         }
@@ -354,12 +382,14 @@ impl GroupCommit {
             slots.push(slot);
         }
         let result = write(&guard, &all, &seen);
+        self.transactions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}"));
         for slot in &slots {
             let _ = slot.set(shared.clone());
         }
         // Our own batch was among those taken (it was queued before we locked).
-        answered(&mine).unwrap_or(result)
+        answered(mine).unwrap_or(result)
     }
 }
 
@@ -449,6 +479,69 @@ mod tests {
             "per event ({} payload bytes): unkeyed sha256 chain {before:.0} ns, HMAC-SHA256 {after:.0} ns",
             payload.len()
         );
+    }
+
+    /// Calls that queue on one thread and let its other tasks run before they commit (as
+    /// the pipeline's `finish_off_worker` does) share one transaction; each is answered
+    /// with the result of the transaction that held its batch, so a failed transaction
+    /// fails exactly the calls it held and none after it.
+    #[test]
+    fn calls_queued_on_one_thread_share_a_transaction_and_each_gets_its_own_result() {
+        use super::super::{SqliteStore, Store as _};
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(SqliteStore::open(dir.path()).unwrap());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let round = |calls: Vec<Vec<super::super::NewObservation>>| {
+            let store = store.clone();
+            runtime.block_on(async move {
+                let tasks: Vec<_> = calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(t, observations)| {
+                        let store = store.clone();
+                        tokio::spawn(async move {
+                            let event =
+                                NewEvent::new("test", format!("t{t}"), serde_json::json!({"t": t}));
+                            let queued = store.queue_call(vec![event], observations);
+                            tokio::task::yield_now().await;
+                            store.commit_queued(queued).map_err(|e| format!("{e:#}"))
+                        })
+                    })
+                    .collect();
+                let mut results = Vec::new();
+                for task in tasks {
+                    results.push(task.await.unwrap());
+                }
+                results
+            })
+        };
+        let before = store.commit.transactions();
+        let results = round(vec![Vec::new(); 8]);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(
+            store.commit.transactions() - before,
+            1,
+            "8 calls, one transaction"
+        );
+        assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 8);
+
+        // One call's observation breaks a CHECK: its transaction fails, and so does every
+        // call it held; nothing of theirs is written.
+        let mut broken = super::super::observations::tests::item("notes://x", "aaaa", 1);
+        broken.method = "tools/bogus".into();
+        let results = round(vec![Vec::new(), vec![broken], Vec::new()]);
+        assert!(results.iter().all(Result::is_err), "{results:?}");
+        assert!(
+            results[0].as_ref().unwrap_err().contains("appending"),
+            "{results:?}"
+        );
+        assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 8);
+        // The next call is its own transaction, and it commits.
+        assert!(round(vec![Vec::new()]).iter().all(Result::is_ok));
+        assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 9);
+        assert!(store.verify_trace().unwrap().first_bad.is_none());
     }
 
     /// Concurrent callers share transactions, and still every caller's events are all
