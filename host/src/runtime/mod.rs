@@ -1566,6 +1566,30 @@ pub fn read_component(path: &std::path::Path) -> Result<Vec<u8>> {
 mod tests {
     use super::*;
 
+    /// An item's digest is the sha256 of its RFC 8785 text and its size is that text's
+    /// length in bytes, whatever order its keys came in; the compact digest is of the
+    /// text as serialized, in the order given.
+    #[test]
+    fn an_items_digest_and_size_are_of_its_canonical_text() {
+        let value = serde_json::json!({"type": "text", "text": "é\n", "n": 1});
+        let text = r#"{"n":1,"text":"é\n","type":"text"}"#;
+        let expected = (
+            hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            text.len() as u64,
+        );
+        assert_eq!(digest_canonical(&value), expected);
+        let reordered = serde_json::json!({"n": 1, "text": "é\n", "type": "text"});
+        assert_eq!(digest_canonical(&reordered), expected);
+        let compact = r#"{"type":"text","text":"é\n","n":1}"#;
+        assert_eq!(
+            digest_json(&value),
+            (
+                hex::encode(sha2::Sha256::digest(compact.as_bytes())),
+                compact.len() as u64
+            )
+        );
+    }
+
     #[test]
     fn only_granted_names_and_ip_literals_may_be_looked_up() {
         let granted: BTreeSet<String> = ["api.example.com".to_string()].into();
