@@ -13,7 +13,9 @@
 //! | airlock http | `airlock serve --http`, one keep-alive HTTP/1.1 connection, stateless 2026-07-28 POSTs |
 //!
 //! Latency: `AIRLOCK_BENCH_ROUNDS` (default 4) interleaved rounds of `AIRLOCK_BENCH_ITERS / rounds`
-//! sequential calls per path (default 4000 samples per path in all), after a warm-up; p50,
+//! sequential calls per path (default 4000 samples per path in all), after a warm-up, the
+//! odd rounds in reverse order and each path after `AIRLOCK_BENCH_SETTLE_MS` (default 300)
+//! of quiet, so no path is always measured right after another airlock process; p50,
 //! p99, mean per path, the added cost of each path against each of the others, and p50 per
 //! round. Throughput: 1 and 8 concurrent callers (on one session; over HTTP, one
 //! connection per caller), `AIRLOCK_BENCH_CALLS` calls per measurement (default 4000),
@@ -472,8 +474,19 @@ async fn bench() {
     // Latency: interleaved rounds, pooled.
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     let mut round_p50: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
-    for _ in 0..rounds {
-        for i in 0..names.len() {
+    let settle = Duration::from_millis(env_count("AIRLOCK_BENCH_SETTLE_MS", 300) as u64);
+    for round in 0..rounds {
+        // Odd rounds run the paths in reverse order, and each path waits `settle` first:
+        // a path measured right after an airlock path otherwise shares the machine with
+        // that process's deferred work (its WAL checkpoint, Store teardown), which made
+        // the same binary measure ~58 µs slower at p50 in the second slot than in the first.
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..names.len()).collect()
+        } else {
+            (0..names.len()).rev().collect()
+        };
+        for i in order {
+            tokio::time::sleep(settle).await;
             let mut target = target!(i);
             let s = latency(&mut target, warmup, per_round).await;
             round_p50[i].push(us(stats(s.clone()).p50));

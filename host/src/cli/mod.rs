@@ -1251,8 +1251,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// `airlock grants`: prints the review; exit status 2 when an import is flagged (unless
-/// `allow_flagged`), 1 on an error.
 /// How many runtime workers `command` runs on: `serve`'s `--workers`, else 1 on stdio
 /// (one client stream; measured in BENCHMARKS.md §1: a call that stays on one thread
 /// skips the cross-thread wake-ups two workers pay on every hand-off), else `None` —
@@ -1269,6 +1267,8 @@ fn serve_workers(command: &Command) -> Option<usize> {
     }
 }
 
+/// `airlock grants`: prints the review; exit status 2 when an import is flagged (unless
+/// `allow_flagged`), 1 on an error.
 fn grants(
     manifest: &std::path::Path,
     json: bool,
