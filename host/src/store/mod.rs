@@ -1102,6 +1102,24 @@ impl fmt::Debug for SqliteStore {
     }
 }
 
+impl Drop for SqliteStore {
+    /// Commits what is still queued ([`Store::queue_call`]): the batch of a call whose task
+    /// was dropped between queueing and committing is written now, not lost.
+    fn drop(&mut self) {
+        if !self.commit.has_queued() {
+            return;
+        }
+        let leftover = trace::Slot::default();
+        if let Err(e) = self.commit.commit(
+            &leftover,
+            || self.lock(),
+            |conn, all, seen| self.write_calls(conn, all, seen),
+        ) {
+            tracing::warn!("committing the trace events still queued at close failed: {e:#}");
+        }
+    }
+}
+
 impl SqliteStore {
     /// Writes the queued calls' `observations` and `events` in one transaction on `conn`
     /// (the writer's connection, its lock held): both are committed, or neither.

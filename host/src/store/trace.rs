@@ -327,6 +327,15 @@ impl GroupCommit {
         self.transactions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether a batch waits for a commit.
+    pub(super) fn has_queued(&self) -> bool {
+        !self
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     /// Takes everything queued (called with the database lock held).
     fn take(&self) -> Vec<Batch> {
         std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
@@ -542,6 +551,21 @@ mod tests {
         assert!(round(vec![Vec::new()]).iter().all(Result::is_ok));
         assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 9);
         assert!(store.verify_trace().unwrap().first_bad.is_none());
+
+        // A call queued and never committed (its task dropped) is committed when the
+        // store closes, not lost.
+        let ticket = store.queue_call(
+            vec![NewEvent::new("test", "dropped", serde_json::json!({}))],
+            Vec::new(),
+        );
+        drop(ticket);
+        drop(runtime);
+        drop(std::sync::Arc::into_inner(store).expect("the last handle"));
+        let reopened = SqliteStore::open(dir.path()).unwrap();
+        let all = reopened.trace(0, usize::MAX).unwrap();
+        assert_eq!(all.len(), 10);
+        assert_eq!(all[9].subject, "dropped");
+        assert!(reopened.verify_trace().unwrap().first_bad.is_none());
     }
 
     /// Concurrent callers share transactions, and still every caller's events are all
