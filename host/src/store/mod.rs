@@ -813,7 +813,8 @@ pub trait Store: Send + Sync {
     /// A caller that queues, lets the other tasks of its thread run (`yield_now`), then
     /// commits, shares its transaction with every call that queued meanwhile. Nothing is
     /// committed until some caller commits; a ticket dropped uncommitted leaves its batch
-    /// to the next commit. The default keeps the batch in the ticket, and
+    /// to the next commit, or to the store's close (`SqliteStore`'s `Drop`). The default
+    /// keeps the batch in the ticket (a dropped ticket then drops its batch), and
     /// [`Store::commit_queued`] appends it alone.
     fn queue_call(&self, events: Vec<NewEvent>, observations: Vec<NewObservation>) -> QueuedCall {
         QueuedCall(Queued::Held(events, observations))
@@ -1530,7 +1531,7 @@ fn get_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<MappingState> {
 }
 
 fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
-    serde_json_canonicalizer::to_string(value).context("canonicalizing JSON")
+    crate::canonical::to_string(value).context("canonicalizing JSON")
 }
 
 fn is_hex(s: &str) -> bool {

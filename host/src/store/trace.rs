@@ -256,10 +256,6 @@ pub(super) fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
     crate::canonical::to_string(value).context("canonicalizing a trace payload")
 }
 
-fn push_string(s: &str, out: &mut String) {
-    crate::canonical::push_string(s, out);
-}
-
 /// The event hash from the canonical payload text, without re-serializing the payload.
 /// RFC 8785 orders object keys by UTF-16 code units: at_ms, kind, payload, prev_hash, seq,
 /// subject.
@@ -275,15 +271,15 @@ pub(super) fn chained_hash(
     text.push_str("{\"at_ms\":");
     text.push_str(&serde_json_canonicalizer::to_string(&at_ms)?);
     text.push_str(",\"kind\":");
-    push_string(kind, &mut text);
+    crate::canonical::push_string(kind, &mut text);
     text.push_str(",\"payload\":");
     text.push_str(canonical_payload);
     text.push_str(",\"prev_hash\":");
-    push_string(prev_hash, &mut text);
+    crate::canonical::push_string(prev_hash, &mut text);
     text.push_str(",\"seq\":");
     text.push_str(&serde_json_canonicalizer::to_string(&seq)?);
     text.push_str(",\"subject\":");
-    push_string(subject, &mut text);
+    crate::canonical::push_string(subject, &mut text);
     text.push('}');
     Ok(hex::encode(Sha256::digest(text.as_bytes())))
 }
