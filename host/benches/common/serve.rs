@@ -92,6 +92,7 @@ impl HttpCaller {
 }
 
 /// Starts `airlock serve --http 127.0.0.1:0` on `config`; the child and its `host:port`.
+/// `AIRLOCK_BENCH_HTTP_WORKERS`, when set, is passed as `--workers` (else serve's default).
 pub async fn serve_http(
     bin: &Path,
     config: &Path,
@@ -104,6 +105,13 @@ pub async fn serve_http(
         .arg("--config")
         .arg(config)
         .args(["--http", "127.0.0.1:0"])
+        .args(
+            std::env::var("AIRLOCK_BENCH_HTTP_WORKERS")
+                .ok()
+                .map(|n| ["--workers".to_string(), n])
+                .into_iter()
+                .flatten(),
+        )
         .env("AIRLOCK_STATE_DIR", state_dir)
         .env("AIRLOCK_CACHE_DIR", cache_dir)
         .env("AIRLOCK_LOG", log_filter())

@@ -124,10 +124,11 @@ See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
         #[arg(long, value_name = "FIELD", requires = "record")]
         redact: Vec<String>,
         /// Runtime worker threads that run the front, the pipeline and the guests.
-        /// Default: 1 on stdio (one client stream: a call then stays on one thread, which
-        /// measured faster in latency and throughput than one worker per core, see
-        /// BENCHMARKS.md §1), one per core with --http (many connections). A spinning
-        /// guest still yields to its neighbours at every epoch tick.
+        /// Default: 1 (a call then stays on one thread, which measured faster than one
+        /// worker per core, see BENCHMARKS.md §1), except one per core with --http on a
+        /// shared PostgreSQL store (`store` in the configuration), whose commits leave
+        /// their worker (BENCHMARKS.md §10). A spinning guest still yields to its
+        /// neighbours at every epoch tick.
         #[arg(long, value_name = "N", env = "AIRLOCK_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
         workers: Option<u16>,
     },
@@ -753,9 +754,23 @@ pub fn main() -> ExitCode {
         }
         other => other,
     };
+    // `serve --http` reads its configuration before the runtime starts: how many workers
+    // it runs on depends on the store the configuration names.
+    let mut http_config = match &cli_command {
+        Command::Serve {
+            config,
+            http: Some(_),
+            ..
+        } => Some(load_config(config, state_dir.clone())),
+        _ => None,
+    };
+    let shared = matches!(
+        &http_config,
+        Some(Ok(config)) if matches!(config.store, crate::config::StoreSetting::Postgres(_))
+    );
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    if let Some(n) = serve_workers(&cli_command) {
+    if let Some(n) = serve_workers(&cli_command, shared) {
         builder.worker_threads(n);
     }
     let runtime = match builder.build() {
@@ -791,7 +806,9 @@ pub fn main() -> ExitCode {
                     (false, None) => crate::config::default_cache_dir(),
                 };
                 if let Some(addr) = http {
-                    let mut config = load_config(&config, state_dir)?;
+                    let mut config = http_config
+                        .take()
+                        .unwrap_or_else(|| load_config(&config, state_dir))?;
                     config.cache_dir = cache_dir;
                     return crate::front::http::serve(config, &addr, profile).await;
                 }
@@ -1251,17 +1268,20 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// How many runtime workers `command` runs on: `serve`'s `--workers`, else 1 on stdio
-/// (one client stream; measured in BENCHMARKS.md §1: a call that stays on one thread
-/// skips the cross-thread wake-ups two workers pay on every hand-off), else `None` —
-/// one per core (tokio's default, which also honours `TOKIO_WORKER_THREADS`) for
-/// `serve --http` and every other command.
-fn serve_workers(command: &Command) -> Option<usize> {
+/// How many runtime workers `command` runs on: `serve`'s `--workers`; else 1 for `serve`
+/// on stdio, and for `serve --http` on the SQLite store (measured in BENCHMARKS.md §1 and
+/// §10: a call that stays on one thread skips the cross-thread wake-ups two workers pay on
+/// every hand-off; over HTTP on SQLite one worker was faster at one caller and as fast at
+/// eight); else `None` — one per core (tokio's default, which also honours
+/// `TOKIO_WORKER_THREADS`) for `serve --http` on a shared PostgreSQL store
+/// (`shared_store`: each commit leaves its worker through `block_in_place`, and one worker
+/// measured 11 % fewer calls/s at eight callers) and for every other command.
+fn serve_workers(command: &Command, shared_store: bool) -> Option<usize> {
     match command {
         Command::Serve { workers, http, .. } => match (workers, http) {
             (Some(n), _) => Some(usize::from(*n)),
             (None, None) => Some(1),
-            (None, Some(_)) => None,
+            (None, Some(_)) => (!shared_store).then_some(1),
         },
         _ => None,
     }
@@ -1511,18 +1531,33 @@ mod runtime_tests {
 
     fn workers(args: &[&str]) -> Option<usize> {
         let cli = Cli::try_parse_from(args).unwrap();
-        serve_workers(&cli.command)
+        serve_workers(&cli.command, false)
+    }
+
+    fn workers_shared(args: &[&str]) -> Option<usize> {
+        let cli = Cli::try_parse_from(args).unwrap();
+        serve_workers(&cli.command, true)
     }
 
     #[test]
-    fn stdio_serve_runs_one_worker_and_http_one_per_core_unless_told() {
+    fn serve_runs_one_worker_but_on_a_shared_store_over_http_one_per_core_unless_told() {
+        let stdio = ["airlock", "serve", "--config", "a.toml"];
+        assert_eq!(workers(&stdio), Some(1));
+        assert_eq!(workers_shared(&stdio), Some(1));
+        let http = ["airlock", "serve", "--config", "a.toml", "--http"];
+        assert_eq!(workers(&http), Some(1));
+        assert_eq!(workers_shared(&http), None);
         assert_eq!(
-            workers(&["airlock", "serve", "--config", "a.toml"]),
-            Some(1)
-        );
-        assert_eq!(
-            workers(&["airlock", "serve", "--config", "a.toml", "--http"]),
-            None
+            workers_shared(&[
+                "airlock",
+                "serve",
+                "--config",
+                "a.toml",
+                "--http",
+                "--workers",
+                "2"
+            ]),
+            Some(2)
         );
         assert_eq!(
             workers(&[
