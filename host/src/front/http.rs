@@ -422,7 +422,13 @@ impl HttpFront {
             .iter()
             .map(|h| parse_authority(h))
             .collect::<Result<Vec<_>>>()?;
+        // `json_response`: a 2026-07-28 (stateless) request answered by one message gets it
+        // as an `application/json` body, not as a one-event `text/event-stream` (a client
+        // must accept both, Streamable HTTP, "Sending Messages to the Server"); a handler
+        // that sends a notification or request first still streams, so nothing is lost.
+        // Sessions (2025-11-25) keep their streams.
         let mut rmcp_config = StreamableHttpServerConfig::default()
+            .with_json_response(true)
             .with_legacy_session_mode(true)
             .with_allowed_hosts(hosts)
             .with_max_request_body_bytes(settings.max_body_bytes);
