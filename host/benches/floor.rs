@@ -27,6 +27,8 @@
 //!
 //! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
 //! HTTP) as two more interleaved paths: a before/after comparison in one run.
+//! `AIRLOCK_BENCH_HTTP_WORKERS=N` starts every `serve --http` (both binaries) with
+//! `--workers N`.
 
 use std::io::{BufRead as _, Read, Write};
 use std::path::{Path, PathBuf};

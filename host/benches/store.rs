@@ -28,6 +28,8 @@
 //! runs with its defaults (fsync on, `synchronous_commit` on: every commit waits for its
 //! WAL flush); `AIRLOCK_BENCH_PG_COMMIT=off` sets `synchronous_commit` off, which is what
 //! SQLite's WAL with `synchronous=NORMAL` (the SQLite store's setting) does.
+//! `AIRLOCK_BENCH_HTTP_WORKERS=N` starts every `serve --http` with `--workers N` (else
+//! serve's default: one worker on SQLite, one per core on PostgreSQL).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
