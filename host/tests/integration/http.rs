@@ -510,6 +510,12 @@ fn tokens_that_do_not_verify_get_401_and_reach_nothing() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.message()["result"]["isError"], json!(false), "{r:?}");
     assert_eq!(d.upstream_tool_calls(), ["search_notes"]);
+    // A stateless request answered by one message gets it as a JSON body, not a stream.
+    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
+    assert!(
+        serde_json::from_str::<Value>(&r.body).is_ok(),
+        "not one JSON body: {r:?}"
+    );
 }
 
 #[test]
