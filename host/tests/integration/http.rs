@@ -802,6 +802,15 @@ fn without_auth_only_loopback_and_the_configured_requester() {
         "{err}"
     );
     let s = serve_http(&d, "127.0.0.1:0");
+    // On the SQLite store `serve --http` runs one runtime worker by default.
+    assert!(
+        s.stderr
+            .lock()
+            .unwrap()
+            .contains("runtime started (--workers) workers=1"),
+        "{}",
+        s.stderr.lock().unwrap()
+    );
     let out = python(&s, "-", "legacy", None);
     assert_eq!(
         out["tools"],

@@ -21,6 +21,8 @@ const SWEEP_WAIT: Duration = Duration::from_millis(1100);
 struct Served {
     child: std::process::Child,
     addr: String,
+    /// Its stderr so far.
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Served {
@@ -66,7 +68,7 @@ fn serve_http(d: &Deployment, state_dir: &Path) -> Served {
                 log.lock().unwrap()
             )
         });
-    Served { child, addr }
+    Served { child, addr, log }
 }
 
 /// POSTs a stateless (2026-07-28) `method` to `/mcp` and returns the JSON-RPC answer.
@@ -158,8 +160,15 @@ fn what_one_reviewer_approved_serves_on_both_hosts_and_their_events_make_one_cha
     );
     let a = serve_http(&d, &d.state_dir());
     let b = serve_http(&d, &b_state);
+    // On a shared store `serve --http` runs one runtime worker per core by default.
+    let cores = std::thread::available_parallelism().unwrap().get();
     for s in [&a, &b] {
         assert_eq!(tool_names(s), ["retrieve_source", "search_sources"]);
+        let log = s.log.lock().unwrap();
+        assert!(
+            log.contains(&format!("runtime started (--workers) workers={cores}")),
+            "{log}"
+        );
     }
     search(&a, "checkpoint");
     search(&b, "checkpoint");
@@ -252,8 +261,15 @@ fn a_retirement_recorded_in_the_shared_store_reaches_both_hosts_within_a_second(
     let (d, target, b_state) = two_host_deployment();
     let a = serve_http(&d, &d.state_dir());
     let b = serve_http(&d, &b_state);
+    // On a shared store `serve --http` runs one runtime worker per core by default.
+    let cores = std::thread::available_parallelism().unwrap().get();
     for s in [&a, &b] {
         assert_eq!(tool_names(s), ["retrieve_source", "search_sources"]);
+        let log = s.log.lock().unwrap();
+        assert!(
+            log.contains(&format!("runtime started (--workers) workers={cores}")),
+            "{log}"
+        );
     }
     // An operator retires it on the shared store with the CLI (`--store`), and the other
     // operator commands read the same store: review, and the one chain.
