@@ -1529,53 +1529,25 @@ async fn serve(
 mod runtime_tests {
     use super::*;
 
-    fn workers(args: &[&str]) -> Option<usize> {
+    fn workers(args: &[&str], shared_store: bool) -> Option<usize> {
         let cli = Cli::try_parse_from(args).unwrap();
-        serve_workers(&cli.command, false)
-    }
-
-    fn workers_shared(args: &[&str]) -> Option<usize> {
-        let cli = Cli::try_parse_from(args).unwrap();
-        serve_workers(&cli.command, true)
+        serve_workers(&cli.command, shared_store)
     }
 
     #[test]
     fn serve_runs_one_worker_but_on_a_shared_store_over_http_one_per_core_unless_told() {
         let stdio = ["airlock", "serve", "--config", "a.toml"];
-        assert_eq!(workers(&stdio), Some(1));
-        assert_eq!(workers_shared(&stdio), Some(1));
         let http = ["airlock", "serve", "--config", "a.toml", "--http"];
-        assert_eq!(workers(&http), Some(1));
-        assert_eq!(workers_shared(&http), None);
-        assert_eq!(
-            workers_shared(&[
-                "airlock",
-                "serve",
-                "--config",
-                "a.toml",
-                "--http",
-                "--workers",
-                "2"
-            ]),
-            Some(2)
-        );
-        assert_eq!(
-            workers(&[
-                "airlock",
-                "serve",
-                "--config",
-                "a.toml",
-                "--http",
-                "--workers",
-                "3"
-            ]),
-            Some(3)
-        );
-        assert_eq!(
-            workers(&["airlock", "serve", "--config", "a.toml", "--workers", "2"]),
-            Some(2)
-        );
-        assert_eq!(workers(&["airlock", "review", "list"]), None);
+        for shared in [false, true] {
+            assert_eq!(workers(&stdio, shared), Some(1));
+            assert_eq!(workers(&http, shared), (!shared).then_some(1));
+            // --workers wins on either front and store.
+            for front in [&stdio[..], &http[..]] {
+                let told = [front, &["--workers", "3"]].concat();
+                assert_eq!(workers(&told, shared), Some(3));
+            }
+        }
+        assert_eq!(workers(&["airlock", "review", "list"], false), None);
         assert!(
             Cli::try_parse_from(["airlock", "serve", "--config", "a", "--workers", "0"]).is_err()
         );
