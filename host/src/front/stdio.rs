@@ -1091,6 +1091,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"search_sources","arguments":{"query":"q","limit":5,"deep":{"a":[1,"b",null]}},"_meta":{"progressToken":3,"io.example/x":{"y":true}}}}"#,
             r#"{"id":"s-1","method":"tools/call","jsonrpc":"2.0","params":{"name":"t"}}"#,
             r#"{"jsonrpc":"2.0","id":0,"method":"tools/call","params":{"arguments":{},"name":"t"},"extra":1}"#,
+            // A retry after `input_required` (MRTR): its answers and state ride along.
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","arguments":{"a":1},"inputResponses":{"apr_1":{"action":"accept","content":{"ok":true}}},"requestState":"st_9"}}"#,
         ] {
             let value: Value = serde_json::from_str(line).unwrap();
             assert!(call_tool_request(&value).is_some(), "{line}");
@@ -1101,6 +1103,16 @@ mod tests {
                 matches!(got.request, ClientRequest::CallToolRequest(_)),
                 "{line}"
             );
+            if line.contains("requestState") {
+                let ClientRequest::CallToolRequest(call) = &got.request else {
+                    unreachable!("matched above")
+                };
+                assert_eq!(call.params.request_state.as_deref(), Some("st_9"));
+                assert_eq!(
+                    call.params.input_responses.as_ref().map(|r| r.len()),
+                    Some(1)
+                );
+            }
             let union: RxJsonRpcMessage<RoleServer> = serde_json::from_str(line).unwrap();
             assert_eq!(
                 serde_json::to_value(RxJsonRpcMessage::<RoleServer>::Request(got)).unwrap(),
