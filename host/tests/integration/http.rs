@@ -786,15 +786,15 @@ fn without_auth_only_loopback_and_the_configured_requester() {
         .tables("[requester]\nname = \"local-user\"\n\n[http]\nallowed_hosts = [\"127.0.0.1\"]\n");
     d.approve_all();
     // A non-loopback address without [http.auth] is refused before anything starts.
-    let out = std::process::Command::new(airlock_bin())
-        .args(["serve", "--config"])
-        .arg(d.write_config())
-        .args(["--http", "0.0.0.0:0"])
-        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
-        .env("AIRLOCK_STATE_DIR", d.state_dir())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = output_within(
+        std::process::Command::new(airlock_bin())
+            .args(["serve", "--config"])
+            .arg(d.write_config())
+            .args(["--http", "0.0.0.0:0"])
+            .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+            .env("AIRLOCK_STATE_DIR", d.state_dir()),
+        std::time::Duration::from_secs(60),
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -19,7 +19,7 @@ fn inspector(config: &std::path::Path, extra: &[&str]) -> Value {
         .arg(config)
         .args(extra)
         .stdin(std::process::Stdio::null());
-    let out = cmd.output().expect("run node (the Inspector CLI)");
+    let out = output_within(&mut cmd, std::time::Duration::from_secs(180));
     assert!(
         out.status.success(),
         "inspector failed: {}\n{}",

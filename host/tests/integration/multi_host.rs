@@ -235,15 +235,15 @@ fn a_host_with_another_key_refuses_to_start_on_a_keyed_store() {
     )
     .unwrap();
     let config = d.write_config();
-    let out = std::process::Command::new(airlock_bin())
-        .args(["serve", "--config"])
-        .arg(&config)
-        .args(["--http", "127.0.0.1:0"])
-        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
-        .env("AIRLOCK_STATE_DIR", &c_state)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = output_within(
+        std::process::Command::new(airlock_bin())
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(["--http", "127.0.0.1:0"])
+            .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+            .env("AIRLOCK_STATE_DIR", &c_state),
+        std::time::Duration::from_secs(60),
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -16,6 +16,65 @@ pub fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
 }
 
+/// Runs `cmd` to its end like `Command::output`, but kills it and fails the test when it
+/// has not exited within `limit`: a command that should refuse to start (and would serve
+/// forever if a guard broke) then fails its test instead of hanging the suite. Its stdin
+/// is null; stdout and stderr are captured.
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the command");
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the command") {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = stderr.join().unwrap_or_default();
+            panic!(
+                "{cmd:?} still ran after {limit:?} (killed); its stderr:\n{}",
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
 /// The compiled-component cache shared by every `airlock serve` the tests start, so each
 /// component compiles once per build rather than once per process.
 pub fn test_cache_dir() -> PathBuf {
