@@ -49,6 +49,38 @@ fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
 }
 
+/// `warmup + iters` instantiations of `adapter` in fresh Stores, timed one by one (the
+/// last `iters`). They run on a runtime worker, as a call does, and yield after each one
+/// (outside the timed part): `instantiate_once` hands its Store to a task of the current
+/// runtime, and a loop that never yields would leave those tasks to the other worker,
+/// where they fell behind and the instance pool ran out ("maximum concurrent limit of 256
+/// for component instances reached") after some 10⁵ instantiations.
+async fn instantiations<T: Send + Sync + 'static>(
+    owner: Arc<T>,
+    adapter: fn(&T) -> &airlock::runtime::LoadedAdapter,
+    grant: Arc<UpstreamGrant>,
+    warmup: usize,
+    iters: usize,
+) -> Vec<Duration> {
+    tokio::spawn(async move {
+        let mut samples = Vec::with_capacity(iters);
+        for i in 0..warmup + iters {
+            let start = Instant::now();
+            adapter(&owner)
+                .instantiate_once(grant.clone())
+                .await
+                .unwrap();
+            if i >= warmup {
+                samples.push(start.elapsed());
+            }
+            tokio::task::yield_now().await;
+        }
+        samples
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::main]
 async fn main() {
     let iters: usize = std::env::var("AIRLOCK_BENCH_ITERS")
@@ -85,18 +117,14 @@ async fn main() {
     .unwrap();
     let mapping = host.catalog().mappings["source-library"].clone();
     let grant: Arc<UpstreamGrant> = mapping.grant.clone();
-    let mut samples = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        let start = Instant::now();
-        mapping
-            .adapter
-            .instantiate_once(grant.clone())
-            .await
-            .unwrap();
-        if i >= warmup {
-            samples.push(start.elapsed());
-        }
-    }
+    let samples = instantiations(
+        mapping.clone(),
+        |m| &m.adapter,
+        grant.clone(),
+        warmup,
+        iters,
+    )
+    .await;
     print("instantiate from InstancePre (pooling)", &stats(samples));
 
     let source = MappingSource::from_file(&bundle.join("mapping.toml")).unwrap();
@@ -105,14 +133,7 @@ async fn main() {
     let adapter = on_demand
         .load(&source.manifest, &source.component, &contract)
         .unwrap();
-    let mut samples = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        let start = Instant::now();
-        adapter.instantiate_once(grant.clone()).await.unwrap();
-        if i >= warmup {
-            samples.push(start.elapsed());
-        }
-    }
+    let samples = instantiations(Arc::new(adapter), |a| a, grant.clone(), warmup, iters).await;
     print("instantiate from InstancePre (on-demand)", &stats(samples));
 
     // Memory per idle loaded adapter: RSS growth over N more loaded mappings.
