@@ -64,7 +64,18 @@ async fn instantiations<T: Send + Sync + 'static>(
 ) -> Vec<Duration> {
     tokio::spawn(async move {
         let mut samples = Vec::with_capacity(iters);
+        let trash: usize = std::env::var("TRASH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut buf = vec![0u8; trash.max(1)];
         for i in 0..warmup + iters {
+            if trash > 0 {
+                for j in (0..trash).step_by(64) {
+                    buf[j] = buf[j].wrapping_add(1);
+                }
+                std::hint::black_box(&buf);
+            }
             let start = Instant::now();
             adapter(&owner)
                 .instantiate_once(grant.clone())

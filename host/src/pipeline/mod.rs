@@ -287,7 +287,12 @@ async fn stages(
         let executed = execute::execute(host, call, ready, cancel).await;
         call.stage("execute");
         let t = executed.timings();
-        call.detail("execute.instantiate", t.instantiate);
+        if t.spare {
+            call.detail("execute.spare", t.instantiate);
+        } else {
+            call.detail("execute.instantiate", t.instantiate);
+            call.detail("execute.store", t.store);
+        }
         call.detail("execute.upstream", t.upstream);
         call.detail("execute.guest", t.run.saturating_sub(t.upstream));
         let outcome = outcome::outcome(call, executed);

@@ -1,5 +1,5 @@
 //! The adapter runtime: wasmtime Engine, one `InstancePre` per loaded mapping, a fresh
-//! Store per call.
+//! Store and instance per call.
 //!
 //! Rules:
 //! - Deny by default. Without grants an adapter's WASI context has no preopened
@@ -16,6 +16,13 @@
 //! - Each call runs in a new Store with the mapping's memory limit (bytes over all
 //!   memories and tables) and a deadline enforced by epoch interruption: past it the guest
 //!   traps and the call fails as `interrupted`; the next call starts clean.
+//! - An instance serves one call, never two. It may be made ahead of its call (a
+//!   *spare*, [`LoadedAdapter::call`]): after a call's answer, off the response path, the
+//!   host instantiates one more for the mapping's next call. No guest code runs at
+//!   instantiation, and everything that belongs to the call (its upstream bridge and
+//!   context, deadline, fuel) is bound when the call takes the spare; spares are made
+//!   only for adapters without network grants, whose WASI context is the same for
+//!   every call. At most [`MAX_SPARES`] exist per runtime.
 //! - The adapter's `airlock:host/upstream` import reaches only the tools and resource
 //!   prefixes its mapping lists, on its mapping's connection. Anything else returns
 //!   `not-permitted` to the adapter and is never sent.
@@ -79,7 +86,13 @@ pub struct Runtime {
     engine: Engine,
     cache: Option<CompiledCache>,
     _ticker: Arc<EpochTicker>,
+    /// Spare instances alive now, over all of this runtime's adapters.
+    spares: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Most spare instances (see the module's rules) one runtime keeps over all of its
+/// adapters: each holds a pooled instance, of the pool's 256.
+pub const MAX_SPARES: usize = 32;
 
 /// How instance memories and tables are allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +224,7 @@ impl Runtime {
             engine,
             cache,
             _ticker: Arc::new(EpochTicker { stop }),
+            spares: Arc::default(),
         })
     }
 
@@ -321,7 +335,7 @@ impl Runtime {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "component verified, compiled and linked"
         );
-        Ok(LoadedAdapter {
+        Ok(LoadedAdapter(Arc::new(Adapter {
             mapping: name.clone(),
             host_version,
             dns_names: Arc::new(manifest.grants.named_hosts()),
@@ -334,7 +348,9 @@ impl Runtime {
             )),
             pre,
             functions,
-        })
+            spare: std::sync::Mutex::new(None),
+            spares: self.spares.clone(),
+        })))
     }
 }
 
@@ -391,8 +407,20 @@ impl CompiledCache {
     }
 }
 
-/// A mapping's compiled, linked adapter, ready for per-call instantiation.
-pub struct LoadedAdapter {
+/// A mapping's compiled, linked adapter, ready for per-call instantiation. Cloning it is
+/// cheap and shares the adapter (and its spare instance).
+#[derive(Clone)]
+pub struct LoadedAdapter(Arc<Adapter>);
+
+impl std::ops::Deref for LoadedAdapter {
+    type Target = Adapter;
+    fn deref(&self) -> &Adapter {
+        &self.0
+    }
+}
+
+/// What a [`LoadedAdapter`] shares with the tasks that make its spare instances.
+pub struct Adapter {
     mapping: String,
     host_version: Option<HostVersion>,
     dns_names: Arc<BTreeSet<String>>,
@@ -403,6 +431,30 @@ pub struct LoadedAdapter {
     permits: Arc<tokio::sync::Semaphore>,
     pre: InstancePre<CallState>,
     functions: Vec<(String, ComponentExportIndex)>,
+    /// An instance made after the previous call, for the next one (module rules).
+    spare: std::sync::Mutex<Option<Spare>>,
+    /// The runtime's count of spares ([`MAX_SPARES`]).
+    spares: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A fresh instance in its own Store, made ahead of the call it will serve; no guest code
+/// has run in it. Its captured stdout and stderr are empty.
+struct Spare {
+    store: Store<CallState>,
+    instance: wasmtime::component::Instance,
+    stdout: BoundedOutput,
+    stderr: BoundedOutput,
+    _counted: SpareCount,
+}
+
+/// One place in the runtime's count of spares, given back when the spare is taken or
+/// dropped.
+struct SpareCount(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for SpareCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// What an adapter may reach upstream: its mapping's connection, tools and resource
@@ -652,12 +704,18 @@ pub struct CallOutcome {
 }
 
 /// Where one adapter call's time went (wall clock; zero for a part that never ran). The
-/// pipeline records them in the call's trace event (`stages_us`: `execute.instantiate`,
+/// pipeline records them in the call's trace event (`stages_us`: `execute.instantiate`
+/// and `execute.store`, or `execute.spare` for a call that ran in a spare instance;
 /// `execute.upstream`, `execute.guest`); measuring costs two clock reads per part.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CallTimings {
     /// A fresh Store and the instance from the `InstancePre`.
     pub instantiate: Duration,
+    /// Of `instantiate`, the fresh Store alone (WASI context, limiter, deadline, fuel).
+    pub store: Duration,
+    /// The call ran in the spare instance made after the previous call; `instantiate`
+    /// is then the time to take it and bind it to this call.
+    pub spare: bool,
     /// Waiting for upstream answers (every `call-tool` and `read-resource` import).
     pub upstream: Duration,
     /// From the instance's start to its return, upstream waits included.
@@ -683,7 +741,7 @@ fn reap(store: Store<CallState>) {
     }
 }
 
-impl LoadedAdapter {
+impl Adapter {
     /// A fresh Store for one call: deny-by-default WASI with captured output, the
     /// mapping's memory limit, and an epoch deadline that traps.
     fn new_store(
@@ -692,7 +750,6 @@ impl LoadedAdapter {
         network: NetworkPolicy,
         context: CallContext,
     ) -> Result<(Store<CallState>, BoundedOutput, BoundedOutput), CallFailure> {
-        let deadline = Duration::from_millis(self.limits.deadline_ms);
         let stdio = usize::try_from(self.limits.max_stdio_bytes).unwrap_or(usize::MAX);
         let flooded = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stdout = BoundedOutput::new(stdio, flooded.clone());
@@ -727,7 +784,6 @@ impl LoadedAdapter {
                 Box::pin(async move { allowed })
             });
         }
-        let connection = grant.connection.load_full();
         let state = CallState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
@@ -738,22 +794,39 @@ impl LoadedAdapter {
                 exceeded: false,
             },
             flooded,
-            bridge: UpstreamBridge {
-                changes_at_start: connection.list_changed_count(),
-                connection,
-                grant,
-                deadline: Instant::now() + deadline,
-                observations: Vec::new(),
-                refused: Vec::new(),
-                logs: Vec::new(),
-                requests_left: self.limits.max_upstream_requests,
-                exchanges: context.record.then(Vec::new),
-                context,
-                upstream_wait: Duration::ZERO,
-            },
+            bridge: self.bridge(grant, context),
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
+        self.arm(&mut store)?;
+        Ok((store, stdout, stderr))
+    }
+
+    /// The upstream side of one call: its grant, the connection serving now (and its
+    /// count of list changes, to tell a change during the call), its deadline and budget
+    /// of upstream requests, and the call's context.
+    fn bridge(&self, grant: Arc<UpstreamGrant>, context: CallContext) -> UpstreamBridge {
+        let connection = grant.connection.load_full();
+        UpstreamBridge {
+            changes_at_start: connection.list_changed_count(),
+            connection,
+            grant,
+            deadline: Instant::now() + Duration::from_millis(self.limits.deadline_ms),
+            observations: Vec::new(),
+            refused: Vec::new(),
+            logs: Vec::new(),
+            requests_left: self.limits.max_upstream_requests,
+            exchanges: context.record.then(Vec::new),
+            context,
+            upstream_wait: Duration::ZERO,
+        }
+    }
+
+    /// Starts the call's clocks in `store`: the epoch deadline (from now) with the
+    /// callback that yields each tick and traps past the deadline or on cancellation
+    /// (the cancellation token of the Store's bridge), and the mapping's fuel.
+    fn arm(&self, store: &mut Store<CallState>) -> Result<(), CallFailure> {
+        let deadline = Duration::from_millis(self.limits.deadline_ms);
         // Every tick the guest yields to the async executor, so a spinning adapter never
         // holds a worker thread; past the deadline the next tick traps it.
         let until = Instant::now() + deadline;
@@ -773,8 +846,106 @@ impl LoadedAdapter {
         });
         store
             .set_fuel(self.limits.fuel.unwrap_or(u64::MAX))
-            .map_err(|e| CallFailure::Host(format!("setting fuel: {e}")))?;
-        Ok((store, stdout, stderr))
+            .map_err(|e| CallFailure::Host(format!("setting fuel: {e}")))
+    }
+
+    /// Whether the adapter's WASI context is the same for every call: it has no network
+    /// grant, whose policy (named hosts resolved) is made per call.
+    fn fixed_context(&self) -> bool {
+        let g = &self.grants;
+        g.tcp_connect.is_empty() && g.udp_send.is_empty() && g.tcp_listen.is_empty()
+    }
+
+    /// Takes the spare instance, when there is one, and binds it to the call of `grant`
+    /// and `context`: its upstream bridge, deadline and fuel start now.
+    fn take_spare(
+        &self,
+        grant: &Arc<UpstreamGrant>,
+        context: &CallContext,
+    ) -> Option<Result<Spare, CallFailure>> {
+        let mut spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()?;
+        spare.store.data_mut().bridge = self.bridge(grant.clone(), context.clone());
+        Some(self.arm(&mut spare.store).map(|()| spare))
+    }
+
+    /// Makes the spare instance for the next call (module rules) unless there is one or
+    /// the runtime has [`MAX_SPARES`]. A failure leaves no spare (the next call
+    /// instantiates as usual) and is logged at debug level.
+    async fn refill(&self, grant: Arc<UpstreamGrant>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let has_one = |adapter: &Self| {
+            adapter
+                .spare
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some()
+        };
+        if has_one(self) {
+            return;
+        }
+        if self.spares.fetch_add(1, Relaxed) >= MAX_SPARES {
+            self.spares.fetch_sub(1, Relaxed);
+            return;
+        }
+        let counted = SpareCount(self.spares.clone());
+        let made = match self.new_store(grant, NetworkPolicy::default(), CallContext::default()) {
+            Ok((mut store, stdout, stderr)) => match self.pre.instantiate_async(&mut store).await {
+                Ok(instance) => Ok(Spare {
+                    store,
+                    instance,
+                    stdout,
+                    stderr,
+                    _counted: counted,
+                }),
+                Err(e) => Err(format!("{e:#}")),
+            },
+            Err(e) => Err(format!("{e:?}")),
+        };
+        match made {
+            Ok(spare) => {
+                let mut slot = self
+                    .spare
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if slot.is_none() {
+                    *slot = Some(spare);
+                }
+            }
+            Err(e) => tracing::debug!(mapping = %self.mapping, "no spare instance: {e}"),
+        }
+    }
+}
+
+impl LoadedAdapter {
+    /// Whether a spare instance waits for the mapping's next call (for tests).
+    pub fn has_spare(&self) -> bool {
+        self.spare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Hands a finished call's Store to `reap` and, for an adapter whose context is the
+    /// same for every call, makes the spare for the next call in the same task, after the
+    /// teardown: off the response path, with no thread hand-off.
+    fn reap_and_refill(&self, store: Store<CallState>, grant: Arc<UpstreamGrant>) {
+        if !self.fixed_context() {
+            return reap(store);
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let adapter = self.0.clone();
+                drop(runtime.spawn(async move {
+                    drop(store);
+                    adapter.refill(grant).await;
+                }));
+            }
+            Err(_) => drop(store),
+        }
     }
 
     /// Instantiates the adapter in a fresh Store and hands the Store to `reap`,
@@ -794,11 +965,10 @@ impl LoadedAdapter {
     }
 
     async fn network_policy(&self) -> NetworkPolicy {
-        let g = &self.grants;
-        if g.tcp_connect.is_empty() && g.udp_send.is_empty() && g.tcp_listen.is_empty() {
+        if self.fixed_context() {
             NetworkPolicy::default()
         } else {
-            g.network_policy().await
+            self.grants.network_policy().await
         }
     }
 
@@ -847,14 +1017,30 @@ impl LoadedAdapter {
         let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
             return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
         };
-        let network = self.network_policy().await;
         let store_cancel = context.cancel.clone();
+        let refill = grant.clone();
         let started = Instant::now();
-        let (mut store, stdout, stderr) = match self.new_store(grant, network, context) {
+        // The spare made after the previous call, bound to this one; else a fresh Store.
+        let made = match self
+            .fixed_context()
+            .then(|| self.take_spare(&grant, &context))
+        {
+            Some(Some(taken)) => taken.map(|s| (s.store, s.stdout, s.stderr, Some(s.instance))),
+            _ => {
+                let network = self.network_policy().await;
+                self.new_store(grant, network, context)
+                    .map(|(store, stdout, stderr)| (store, stdout, stderr, None))
+            }
+        };
+        let (mut store, stdout, stderr, mut spare) = match made {
             Ok(parts) => parts,
             Err(failure) => return failed(failure),
         };
-        let mut timings = CallTimings::default();
+        let mut timings = CallTimings {
+            store: started.elapsed(),
+            spare: spare.is_some(),
+            ..CallTimings::default()
+        };
         let run = async {
             let index = self
                 .functions
@@ -862,11 +1048,14 @@ impl LoadedAdapter {
                 .find(|(n, _)| n == function)
                 .map(|(_, i)| *i)
                 .ok_or_else(|| CallFailure::Host(format!("no capability function `{function}`")))?;
-            let instance = self
-                .pre
-                .instantiate_async(&mut store)
-                .await
-                .map_err(|e| self.classify(e, deadline))?;
+            let instance = match spare.take() {
+                Some(instance) => instance,
+                None => self
+                    .pre
+                    .instantiate_async(&mut store)
+                    .await
+                    .map_err(|e| self.classify(e, deadline))?,
+            };
             let instantiated = Instant::now();
             timings.instantiate = instantiated - started;
             let func = instance.get_func(&mut store, index).ok_or_else(|| {
@@ -917,9 +1106,9 @@ impl LoadedAdapter {
         let logs = std::mem::take(&mut store.data_mut().bridge.logs);
         let exchanges = store.data_mut().bridge.exchanges.take().unwrap_or_default();
         timings.upstream = store.data().bridge.upstream_wait;
-        // Tearing the instance down (its pooled memory reset, the Store's tables) is
-        // nobody's wait: it happens after the answer (`reap`).
-        reap(store);
+        // Tearing the instance down (its pooled memory reset, the Store's tables) and
+        // making the next call's spare are nobody's wait: they happen after the answer.
+        self.reap_and_refill(store, refill);
         CallOutcome {
             result,
             observations,

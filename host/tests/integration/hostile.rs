@@ -1020,6 +1020,8 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_memory() {
     for call in 1..4 {
         // A neighbour's call between them, so the slot is handed out more than once.
         assert_eq!(outcome(&client, "ping").await, "pong");
+        // Time for the spare made after `ping`'s answer: this call runs in it.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let again = remembered(&outcome(&client, "remember").await);
         assert_eq!(
             again["static"], "0",
@@ -1043,4 +1045,13 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_memory() {
     }
     assert_eq!(first["static"], "0", "{first:?}");
     client.cancel().await.unwrap();
+    // The later `remember` calls ran in spare instances, made ahead of their calls
+    // (`runtime` module rules): those are fresh too.
+    let spares = d
+        .trace()
+        .iter()
+        .filter(|e| e["kind"] == "call-outcome")
+        .filter(|e| e["payload"]["stages_us"].get("execute.spare").is_some())
+        .count();
+    assert!(spares >= 3, "{spares} calls ran in a spare instance");
 }

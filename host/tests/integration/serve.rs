@@ -382,6 +382,67 @@ async fn an_adapter_that_loops_forever_is_interrupted_and_the_next_call_succeeds
     client.cancel().await.unwrap();
 }
 
+/// A call that runs in a spare instance (made after the mapping's previous call, before
+/// this one arrived) gets its own deadline, counted from when it starts: the spare here
+/// waits longer than the 1 s deadline before its call spins, and the spin still runs for
+/// the whole deadline (a deadline left from when the spare was made would interrupt it at
+/// once). The trace says which calls ran in a spare (`execute.spare`) and which were
+/// instantiated on the call's path (`execute.instantiate`).
+#[tokio::test]
+async fn a_call_in_a_spare_instance_gets_its_whole_deadline_from_its_start() {
+    let d = Deployment::with_notes().mapping("spin-forever");
+    let client = d.serve().await;
+    let first = call(&client, "spin_search", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
+    assert_ne!(first.is_error, Some(true), "{}", text_of(&first));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    let spun = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        call(&client, "spin_search", json!({"query": "spin"})),
+    )
+    .await
+    .expect("the deadline must interrupt the adapter")
+    .unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        text_of(&spun).starts_with("interrupted"),
+        "{}",
+        text_of(&spun)
+    );
+    assert!(
+        elapsed >= std::time::Duration::from_millis(900)
+            && elapsed < std::time::Duration::from_secs(5),
+        "the deadline is 1 s from the call's start; it was interrupted after {elapsed:?}"
+    );
+    // After the interrupted call, the next one runs in a spare again (made after its
+    // answer was written, so give that a moment).
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let again = call(&client, "spin_search", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
+    assert_ne!(again.is_error, Some(true), "{}", text_of(&again));
+    client.cancel().await.unwrap();
+    let stages: Vec<Value> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "call-outcome")
+        .map(|e| e["payload"]["stages_us"].clone())
+        .collect();
+    assert_eq!(stages.len(), 3, "{stages:?}");
+    assert!(
+        stages[0].get("execute.instantiate").is_some() && stages[0].get("execute.spare").is_none(),
+        "the first call has no spare to run in: {stages:?}"
+    );
+    for later in &stages[1..] {
+        assert!(
+            later.get("execute.spare").is_some() && later.get("execute.instantiate").is_none(),
+            "a later call runs in the spare made after the one before: {stages:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn upstream_servers_start_with_only_their_declared_environment() {
     let d = Deployment::with_notes().mapping("source-library");
