@@ -3,7 +3,10 @@
 //! (`tools/call` latency and throughput against a direct call and two relays is the `floor`
 //! bench: `cargo bench -p airlock --bench floor`.)
 //!
-//! 2. Per-call instantiation of the adapter from its cached `InstancePre`.
+//! 2. Per-call instantiation of the adapter from its cached `InstancePre`: hot (back to
+//!    back), and with 4 MiB of other memory written between two instantiations, as a
+//!    call's other work does (the figure a call in `airlock serve` meets when it has no
+//!    spare instance).
 //! 3. Component cold load: pin check, compile, link, `InstancePre`.
 //! 4. Hot swap of a watched mapping under concurrent callers: from the rename of a changed
 //!    manifest to the moment the host's catalog offers the new revision, and the calls that
@@ -26,7 +29,7 @@ use airlock::host::Host;
 use airlock::registry::Registry;
 use airlock::registry::drift::{self, Catalogue};
 use airlock::registry::live::{DISCOVERY_TIMEOUT, MappingSource};
-use airlock::runtime::{Allocator, Runtime, UpstreamGrant};
+use airlock::runtime::{Allocator, LoadedAdapter, Runtime, UpstreamGrant};
 use airlock::store::SqliteStore;
 use airlock::upstream::{Connection, StdioServer};
 use serde_json::json;
@@ -49,38 +52,35 @@ fn airlock_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_airlock"))
 }
 
+/// What a call's other work touches between two instantiations, for the cold-cache
+/// figure: twice these machines' L2 cache per core (2 MiB; L3 is shared).
+const EVICT_BYTES: usize = 4 << 20;
+
 /// `warmup + iters` instantiations of `adapter` in fresh Stores, timed one by one (the
 /// last `iters`). They run on a runtime worker, as a call does, and yield after each one
 /// (outside the timed part): `instantiate_once` hands its Store to a task of the current
 /// runtime, and a loop that never yields would leave those tasks to the other worker,
 /// where they fell behind and the instance pool ran out ("maximum concurrent limit of 256
-/// for component instances reached") after some 10⁵ instantiations.
-async fn instantiations<T: Send + Sync + 'static>(
-    owner: Arc<T>,
-    adapter: fn(&T) -> &airlock::runtime::LoadedAdapter,
+/// for component instances reached") after some 10⁵ instantiations. Before each one,
+/// outside the timed part, the loop writes one byte per cache line of an `evict`-byte
+/// buffer, as a call's other work would between two instantiations (0: none).
+async fn instantiations(
+    adapter: LoadedAdapter,
     grant: Arc<UpstreamGrant>,
     warmup: usize,
     iters: usize,
+    evict: usize,
 ) -> Vec<Duration> {
     tokio::spawn(async move {
         let mut samples = Vec::with_capacity(iters);
-        let trash: usize = std::env::var("TRASH")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let mut buf = vec![0u8; trash.max(1)];
+        let mut other = vec![0u8; evict];
         for i in 0..warmup + iters {
-            if trash > 0 {
-                for j in (0..trash).step_by(64) {
-                    buf[j] = buf[j].wrapping_add(1);
-                }
-                std::hint::black_box(&buf);
+            for j in (0..evict).step_by(64) {
+                other[j] = other[j].wrapping_add(1);
             }
+            std::hint::black_box(&other);
             let start = Instant::now();
-            adapter(&owner)
-                .instantiate_once(grant.clone())
-                .await
-                .unwrap();
+            adapter.instantiate_once(grant.clone()).await.unwrap();
             if i >= warmup {
                 samples.push(start.elapsed());
             }
@@ -128,15 +128,14 @@ async fn main() {
     .unwrap();
     let mapping = host.catalog().mappings["source-library"].clone();
     let grant: Arc<UpstreamGrant> = mapping.grant.clone();
-    let samples = instantiations(
-        mapping.clone(),
-        |m| &m.adapter,
-        grant.clone(),
-        warmup,
-        iters,
-    )
-    .await;
+    let pooled = mapping.adapter.clone();
+    let samples = instantiations(pooled.clone(), grant.clone(), warmup, iters, 0).await;
     print("instantiate from InstancePre (pooling)", &stats(samples));
+    let samples = instantiations(pooled, grant.clone(), warmup, iters, EVICT_BYTES).await;
+    print(
+        "instantiate (pooling), 4 MiB touched between",
+        &stats(samples),
+    );
 
     let source = MappingSource::from_file(&bundle.join("mapping.toml")).unwrap();
     let contract = source.manifest.mapping.contract.clone();
@@ -144,7 +143,7 @@ async fn main() {
     let adapter = on_demand
         .load(&source.manifest, &source.component, &contract)
         .unwrap();
-    let samples = instantiations(Arc::new(adapter), |a| a, grant.clone(), warmup, iters).await;
+    let samples = instantiations(adapter, grant.clone(), warmup, iters, 0).await;
     print("instantiate from InstancePre (on-demand)", &stats(samples));
 
     // Memory per idle loaded adapter: RSS growth over N more loaded mappings.
