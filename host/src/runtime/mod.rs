@@ -21,8 +21,9 @@
 //!   host instantiates one more for the mapping's next call. No guest code runs at
 //!   instantiation, and everything that belongs to the call (its upstream bridge and
 //!   context, deadline, fuel) is bound when the call takes the spare; spares are made
-//!   only for adapters without network grants, whose WASI context is the same for
-//!   every call. At most [`MAX_SPARES`] exist per runtime.
+//!   only for adapters without network or filesystem grants, whose WASI context holds
+//!   nothing that may change between two calls. At most [`MAX_SPARES`] exist per
+//!   runtime.
 //! - The adapter's `airlock:host/upstream` import reaches only the tools and resource
 //!   prefixes its mapping lists, on its mapping's connection. Anything else returns
 //!   `not-permitted` to the adapter and is never sent.
@@ -849,11 +850,20 @@ impl Adapter {
             .map_err(|e| CallFailure::Host(format!("setting fuel: {e}")))
     }
 
-    /// Whether the adapter's WASI context is the same for every call: it has no network
-    /// grant, whose policy (named hosts resolved) is made per call.
+    /// Whether the adapter's WASI context holds nothing that may change between two
+    /// calls, so that it can be made before its call: no network grant (its policy, with
+    /// named hosts resolved, is made per call) and no filesystem grant (a preopen holds
+    /// the folder its path named when it was opened; an operator may have replaced it
+    /// since).
     fn fixed_context(&self) -> bool {
         let g = &self.grants;
-        g.tcp_connect.is_empty() && g.udp_send.is_empty() && g.tcp_listen.is_empty()
+        g.filesystem.is_empty() && !self.network_granted()
+    }
+
+    /// Whether the adapter has any network grant.
+    fn network_granted(&self) -> bool {
+        let g = &self.grants;
+        !(g.tcp_connect.is_empty() && g.udp_send.is_empty() && g.tcp_listen.is_empty())
     }
 
     /// Takes the spare instance, when there is one, and binds it to the call of `grant`
@@ -965,7 +975,7 @@ impl LoadedAdapter {
     }
 
     async fn network_policy(&self) -> NetworkPolicy {
-        if self.fixed_context() {
+        if !self.network_granted() {
             NetworkPolicy::default()
         } else {
             self.grants.network_policy().await

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::common::{self, *};
 use rmcp::model::CallToolResult;
 use rmcp::service::{RoleClient, RunningService};
-use serde_json::json;
+use serde_json::{Value, json};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -1003,6 +1003,42 @@ fn remembered(report: &str) -> std::collections::BTreeMap<String, String> {
             (key.to_owned(), value.to_owned())
         })
         .collect()
+}
+
+/// An adapter with a filesystem or network grant never runs in a spare instance: its
+/// preopens and socket policy are made when its call starts (`runtime` module rules).
+#[tokio::test]
+async fn an_adapter_with_filesystem_or_network_grants_is_instantiated_for_each_call() {
+    let fs = Deployment::with_notes();
+    let t = tree(fs.dir.path());
+    let grants = fs_grant(&t.data, "read-only");
+    for d in [
+        deploy(fs, &grants),
+        deploy(
+            Deployment::with_notes(),
+            "[grants.network]\ntcp_connect = [\"127.0.0.1:9\"]\n",
+        ),
+    ] {
+        let client = d.serve().await;
+        for _ in 0..3 {
+            assert_eq!(outcome(&client, "ping").await, "pong");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        client.cancel().await.unwrap();
+        let stages: Vec<Value> = d
+            .trace()
+            .into_iter()
+            .filter(|e| e["kind"] == "call-outcome")
+            .map(|e| e["payload"]["stages_us"].clone())
+            .collect();
+        assert_eq!(stages.len(), 3, "{stages:?}");
+        for s in &stages {
+            assert!(
+                s.get("execute.instantiate").is_some() && s.get("execute.spare").is_none(),
+                "{stages:?}"
+            );
+        }
+    }
 }
 
 /// Every call gets a fresh instance in memory that no earlier call can have written: the
