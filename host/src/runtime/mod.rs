@@ -448,6 +448,20 @@ struct Spare {
     _counted: SpareCount,
 }
 
+/// The connection of a spare's bridge until a call takes it: one that never started, shared
+/// by every spare of the process.
+fn no_connection() -> Arc<Connection> {
+    static NONE: std::sync::OnceLock<Arc<Connection>> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| {
+        Arc::new(Connection::unstarted(
+            "(spare instance)",
+            "a spare instance serves no call yet".into(),
+            0,
+        ))
+    })
+    .clone()
+}
+
 /// One place in the runtime's count of spares, given back when the spare is taken or
 /// dropped.
 struct SpareCount(Arc<std::sync::atomic::AtomicUsize>);
@@ -903,16 +917,21 @@ impl Adapter {
         }
         let counted = SpareCount(self.spares.clone());
         let made = match self.new_store(grant, NetworkPolicy::default(), CallContext::default()) {
-            Ok((mut store, stdout, stderr)) => match self.pre.instantiate_async(&mut store).await {
-                Ok(instance) => Ok(Spare {
-                    store,
-                    instance,
-                    stdout,
-                    stderr,
-                    _counted: counted,
-                }),
-                Err(e) => Err(format!("{e:#}")),
-            },
+            Ok((mut store, stdout, stderr)) => {
+                // A spare holds no connection: the one serving now may be replaced (and
+                // its client and process records dropped) before the next call comes.
+                store.data_mut().bridge.connection = no_connection();
+                match self.pre.instantiate_async(&mut store).await {
+                    Ok(instance) => Ok(Spare {
+                        store,
+                        instance,
+                        stdout,
+                        stderr,
+                        _counted: counted,
+                    }),
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            }
             Err(e) => Err(format!("{e:?}")),
         };
         match made {
@@ -931,14 +950,6 @@ impl Adapter {
 }
 
 impl LoadedAdapter {
-    /// Whether a spare instance waits for the mapping's next call (for tests).
-    pub fn has_spare(&self) -> bool {
-        self.spare
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some()
-    }
-
     /// Hands a finished call's Store to `reap` and, for an adapter whose context is the
     /// same for every call, makes the spare for the next call in the same task, after the
     /// teardown: off the response path, with no thread hand-off.
