@@ -18,10 +18,12 @@
 //!   revision, snapshot, connection health and reference validity.
 //! - **Every call is traced, and acknowledged only once traced.** The events of one call
 //!   (candidate, decision, approval, receipt, intent, each upstream request, outcome) are
-//!   linked by the call id and committed — one transaction per call, shared by concurrent
-//!   calls (group commit) — before the front can reach the outcome ([`Finished`] holds a
-//!   commit failure in its place); a receipt's consumption commits with the intent it
-//!   creates, and the observations of the content a call ingested commit with its events.
+//!   linked by the call id and made durable — on the embedded store one trace-journal
+//!   record per call ([`crate::store::journal`]), on a shared store one transaction shared
+//!   by concurrent calls (group commit) — before the front can reach the outcome
+//!   ([`Finished`] holds a failure to record in its place); a receipt's consumption
+//!   commits with the intent it creates, and the observations of the content a call
+//!   ingested are recorded with its events.
 //! - [`offer`] computes what a session is offered: profile ∩ serving mappings ∩ healthy
 //!   connections ∩ policy.
 
@@ -412,35 +414,25 @@ async fn reconcile_now(
 ///   another thread meanwhile, so the front keeps reading requests and the calls that
 ///   reach their commit queue up and share the next transaction (not on a current-thread
 ///   runtime, where `block_in_place` is not allowed).
-/// - The embedded store's commit (~50 µs) stays on the worker, where a hand-off would cost
-///   more than it saves. While other calls are in flight, a call without a durable intent
-///   is queued, the worker's other tasks run once (`yield_now`), and then it commits
-///   ([`crate::store::Store::queue_call`]): the calls that reach their commit meanwhile
-///   share its transaction, so a worker busy with several calls commits them together
-///   instead of one transaction each. A call alone commits at once. A call's answer
-///   still waits for the commit that holds its events.
+/// - The embedded store makes a call without a durable intent durable with one write to
+///   its trace journal ([`crate::store::journal`], a few µs), on the worker; the journal
+///   is moved into the trace off the call's path. A call with a durable intent commits
+///   its intent's final state with its events in one transaction.
+///
+/// Either way a call's answer waits for the write that holds its events.
 async fn finish_off_worker(host: &Host, call: &mut Call, outcome: &Outcome) -> anyhow::Result<()> {
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     let store = host.registry().store();
     let finishing = finishing(call, outcome);
     if store.is_shared() {
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         return if multi_thread {
             tokio::task::block_in_place(|| finishing.commit(store))
         } else {
             finishing.commit(store)
         };
     }
-    match finishing {
-        // Another call is in flight (this one counts itself): it may reach its commit
-        // while this one waits a turn. Alone, a call commits at once (a turn costs ~20 µs).
-        Finishing::Call(events, observations) if host.live().calls_in_flight() > 1 => {
-            let queued = store.queue_call(events, observations);
-            tokio::task::yield_now().await;
-            store.commit_queued(queued)
-        }
-        finishing => finishing.commit(store),
-    }
+    finishing.commit(store)
 }
 
 /// A finished call's events and observations, ready to commit.

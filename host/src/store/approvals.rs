@@ -497,7 +497,7 @@ impl SqliteStore {
         events: &[NewEvent],
         work: impl FnOnce(&Transaction<'_>) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
-        let mut conn = self.lock();
+        let mut conn = self.lock_in_order()?;
         let run = || -> anyhow::Result<T> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = work(&tx)?;
@@ -661,7 +661,7 @@ impl SqliteStore {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Consumption> {
         let now = now_ms();
-        let mut conn = self.lock();
+        let mut conn = self.lock_in_order()?;
         let mut run = || -> anyhow::Result<Consumption> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let Some(record) = load_approval(&tx, id)? else {

@@ -24,7 +24,10 @@
 //! byte length then its bytes, so no two events encode alike): the domain
 //! `airlock-trace-event-v1\0`, `seq` (i64), `at_ms` (i64), `kind`, `subject`, `payload` (the
 //! stored text, byte for byte), `prev_hash` (the stored text). A checkpoint's MAC covers
-//! `airlock-trace-checkpoint-v1\0`, `seq`, `at_ms`, `head`, `key_id`.
+//! `airlock-trace-checkpoint-v1\0`, `seq`, `at_ms`, `head`, `key_id`. A record of the
+//! trace journal ([`super::journal`]) is MACed over `airlock-trace-journal-v1\0`, the
+//! journal's file name (as text), the record's byte offset in that file (u64) and its body
+//! (as text, byte for byte).
 //!
 //! The key id (16 hex) is the first 8 bytes of HMAC(key, `airlock-trace-key-id-v1`): it
 //! tells which key wrote an event or a checkpoint and reveals nothing about the key.
@@ -264,6 +267,39 @@ impl TraceKey {
         m
     }
 
+    /// The HMAC of one trace-journal record: the journal's file name, the record's byte
+    /// offset in it, and its body (see the module doc for the encoding).
+    pub(crate) fn journal_mac(&self, journal: &str, offset: u64, body: &[u8]) -> [u8; 32] {
+        self.journal_state(journal, offset, body)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Whether `mac` is the HMAC of a trace-journal record (constant time).
+    pub(crate) fn verify_journal(
+        &self,
+        journal: &str,
+        offset: u64,
+        body: &[u8],
+        mac: &[u8],
+    ) -> bool {
+        self.journal_state(journal, offset, body)
+            .verify_slice(mac)
+            .is_ok()
+    }
+
+    fn journal_state(&self, journal: &str, offset: u64, body: &[u8]) -> HmacSha256 {
+        let mut m = self.mac.clone();
+        m.update(b"airlock-trace-journal-v1\0");
+        m.update(&(journal.len() as u64).to_be_bytes());
+        m.update(journal.as_bytes());
+        m.update(&offset.to_be_bytes());
+        m.update(&(body.len() as u64).to_be_bytes());
+        m.update(body);
+        m
+    }
+
     fn checkpoint_state(&self, seq: i64, at_ms: u64, head: &str, key_id: &str) -> HmacSha256 {
         let mut m = self.mac.clone();
         m.update(b"airlock-trace-checkpoint-v1\0");
@@ -425,6 +461,24 @@ mod tests {
         let other = TraceKey::from_bytes(&[8u8; 32], KeySource::Environment).unwrap();
         assert!(!other.verify_event(1, 2, "kind", "subject", "{\"a\":1}", "00", &base));
         assert_ne!(other.id(), k.id());
+    }
+
+    #[test]
+    fn the_journal_mac_covers_name_offset_and_body() {
+        let k = key();
+        let mac = k.journal_mac("j1.log", 40, b"{\"at\":1}");
+        assert!(k.verify_journal("j1.log", 40, b"{\"at\":1}", &mac));
+        assert!(!k.verify_journal("j2.log", 40, b"{\"at\":1}", &mac));
+        assert!(!k.verify_journal("j1.log", 0, b"{\"at\":1}", &mac));
+        assert!(!k.verify_journal("j1.log", 40, b"{\"at\":2}", &mac));
+        assert!(!k.verify_journal("j1.log", 40, b"{\"at\":1}", &mac[..31]));
+        // The boundary between name and offset is length-prefixed.
+        assert_ne!(
+            k.journal_mac("j1.lo", 40, b"g"),
+            k.journal_mac("j1.log", 40, b"")
+        );
+        let other = TraceKey::from_bytes(&[8u8; 32], KeySource::Environment).unwrap();
+        assert!(!other.verify_journal("j1.log", 40, b"{\"at\":1}", &mac));
     }
 
     #[test]

@@ -48,6 +48,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavio
 
 pub mod approvals;
 pub mod intents;
+pub mod journal;
 pub mod key;
 pub mod observations;
 pub mod postgres;
@@ -66,7 +67,7 @@ pub use postgres::PostgresStore;
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -314,6 +315,19 @@ CREATE INDEX trace_events_intent_states
     ON trace_events (json_extract(payload, '$.intent'), seq)
     WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held')
     AND json_extract(payload, '$.intent_state') IS NOT NULL;
+"#,
+    // 9 → 10: the trace journals (store/journal.rs): a call's events are durable in a
+    // journal file before its answer and moved into the trace after it; each journal's
+    // row says how many of its bytes are in the trace (advanced in the transaction that
+    // moves them: exactly once) and, once no record follows, its final size.
+    r#"
+CREATE TABLE trace_journals (
+    id         INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL UNIQUE,
+    ingested   INTEGER NOT NULL CHECK (ingested >= 0),
+    sealed     INTEGER CHECK (sealed >= 0),
+    created_ms INTEGER NOT NULL
+) STRICT;
 "#,
 ];
 
@@ -673,17 +687,6 @@ pub struct TraceVerification {
     pub coverage: Vec<String>,
 }
 
-/// A call's events and observations handed to [`Store::queue_call`], not yet known to be
-/// committed: [`Store::commit_queued`] commits it and says whether it was.
-pub struct QueuedCall(Queued);
-
-enum Queued {
-    /// Kept in the ticket (a store without a shared queue).
-    Held(Vec<NewEvent>, Vec<NewObservation>),
-    /// Queued in the store's group commit.
-    InGroup(trace::Slot),
-}
-
 /// The state store. Object safe; every method is one transaction (or one consistent read).
 pub trait Store: Send + Sync {
     /// Connection identity. `name` is the configured connection name. First sight of a name
@@ -799,37 +802,31 @@ pub trait Store: Send + Sync {
     /// answered with the result of the transaction that held its events.
     fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()>;
 
-    /// [`Store::append_events`] with the observations of the call the events are about, in
-    /// the same transaction (see [`observations`]): both are committed, or neither.
+    /// One call's `events` with the observations of the content it ingested (see
+    /// [`observations`]): both are recorded, or neither, and `Ok` means they are durable.
+    /// The embedded store writes them as one record of its trace journal ([`journal`]),
+    /// moved into the chain and the observations table off the call's path and before
+    /// anything reads either; a shared store commits them in one transaction with
+    /// concurrent callers' (group commit), as [`Store::append_events`] does.
+    ///
+    /// # Errors
+    /// Nothing was recorded: the store cannot write, or (embedded store) its own journal
+    /// cannot be moved into the trace, or the observations hold what the table refuses.
     fn append_call(
         &self,
         events: Vec<NewEvent>,
         observations: Vec<NewObservation>,
     ) -> anyhow::Result<()>;
 
-    /// [`Store::append_call`] in two steps, so that calls finishing together on one
-    /// thread share a transaction: this hands the batch over and returns its ticket;
-    /// [`Store::commit_queued`] then commits it (with whatever else is queued by then).
-    /// A caller that queues, lets the other tasks of its thread run (`yield_now`), then
-    /// commits, shares its transaction with every call that queued meanwhile. Nothing is
-    /// committed until some caller commits; a ticket dropped uncommitted leaves its batch
-    /// to the next commit, or to the store's close (`SqliteStore`'s `Drop`). The default
-    /// keeps the batch in the ticket (a dropped ticket then drops its batch), and
-    /// [`Store::commit_queued`] appends it alone.
-    fn queue_call(&self, events: Vec<NewEvent>, observations: Vec<NewObservation>) -> QueuedCall {
-        QueuedCall(Queued::Held(events, observations))
-    }
-
-    /// Commits `queued` ([`Store::queue_call`]), unless an earlier commit already held it,
-    /// and returns the result of the transaction that held it, as [`Store::append_call`].
+    /// Moves every trace journal's records into the database's tables now (the embedded
+    /// store, [`journal`]); a shared store keeps no journal, so there is nothing to do.
+    /// Readers through this trait never need it (each read moves them first); a reader of
+    /// the database's tables themselves (SQL, a test, a benchmark) does.
     ///
     /// # Errors
-    /// That transaction's error.
-    fn commit_queued(&self, queued: QueuedCall) -> anyhow::Result<()> {
-        match queued.0 {
-            Queued::Held(events, observations) => self.append_call(events, observations),
-            Queued::InGroup(_) => anyhow::bail!("a call queued on another store"),
-        }
+    /// The database fails.
+    fn move_journals(&self) -> anyhow::Result<()> {
+        Ok(())
     }
 
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
@@ -1089,9 +1086,14 @@ pub struct SqliteStore {
     /// Dropped first (fields drop in order): its thread and connection are gone before
     /// `conn` closes (see [`wal_checkpoint::WalCheckpointer`]).
     checkpointer: Option<wal_checkpoint::WalCheckpointer>,
-    conn: Mutex<Connection>,
+    /// The `airlock-trace-journal` thread, started with this process's first journal
+    /// record; stopped (taken) in `Drop` before the journal's last pass.
+    mover: Mutex<Option<journal::Mover>>,
+    conn: std::sync::Arc<Mutex<Connection>>,
     path: PathBuf,
     commit: trace::GroupCommit,
+    /// Where calls' events are durable before their answer ([`journal`]).
+    journal: std::sync::Arc<journal::Journal>,
     key: TraceKey,
 }
 
@@ -1104,9 +1106,33 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl Drop for SqliteStore {
-    /// Commits what is still queued ([`Store::queue_call`]): the batch of a call whose task
-    /// was dropped between queueing and committing is written now, not lost.
+    /// Stops the `airlock-trace-journal` thread and moves this process's journal into the
+    /// trace (its file is then deleted; if that fails, the next open moves it), and commits
+    /// what is still queued for group commit: nothing acknowledged is left behind.
     fn drop(&mut self) {
+        let mover = self
+            .mover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(mover);
+        {
+            let mut conn = self.lock();
+            let last = self
+                .journal
+                .seal_own(&conn)
+                .and_then(|()| self.journal.ingest(&mut conn, None, false));
+            match last {
+                Ok(moved) => {
+                    for (_, why) in moved.problems {
+                        tracing::error!("trace journal: {why}");
+                    }
+                }
+                Err(e) => tracing::error!(
+                    "moving the trace journal into the store at close failed (the next open moves it): {e:#}"
+                ),
+            }
+        }
         if !self.commit.has_queued() {
             return;
         }
@@ -1269,11 +1295,23 @@ impl SqliteStore {
         };
         migrate(&mut conn, path, &key)?;
         let checkpointer = wal_checkpoint::move_off_request_path(&mut conn, path, BUSY_TIMEOUT);
+        let journal = journal::Journal::new(path, key.clone());
+        // The journals of processes that stopped: moved into the trace before anything
+        // reads it. A journal that cannot be moved is reported and kept.
+        let recovered = journal
+            .ingest(&mut conn, None, true)
+            .and_then(|moved| journal.remove_orphans(&conn).map(|()| moved))
+            .with_context(|| format!("state database {shown}: moving the trace journals"))?;
+        for (_, why) in recovered.problems {
+            tracing::error!("trace journal: {why}");
+        }
         Ok(Self {
             checkpointer,
-            conn: Mutex::new(conn),
+            mover: Mutex::new(None),
+            conn: std::sync::Arc::new(Mutex::new(conn)),
             path: path.to_path_buf(),
             commit: trace::GroupCommit::default(),
+            journal: std::sync::Arc::new(journal),
             key,
         })
     }
@@ -1306,7 +1344,7 @@ impl SqliteStore {
         param: &str,
         accept: impl Fn(&str, &str) -> bool,
     ) -> anyhow::Result<Vec<TraceEvent>> {
-        let conn = self.lock();
+        let conn = self.lock_all_moved()?;
         let mut stmt = conn.prepare_cached(sql)?;
         let mut rows = stmt.query(params![param])?;
         let mut out = Vec::new();
@@ -1347,6 +1385,47 @@ impl SqliteStore {
         self.conn
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The connection, with this process's journal records moved into the trace first, so
+    /// that what it appends next follows them in the chain (nothing to do, and no write
+    /// transaction, when every record it appended is moved).
+    fn lock_in_order(&self) -> anyhow::Result<MutexGuard<'_, Connection>> {
+        let mut conn = self.lock();
+        if self.journal.has_unmoved() {
+            self.journal
+                .ingest(&mut conn, None, false)
+                .with_context(|| self.context("moving the trace journal into the trace"))?;
+        }
+        Ok(conn)
+    }
+
+    /// The connection, with every journal's records (this process's and any other's)
+    /// moved into the trace first: a reader of the trace or of the observations sees every
+    /// call that was answered. Journals that cannot be moved are left out (and reported by
+    /// [`Store::verify_trace`]).
+    fn lock_all_moved(&self) -> anyhow::Result<MutexGuard<'_, Connection>> {
+        let mut conn = self.lock();
+        self.journal
+            .ingest(&mut conn, None, false)
+            .with_context(|| self.context("moving the trace journals into the trace"))?;
+        Ok(conn)
+    }
+
+    /// Starts the `airlock-trace-journal` thread unless it runs.
+    fn start_mover(&self) {
+        let mut mover = self
+            .mover
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if mover.is_none() {
+            match journal::Mover::start(self.journal.clone(), self.conn.clone()) {
+                Ok(m) => *mover = Some(m),
+                Err(e) => tracing::warn!(
+                    "no airlock-trace-journal thread ({e}): journal records move into the trace when the store is next read or closed"
+                ),
+            }
+        }
     }
 
     fn context(&self, what: &str) -> String {
@@ -1978,7 +2057,7 @@ impl Store for SqliteStore {
         let pins_text = canonical(&new.pins)?;
         let now_u = now_ms();
         let now = ms_to_sql(now_u)?;
-        let mut conn = self.lock();
+        let mut conn = self.lock_in_order()?;
         let mut run = || -> anyhow::Result<MappingRecord> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let previous = latest_mapping(&tx, &new.name)?;
@@ -2060,7 +2139,7 @@ impl Store for SqliteStore {
         }
         let now_u = now_ms();
         let now = ms_to_sql(now_u)?;
-        let mut conn = self.lock();
+        let mut conn = self.lock_in_order()?;
         let mut run = || -> anyhow::Result<Option<MappingRecord>> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let Some(latest) = latest_mapping(&tx, name)? else {
@@ -2098,7 +2177,7 @@ impl Store for SqliteStore {
         subject: &str,
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent> {
-        let mut conn = self.lock();
+        let mut conn = self.lock_in_order()?;
         let mut run = || -> anyhow::Result<TraceEvent> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let event = trace::append_one(&tx, &self.key, kind, subject, payload)?;
@@ -2109,7 +2188,17 @@ impl Store for SqliteStore {
     }
 
     fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()> {
-        self.append_call(events, Vec::new())
+        if events.is_empty() {
+            return Ok(());
+        }
+        // This process's journal first: the chain keeps the order things became durable.
+        drop(self.lock_in_order()?);
+        self.commit.append(
+            events,
+            Vec::new(),
+            || self.lock(),
+            |conn, all, seen| self.write_calls(conn, all, seen),
+        )
     }
 
     fn append_call(
@@ -2120,32 +2209,21 @@ impl Store for SqliteStore {
         if events.is_empty() && observations.is_empty() {
             return Ok(());
         }
-        self.commit.append(
-            events,
-            observations,
-            || self.lock(),
-            |conn, all, seen| self.write_calls(conn, all, seen),
-        )
+        self.journal
+            .append(|| self.lock(), &events, &observations)
+            .with_context(|| self.context("recording a call in the trace journal"))?;
+        self.start_mover();
+        Ok(())
     }
 
-    fn queue_call(&self, events: Vec<NewEvent>, observations: Vec<NewObservation>) -> QueuedCall {
-        QueuedCall(Queued::InGroup(self.commit.enqueue(events, observations)))
-    }
-
-    fn commit_queued(&self, queued: QueuedCall) -> anyhow::Result<()> {
-        match queued.0 {
-            Queued::Held(events, observations) => self.append_call(events, observations),
-            Queued::InGroup(slot) => self.commit.commit(
-                &slot,
-                || self.lock(),
-                |conn, all, seen| self.write_calls(conn, all, seen),
-            ),
-        }
+    fn move_journals(&self) -> anyhow::Result<()> {
+        drop(self.lock_all_moved()?);
+        Ok(())
     }
 
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let conn = self.lock();
+        let conn = self.lock_all_moved()?;
         let run = || -> rusqlite::Result<Vec<TraceEvent>> {
             let mut stmt = conn.prepare(&format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
@@ -2274,6 +2352,11 @@ impl Store for SqliteStore {
         checkpoints: &[(usize, Checkpoint)],
     ) -> anyhow::Result<TraceVerification> {
         let mut conn = self.lock();
+        // Every journal's records first: a journal that cannot be moved is a finding.
+        let journals = self
+            .journal
+            .ingest(&mut conn, None, false)
+            .with_context(|| self.context("moving the trace journals into the trace"))?;
         let mut run = || -> anyhow::Result<TraceVerification> {
             // One read transaction: a consistent view even while others append.
             let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
@@ -2301,7 +2384,9 @@ impl Store for SqliteStore {
                 }
                 chain.next(stored)?;
             }
-            Ok(chain.finish(checkpoints, &recorded))
+            let mut verified = chain.finish(checkpoints, &recorded);
+            journal_findings(&mut verified, &journals.problems, self.journal.dir());
+            Ok(verified)
         };
         run().with_context(|| self.context("verifying the trace"))
     }
@@ -2345,7 +2430,7 @@ impl Store for SqliteStore {
         mapping: &str,
         limit: usize,
     ) -> anyhow::Result<Vec<String>> {
-        let conn = self.lock();
+        let conn = self.lock_all_moved()?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         conn.prepare_cached(intents_open_in_trace_only_sql())
             .and_then(|mut stmt| {
@@ -2360,7 +2445,7 @@ impl Store for SqliteStore {
     }
 
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
-        let conn = self.lock();
+        let conn = self.lock_all_moved()?;
         let (count, head): (i64, i64) = conn
             .prepare_cached(
                 "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= ?1",
@@ -2371,7 +2456,7 @@ impl Store for SqliteStore {
     }
 
     fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
-        let conn = self.lock();
+        let conn = self.lock_all_moved()?;
         let head: Option<(i64, String)> = conn
             .prepare_cached("SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1")
             .and_then(|mut stmt| {
@@ -2382,6 +2467,37 @@ impl Store for SqliteStore {
         let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
         Ok(self.key.checkpoint(seq, &head, now_ms()))
     }
+}
+
+/// Adds what the trace journals' last pass found to `verified`: a journal that could not
+/// be moved into the trace is the first finding after the chain's own (at the seq its
+/// records would have taken), and the coverage says what was checked.
+fn journal_findings(verified: &mut TraceVerification, problems: &[(String, String)], dir: &Path) {
+    if let Some((_, why)) = problems.first()
+        && verified.first_bad.is_none()
+    {
+        let next = i64::try_from(verified.events)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
+        verified.first_bad = Some((
+            next,
+            format!(
+                "{why} (the trace journal's records would follow event {}; {} journal(s) in {} could not be moved)",
+                verified.events,
+                problems.len(),
+                dir.display()
+            ),
+        ));
+    }
+    verified.coverage.push(format!(
+        "trace journals: every record of {} was moved into the chain before it was checked{}",
+        dir.display(),
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(", except {} journal(s) that could not be", problems.len())
+        }
+    ));
 }
 
 /// `events` with `"revision": revision` added to each object payload.

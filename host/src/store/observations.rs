@@ -163,7 +163,7 @@ pub(super) mod tests {
     }
 
     fn rows(store: &SqliteStore) -> Vec<(String, String, Option<String>, i64, i64)> {
-        let conn = store.lock();
+        let conn = store.lock_all_moved().unwrap();
         let mut stmt = conn
             .prepare(
                 "SELECT id, sha256, previous, seen, last_seen_ms FROM observations ORDER BY seq",
@@ -219,7 +219,7 @@ pub(super) mod tests {
         let event = super::super::NewEvent::new("test", "call_1", serde_json::json!({}));
         store.append_call(vec![event], vec![a.clone()]).unwrap();
         assert_eq!(store.trace(0, 10).unwrap().len(), 1);
-        let conn = store.lock();
+        let conn = store.lock_all_moved().unwrap();
         for change in [
             "UPDATE observations SET sha256 = 'x'",
             "UPDATE observations SET previous = 'obs_x'",
@@ -229,7 +229,9 @@ pub(super) mod tests {
             assert!(err.contains("immutable"), "{change}: {err}");
         }
         drop(conn);
-        // A batch whose observation cannot be written commits none of its events.
+        // A call whose observation the table would refuse is refused before it is
+        // recorded: none of its events is written (a record that could not be moved would
+        // stop every record after it).
         let mut broken = item("notes://z", "zzzz", u64::MAX);
         broken.bytes = 1;
         let event = super::super::NewEvent::new("test", "call_2", serde_json::json!({}));

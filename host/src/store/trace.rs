@@ -102,40 +102,73 @@ fn insert_sql(rows: usize) -> &'static str {
     &all[rows - 1]
 }
 
+/// One event ready to be chained: its kind, subject, payload as the canonical JSON text to
+/// store, and its time (unix ms).
+pub(super) struct Row<'a> {
+    pub kind: &'a str,
+    pub subject: &'a str,
+    pub payload: std::borrow::Cow<'a, str>,
+    pub at_ms: u64,
+}
+
 /// Appends `events` inside the open write transaction on `tx`, chained after the current
-/// head and MACed with `key`. Returns (first seq, last MAC).
+/// head and MACed with `key`, all at the time of the call. Returns (first seq, last MAC).
 pub(super) fn append_in(
     tx: &Connection,
     key: &TraceKey,
     events: &[NewEvent],
 ) -> anyhow::Result<Option<(i64, String)>> {
-    if events.is_empty() {
+    let at = now_ms();
+    let rows = events
+        .iter()
+        .map(|e| {
+            Ok(Row {
+                kind: e.kind,
+                subject: &e.subject,
+                payload: std::borrow::Cow::Owned(canonical(&e.payload)?),
+                at_ms: at,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    append_rows_in(tx, key, &rows)
+}
+
+/// Appends `rows` inside the open write transaction on `tx`, in order, chained after the
+/// current head and MACed with `key`; each keeps its own time. Returns (first seq, last MAC).
+pub(super) fn append_rows_in(
+    tx: &Connection,
+    key: &TraceKey,
+    rows: &[Row<'_>],
+) -> anyhow::Result<Option<(i64, String)>> {
+    if rows.is_empty() {
         return Ok(None);
     }
     let (mut seq, mut prev) = head(tx, key)?;
     let first = seq + 1;
-    let at = ms_to_sql(now_ms())?;
-    // Rows are computed first, then written ROWS_PER_INSERT at a time (one statement per
-    // chunk is cheaper than one per row).
-    let mut rows = Vec::with_capacity(events.len());
-    for e in events {
+    // MACs are computed first, then rows written ROWS_PER_INSERT at a time (one statement
+    // per chunk is cheaper than one per row).
+    let mut macs = Vec::with_capacity(rows.len());
+    for r in rows {
         seq += 1;
-        let payload = canonical(&e.payload)?;
-        let mac = key.event_mac(seq, at, e.kind, &e.subject, &payload, &prev);
-        rows.push((seq, e.kind, e.subject.as_str(), payload, prev, mac.clone()));
+        let at = ms_to_sql(r.at_ms)?;
+        let mac = key.event_mac(seq, at, r.kind, r.subject, &r.payload, &prev);
+        macs.push((seq, at, prev, mac.clone()));
         prev = mac;
     }
     let key_id = key.id();
-    for chunk in rows.chunks(ROWS_PER_INSERT) {
+    for (chunk, chunk_macs) in rows
+        .chunks(ROWS_PER_INSERT)
+        .zip(macs.chunks(ROWS_PER_INSERT))
+    {
         let mut insert = tx.prepare_cached(insert_sql(chunk.len()))?;
         let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * COLUMNS);
-        for (seq, kind, subject, payload, prev, mac) in chunk {
+        for (r, (seq, at, prev, mac)) in chunk.iter().zip(chunk_macs) {
             values.extend([
                 seq as &dyn rusqlite::ToSql,
-                &at,
-                kind,
-                subject,
-                payload,
+                at,
+                &r.kind,
+                &r.subject,
+                &r.payload,
                 prev,
                 mac,
                 &key_id,
@@ -486,12 +519,13 @@ mod tests {
         );
     }
 
-    /// Calls that queue on one thread and let its other tasks run before they commit (as
-    /// the pipeline's `finish_off_worker` does) share one transaction; each is answered
-    /// with the result of the transaction that held its batch, so a failed transaction
-    /// fails exactly the calls it held and none after it.
+    /// On the embedded store each call is one trace-journal record, answered with its own
+    /// write's result: calls finishing together on one thread are recorded without a
+    /// group commit, a call the store would refuse fails alone, before anything of it is
+    /// written, and the calls around it are recorded; a call whose caller went away
+    /// after it was recorded loses nothing at close.
     #[test]
-    fn calls_queued_on_one_thread_share_a_transaction_and_each_gets_its_own_result() {
+    fn each_call_is_recorded_alone_and_a_refused_one_fails_alone() {
         use super::super::{SqliteStore, Store as _};
         let dir = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(SqliteStore::open(dir.path()).unwrap());
@@ -509,9 +543,10 @@ mod tests {
                         tokio::spawn(async move {
                             let event =
                                 NewEvent::new("test", format!("t{t}"), serde_json::json!({"t": t}));
-                            let queued = store.queue_call(vec![event], observations);
                             tokio::task::yield_now().await;
-                            store.commit_queued(queued).map_err(|e| format!("{e:#}"))
+                            store
+                                .append_call(vec![event], observations)
+                                .map_err(|e| format!("{e:#}"))
                         })
                     })
                     .collect();
@@ -522,45 +557,45 @@ mod tests {
                 results
             })
         };
-        let before = store.commit.transactions();
         let results = round(vec![Vec::new(); 8]);
         assert!(results.iter().all(Result::is_ok), "{results:?}");
-        assert_eq!(
-            store.commit.transactions() - before,
-            1,
-            "8 calls, one transaction"
-        );
         assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 8);
+        assert_eq!(
+            store.commit.transactions(),
+            0,
+            "no group commit: one journal record each"
+        );
 
-        // One call's observation breaks a CHECK: its transaction fails, and so does every
-        // call it held; nothing of theirs is written.
+        // One call's observation breaks a CHECK of the observations table: it is refused,
+        // nothing of it is written, and the calls beside it are recorded.
         let mut broken = super::super::observations::tests::item("notes://x", "aaaa", 1);
         broken.method = "tools/bogus".into();
         let results = round(vec![Vec::new(), vec![broken], Vec::new()]);
-        assert!(results.iter().all(Result::is_err), "{results:?}");
-        assert!(
-            results[0].as_ref().unwrap_err().contains("appending"),
-            "{results:?}"
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        let refused = results[1].as_ref().unwrap_err();
+        assert!(refused.contains("nothing was recorded"), "{refused}");
+        let all = store.trace(0, usize::MAX).unwrap();
+        assert_eq!(all.len(), 10);
+        assert_eq!(
+            all.iter().filter(|e| e.subject == "t1").count(),
+            1,
+            "the refused call left nothing"
         );
-        assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 8);
-        // The next call is its own transaction, and it commits.
-        assert!(round(vec![Vec::new()]).iter().all(Result::is_ok));
-        assert_eq!(store.trace(0, usize::MAX).unwrap().len(), 9);
         assert!(store.verify_trace().unwrap().first_bad.is_none());
 
-        // A call queued and never committed (its task dropped) is committed when the
-        // store closes, not lost.
-        let ticket = store.queue_call(
-            vec![NewEvent::new("test", "dropped", serde_json::json!({}))],
-            Vec::new(),
-        );
-        drop(ticket);
+        // A call recorded just before the store closes is moved into the trace at close.
+        store
+            .append_call(
+                vec![NewEvent::new("test", "dropped", serde_json::json!({}))],
+                Vec::new(),
+            )
+            .unwrap();
         drop(runtime);
         drop(std::sync::Arc::into_inner(store).expect("the last handle"));
         let reopened = SqliteStore::open(dir.path()).unwrap();
         let all = reopened.trace(0, usize::MAX).unwrap();
-        assert_eq!(all.len(), 10);
-        assert_eq!(all[9].subject, "dropped");
+        assert_eq!(all.len(), 11);
+        assert_eq!(all[10].subject, "dropped");
         assert!(reopened.verify_trace().unwrap().first_bad.is_none());
     }
 

@@ -183,25 +183,47 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
     }
 }
 
-/// Nothing is acknowledged that the trace does not hold: when the call's events cannot be
-/// committed, the model gets a refusal, not the result.
+/// Nothing is acknowledged that is not durably recorded, and nothing recorded is lost: a
+/// call's events are durable in the trace journal before it answers; once the database
+/// refuses to take them (what a full disk does to every trace write), the journal cannot
+/// be moved, and every call after that is refused ("could not record this call") instead
+/// of piling up records no reader would see. When the database takes writes again, what
+/// was acknowledged is all there, and calls are answered again.
 #[tokio::test]
 async fn a_call_whose_trace_cannot_be_committed_reports_no_result() {
     let (host, state) = host().await;
+    let store = host.registry().store();
     let front = host.front(None).unwrap();
     let ok = front
         .call("search_sources", args(json!({"query": "checkpoint"})))
         .await
         .unwrap();
     assert_ne!(ok.is_error, Some(true));
-    // What a full disk would do to every trace write from now on.
-    rusqlite::Connection::open(state.path().join("airlock.db"))
-        .unwrap()
-        .execute_batch(
-            "CREATE TRIGGER full_disk BEFORE INSERT ON trace_events
-             BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+    store.move_journals().unwrap();
+    let raw = rusqlite::Connection::open(state.path().join("airlock.db")).unwrap();
+    let outcomes = |raw: &rusqlite::Connection| -> i64 {
+        raw.query_row(
+            "SELECT count(*) FROM trace_events WHERE kind = 'call-outcome'",
+            [],
+            |r| r.get(0),
         )
+        .unwrap()
+    };
+    assert_eq!(outcomes(&raw), 1);
+    raw.execute_batch(
+        "CREATE TRIGGER full_disk BEFORE INSERT ON trace_events
+         BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+    )
+    .unwrap();
+    // This call's record is durable in the journal (it may be answered); moving it fails.
+    let written = front
+        .call("search_sources", args(json!({"query": "keepalive"})))
+        .await
         .unwrap();
+    let acknowledged = written.is_error != Some(true);
+    let err = store.move_journals().unwrap_err();
+    assert!(format!("{err:#}").contains("disk full"), "{err:#}");
+    // From now on nothing is acknowledged.
     let r = front
         .call("search_sources", args(json!({"query": "checkpoint"})))
         .await
@@ -213,4 +235,15 @@ async fn a_call_whose_trace_cannot_be_committed_reports_no_result() {
         "{text}"
     );
     assert!(r.structured_content.is_none(), "no result leaks: {r:?}");
+    // The disk has room again: the acknowledged call is in the trace, the refused one is
+    // not, and calls are answered again.
+    raw.execute_batch("DROP TRIGGER full_disk").unwrap();
+    store.move_journals().unwrap();
+    assert_eq!(outcomes(&raw), 1 + i64::from(acknowledged));
+    let again = front
+        .call("search_sources", args(json!({"query": "checkpoint"})))
+        .await
+        .unwrap();
+    assert_ne!(again.is_error, Some(true), "{again:?}");
+    assert!(store.verify_trace().unwrap().first_bad.is_none());
 }

@@ -664,10 +664,13 @@ both! {
         store.append_call(vec![NewEvent::new("test", "c", json!({}))], vec![item("aaaa", 1)]).unwrap();
         store.append_call(vec![], vec![item("aaaa", 2)]).unwrap();
         store.append_call(vec![], vec![item("bbbb", 3)]).unwrap();
+        // The embedded store's calls are in its trace journal until moved into the tables.
+        store.move_journals().unwrap();
         assert_eq!(db.count("observations"), 2, "the same content is referenced, not repeated");
         let mut broken = item("zzzz", u64::MAX);
         broken.bytes = 1;
         assert!(store.append_call(vec![NewEvent::new("test", "c", json!({}))], vec![broken]).is_err());
+        store.move_journals().unwrap();
         assert_eq!((db.count("observations"), store.trace(0, 10).unwrap().len()), (2, 1));
     }
 }

@@ -764,3 +764,121 @@ async fn a_named_secret_keys_the_trace_and_checkpoints_come_at_the_interval() {
         "{out:?}"
     );
 }
+
+// ---- the trace journal: durable before the answer, in the trace for every reader ----
+
+/// `airlock serve` on stdio, `n` calls of `search_sources`, each answered.
+async fn answered<H: rmcp::ClientHandler>(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, H>,
+    n: usize,
+) {
+    for i in 0..n {
+        let r = crate::common::call(
+            client,
+            "search_sources",
+            json!({"query": format!("checkpoint {i}")}),
+        )
+        .await
+        .unwrap();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+    }
+}
+
+fn outcomes(trace: &[Value]) -> usize {
+    trace.iter().filter(|e| e["kind"] == "call-outcome").count()
+}
+
+/// Call outcomes in the database's own table, read without moving any journal.
+fn outcomes_in_database(d: &Deployment) -> i64 {
+    d.database()
+        .query_row(
+            "SELECT count(*) FROM trace_events WHERE kind = 'call-outcome'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+fn journals(d: &Deployment) -> Vec<PathBuf> {
+    std::fs::read_dir(d.state_dir().join("trace-journal"))
+        .map(|entries| entries.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
+/// A call is answered only once its events are durable (in the serving process's trace
+/// journal), and every reader sees every answered call: another process while `airlock
+/// serve` runs, and the next process after it was killed (`kill -9`: no shutdown, no
+/// last pass), which moves the dead host's journal into the chain and deletes it.
+#[tokio::test]
+async fn answered_calls_are_in_the_trace_while_serve_runs_and_after_it_is_killed() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let (client, pid) = d.serve_with_pid().await;
+    answered(&client, 20).await;
+    // Read by another process at once, while the host serves.
+    assert_eq!(outcomes(&d.trace()), 20);
+    answered(&client, 20).await;
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // Dead once its pid is a zombie or gone (its files, and its journal's lock, are closed).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "airlock serve did not die"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(client);
+    assert_eq!(
+        journals(&d).len(),
+        1,
+        "the killed host's journal is left behind"
+    );
+    let trace = d.trace();
+    assert_eq!(outcomes(&trace), 40, "every answered call, once");
+    assert!(
+        journals(&d).is_empty(),
+        "moved, then deleted: {:?}",
+        journals(&d)
+    );
+    intact(&d, None);
+}
+
+/// A record of a stopped host's journal edited by someone without the key is reported by
+/// `trace verify` (exit status 3), and nothing from it on enters the chain.
+#[tokio::test]
+async fn an_edited_journal_record_is_reported_by_trace_verify() {
+    let d = Deployment::with_notes().mapping("source-library");
+    // The serving process's own thread does not move its journal within the test.
+    let (client, pid) = d
+        .serve_with_pid_env(&[("AIRLOCK_TRACE_JOURNAL_MS", "3600000")])
+        .await;
+    answered(&client, 3).await;
+    let stop = |sig: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    stop("-STOP");
+    assert_eq!(outcomes_in_database(&d), 0, "nothing moved yet");
+    let files = journals(&d);
+    assert_eq!(files.len(), 1);
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let at = bytes.windows(9).rposition(|w| w == b"call-outc").unwrap();
+    bytes[at] = b'C';
+    std::fs::write(&files[0], &bytes).unwrap();
+    stop("-KILL");
+    drop(client);
+    let (_, why) = tampered(&d, None);
+    assert!(why.contains("fails its MAC"), "{why}");
+    assert!(why.contains("trace-journal"), "{why}");
+}

@@ -517,8 +517,18 @@ impl Deployment {
     /// Approves every mapping, starts `airlock serve`, and returns the client with the
     /// process id of `airlock serve`.
     pub async fn serve_with_pid(&self) -> (RunningService<RoleClient, ()>, u32) {
+        self.serve_with_pid_env(&[]).await
+    }
+
+    /// [`Deployment::serve_with_pid`] with `env` set for `airlock serve`.
+    pub async fn serve_with_pid_env(
+        &self,
+        env: &[(&str, &str)],
+    ) -> (RunningService<RoleClient, ()>, u32) {
         self.approve_all();
-        let transport = TokioChildProcess::new(self.serve_command()).expect("spawn airlock serve");
+        let mut command = self.serve_command();
+        command.envs(env.iter().copied());
+        let transport = TokioChildProcess::new(command).expect("spawn airlock serve");
         let pid = transport.id().expect("airlock serve has a pid");
         let client = ().serve(transport).await.expect("MCP initialize with airlock serve");
         (client, pid)
