@@ -26,6 +26,7 @@
 //! - Which tools and resources a particular adapter may reach is decided one layer up
 //!   (the runtime's upstream bridge); this layer only transports.
 
+pub mod direct;
 pub mod http;
 pub mod process;
 pub mod replay;
@@ -219,6 +220,21 @@ pub struct Connection {
     /// For an HTTP connection: its bridge task and why the bridge closed; for a replayed
     /// one ([`Connection::start_replay`]): the task answering from fixtures.
     http: Option<HttpParts>,
+    /// A stdio connection's stream to the server, shared with rmcp: the hot path's own
+    /// requests go through it ([`direct`]); `None` for the other transports.
+    outbound: Option<Arc<direct::Outbound>>,
+    /// The next direct request's id ([`direct::FIRST_ID`] up).
+    next_direct: AtomicU64,
+}
+
+impl Drop for Connection {
+    /// Closes the stream to the server (its pump writes what is queued, then closes the
+    /// pipe), as rmcp's transport did when it was dropped.
+    fn drop(&mut self) {
+        if let Some(out) = &self.outbound {
+            out.close();
+        }
+    }
 }
 
 /// What an HTTP connection has instead of a process.
@@ -266,7 +282,29 @@ struct Tap {
     degraded_now: tokio::sync::Notify,
     /// Answers to `tools/call` and `resources/read`, kept as JSON (see [`RawAnswers`]).
     raw: std::sync::Mutex<RawAnswers>,
+    /// The waiters of the hot path's own requests ([`direct`]), by id (JSON text). Emptied
+    /// (every waiter failing at once) when the stream ends or degrades.
+    direct: std::sync::Mutex<
+        std::collections::HashMap<String, tokio::sync::oneshot::Sender<direct::Answer>>,
+    >,
+    /// Set once the stream ended or degraded: no direct waiter is registered after it.
+    direct_closed: std::sync::atomic::AtomicBool,
 }
+
+/// What the reader does with one incoming message that fits ([`Tap::incoming`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Incoming {
+    /// Hand it to rmcp as it is.
+    Pass,
+    /// A `result` answer rmcp's caller takes raw ([`RawAnswers`]): keep it, stub for rmcp.
+    Keep(String),
+    /// The answer to one of the hot path's own requests ([`direct`]): to its waiter only.
+    Direct(String),
+}
+
+/// The longest request line the host writes (bytes): discovery's and the adapters'
+/// requests are small; a longer partial line is no request we track.
+const MAX_REQUEST_LINE: usize = 1 << 20;
 
 /// The hot path's answers, parsed once.
 ///
@@ -373,16 +411,14 @@ impl Tap {
         notified.await;
     }
 
-    /// An incoming line (server → client) that fits the budget. An error says how the
-    /// line breaks JSON-RPC (the host's words; nothing of the line itself).
-    ///
-    /// `Ok(Some(id))`: the line is a `result` answer to a request whose answer is kept raw
-    /// ([`RawAnswers`]); `id` is its id as JSON text.
-    fn incoming(&self, line: &[u8]) -> Result<Option<String>, String> {
+    /// An incoming line (server → client) that fits the budget: what the reader does with
+    /// it. An error says how the line breaks JSON-RPC (the host's words; nothing of the
+    /// line itself).
+    fn incoming(&self, line: &[u8]) -> Result<Incoming, String> {
         let watching = self.armed.load(Ordering::Acquire);
         let body = line.trim_ascii();
         if body.is_empty() {
-            return Ok(None);
+            return Ok(Incoming::Pass);
         }
         // Decode the envelope of EVERY message the way rmcp will (JSON escapes and any
         // size included): a byte search for `list_changed` misses `list\u005fchanged` and
@@ -414,17 +450,20 @@ impl Tap {
                     self.list_changed.fetch_add(1, Ordering::AcqRel);
                     self.changed.notify_waiters();
                 }
-                return Ok(None);
+                return Ok(Incoming::Pass);
             }
-            (Some(_), Some(id)) if id.is_string() || id.is_number() => return Ok(None),
+            (Some(_), Some(id)) if id.is_string() || id.is_number() => return Ok(Incoming::Pass),
             (Some(_), Some(_)) => {
                 return Err("a request whose id is neither a string nor a number".into());
             }
             (None, Some(id)) if head.result.is_some() != head.error.is_some() => {
                 let id = id.to_string();
                 self.answered(&id)?;
+                if self.is_direct(&id) {
+                    return Ok(Incoming::Direct(id));
+                }
                 if head.result.is_some() && Self::lock(&self.raw).wanted.contains(&id) {
-                    return Ok(Some(id));
+                    return Ok(Incoming::Keep(id));
                 }
             }
             (None, Some(_)) => {
@@ -438,23 +477,23 @@ impl Tap {
             }
         }
         if !watching {
-            return Ok(None);
+            return Ok(Incoming::Pass);
         }
         let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
-            return Ok(None);
+            return Ok(Incoming::Pass);
         };
         let Some(id) = msg.get("id").map(Value::to_string) else {
-            return Ok(None);
+            return Ok(Incoming::Pass);
         };
         let Some(method) = Self::lock(&self.pending).remove(&id) else {
-            return Ok(None);
+            return Ok(Incoming::Pass);
         };
         let result = msg
             .get_mut("result")
             .map(Value::take)
             .unwrap_or(Value::Null);
         Self::lock(&self.captured).push((method, result));
-        Ok(None)
+        Ok(Incoming::Pass)
     }
 
     /// Keeps the `result` of `line` (an answer with id `id`, JSON text) if its request
@@ -491,6 +530,71 @@ impl Tap {
         let i = captured.iter().rposition(|(m, _)| *m == method)?;
         Some(captured.remove(i).1)
     }
+
+    /// Registers a direct request `id` (JSON text) as open, with its waiter; call before
+    /// its bytes are written. `None` once the stream ended or degraded.
+    fn expect_direct(&self, id: &str) -> Option<tokio::sync::oneshot::Receiver<direct::Answer>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut waiting = Self::lock(&self.direct);
+            if self.direct_closed.load(Ordering::Acquire) {
+                return None;
+            }
+            waiting.insert(id.to_string(), tx);
+        }
+        let mut open = Self::lock(&self.open);
+        if open.ids.len() >= MAX_OPEN_REQUESTS {
+            open.ids.clear();
+            open.forgot = true;
+        }
+        open.ids.insert(id.to_string());
+        Some(rx)
+    }
+
+    /// The direct request `id` is no longer waited for: a late answer is dropped.
+    fn forget_direct(&self, id: &str) {
+        Self::lock(&self.direct).remove(id);
+    }
+
+    /// Whether `id` (JSON text) is a direct request still waited for.
+    fn is_direct(&self, id: &str) -> bool {
+        Self::lock(&self.direct).contains_key(id)
+    }
+
+    /// Hands `answer` to the waiter of direct request `id`, if it still waits.
+    fn answer_direct(&self, id: &str, answer: direct::Answer) {
+        if let Some(tx) = Self::lock(&self.direct).remove(id) {
+            let _ = tx.send(answer);
+        }
+    }
+
+    /// The stream ended or degraded: every direct waiter fails now, and none is taken
+    /// after.
+    fn close_direct(&self) {
+        let mut waiting = Self::lock(&self.direct);
+        self.direct_closed.store(true, Ordering::Release);
+        waiting.clear();
+    }
+}
+
+/// The answer a direct request's waiter gets from the JSON-RPC message `line` (one
+/// parse): its `result`, or its error's code and message.
+fn direct_answer(line: &[u8]) -> direct::Answer {
+    let Ok(Value::Object(mut message)) = serde_json::from_slice::<Value>(line.trim_ascii()) else {
+        // The tap read its envelope already: unreachable in practice.
+        return direct::Answer::Error(-32700, "the answer is not a JSON object".into());
+    };
+    if let Some(result) = message.remove("result") {
+        return direct::Answer::Result(result);
+    }
+    let error = message.remove("error").unwrap_or(Value::Null);
+    let code = error.get("code").and_then(Value::as_i64).unwrap_or(-32603);
+    let text = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("an error without a message")
+        .to_string();
+    direct::Answer::Error(code, text)
 }
 
 /// JSON-RPC error code of the stub rmcp is handed for an answer the reader kept
@@ -683,11 +787,8 @@ impl Connection {
                 gone.notify_waiters();
             });
         }
-        let stdin = TapWriter {
-            inner: stdin,
-            tap: tap.clone(),
-            partial: Vec::new(),
-        };
+        let outbound = direct::Outbound::start(stdin);
+        let stdin = direct::RmcpLines::new(outbound.clone(), tap.clone());
         let handshake = tokio::time::timeout(initialize_timeout, ().serve((filtered, stdin))).await;
         let client = match handshake.map_err(|_| {
             format!(
@@ -697,9 +798,13 @@ impl Connection {
         }) {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
+                outbound.close();
                 return Err(startup_failure(name, server, e.to_string(), &child, &recent).await);
             }
-            Err(e) => return Err(startup_failure(name, server, e, &child, &recent).await),
+            Err(e) => {
+                outbound.close();
+                return Err(startup_failure(name, server, e, &child, &recent).await);
+            }
         };
         // Never answer from a cache: a stale tools/list or resources/read would hide drift
         // and serve content the server no longer stands behind.
@@ -721,6 +826,8 @@ impl Connection {
             closed,
             gone,
             http: None,
+            outbound: Some(outbound),
+            next_direct: AtomicU64::new(direct::FIRST_ID),
         })
     }
 
@@ -897,6 +1004,8 @@ impl Connection {
             closed,
             gone,
             http: Some(HttpParts { bridge, reason }),
+            outbound: None,
+            next_direct: AtomicU64::new(direct::FIRST_ID),
         })
     }
 
@@ -969,6 +1078,8 @@ impl Connection {
                 bridge: server,
                 reason: http::CloseReason::default(),
             }),
+            outbound: None,
+            next_direct: AtomicU64::new(direct::FIRST_ID),
         })
     }
 
@@ -1003,6 +1114,8 @@ impl Connection {
             closed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             gone: Arc::new(tokio::sync::Notify::new()),
             http: None,
+            outbound: None,
+            next_direct: AtomicU64::new(direct::FIRST_ID),
         }
     }
 
@@ -1322,6 +1435,22 @@ impl Connection {
         timeout: Duration,
         cancel: Option<&CancellationToken>,
     ) -> Result<(Value, String), (UpstreamFailure, Option<String>)> {
+        if let Some(out) = &self.outbound {
+            #[derive(serde::Serialize)]
+            struct Params<'a> {
+                name: &'a str,
+                arguments: &'a JsonObject,
+            }
+            let params = Params {
+                name: tool,
+                arguments: &arguments,
+            };
+            return self
+                .request_direct::<rmcp::model::CallToolResult>(
+                    out, CALL_TOOL, &params, timeout, cancel,
+                )
+                .await;
+        }
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = Some(arguments);
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
@@ -1342,6 +1471,17 @@ impl Connection {
         timeout: Duration,
         cancel: Option<&CancellationToken>,
     ) -> Result<(Value, String), (UpstreamFailure, Option<String>)> {
+        if let Some(out) = &self.outbound {
+            return self
+                .request_direct::<rmcp::model::ReadResourceResult>(
+                    out,
+                    READ_RESOURCE,
+                    &serde_json::json!({"uri": uri}),
+                    timeout,
+                    cancel,
+                )
+                .await;
+        }
         let params: ReadResourceRequestParams =
             serde_json::from_value(serde_json::json!({"uri": uri}))
                 .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
@@ -1464,6 +1604,128 @@ impl Connection {
         Err((failure, Some(id.to_string())))
     }
 
+    /// Sends one request `(method, kind)` (its method and the result type's name) with
+    /// `params` on the connection's own stream ([`direct`]), without rmcp, and waits at
+    /// most `timeout` (or until `cancel` fires) for its answer, which the reader hands over
+    /// parsed once; returns its `result` checked against `T` by reference, with the
+    /// request's JSON-RPC id. A request that ends without its answer (timeout,
+    /// cancellation, or its caller going away) is cancelled toward the server, and its
+    /// late answer dropped.
+    ///
+    /// # Errors
+    /// As [`Connection::request_checked`]: unavailable (degraded, closed, not sent,
+    /// timed out), cancelled, too large, or a protocol error (an error answer, or a result
+    /// that is not a `T`).
+    async fn request_direct<T>(
+        &self,
+        out: &direct::Outbound,
+        (method, kind): (&str, &str),
+        params: &impl serde::Serialize,
+        timeout: Duration,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<(Value, String), (UpstreamFailure, Option<String>)>
+    where
+        T: serde::de::DeserializeOwned,
+    {
+        if self.tap.degraded.get().is_some() {
+            return Err((self.degraded_failure(), None));
+        }
+        let id = self.next_direct.fetch_add(1, Ordering::Relaxed);
+        let key = id.to_string();
+        let line = direct::request_line(id, method, params)
+            .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
+        let Some(answer) = self.tap.expect_direct(&key) else {
+            return Err((self.closed_failure(), None));
+        };
+        if let Err(e) = out.send(&line) {
+            self.tap.forget_direct(&key);
+            self.closed.store(true, Ordering::Release);
+            return Err((
+                UpstreamFailure::Unavailable(format!(
+                    "connection `{}`: the request could not be written ({e}); nothing was sent",
+                    self.name
+                )),
+                None,
+            ));
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut unsettled = DirectUnsettled {
+            out,
+            tap: &self.tap,
+            id: Some(id),
+        };
+        let cancelled = async {
+            match cancel {
+                Some(c) => c.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let answered = tokio::select! {
+            answer = tokio::time::timeout(timeout, answer) => match answer {
+                Ok(Ok(answer)) => Ok(answer),
+                // The waiter was dropped: the stream ended or degraded.
+                Ok(Err(_)) => Err(Ok(self.ended_failure())),
+                Err(_) => Err(Err((self.timed_out(timeout), "the caller's deadline passed"))),
+            },
+            () = cancelled => Err(Err((UpstreamFailure::Cancelled, "the caller cancelled the request"))),
+            () = self.tap.until_degraded() => Err(Ok(self.degraded_failure())),
+        };
+        let protocol = |why: String| (UpstreamFailure::Protocol(why), Some(key.clone()));
+        let answer = match answered {
+            Ok(answer) => {
+                unsettled.id = None;
+                answer
+            }
+            Err(Ok(failure)) => {
+                unsettled.id = None;
+                return Err((failure, Some(key.clone())));
+            }
+            Err(Err((failure, reason))) => {
+                unsettled.cancel(reason);
+                return Err((failure, Some(key.clone())));
+            }
+        };
+        match answer {
+            direct::Answer::Result(raw) => match T::deserialize(&raw) {
+                Ok(_) => Ok((raw, key)),
+                Err(e) => Err(protocol(format!(
+                    "the server's answer to {method} is not a {kind}: {e}"
+                ))),
+            },
+            direct::Answer::Error(_, message) => Err(protocol(message)),
+            direct::Answer::TooLarge => Err((
+                UpstreamFailure::OutputTooLarge(
+                    self.max_message_bytes.load(Ordering::Acquire) as u64
+                ),
+                Some(key.clone()),
+            )),
+        }
+    }
+
+    /// Why a request found the stream closed before it was sent.
+    fn closed_failure(&self) -> UpstreamFailure {
+        if self.tap.degraded.get().is_some() {
+            return self.degraded_failure();
+        }
+        self.closed.store(true, Ordering::Release);
+        UpstreamFailure::Unavailable(format!(
+            "connection `{}`: the server's output ended; nothing was sent",
+            self.name
+        ))
+    }
+
+    /// Why a direct request's waiter was dropped: the stream degraded, or it ended.
+    fn ended_failure(&self) -> UpstreamFailure {
+        if self.tap.degraded.get().is_some() {
+            return self.degraded_failure();
+        }
+        self.closed.store(true, Ordering::Release);
+        UpstreamFailure::Unavailable(format!(
+            "connection `{}`: the server's output ended before it answered",
+            self.name
+        ))
+    }
+
     /// The rmcp peer, or why there is none (the server never started).
     fn peer(&self) -> Result<&rmcp::service::Peer<RoleClient>, (UpstreamFailure, Option<String>)> {
         match &self.client {
@@ -1549,6 +1811,34 @@ impl Drop for Unsettled<'_> {
     }
 }
 
+/// A direct request written and not yet settled: dropped unsettled (its caller stopped
+/// waiting, e.g. the adapter call's own deadline fired around it) or cancelled, the
+/// server is told (`notifications/cancelled`, on the same stream, in order) and a late
+/// answer is dropped.
+struct DirectUnsettled<'a> {
+    out: &'a direct::Outbound,
+    tap: &'a Tap,
+    /// `None` once settled.
+    id: Option<u64>,
+}
+
+impl DirectUnsettled<'_> {
+    fn cancel(&mut self, reason: &str) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        self.tap.forget_direct(&id.to_string());
+        // A stream that failed or is closing takes nothing more; the server is gone then.
+        let _ = self.out.send(&direct::cancelled_line(id, reason));
+    }
+}
+
+impl Drop for DirectUnsettled<'_> {
+    fn drop(&mut self) {
+        self.cancel("the caller stopped waiting");
+    }
+}
+
 /// The server's messages as rmcp reads them: newline-delimited JSON-RPC from `inner` (a
 /// server's stdout, or the HTTP bridge's output), filtered in place while rmcp reads, with
 /// no task or pipe of its own.
@@ -1609,6 +1899,9 @@ impl<R> Filtered<R> {
     /// The stream ended: mark the connection closed and wake its waiters (once).
     fn end(&mut self) {
         self.ended = true;
+        if let Some(tap) = &self.tap {
+            tap.close_direct();
+        }
         if let Some((closed, gone)) = self.on_end.take() {
             closed.store(true, Ordering::Release);
             gone.notify_waiters();
@@ -1668,7 +1961,11 @@ impl<R> Filtered<R> {
                     self.end();
                     return;
                 }
-                if let Some(id) = id {
+                if let (Some(tap), Some(id)) = (&self.tap, &id)
+                    && tap.is_direct(&id.to_string())
+                {
+                    tap.answer_direct(&id.to_string(), direct::Answer::TooLarge);
+                } else if let Some(id) = id {
                     let reply = serde_json::json!({
                         "jsonrpc": "2.0",
                         "id": id,
@@ -1691,8 +1988,14 @@ impl<R> Filtered<R> {
                             self.end();
                             return;
                         }
-                        Ok(Some(id)) => tap.keep_raw(&id, &self.line),
-                        Ok(None) => None,
+                        Ok(Incoming::Direct(id)) => {
+                            // Its waiter's, not rmcp's: nothing of it goes on.
+                            tap.answer_direct(&id, direct_answer(&self.line));
+                            self.line.clear();
+                            return;
+                        }
+                        Ok(Incoming::Keep(id)) => tap.keep_raw(&id, &self.line),
+                        Ok(Incoming::Pass) => None,
                     },
                     None => None,
                 };
@@ -1774,13 +2077,15 @@ async fn filter_messages(
     let _ = to.shutdown().await;
 }
 
-/// Degrades the connection: the reader stops here, so rmcp sees the stream end.
+/// Degrades the connection: the reader stops here, so rmcp sees the stream end (and every
+/// direct waiter fails now).
 fn degrade(tap: &Tap, why: String) {
     tracing::warn!(
         connection = %tap.label,
         "upstream broke JSON-RPC: it sent {why}; the connection is degraded and reads nothing more"
     );
     tap.degrade(why);
+    tap.close_direct();
 }
 
 #[cfg(test)]
@@ -1807,10 +2112,9 @@ mod tests {
                 .as_bytes(),
             );
             let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[],"n":1}}}}"#);
-            let kept = tap
-                .incoming(line.as_bytes())
-                .unwrap()
-                .expect("a kept answer");
+            let Incoming::Keep(kept) = tap.incoming(line.as_bytes()).unwrap() else {
+                panic!("a kept answer");
+            };
             let stub = tap.keep_raw(&kept, line.as_bytes()).expect("a stub");
             match serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(&stub).unwrap() {
                 rmcp::model::JsonRpcMessage::Error(e) => {
@@ -2085,6 +2389,77 @@ mod tests {
         assert_eq!(first["id"], 42);
         assert_eq!(first["error"]["code"], OUTPUT_BUDGET_ERROR_CODE);
         assert_eq!(lines.next().unwrap(), "{\"id\":43,\"result\":{}}");
+    }
+
+    /// The answers to the hot path's own requests go to their waiters, parsed once, and
+    /// nothing of them reaches rmcp; every other message passes as before; the stream's
+    /// end fails the waiters left, and no request is registered after it.
+    #[tokio::test]
+    async fn direct_answers_go_to_their_waiters_and_never_to_rmcp() {
+        let tap = Arc::new(Tap::default());
+        let ok = tap.expect_direct("1099511627776").unwrap();
+        let refused = tap.expect_direct("1099511627777").unwrap();
+        let big = tap.expect_direct("1099511627778").unwrap();
+        let never = tap.expect_direct("1099511627779").unwrap();
+        let huge = "x".repeat(5000);
+        let input = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1099511627776,\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"hi\"}}]}}}}\n\
+             {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{}}}}\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":1099511627777,\"error\":{{\"code\":-32602,\"message\":\"no such note\"}}}}\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":1099511627778,\"result\":{{\"text\":\"{huge}\"}}}}\n"
+        );
+        let discarded = Arc::new(AtomicU64::new(0));
+        let mut out = Vec::new();
+        filter_messages(
+            input.as_bytes(),
+            &mut out,
+            Arc::new(std::sync::atomic::AtomicUsize::new(1000)),
+            discarded.clone(),
+            Some(tap.clone()),
+        )
+        .await;
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n",
+            "only the notification reaches rmcp"
+        );
+        match ok.await.unwrap() {
+            direct::Answer::Result(r) => assert_eq!(r["content"][0]["text"], "hi"),
+            other => panic!("{other:?}"),
+        }
+        match refused.await.unwrap() {
+            direct::Answer::Error(code, message) => {
+                assert_eq!((code, message.as_str()), (-32602, "no such note"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(big.await.unwrap(), direct::Answer::TooLarge));
+        assert_eq!(discarded.load(Ordering::Relaxed), 1);
+        assert!(
+            never.await.is_err(),
+            "the stream ended: its waiter fails at once"
+        );
+        assert!(tap.expect_direct("1099511627780").is_none());
+    }
+
+    /// A second answer to a direct request degrades the connection, as for rmcp's.
+    #[tokio::test]
+    async fn a_second_answer_to_a_direct_request_degrades() {
+        let tap = Arc::new(Tap::default());
+        let first = tap.expect_direct("1099511627776").unwrap();
+        let line = "{\"jsonrpc\":\"2.0\",\"id\":1099511627776,\"result\":{}}\n";
+        let mut out = Vec::new();
+        filter_messages(
+            format!("{line}{line}").as_bytes(),
+            &mut out,
+            Arc::new(std::sync::atomic::AtomicUsize::new(1000)),
+            Arc::default(),
+            Some(tap.clone()),
+        )
+        .await;
+        assert!(matches!(first.await.unwrap(), direct::Answer::Result(_)));
+        assert!(out.is_empty());
+        assert!(tap.degraded.get().unwrap().contains("second answer"));
     }
 
     /// The connection-closed signal of a [`Filtered`] reader: its flag and its waiter.
