@@ -1514,11 +1514,16 @@ async fn serve(
     // write); anything that is not a pipe falls back to tokio's blocking handles.
     let (read, write) = crate::front::stdio::stdio_pipes();
     let input = crate::shutdown::drain_before_eof(read, host.live().clone());
+    // `tools/call` goes from the transport to the front's handler without rmcp's loop once
+    // rmcp has established the session (crate::front::stdio::FastCalls).
+    let (transport, fast) =
+        crate::front::stdio::StdioFront::new(input, write).with_fast_calls(front.clone());
     crate::shutdown::run(host.live(), async move {
         let running = front
-            .serve(crate::front::stdio::StdioFront::new(input, write))
+            .serve(transport)
             .await
             .context("MCP initialize with the client on stdio")?;
+        fast.ready(running.peer().clone());
         running.waiting().await.context("MCP session")?;
         Ok(())
     })

@@ -31,23 +31,43 @@
 //! Cost: one parse per line (the strict parse builds the JSON tree rmcp's typed messages
 //! are then read from); reads and writes are non-blocking pipe operations on the runtime's
 //! IO driver ([`stdio_pipes`]), with no thread hand-off.
+//!
+//! **`tools/call` without rmcp's service loop** ([`FastCalls`]): once the session is
+//! established (rmcp did the handshake, in either generation), a `tools/call` request is
+//! handed by this transport straight to the front's handler — rmcp's own request
+//! dispatch (`Service::handle_request`: the protocol-version and per-request `_meta`
+//! checks of 2026-07-28, then `call_tool`), with a request context built as rmcp builds
+//! it (the session's peer, the request's `_meta`, a cancellation token) — in a task of its
+//! own, and its answer is written by that task, whole, on the same stream. rmcp's loop
+//! sees nothing of it: no channel to the loop, no task to send the answer. A
+//! `notifications/cancelled` naming such a request cancels it, and its answer is then not
+//! sent (as rmcp does); the notification still goes on to rmcp. Closing the transport
+//! waits for these calls' answers. Everything else (the handshake, `tools/list`,
+//! `subscriptions/listen`, server→client requests such as `elicitation/create`) stays
+//! rmcp's.
 //! The reader is cancel safe (rmcp polls `receive` inside `select!`): a partial line stays
 //! in the transport, and answers are queued in it before they are written.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rmcp::model::{
     CallToolRequestParams, ClientRequest, DiscoverRequestParams, InitializeRequestParams,
     JsonRpcMessage, PaginatedRequestParams, SubscriptionsListenRequestParams,
 };
-use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::model::{GetExtensions as _, GetMeta as _, RequestId};
+use rmcp::service::{
+    Peer, RequestContext, RoleServer, RxJsonRpcMessage, Service as _, TxJsonRpcMessage,
+};
 use rmcp::transport::Transport;
 use serde::de::{self, DeserializeSeed, Visitor};
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::jsonrpc::IdScanner;
 
@@ -95,6 +115,100 @@ pub struct StdioFront<R, W> {
     /// Answers not yet handed to the writer.
     pending: Vec<u8>,
     out: Arc<Mutex<Outbox<W>>>,
+    /// `tools/call` handled without rmcp's loop, once the session is established.
+    fast: Option<Arc<FastCalls>>,
+}
+
+/// The front's own handling of `tools/call` on this transport (see the module doc). Made
+/// with the transport ([`StdioFront::with_fast_calls`]); [`FastCalls::ready`] starts it
+/// once rmcp has established the session.
+pub struct FastCalls {
+    front: crate::front::McpFront,
+    peer: std::sync::OnceLock<Peer<RoleServer>>,
+    /// The calls in flight, by request id: their cancellation tokens.
+    calls: std::sync::Mutex<HashMap<RequestId, CancellationToken>>,
+    /// Calls whose answer is not written yet.
+    running: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl FastCalls {
+    /// Hands `tools/call` to the front's handler from now on, with `peer` (the running
+    /// service's) as the requests' peer.
+    pub fn ready(&self, peer: Peer<RoleServer>) {
+        let _ = self.peer.set(peer);
+    }
+
+    fn lock_calls(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, CancellationToken>> {
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs one `tools/call` request in a task of its own and writes its answer to `out`.
+    fn spawn<W: AsyncWrite + Unpin + Send + 'static>(
+        self: &Arc<Self>,
+        peer: Peer<RoleServer>,
+        request: rmcp::model::JsonRpcRequest<ClientRequest>,
+        out: Arc<Mutex<Outbox<W>>>,
+    ) {
+        let rmcp::model::JsonRpcRequest {
+            id, mut request, ..
+        } = request;
+        // As rmcp's loop builds it: the request's `_meta` and extensions moved in.
+        let mut context = RequestContext::new(id.clone(), peer);
+        context.meta = std::mem::take(request.get_meta_mut());
+        context.extensions = std::mem::take(request.extensions_mut());
+        self.lock_calls().insert(id.clone(), context.ct.clone());
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let fast = self.clone();
+        tokio::spawn(async move {
+            let result = fast.front.handle_request(request, context).await;
+            // A request the client cancelled gets no answer (its entry is gone).
+            if fast.lock_calls().remove(&id).is_some() {
+                let message: TxJsonRpcMessage<RoleServer> = match result {
+                    Ok(result) => JsonRpcMessage::response(result, id),
+                    Err(error) => JsonRpcMessage::error(error, Some(id)),
+                };
+                if let Err(e) = write_message(&out, &message).await {
+                    tracing::warn!("could not answer on stdout: {e}");
+                }
+            }
+            if fast.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                fast.idle.notify_waiters();
+            }
+        });
+    }
+
+    /// A `notifications/cancelled` for `id`: cancels that call when it is one of these.
+    fn cancel(&self, id: &RequestId) {
+        if let Some(ct) = self.lock_calls().remove(id) {
+            ct.cancel();
+        }
+    }
+
+    /// Waits until every call's answer is written.
+    async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// Serializes `message` as one line and writes it whole.
+async fn write_message<W: AsyncWrite + Unpin>(
+    out: &Mutex<Outbox<W>>,
+    message: &TxJsonRpcMessage<RoleServer>,
+) -> io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(io::Error::other)?;
+    line.push(b'\n');
+    let mut out = out.lock().await;
+    out.buf.extend_from_slice(&line);
+    out.flush().await
 }
 
 /// The writing half: whole lines are appended to `buf` at once and written out from
@@ -151,7 +265,23 @@ impl<R: AsyncRead + Unpin + Send, W: AsyncWrite + Unpin + Send + 'static> StdioF
                 buf: Vec::new(),
                 start: 0,
             })),
+            fast: None,
         }
+    }
+
+    /// Hands `tools/call` to `front`'s handler without rmcp's loop once
+    /// [`FastCalls::ready`] is called (see the module doc); returns the handle to call it
+    /// on.
+    pub fn with_fast_calls(mut self, front: crate::front::McpFront) -> (Self, Arc<FastCalls>) {
+        let fast = Arc::new(FastCalls {
+            front,
+            peer: std::sync::OnceLock::new(),
+            calls: std::sync::Mutex::new(HashMap::new()),
+            running: AtomicUsize::new(0),
+            idle: tokio::sync::Notify::new(),
+        });
+        self.fast = Some(fast.clone());
+        (self, fast)
     }
 
     /// Sets the longest line read (bytes, newline excluded); the default is
@@ -229,16 +359,7 @@ where
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let out = self.out.clone();
-        let line = serde_json::to_vec(&item).map(|mut l| {
-            l.push(b'\n');
-            l
-        });
-        async move {
-            let line = line.map_err(io::Error::other)?;
-            let mut out = out.lock().await;
-            out.buf.extend_from_slice(&line);
-            out.flush().await
-        }
+        async move { write_message(&out, &item).await }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
@@ -279,7 +400,33 @@ where
                 }
             };
             match verdict {
-                Verdict::Deliver(message) => return Some(*message),
+                Verdict::Deliver(message) => {
+                    let message = *message;
+                    let Some((fast, peer)) = self
+                        .fast
+                        .as_ref()
+                        .and_then(|f| Some((f.clone(), f.peer.get()?.clone())))
+                    else {
+                        return Some(message);
+                    };
+                    match message {
+                        JsonRpcMessage::Request(request)
+                            if matches!(request.request, ClientRequest::CallToolRequest(_)) =>
+                        {
+                            fast.spawn(peer, request, self.out.clone());
+                        }
+                        JsonRpcMessage::Notification(notification) => {
+                            if let rmcp::model::ClientNotification::CancelledNotification(c) =
+                                &notification.notification
+                                && let Some(id) = &c.params.request_id
+                            {
+                                fast.cancel(id);
+                            }
+                            return Some(JsonRpcMessage::Notification(notification));
+                        }
+                        other => return Some(other),
+                    }
+                }
                 Verdict::Answer(lines) => self.pending.extend_from_slice(&lines),
                 Verdict::Skip => {}
             }
@@ -287,6 +434,10 @@ where
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
+        // The calls handled here write their answers first.
+        if let Some(fast) = &self.fast {
+            fast.drained().await;
+        }
         let mut out = self.out.lock().await;
         let _ = out.flush().await;
         if let Some(mut write) = out.write.take() {

@@ -1091,3 +1091,81 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_memory() {
         .count();
     assert!(spares >= 3, "{spares} calls ran in a spare instance");
 }
+
+/// A `tools/call` the client cancels in flight (`notifications/cancelled`) is stopped at
+/// once — the spinning adapter is interrupted at its next epoch tick, not at its 2 s
+/// deadline — and gets no answer (MCP: a receiver of a cancellation does not answer the
+/// cancelled request); the next request is answered, and the trace records the call.
+/// Driven with raw JSON-RPC lines, so the test sees exactly what `airlock serve` writes.
+#[tokio::test]
+async fn a_call_the_client_cancels_stops_at_once_and_gets_no_answer() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let d = deploy_bare();
+    d.approve_all();
+    let mut child = d
+        .serve_command()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |v: Value| {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).await.unwrap();
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}),
+    )
+    .await;
+    let init: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(init["id"], 1, "{init}");
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "hostile_search", "arguments": {"query": "spin"}}}))
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cancelled_at = Instant::now();
+    send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the user pressed stop"}}),
+    )
+    .await;
+    send(json!({"jsonrpc": "2.0", "id": 3, "method": "ping"})).await;
+    // Everything written until well past the spinning call's deadline (2 s).
+    let mut seen = Vec::new();
+    let until = Instant::now() + Duration::from_secs(3);
+    while let Ok(Ok(Some(line))) = tokio::time::timeout_at(until.into(), lines.next_line()).await {
+        seen.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert!(
+        seen.iter()
+            .any(|m| m["id"] == 3 && m.get("result").is_some()),
+        "the ping is answered: {seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|m| m["id"] == 2),
+        "the cancelled call is not answered: {seen:?}"
+    );
+    drop(stdin);
+    let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+    let trace = d.trace();
+    let outcome = trace
+        .iter()
+        .find(|e| e["kind"] == "call-outcome")
+        .unwrap_or_else(|| panic!("the cancelled call is traced: {trace:#?}"));
+    let elapsed = Duration::from_micros(outcome["payload"]["elapsed_us"].as_u64().unwrap());
+    assert!(
+        elapsed
+            < Duration::from_millis(300) + cancelled_at.elapsed().min(Duration::from_millis(1500)),
+        "stopped when cancelled, not at the deadline: {elapsed:?}; {outcome}"
+    );
+    assert!(
+        elapsed < Duration::from_millis(1500),
+        "{elapsed:?}; {outcome}"
+    );
+}
