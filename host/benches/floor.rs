@@ -28,7 +28,10 @@
 //! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
 //! HTTP) as two more interleaved paths: a before/after comparison in one run.
 //! `AIRLOCK_BENCH_HTTP_WORKERS=N` starts every `serve --http` (both binaries) with
-//! `--workers N`.
+//! `--workers N`; `AIRLOCK_BENCH_STDIO_ONLY=1` leaves the HTTP paths out. With many rounds
+//! (`AIRLOCK_BENCH_ROUNDS=20`), the median of the per-round p50 differences is the figure
+//! least moved by this machine's slow spells; the CPU each path's own process spends per
+//! call (`/proc/PID/task/*/schedstat`) is the least noisy of all.
 
 use std::io::{BufRead as _, Read, Write};
 use std::path::{Path, PathBuf};
@@ -40,7 +43,9 @@ use rmcp::service::{Peer, RoleClient, RunningService};
 use serde_json::{Value, json};
 
 mod common;
-use common::serve::{HttpCaller, args, log_filter, mint_reference, review, rss_kib, serve_http};
+use common::serve::{
+    HttpCaller, args, cpu_ns, log_filter, mint_reference, review, rss_kib, serve_http,
+};
 use common::{Stats, env_count, load_average, stats, us};
 
 fn main() {
@@ -178,9 +183,16 @@ enum Target<'a> {
     },
 }
 
-/// `n` sequential calls after `warmup` unmeasured ones.
-async fn latency(target: &mut Target<'_>, warmup: usize, n: usize) -> Vec<Duration> {
+/// `n` sequential calls after `warmup` unmeasured ones, and the CPU time `pid` ran
+/// meanwhile (ns).
+async fn latency(
+    target: &mut Target<'_>,
+    pid: Option<u32>,
+    warmup: usize,
+    n: usize,
+) -> (Vec<Duration>, u64) {
     let mut samples = Vec::with_capacity(n);
+    let mut cpu_at_start = 0;
     let mut http = match target {
         Target::Http { addr, .. } => Some(HttpCaller::connect(addr).await),
         Target::Stdio(_) => None,
@@ -196,9 +208,11 @@ async fn latency(target: &mut Target<'_>, warmup: usize, n: usize) -> Vec<Durati
         }
         if i >= warmup {
             samples.push(start.elapsed());
+        } else if i + 1 == warmup {
+            cpu_at_start = cpu_ns(pid);
         }
     }
-    samples
+    (samples, cpu_ns(pid).saturating_sub(cpu_at_start))
 }
 
 /// `total` calls spread over `callers` concurrent callers; calls per second.
@@ -420,16 +434,21 @@ async fn bench() {
         )
         .await,
     );
-    let mut http = vec![
-        airlock_http(
-            "airlock serve --http (keep-alive)",
-            &bin,
-            &config,
-            &dir.path().join("state-http"),
-            &cache_dir,
-        )
-        .await,
-    ];
+    // AIRLOCK_BENCH_STDIO_ONLY=1: no HTTP paths (a quicker before/after of the stdio path).
+    let with_http = std::env::var_os("AIRLOCK_BENCH_STDIO_ONLY").is_none();
+    let mut http = Vec::new();
+    if with_http {
+        http.push(
+            airlock_http(
+                "airlock serve --http (keep-alive)",
+                &bin,
+                &config,
+                &dir.path().join("state-http"),
+                &cache_dir,
+            )
+            .await,
+        );
+    }
     if let Some(old) = &baseline {
         let old_cache = dir.path().join("compiled-baseline");
         stdio.push(
@@ -442,16 +461,18 @@ async fn bench() {
             )
             .await,
         );
-        http.push(
-            airlock_http(
-                "baseline airlock serve --http",
-                old,
-                &config,
-                &dir.path().join("state-baseline-http"),
-                &old_cache,
-            )
-            .await,
-        );
+        if with_http {
+            http.push(
+                airlock_http(
+                    "baseline airlock serve --http",
+                    old,
+                    &config,
+                    &dir.path().join("state-baseline-http"),
+                    &old_cache,
+                )
+                .await,
+            );
+        }
     }
     let names: Vec<&'static str> = stdio
         .iter()
@@ -476,6 +497,14 @@ async fn bench() {
     // Latency: interleaved rounds, pooled.
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     let mut round_p50: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let mut cpu: Vec<u64> = vec![0; names.len()];
+    let pid_of = |i: usize| {
+        if i < n_stdio {
+            stdio[i].child.id()
+        } else {
+            http[i - n_stdio].pid
+        }
+    };
     let settle = Duration::from_millis(env_count("AIRLOCK_BENCH_SETTLE_MS", 300) as u64);
     for round in 0..rounds {
         // Odd rounds run the paths in reverse order, and each path waits `settle` first:
@@ -490,9 +519,10 @@ async fn bench() {
         for i in order {
             tokio::time::sleep(settle).await;
             let mut target = target!(i);
-            let s = latency(&mut target, warmup, per_round).await;
+            let (s, ns) = latency(&mut target, pid_of(i), warmup, per_round).await;
             round_p50[i].push(us(stats(s.clone()).p50));
             samples[i].extend(s);
+            cpu[i] += ns;
         }
     }
     let all: Vec<Stats> = samples.into_iter().map(stats).collect();
@@ -512,6 +542,25 @@ async fn bench() {
     for (name, p) in names.iter().zip(&round_p50) {
         let p: Vec<String> = p.iter().map(|v| format!("{v:.0}")).collect();
         println!("  {name:<36} {}", p.join(", "));
+    }
+    println!(
+        "\nmedian over rounds of the per-round p50 difference (µs; paired, so slow rounds cancel):"
+    );
+    for (i, name) in names.iter().enumerate().skip(1) {
+        let mut d: Vec<f64> = round_p50[i]
+            .iter()
+            .zip(&round_p50[0])
+            .map(|(a, b)| a - b)
+            .collect();
+        d.sort_by(f64::total_cmp);
+        println!("  {name:<36} {:>+7.1} vs direct", d[d.len() / 2]);
+    }
+    println!(
+        "\nCPU per call of each path's own process (µs: the notes server for direct, the relay, airlock serve):"
+    );
+    for (i, name) in names.iter().enumerate() {
+        let calls = (per_round * rounds).max(1) as f64;
+        println!("  {name:<36} {:>7.1}", cpu[i] as f64 / 1000.0 / calls);
     }
     println!("\nadded p50 / p99 of each path against the ones above it (µs):");
     for (i, a) in all.iter().enumerate().skip(1) {
@@ -539,21 +588,26 @@ async fn bench() {
     println!("\n## throughput (calls/s, {calls} calls per measurement, 2 interleaved rounds)\n");
     for callers in [1usize, 8] {
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+        let mut cpu_per_call: Vec<f64> = vec![0.0; names.len()];
         for _ in 0..2 {
             for (i, rate) in rates.iter_mut().enumerate() {
                 let mut target = target!(i);
+                let before = cpu_ns(pid_of(i));
                 rate.push(throughput(&mut target, callers, calls).await);
+                cpu_per_call[i] +=
+                    cpu_ns(pid_of(i)).saturating_sub(before) as f64 / 1000.0 / (2 * calls) as f64;
             }
         }
         println!("{callers} concurrent caller(s):");
         let direct_rate = rates[0].iter().sum::<f64>() / rates[0].len() as f64;
-        for (name, r) in names.iter().zip(&rates) {
+        for (i, (name, r)) in names.iter().zip(&rates).enumerate() {
             let mean = r.iter().sum::<f64>() / r.len() as f64;
             let per: Vec<String> = r.iter().map(|v| format!("{v:.0}")).collect();
             println!(
-                "  {name:<36} {mean:>8.0} calls/s  ×{:.2} of direct  (rounds: {})",
+                "  {name:<36} {mean:>8.0} calls/s  ×{:.2} of direct  (rounds: {}; CPU {:.0} µs/call)",
                 mean / direct_rate,
-                per.join(", ")
+                per.join(", "),
+                cpu_per_call[i]
             );
         }
     }

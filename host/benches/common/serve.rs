@@ -147,6 +147,20 @@ pub fn log_filter() -> String {
 }
 
 /// The resident set of process `pid` in KiB (0 when unknown).
+/// CPU time (ns) the process `pid` has run, over its live threads
+/// (`/proc/PID/task/*/schedstat`); 0 when unknown.
+pub fn cpu_ns(pid: Option<u32>) -> u64 {
+    let Some(pid) = pid else { return 0 };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 pub fn rss_kib(pid: Option<u32>) -> u64 {
     let Some(pid) = pid else { return 0 };
     std::fs::read_to_string(format!("/proc/{pid}/status"))
