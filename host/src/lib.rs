@@ -40,6 +40,7 @@ pub mod jsonrpc;
 pub mod pipeline;
 pub mod policy;
 pub mod private_fs;
+pub mod random;
 pub mod record;
 pub mod registry;
 pub mod runtime;

@@ -81,7 +81,7 @@ pub fn render_text(
 ) -> String {
     use std::fmt::Write as _;
     let mut nonce = [0u8; 8];
-    getrandom::fill(&mut nonce).expect("the OS random generator failed");
+    crate::random::fill(&mut nonce);
     let nonce = hex::encode(nonce);
     // One buffer for the whole text: `write!` into a `String` cannot fail.
     let mut out = String::with_capacity(512);

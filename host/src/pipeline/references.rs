@@ -296,7 +296,7 @@ impl ReferenceTable {
             }
         }
         let mut token = [0u8; 20];
-        getrandom::fill(&mut token).expect("the OS random generator failed");
+        crate::random::fill(&mut token);
         make_room(&mut inner, self.capacity);
         let expires = now + self.ttl;
         let stored = self.stored(&token, origin, &key, &facts, expires);

@@ -31,7 +31,7 @@ impl SessionId {
     /// When the OS random generator fails.
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).expect("the OS random generator failed");
+        crate::random::fill(&mut bytes);
         Self(bytes)
     }
 }

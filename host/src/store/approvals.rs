@@ -365,7 +365,7 @@ pub struct IntentRecord {
 /// A random id `prefix` + `bytes` hex-encoded random bytes.
 pub fn random_id(prefix: &str, bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).expect("the OS random generator failed");
+    crate::random::fill(&mut buf);
     format!("{prefix}{}", hex::encode(buf))
 }
 

@@ -84,7 +84,7 @@ pub const ROTATE_BYTES: u64 = 4 << 20;
 
 /// How often the writing process's `airlock-trace-journal` thread looks for records to
 /// move into the trace.
-pub const INGEST_INTERVAL: Duration = Duration::from_millis(5);
+pub const INGEST_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Environment variable that sets the thread's interval in milliseconds instead (at least
 /// 1), read when the thread starts; tests set it high to hold records in a journal.
@@ -102,7 +102,7 @@ fn interval() -> Duration {
 
 /// Most journal bytes the `airlock-trace-journal` thread moves in one transaction (its
 /// hold of the store's connection stays short); a reader's pass moves everything.
-pub const INGEST_BATCH_BYTES: u64 = 64 << 10;
+pub const INGEST_BATCH_BYTES: u64 = 128 << 10;
 
 /// The journal of one open store: the file this process appends to (made at its first
 /// record) and what moving records needs.
@@ -878,7 +878,8 @@ impl Mover {
                     }
                     loop {
                         let mut conn = conn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        let moved = journal.ingest(&mut conn, Some(INGEST_BATCH_BYTES), false);
+                        // Records are known to wait: no cheap look first.
+                        let moved = journal.ingest(&mut conn, Some(INGEST_BATCH_BYTES), true);
                         let rotated = journal.rotate(&conn);
                         drop(conn);
                         match moved.and_then(|m| rotated.map(|()| m)) {
