@@ -951,8 +951,11 @@ impl Adapter {
 
 impl LoadedAdapter {
     /// Hands a finished call's Store to `reap` and, for an adapter whose context is the
-    /// same for every call, makes the spare for the next call in the same task, after the
-    /// teardown: off the response path, with no thread hand-off.
+    /// same for every call, makes the spare for the next call in the same task: off the
+    /// response path, with no thread hand-off. The spare first (the next call may come at
+    /// once); the old instance's teardown then lets the worker's other tasks run twice
+    /// (`yield_now`: a request that arrived meanwhile is read, and its call runs to its
+    /// first wait, before the teardown), since no call waits for it.
     fn reap_and_refill(&self, store: Store<CallState>, grant: Arc<UpstreamGrant>) {
         if !self.fixed_context() {
             return reap(store);
@@ -961,8 +964,10 @@ impl LoadedAdapter {
             Ok(runtime) => {
                 let adapter = self.0.clone();
                 drop(runtime.spawn(async move {
-                    drop(store);
                     adapter.refill(grant).await;
+                    tokio::task::yield_now().await;
+                    tokio::task::yield_now().await;
+                    drop(store);
                 }));
             }
             Err(_) => drop(store),
