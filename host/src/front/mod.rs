@@ -219,7 +219,7 @@ impl Asker for PeerAsker {
 /// refusals of arguments included, is a tool result.
 pub fn respond(outcome: Outcome) -> Result<CallToolResponse, McpError> {
     match outcome {
-        Outcome::Completed(c) => Ok(render::completed(&c).into()),
+        Outcome::Completed(c) => Ok(render::completed(*c).into()),
         Outcome::Refused { category, detail } => Ok(CallToolResult::error(vec![
             ContentBlock::text(format!("{}: {detail}", category.as_str())),
         ])

@@ -16,8 +16,9 @@ use crate::pipeline::Completed;
 use crate::runtime::Observation;
 
 /// Renders a completed call: the quoted text block, and structured content with the
-/// result, its provenance, its sha256 and the mapping.
-pub fn completed(c: &Completed) -> CallToolResult {
+/// result, its provenance, its sha256 and the mapping. Takes the call's result by value:
+/// it moves into the structured content (no copy of the result tree).
+pub fn completed(c: Completed) -> CallToolResult {
     let Some(value) = &c.value else {
         return CallToolResult::success(vec![ContentBlock::text("done")]);
     };
@@ -56,16 +57,23 @@ pub fn completed(c: &Completed) -> CallToolResult {
         None => text,
     };
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-    let mut structured = json!({
-        "result": value,
-        "provenance": provenance,
-        "content_sha256": c.content_sha256,
-        "mapping": c.mapping,
-    });
-    if let Some(r) = &c.reconciled {
-        structured["reconciled"] = r.clone();
+    let Completed {
+        value,
+        content_sha256,
+        mapping,
+        reconciled,
+        ..
+    } = c;
+    // Built by moving each member in (`json!` would copy the result tree).
+    let mut structured = serde_json::Map::with_capacity(5);
+    structured.insert("result".into(), value.unwrap_or_default());
+    structured.insert("provenance".into(), Value::Array(provenance));
+    structured.insert("content_sha256".into(), Value::String(content_sha256));
+    structured.insert("mapping".into(), Value::String(mapping));
+    if let Some(r) = reconciled {
+        structured.insert("reconciled".into(), r);
     }
-    result.structured_content = Some(structured);
+    result.structured_content = Some(Value::Object(structured));
     result
 }
 

@@ -1661,7 +1661,7 @@ impl upstream::Host for CallState {
         bridge.keep("tools/call", &name, recorded.as_ref(), &answer);
         let (result, request_id) = bridge.finished("tools/call", &name, answer)?;
         bridge.observe("tools/call", &name, arguments_sha256, request_id, &result)?;
-        Ok(tool_output(&result))
+        Ok(tool_output(result))
     }
 
     async fn read_resource(
@@ -1730,12 +1730,12 @@ fn str_field(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_string)
 }
 
-/// Converts a `CallToolResult` (as JSON) into the WIT `tool-output`.
-fn tool_output(result: &Value) -> upstream::ToolOutput {
-    let content = result["content"]
-        .as_array()
-        .map(|blocks| blocks.iter().map(content_block).collect())
-        .unwrap_or_default();
+/// Converts a `CallToolResult` (as JSON) into the WIT `tool-output`, moving its texts.
+fn tool_output(mut result: Value) -> upstream::ToolOutput {
+    let content = match result.get_mut("content").map(Value::take) {
+        Some(Value::Array(blocks)) => blocks.into_iter().map(content_block).collect(),
+        _ => Vec::new(),
+    };
     upstream::ToolOutput {
         content,
         structured_json: result.get("structuredContent").map(|v| v.to_string()),
@@ -1743,10 +1743,13 @@ fn tool_output(result: &Value) -> upstream::ToolOutput {
     }
 }
 
-fn content_block(block: &Value) -> upstream::ContentBlock {
+fn content_block(mut block: Value) -> upstream::ContentBlock {
     let kind = block["type"].as_str().unwrap_or("unknown");
     match kind {
-        "text" => upstream::ContentBlock::Text(str_field(block, "text").unwrap_or_default()),
+        "text" => upstream::ContentBlock::Text(match block.get_mut("text").map(Value::take) {
+            Some(Value::String(text)) => text,
+            _ => String::new(),
+        }),
         "resource" if block["resource"]["text"].is_string() => {
             let r = &block["resource"];
             upstream::ContentBlock::ResourceText(upstream::ResourceText {
@@ -1756,9 +1759,9 @@ fn content_block(block: &Value) -> upstream::ContentBlock {
             })
         }
         "resource_link" => upstream::ContentBlock::ResourceLink(upstream::ResourceLink {
-            uri: str_field(block, "uri").unwrap_or_default(),
-            name: str_field(block, "name").unwrap_or_default(),
-            mime_type: str_field(block, "mimeType"),
+            uri: str_field(&block, "uri").unwrap_or_default(),
+            name: str_field(&block, "name").unwrap_or_default(),
+            mime_type: str_field(&block, "mimeType"),
         }),
         other => upstream::ContentBlock::Other(other.chars().take(64).collect()),
     }
