@@ -1635,7 +1635,7 @@ impl Connection {
         let line = direct::request_line(id, method, params)
             .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
         let Some(answer) = self.tap.expect_direct(&key) else {
-            return Err((self.closed_failure(), None));
+            return Err((self.output_ended("; nothing was sent"), None));
         };
         if let Err(e) = out.send(&line) {
             self.tap.forget_direct(&key);
@@ -1664,7 +1664,7 @@ impl Connection {
             answer = tokio::time::timeout(timeout, answer) => match answer {
                 Ok(Ok(answer)) => Ok(answer),
                 // The waiter was dropped: the stream ended or degraded.
-                Ok(Err(_)) => Err(Ok(self.ended_failure())),
+                Ok(Err(_)) => Err(Ok(self.output_ended(" before it answered"))),
                 Err(_) => Err(Err((self.timed_out(timeout), "the caller's deadline passed"))),
             },
             () = cancelled => Err(Err((UpstreamFailure::Cancelled, "the caller cancelled the request"))),
@@ -1702,26 +1702,16 @@ impl Connection {
         }
     }
 
-    /// Why a request found the stream closed before it was sent.
-    fn closed_failure(&self) -> UpstreamFailure {
+    /// Why a direct request failed with the server's output gone: the stream degraded
+    /// (why), or it ended (then the connection is closed) — `when` follows the words "the
+    /// server's output ended", e.g. " before it answered".
+    fn output_ended(&self, when: &str) -> UpstreamFailure {
         if self.tap.degraded.get().is_some() {
             return self.degraded_failure();
         }
         self.closed.store(true, Ordering::Release);
         UpstreamFailure::Unavailable(format!(
-            "connection `{}`: the server's output ended; nothing was sent",
-            self.name
-        ))
-    }
-
-    /// Why a direct request's waiter was dropped: the stream degraded, or it ended.
-    fn ended_failure(&self) -> UpstreamFailure {
-        if self.tap.degraded.get().is_some() {
-            return self.degraded_failure();
-        }
-        self.closed.store(true, Ordering::Release);
-        UpstreamFailure::Unavailable(format!(
-            "connection `{}`: the server's output ended before it answered",
+            "connection `{}`: the server's output ended{when}",
             self.name
         ))
     }
