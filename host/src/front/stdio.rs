@@ -31,6 +31,8 @@
 //! Cost: one parse per line (the strict parse builds the JSON tree rmcp's typed messages
 //! are then read from); reads and writes are non-blocking pipe operations on the runtime's
 //! IO driver ([`stdio_pipes`]), with no thread hand-off.
+//! The reader is cancel safe (rmcp polls `receive` inside `select!`): a partial line stays
+//! in the transport, and answers are queued in it before they are written.
 //!
 //! **`tools/call` without rmcp's service loop** ([`FastCalls`]): once the session is
 //! established (rmcp did the handshake, in either generation), a `tools/call` request is
@@ -45,8 +47,6 @@
 //! waits for these calls' answers. Everything else (the handshake, `tools/list`,
 //! `subscriptions/listen`, server→client requests such as `elicitation/create`) stays
 //! rmcp's.
-//! The reader is cancel safe (rmcp polls `receive` inside `select!`): a partial line stays
-//! in the transport, and answers are queued in it before they are written.
 
 use std::cell::Cell;
 use std::collections::HashMap;
