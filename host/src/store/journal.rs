@@ -1411,6 +1411,77 @@ mod tests {
         assert_eq!(verify(dir.path()), None);
     }
 
+    /// What moving a read call's record costs per record, by batch size, with and without
+    /// its observations (a read call: 4 events of the sizes `airlock serve` writes, 2
+    /// observations seen again). A measurement, not a check:
+    /// `cargo test --release -p airlock --lib -- --ignored --nocapture moving_cost`.
+    #[test]
+    #[ignore = "a measurement; run it by name"]
+    fn moving_cost() {
+        let call_events = |i: usize| {
+            let call = format!("call_{i:024}");
+            vec![
+                NewEvent::new(
+                    "call-candidate",
+                    call.clone(),
+                    serde_json::json!({"arguments_bytes": 31, "arguments_sha256": "3".repeat(64), "call": call, "capability": "search_sources", "offered_digest": null, "profile": "default", "protocol": "2025-11-25", "requester": "root", "session": "ses_44125fcd00ac1a3d2885caab0eadbc2c", "stage": "requested"}),
+                ),
+                NewEvent::new(
+                    "call-decided",
+                    call.clone(),
+                    serde_json::json!({"args_digest": "a".repeat(64), "call": call, "capability": "search_sources", "decision": {"verdict": "allow"}, "determining": ["builtin-reads"], "effect_class": "read", "errors": 0, "mapping": "source-library", "policy_digest": "8".repeat(64), "revision": 2}),
+                ),
+                NewEvent::new(
+                    "upstream-request",
+                    call.clone(),
+                    serde_json::json!({"at": "2026-12-04T12:23:26.782Z", "bytes": 658, "call": call, "connection": "notes", "connection_id": "conn-9d60e1a14613", "method": "tools/call", "observations": ["obs_bdc54753526320bdaef07c0a72a07071", "obs_ee4c7ab5ef4f3b25be7354f3096a3fc5"], "request_id": "1099511627776", "result_sha256": "5".repeat(64), "snapshot": "d".repeat(64), "target": "search_notes"}),
+                ),
+                NewEvent::new(
+                    "call-outcome",
+                    call.clone(),
+                    serde_json::json!({"call": call, "content_sha256": "b".repeat(64), "elapsed_us": 903, "intent": "int_d37d5f3bebc7ba554285e9d1f7b5f907", "outcome": "completed", "recheck_policy_digest": "8".repeat(64), "session": "ses_44125fcd00ac1a3d2885caab0eadbc2c", "stage": "executed", "stages_us": {"authorize": 5, "execute": 560, "execute.guest": 121, "execute.upstream": 268, "intent": 1, "normalize": 9, "outcome": 17, "recheck": 2}, "upstream_requests": 1}),
+                ),
+            ]
+        };
+        for (with_observations, batch) in [(true, 10usize), (true, 50), (true, 200), (false, 50)] {
+            let (_dir, path, key) = database();
+            let mut p = Process::new(&path, &key);
+            let calls = 2000;
+            let mut moving = std::time::Duration::ZERO;
+            for i in 0..calls {
+                let seen: Vec<NewObservation> = if with_observations {
+                    ["contents/0", "structuredContent"]
+                        .iter()
+                        .map(|item| {
+                            let mut o = super::super::observations::tests::item(
+                                "notes://x",
+                                "aaaa",
+                                1 + i as u64,
+                            );
+                            o.item = (*item).to_string();
+                            o.id = format!("obs_{item}");
+                            o
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                p.journal
+                    .append(|| &p.conn, &call_events(i), &seen)
+                    .unwrap();
+                if (i + 1) % batch == 0 {
+                    let start = std::time::Instant::now();
+                    p.ingest(None);
+                    moving += start.elapsed();
+                }
+            }
+            println!(
+                "observations {with_observations}, {batch} records a transaction: {:.1} µs a record",
+                moving.as_secs_f64() * 1e6 / calls as f64
+            );
+        }
+    }
+
     #[test]
     fn concurrent_movers_move_every_record_exactly_once() {
         let (dir, path, key) = database();
