@@ -23,7 +23,8 @@
 //! the RSS of each airlock process is shown before and after. The load average is printed
 //! at the start and the end. Per-stage timings come from the trace itself: each
 //! `call-outcome` event carries `stages_us` and `elapsed_us`, read back from the state
-//! database after the run (p50 per stage).
+//! database after the run (p50 and p99 per stage, of the calls of the latency rounds: a
+//! whole-pipeline p99 well under the end-to-end p99 places the tail outside the pipeline).
 //!
 //! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
 //! HTTP) as two more interleaved paths: a before/after comparison in one run.
@@ -272,16 +273,18 @@ fn print_row(name: &str, s: &Stats, direct: &Stats) {
     );
 }
 
-/// p50 of each stage in the `call-outcome` events of `state_dir`'s trace, and of the whole
-/// call (`elapsed_us`), for completed calls.
-fn stage_p50s(state_dir: &Path) -> Vec<(String, u64, usize)> {
+/// p50 and p99 of each stage in the `call-outcome` events of `state_dir`'s trace, and of
+/// the whole call (`elapsed_us`), for completed calls recorded at or before `until_ms`
+/// (milliseconds since the Unix epoch: the end of the latency rounds, so calls queued
+/// behind eight callers do not make the tail).
+fn stage_percentiles(state_dir: &Path, until_ms: u64) -> Vec<(String, u64, u64, usize)> {
     let db = rusqlite::Connection::open(state_dir.join("airlock.db")).unwrap();
     let mut stmt = db
-        .prepare("SELECT payload FROM trace_events WHERE kind = 'call-outcome'")
+        .prepare("SELECT payload FROM trace_events WHERE kind = 'call-outcome' AND at_ms <= ?1")
         .unwrap();
     let mut stages: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     let rows = stmt
-        .query_map([], |r| r.get::<_, String>(0))
+        .query_map([until_ms as i64], |r| r.get::<_, String>(0))
         .unwrap()
         .filter_map(Result::ok);
     for payload in rows {
@@ -307,7 +310,7 @@ fn stage_p50s(state_dir: &Path) -> Vec<(String, u64, usize)> {
         .into_iter()
         .map(|(k, mut v)| {
             v.sort_unstable();
-            (k, v[v.len() / 2], v.len())
+            (k, v[v.len() / 2], v[v.len() * 99 / 100], v.len())
         })
         .collect()
 }
@@ -525,6 +528,9 @@ async fn bench() {
             cpu[i] += ns;
         }
     }
+    let latency_end_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let all: Vec<Stats> = samples.into_iter().map(stats).collect();
     println!("\n## tools/call latency (µs; added = against direct)\n");
     println!(
@@ -633,9 +639,11 @@ async fn bench() {
         if !state.exists() {
             continue;
         }
-        println!("\n## pipeline stages inside {name}, from its trace (p50, µs)\n");
-        for (stage, p50, n) in stage_p50s(&state) {
-            println!("  {stage:<24} {p50:>6}   (n={n})");
+        println!(
+            "\n## pipeline stages inside {name}, from its trace (latency rounds; p50 / p99, µs)\n"
+        );
+        for (stage, p50, p99, n) in stage_percentiles(&state, latency_end_ms) {
+            println!("  {stage:<24} {p50:>6} / {p99:>6}   (n={n})");
         }
     }
     println!("\nload average at end: {}", load_average());
