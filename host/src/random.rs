@@ -65,4 +65,27 @@ mod tests {
         let mut none: [u8; 0] = [];
         fill(&mut none);
     }
+
+    /// What was handed out is no longer in the thread's pool (a later read of the pool,
+    /// a core dump, cannot give a token away), and what was not is still there.
+    #[test]
+    fn handed_out_bytes_are_zeroed_in_the_pool() {
+        let mut first = [0u8; 32];
+        fill(&mut first);
+        let mut second = [0u8; 32];
+        fill(&mut second);
+        POOL.with_borrow(|pool| {
+            assert!(pool.at >= 32);
+            assert!(
+                pool.bytes[..pool.at].iter().all(|&b| b == 0),
+                "handed-out bytes are zeroed"
+            );
+            assert!(
+                pool.bytes[pool.at..].iter().any(|&b| b != 0),
+                "the rest is still random"
+            );
+        });
+        assert_ne!(first, [0u8; 32]);
+        assert_ne!(first, second);
+    }
 }

@@ -2426,8 +2426,11 @@ mod tests {
         assert!(matches!(big.await.unwrap(), direct::Answer::TooLarge));
         assert_eq!(discarded.load(Ordering::Relaxed), 1);
         assert!(
-            never.await.is_err(),
-            "the stream ended: its waiter fails at once"
+            tokio::time::timeout(std::time::Duration::from_secs(5), never)
+                .await
+                .expect("the stream ended: its waiter is woken at once")
+                .is_err(),
+            "the stream ended: its waiter fails"
         );
         assert!(tap.expect_direct("1099511627780").is_none());
     }
@@ -2450,6 +2453,37 @@ mod tests {
         assert!(matches!(first.await.unwrap(), direct::Answer::Result(_)));
         assert!(out.is_empty());
         assert!(tap.degraded.get().unwrap().contains("second answer"));
+    }
+
+    /// An answer too large for the budget still answers its request: a second answer to
+    /// the same id after it degrades the connection and reaches nobody.
+    #[tokio::test]
+    async fn a_second_answer_after_an_oversized_direct_answer_degrades() {
+        let tap = Arc::new(Tap::default());
+        let first = tap.expect_direct("1099511627776").unwrap();
+        let huge = "x".repeat(5000);
+        let input = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1099511627776,\"result\":{{\"text\":\"{huge}\"}}}}\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":1099511627776,\"result\":{{}}}}\n"
+        );
+        let mut out = Vec::new();
+        filter_messages(
+            input.as_bytes(),
+            &mut out,
+            Arc::new(std::sync::atomic::AtomicUsize::new(1000)),
+            Arc::default(),
+            Some(tap.clone()),
+        )
+        .await;
+        assert!(matches!(first.await.unwrap(), direct::Answer::TooLarge));
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+        assert!(
+            tap.degraded
+                .get()
+                .is_some_and(|why| why.contains("second answer")),
+            "{:?}",
+            tap.degraded.get()
+        );
     }
 
     /// The connection-closed signal of a [`Filtered`] reader: its flag and its waiter.

@@ -1092,6 +1092,57 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_memory() {
     assert!(spares >= 3, "{spares} calls ran in a spare instance");
 }
 
+/// A client that closes its stdin while a `tools/call` is in flight still gets that call's
+/// answer before `airlock serve` ends its stdout (every request that carries an id gets
+/// an answer): here the spinning adapter's deadline (2 s) ends the call, and its answer
+/// is the last line written.
+#[tokio::test]
+async fn a_call_in_flight_when_the_client_closes_stdin_is_answered_before_serve_exits() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let d = deploy_bare();
+    d.approve_all();
+    let mut child = d
+        .serve_command()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    for v in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "hostile_search", "arguments": {"query": "spin"}}}),
+    ] {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(stdin);
+    // Everything written until serve ends its stdout.
+    let mut seen = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while let Ok(Ok(Some(line))) = tokio::time::timeout_at(until.into(), lines.next_line()).await {
+        seen.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    assert_eq!(seen.first().map(|m| &m["id"]), Some(&json!(1)), "{seen:?}");
+    let answer = seen
+        .iter()
+        .find(|m| m["id"] == 2)
+        .unwrap_or_else(|| panic!("the call in flight is answered: {seen:?}"));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("serve exits once the call is answered")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 /// A `tools/call` the client cancels in flight (`notifications/cancelled`) is stopped at
 /// once — the spinning adapter is interrupted at its next epoch tick, not at its 2 s
 /// deadline — and gets no answer (MCP: a receiver of a cancellation does not answer the

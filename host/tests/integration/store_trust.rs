@@ -822,11 +822,20 @@ async fn answered_calls_are_in_the_trace_while_serve_runs_and_after_it_is_killed
         .status()
         .unwrap();
     assert!(killed.success());
-    // Dead once its pid is a zombie or gone (its files, and its journal's lock, are closed).
+    // Dead once it is gone, or a zombie whose every other thread has exited too: a killed
+    // leader shows `Z` while its other threads still hold the file table (and the
+    // journal's lock) until they are through their own exit.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
-    {
+    let dead = || {
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')));
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(Iterator::count);
+        match (zombie, threads) {
+            (Ok(zombie), Ok(threads)) => zombie && threads <= 1,
+            _ => true,
+        }
+    };
+    while !dead() {
         assert!(
             std::time::Instant::now() < deadline,
             "airlock serve did not die"
