@@ -1092,13 +1092,15 @@ async fn a_call_sees_nothing_an_earlier_call_left_in_memory() {
     assert!(spares >= 3, "{spares} calls ran in a spare instance");
 }
 
-/// A client that closes its stdin while a `tools/call` is in flight still gets that call's
-/// answer before `airlock serve` ends its stdout (every request that carries an id gets
-/// an answer): here the spinning adapter's deadline (2 s) ends the call, and its answer
-/// is the last line written.
-#[tokio::test]
-async fn a_call_in_flight_when_the_client_closes_stdin_is_answered_before_serve_exits() {
-    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+/// `airlock serve` on the bare deployment (every mapping approved), driven with raw
+/// JSON-RPC lines: the deployment, the child, its stdin and its stdout's lines.
+fn raw_serve() -> (
+    Deployment,
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt as _;
     let d = deploy_bare();
     d.approve_all();
     let mut child = d
@@ -1108,8 +1110,19 @@ async fn a_call_in_flight_when_the_client_closes_stdin_is_answered_before_serve_
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let stdin = child.stdin.take().unwrap();
+    let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (d, child, stdin, lines)
+}
+
+/// A client that closes its stdin while a `tools/call` is in flight still gets that call's
+/// answer before `airlock serve` ends its stdout (every request that carries an id gets
+/// an answer): here the spinning adapter's deadline (2 s) ends the call, and its answer
+/// is the last line written.
+#[tokio::test]
+async fn a_call_in_flight_when_the_client_closes_stdin_is_answered_before_serve_exits() {
+    use tokio::io::AsyncWriteExt as _;
+    let (_d, mut child, mut stdin, mut lines) = raw_serve();
     for v in [
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
@@ -1150,18 +1163,8 @@ async fn a_call_in_flight_when_the_client_closes_stdin_is_answered_before_serve_
 /// Driven with raw JSON-RPC lines, so the test sees exactly what `airlock serve` writes.
 #[tokio::test]
 async fn a_call_the_client_cancels_stops_at_once_and_gets_no_answer() {
-    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-    let d = deploy_bare();
-    d.approve_all();
-    let mut child = d
-        .serve_command()
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    use tokio::io::AsyncWriteExt as _;
+    let (d, mut child, mut stdin, mut lines) = raw_serve();
     let mut send = async |v: Value| {
         let mut line = serde_json::to_vec(&v).unwrap();
         line.push(b'\n');
