@@ -646,6 +646,7 @@ async fn traced_calls(n: usize) {
 }
 
 fn references(n: usize) {
+    const VERSION: &[&str] = &["version"];
     let origin = Origin {
         mapping: Arc::from("source-library"),
         generation: 1,
@@ -654,7 +655,13 @@ fn references(n: usize) {
     for live in [0usize, 10_000, 100_000] {
         let table = ReferenceTable::default();
         for i in 0..live {
-            table.mint(&origin, "source-ref", &format!("held-{i}"), Map::new());
+            table.mint(
+                &origin,
+                "source-ref",
+                &format!("held-{i}"),
+                Map::new(),
+                VERSION,
+            );
         }
         let tokens: Vec<String> = (0..n)
             .map(|i| {
@@ -663,6 +670,7 @@ fn references(n: usize) {
                     "source-ref",
                     &format!("note-{}", i % 64),
                     Map::new(),
+                    VERSION,
                 )
             })
             .collect();
@@ -672,6 +680,7 @@ fn references(n: usize) {
                 "source-ref",
                 &format!("note-{}", i % 64),
                 Map::new(),
+                VERSION,
             ));
         });
         let resolve = time(n, |i| {

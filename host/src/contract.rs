@@ -289,6 +289,23 @@ pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemanti
     })
 }
 
+/// The facts that identify the object a handle of `kind` names in contract `interface`:
+/// the names of the scalar fields, beside the handle in the record it comes in, that
+/// change only when the object itself changes (a source's `version`, an artifact's
+/// `sha256`). DESIGN.md §2 "handle": only a change of one of these makes the same locator
+/// another object (and drops its old reference); every other field of the record (a
+/// search hit's `title`, `snippet` or `score`, a destination's `label`, what a delivery
+/// reports about the artifact it carried) describes one result, never the object's
+/// identity. Empty for a kind whose objects have no declared version: its locator alone
+/// identifies it.
+pub fn identity_facts(interface: &str, kind: &str) -> &'static [&'static str] {
+    match (interface, kind) {
+        ("airlock:contracts/source-retrieval@0.1.0", "source-ref") => &["version"],
+        ("airlock:contracts/artifact-delivery@0.2.0", "artifact-ref") => &["sha256"],
+        _ => &[],
+    }
+}
+
 /// The host-only function of contract `interface` that reports what a call of `function`
 /// did, asked with the call's idempotency key (DESIGN.md §5.8: reconciliation of an
 /// unknown outcome). It takes one record whose only field is host-supplied and returns
@@ -1082,6 +1099,75 @@ mod tests {
             "v0.2.0/contracts.wit",
         ),
     ];
+
+    /// Every identity fact a contract declares is a scalar field beside a handle of that
+    /// kind in one of the contract's records (a misspelt name would silently make every
+    /// version the same object), and the kinds whose objects have versions declare them.
+    #[test]
+    fn declared_identity_facts_are_fields_beside_their_handles() {
+        fn siblings(shape: &Shape, out: &mut BTreeMap<String, Vec<String>>) {
+            match shape {
+                Shape::Record(fields) => {
+                    for (_, s, _) in fields {
+                        if let Shape::Handle(kind) = s {
+                            let scalars = fields.iter().filter(|(_, f, _)| {
+                                let f = match f {
+                                    Shape::Option(inner) => inner,
+                                    f => f,
+                                };
+                                matches!(
+                                    f,
+                                    Shape::String | Shape::U64 | Shape::U32 | Shape::Enum(_)
+                                )
+                            });
+                            out.entry(kind.clone())
+                                .or_default()
+                                .extend(scalars.map(|(n, _, _)| n.clone()));
+                        }
+                        siblings(s, out);
+                    }
+                }
+                Shape::List(s) | Shape::Option(s) => siblings(s, out),
+                Shape::Tuple(items) => items.iter().for_each(|s| siblings(s, out)),
+                Shape::Variant(cases) => cases
+                    .iter()
+                    .flat_map(|(_, s)| s)
+                    .for_each(|s| siblings(s, out)),
+                Shape::Result { ok, err } => ok.iter().chain(err).for_each(|s| siblings(s, out)),
+                _ => {}
+            }
+        }
+        let mut declared = 0;
+        for interface in known_contracts() {
+            let c = load_contract(&interface).unwrap();
+            let mut beside = BTreeMap::new();
+            for f in c.functions.values() {
+                f.params.iter().for_each(|(_, s)| siblings(s, &mut beside));
+                f.result.iter().for_each(|s| siblings(s, &mut beside));
+            }
+            for (kind, fields) in &beside {
+                for fact in identity_facts(&interface, kind) {
+                    assert!(
+                        fields.iter().any(|f| f == fact),
+                        "{interface} {kind}: {fact} is not a field beside it: {fields:?}"
+                    );
+                    declared += 1;
+                }
+            }
+        }
+        assert_eq!(declared, 2, "source-ref: version; artifact-ref: sha256");
+        assert_eq!(
+            identity_facts(
+                "airlock:contracts/artifact-delivery@0.2.0",
+                "destination-ref"
+            ),
+            &[] as &[&str]
+        );
+        assert_eq!(
+            identity_facts("airlock:contracts/unknown@9.9.9", "source-ref"),
+            &[] as &[&str]
+        );
+    }
 
     #[test]
     fn released_wit_is_frozen_and_its_copies_are_identical() {

@@ -283,9 +283,9 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         generation: mapping.generation,
         revision: parts.revision,
     };
-    call.session
-        .references()
-        .mint_all(&origin, |mint| swap_handles(result_shape, &mut json, mint));
+    call.session.references().mint_all(&origin, |mint| {
+        swap_handles(result_shape, &mut json, &mapping.contract, mint)
+    });
     let (ok, value) = match json {
         Value::Object(mut o) if o.len() == 1 && o.contains_key("ok") => {
             (true, o.remove("ok").unwrap_or_default())
@@ -353,9 +353,9 @@ pub(super) fn reconciled(
         generation: mapping.generation,
         revision,
     };
-    call.session
-        .references()
-        .mint_all(&origin, |mint| swap_handles(inner, &mut found, mint));
+    call.session.references().mint_all(&origin, |mint| {
+        swap_handles(inner, &mut found, &mapping.contract, mint)
+    });
     let content_sha256 = hex::encode(sha2::Sha256::digest(found.to_string().as_bytes()));
     let note = match method {
         "retry" => {
@@ -574,16 +574,23 @@ fn contract_error(value: &Value) -> Outcome {
 /// Longest fact string kept with a reference.
 const MAX_FACT_CHARS: usize = 256;
 
-/// Mints a token for (kind, locator, facts).
-pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>) -> String + 'a;
+/// Mints a token for (kind, locator, facts, the names of the facts that identify the
+/// object: [`contract::identity_facts`]).
+pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>, &[&str]) -> String + 'a;
 
-/// Replaces every handle in `value` (of `shape`, handles holding adapter locators) with
-/// `mint(kind, locator, facts)`, where facts are the scalar fields of the record the
-/// handle is a field of.
-pub(crate) fn swap_handles(shape: &Shape, value: &mut Value, mint: &mut Mint<'_>) {
+/// Replaces every handle in `value` (of `shape`, a type of contract `interface`, handles
+/// holding adapter locators) with `mint(kind, locator, facts, identity)`, where facts are
+/// the scalar fields of the record the handle is a field of and identity is what the
+/// contract declares identifies an object of that kind.
+pub(crate) fn swap_handles(shape: &Shape, value: &mut Value, interface: &str, mint: &mut Mint<'_>) {
     match (shape, value) {
         (Shape::Handle(kind), Value::String(s)) => {
-            let token = mint(kind, s, Map::new());
+            let token = mint(
+                kind,
+                s,
+                Map::new(),
+                contract::identity_facts(interface, kind),
+            );
             *s = token;
         }
         (Shape::Record(fields), Value::Object(obj)) => {
@@ -606,36 +613,37 @@ pub(crate) fn swap_handles(shape: &Shape, value: &mut Value, mint: &mut Mint<'_>
                 let Some(v) = obj.get_mut(name) else { continue };
                 match (field_shape, v) {
                     (Shape::Handle(kind), Value::String(s)) => {
-                        let token = mint(kind, s, facts.clone());
+                        let identity = contract::identity_facts(interface, kind);
+                        let token = mint(kind, s, facts.clone(), identity);
                         *s = token;
                     }
-                    (s, v) => swap_handles(s, v, mint),
+                    (s, v) => swap_handles(s, v, interface, mint),
                 }
             }
         }
         (Shape::List(item), Value::Array(items)) => {
             for v in items {
-                swap_handles(item, v, mint);
+                swap_handles(item, v, interface, mint);
             }
         }
-        (Shape::Option(inner), v) if !v.is_null() => swap_handles(inner, v, mint),
+        (Shape::Option(inner), v) if !v.is_null() => swap_handles(inner, v, interface, mint),
         (Shape::Tuple(shapes), Value::Array(items)) => {
             for (s, v) in shapes.iter().zip(items) {
-                swap_handles(s, v, mint);
+                swap_handles(s, v, interface, mint);
             }
         }
         (Shape::Result { ok, err }, Value::Object(obj)) => {
             if let (Some(s), Some(v)) = (ok, obj.get_mut("ok")) {
-                swap_handles(s, v, mint);
+                swap_handles(s, v, interface, mint);
             }
             if let (Some(s), Some(v)) = (err, obj.get_mut("err")) {
-                swap_handles(s, v, mint);
+                swap_handles(s, v, interface, mint);
             }
         }
         (Shape::Variant(cases), Value::Object(obj)) => {
             for (case, payload) in cases {
                 if let (Some(s), Some(v)) = (payload, obj.get_mut(case)) {
-                    swap_handles(s, v, mint);
+                    swap_handles(s, v, interface, mint);
                 }
             }
         }
@@ -664,6 +672,80 @@ fn is_fact(shape: &Shape) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Facts that describe one result never make its handle another object: a
+    /// destination reported by two deliveries of different artifacts keeps its token, and
+    /// so does a source reported by two searches with different snippets; an artifact
+    /// whose declared identity (`sha256`) changed gets a new one.
+    #[test]
+    fn only_a_declared_identity_fact_replaces_a_reference() {
+        use crate::pipeline::references::{Origin, ReferenceTable, ResolveError};
+        let table = ReferenceTable::default();
+        let origin = Origin {
+            mapping: "m".into(),
+            generation: 1,
+            revision: 1,
+        };
+        let swap = |interface: &str, function: &str, mut value: Value| {
+            let c = contract::load_contract(interface).unwrap();
+            let Some(Shape::Result { ok: Some(ok), .. }) = &c.functions[function].result else {
+                panic!("{function} returns a result");
+            };
+            table.mint_all(&origin, |mint| {
+                swap_handles(ok, &mut value, interface, mint)
+            });
+            value
+        };
+        const DELIVERY: &str = "airlock:contracts/artifact-delivery@0.2.0";
+        const RETRIEVAL: &str = "airlock:contracts/source-retrieval@0.1.0";
+        let delivery = |sha: char| {
+            swap(
+                DELIVERY,
+                "deliver",
+                json!({
+                    "delivery-id": "d",
+                    "artifact-sha256": sha.to_string().repeat(64),
+                    "destination": "team",
+                    "delivered-at": "2026-12-05T09:00:00Z",
+                    "replayed": false,
+                }),
+            )
+        };
+        let (first, second) = (delivery('a'), delivery('b'));
+        assert_eq!(first["destination"], second["destination"]);
+        let hits = |snippet: &str| {
+            swap(
+                RETRIEVAL,
+                "search",
+                json!([{"reference": "wal", "title": "WAL", "version": "3", "snippet": snippet}]),
+            )
+        };
+        let (first, second) = (hits("…checkpoint…"), hits("…wal…"));
+        assert_eq!(first[0]["reference"], second[0]["reference"]);
+        let prepared = |sha: char| {
+            swap(
+                DELIVERY,
+                "prepare",
+                json!({
+                    "artifact": "file-1",
+                    "sha256": sha.to_string().repeat(64),
+                    "bytes": 3,
+                    "title": "t",
+                    "media-type": "text/plain",
+                }),
+            )
+        };
+        let (old, new) = (prepared('a'), prepared('b'));
+        assert_ne!(
+            old["artifact"], new["artifact"],
+            "other content, another artifact"
+        );
+        assert_eq!(
+            table.resolve(old["artifact"].as_str().unwrap(), "artifact-ref", &origin),
+            Err(ResolveError::NotValid),
+            "what the old reference named is gone"
+        );
+    }
 
     #[test]
     fn a_receipt_for_another_artifact_than_approved_does_not_verify() {

@@ -12,11 +12,18 @@
 //!   object (e.g. an artifact's sha256 and size), and an expiry. Resolving checks all of
 //!   it: a reference of one kind is not accepted where another kind is expected, and a
 //!   reference minted under a revision (or a load) that no longer serves is stale.
-//! - **The same object gets the same token.** Minting the same (mapping load, revision,
-//!   kind, locator) again in one table returns the token already issued and renews its
-//!   expiry, so a session that searches all day holds one token per source, not one per hit.
-//!   When a fact reported with it conflicts with the one recorded (an artifact's sha256
-//!   changed), it is another object: the old token is dropped and a new one minted.
+//! - **The same object gets the same token, whatever later results say of it.** Minting
+//!   the same (mapping load, revision, kind, locator) again in one table returns the token
+//!   already issued and renews its expiry, so a session that searches all day holds one
+//!   token per source, not one per hit, and a token from a first search still resolves after
+//!   a second search reported the same source with another snippet. Which facts identify
+//!   the object is declared by its contract ([`crate::contract::identity_facts`]: a
+//!   source's `version`, an artifact's `sha256`), never guessed from what differs: only
+//!   when one of those differs from the value recorded (the note was edited, the artifact's
+//!   content changed) is it another object, the old token dropped (what it named is gone
+//!   upstream) and a new one minted. Facts that describe one result (`title`, `snippet`,
+//!   `score`, a destination's `label`) never do; the facts first recorded stay with the
+//!   token, so what a person approves about it cannot change under them.
 //! - **Bounded per table, never across tables.** A table holds at most
 //!   [`MAX_REFERENCES_PER_TABLE`] bindings; past it, the least recently used binding *of
 //!   that table* is dropped (O(1), `lru`). Expiry is checked when a token is used, never by
@@ -180,9 +187,11 @@ impl ReferenceTable {
     pub fn mint_all<R>(
         &self,
         origin: &Origin,
-        f: impl FnOnce(&mut dyn FnMut(&str, &str, Map<String, Value>) -> String) -> R,
+        f: impl FnOnce(&mut dyn FnMut(&str, &str, Map<String, Value>, &[&str]) -> String) -> R,
     ) -> R {
-        let out = f(&mut |kind, locator, facts| self.mint(origin, kind, locator, facts));
+        let out = f(&mut |kind, locator, facts, identity| {
+            self.mint(origin, kind, locator, facts, identity)
+        });
         self.publish();
         out
     }
@@ -245,7 +254,10 @@ impl ReferenceTable {
 
     /// Returns the token for `locator` of handle `kind`, minted under `origin`, with
     /// `facts`: the token already issued for the same object (its expiry renewed), else a
-    /// new one.
+    /// new one. `identity` names the facts that identify the object (the contract's
+    /// declaration for `kind`, [`crate::contract::identity_facts`]): the token already
+    /// issued stands for another object only when one of them differs from the value
+    /// recorded with it; a fact that only one of the two mints reports never differs.
     ///
     /// # Panics
     /// When the OS random generator fails (there is no safe fallback).
@@ -255,6 +267,7 @@ impl ReferenceTable {
         kind: &str,
         locator: &str,
         facts: Map<String, Value>,
+        identity: &[&str],
     ) -> String {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -266,7 +279,7 @@ impl ReferenceTable {
         };
         if let Some(token) = inner.by_locator.get(&key).copied() {
             match inner.by_token.get_mut(&token) {
-                Some(b) if !conflicts(&b.facts, &facts) => {
+                Some(b) if !another_object(&b.facts, &facts, identity) => {
                     b.expires = now + self.ttl;
                     // The store's copy is renewed once half its lifetime is gone.
                     let renew = b
@@ -281,8 +294,8 @@ impl ReferenceTable {
                     }
                     return render(&token);
                 }
-                // The upstream reports other facts for the same locator (its content
-                // changed): the old token no longer stands for it.
+                // The upstream reports another identity for the same locator (a new
+                // version, other content): the old token no longer stands for anything.
                 Some(_) => {
                     inner.by_token.pop(&token);
                     inner.by_locator.remove(&key);
@@ -437,12 +450,15 @@ fn make_room(inner: &mut Inner, capacity: usize) {
     }
 }
 
-/// True when `old` and `new` report different values for a fact both have (an
-/// artifact's sha256, a source's version): then the locator names another object now.
-/// Facts only one of them has (a search hit's snippet, a passage's media type) do not
-/// conflict; the first facts recorded stay.
-fn conflicts(old: &Map<String, Value>, new: &Map<String, Value>) -> bool {
-    new.iter().any(|(k, v)| old.get(k).is_some_and(|o| o != v))
+/// True when `old` and `new` report different values for one of the `identity` facts
+/// both have (an artifact's sha256, a source's version): then the locator names another
+/// object now. Every other fact (a search hit's snippet, title or score) describes one
+/// result and never makes another object, and an identity fact only one of them reports
+/// (a hit without a version, a passage with one) does not either.
+fn another_object(old: &Map<String, Value>, new: &Map<String, Value>, identity: &[&str]) -> bool {
+    identity
+        .iter()
+        .any(|k| matches!((old.get(*k), new.get(*k)), (Some(o), Some(n)) if o != n))
 }
 
 fn render(token: &Token) -> String {
@@ -470,6 +486,9 @@ fn parse(text: &str) -> Option<Token> {
 mod tests {
     use super::*;
 
+    /// What source-retrieval declares for `source-ref`.
+    const VERSION: &[&str] = &["version"];
+
     fn origin(generation: u64, revision: i64) -> Origin {
         Origin {
             mapping: Arc::from("source-library"),
@@ -481,9 +500,27 @@ mod tests {
     #[test]
     fn tokens_are_long_random_opaque_and_stable_per_object() {
         let t = ReferenceTable::default();
-        let a = t.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new());
-        let b = t.mint(&origin(1, 1), "source-ref", "other-note", Map::new());
-        let again = t.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new());
+        let a = t.mint(
+            &origin(1, 1),
+            "source-ref",
+            "wal-checkpoints",
+            Map::new(),
+            VERSION,
+        );
+        let b = t.mint(
+            &origin(1, 1),
+            "source-ref",
+            "other-note",
+            Map::new(),
+            VERSION,
+        );
+        let again = t.mint(
+            &origin(1, 1),
+            "source-ref",
+            "wal-checkpoints",
+            Map::new(),
+            VERSION,
+        );
         assert_ne!(a, b);
         assert_eq!(
             a, again,
@@ -497,7 +534,13 @@ mod tests {
         );
         let other = ReferenceTable::default();
         assert_ne!(
-            other.mint(&origin(1, 1), "source-ref", "wal-checkpoints", Map::new()),
+            other.mint(
+                &origin(1, 1),
+                "source-ref",
+                "wal-checkpoints",
+                Map::new(),
+                VERSION
+            ),
             a,
             "tables never share tokens"
         );
@@ -508,7 +551,13 @@ mod tests {
         let t = ReferenceTable::default();
         let mut facts = Map::new();
         facts.insert("bytes".into(), Value::from(12));
-        let tok = t.mint(&origin(1, 3), "source-ref", "wal-checkpoints", facts);
+        let tok = t.mint(
+            &origin(1, 3),
+            "source-ref",
+            "wal-checkpoints",
+            facts,
+            VERSION,
+        );
         let ok = t.resolve(&tok, "source-ref", &origin(1, 3)).unwrap();
         assert_eq!(&*ok.locator, "wal-checkpoints");
         assert_eq!(ok.facts["bytes"], 12);
@@ -567,6 +616,7 @@ mod tests {
             "source-ref",
             "wal",
             f(&[("title", "WAL"), ("version", "3"), ("snippet", "…")]),
+            VERSION,
         );
         let passage = t.mint(
             &origin(1, 1),
@@ -577,9 +627,16 @@ mod tests {
                 ("version", "3"),
                 ("media-type", "text/markdown"),
             ]),
+            VERSION,
         );
         assert_eq!(hit, passage, "a search hit and a passage of one note");
-        let newer = t.mint(&origin(1, 1), "source-ref", "wal", f(&[("version", "4")]));
+        let newer = t.mint(
+            &origin(1, 1),
+            "source-ref",
+            "wal",
+            f(&[("version", "4")]),
+            VERSION,
+        );
         assert_ne!(newer, hit, "a new version is another object");
         assert_eq!(
             t.resolve(&hit, "source-ref", &origin(1, 1)),
@@ -587,29 +644,98 @@ mod tests {
         );
     }
 
+    /// The research loop: search, search again, then read what the first search found.
+    /// A second search reports the same notes with other, query-dependent snippets,
+    /// titles and scores; none of that is the object's identity, so every token of the
+    /// first search still resolves, with the facts first recorded.
+    #[test]
+    fn a_second_search_keeps_the_first_searchs_references() {
+        let t = ReferenceTable::default();
+        let hit = |query: &str, title: &str, version: Option<&str>| {
+            let mut m = Map::new();
+            m.insert("title".into(), Value::from(title));
+            m.insert("snippet".into(), Value::from(format!("…{query}…")));
+            m.insert("score".into(), Value::from(query.len()));
+            if let Some(v) = version {
+                m.insert("version".into(), Value::from(v));
+            }
+            m
+        };
+        let notes = ["wal-checkpoints", "compaction", "buffer-pool"];
+        let first: Vec<String> = notes
+            .iter()
+            .map(|n| {
+                t.mint(
+                    &origin(1, 1),
+                    "source-ref",
+                    n,
+                    hit("checkpoint", n, Some("3")),
+                    VERSION,
+                )
+            })
+            .collect();
+        for (n, token) in notes.iter().zip(&first) {
+            let again = t.mint(
+                &origin(1, 1),
+                "source-ref",
+                n,
+                hit("wal", &n.to_uppercase(), Some("3")),
+                VERSION,
+            );
+            assert_eq!(&again, token, "the same note keeps its token");
+            // A hit that does not report a version names no other version either.
+            let unversioned = t.mint(&origin(1, 1), "source-ref", n, hit("log", n, None), VERSION);
+            assert_eq!(&unversioned, token);
+        }
+        for (n, token) in notes.iter().zip(&first) {
+            let r = t.resolve(token, "source-ref", &origin(1, 1)).unwrap();
+            assert_eq!(&*r.locator, *n);
+            assert_eq!(r.facts["snippet"], "…checkpoint…", "the first facts stay");
+        }
+        assert_eq!(t.len(), notes.len());
+        // Without a declaration, nothing identifies a version: only the locator does.
+        let dest = |label: &str| {
+            let mut m = Map::new();
+            m.insert("label".into(), Value::from(label));
+            m
+        };
+        let a = t.mint(&origin(1, 1), "destination-ref", "team", dest("Team"), &[]);
+        let b = t.mint(
+            &origin(1, 1),
+            "destination-ref",
+            "team",
+            dest("Team (renamed)"),
+            &[],
+        );
+        assert_eq!(
+            a, b,
+            "a label describes a destination, it does not identify it"
+        );
+    }
+
     #[test]
     fn expiry_is_checked_on_use_and_a_new_mint_renews() {
         let t = ReferenceTable::with_limits(10, Duration::ZERO);
-        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new());
+        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), VERSION);
         assert_eq!(
             t.resolve(&tok, "source-ref", &origin(1, 1)),
             Err(ResolveError::Expired)
         );
         assert!(t.is_empty(), "an expired reference is dropped when used");
         let t = ReferenceTable::with_limits(10, Duration::from_secs(60));
-        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new());
+        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), VERSION);
         assert!(t.resolve(&tok, "source-ref", &origin(1, 1)).is_ok());
     }
 
     #[test]
     fn the_least_recently_used_reference_of_this_table_goes_first() {
         let t = ReferenceTable::with_limits(3, DEFAULT_TTL);
-        let a = t.mint(&origin(1, 1), "source-ref", "a", Map::new());
-        let b = t.mint(&origin(1, 1), "source-ref", "b", Map::new());
-        let c = t.mint(&origin(1, 1), "source-ref", "c", Map::new());
+        let a = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), VERSION);
+        let b = t.mint(&origin(1, 1), "source-ref", "b", Map::new(), VERSION);
+        let c = t.mint(&origin(1, 1), "source-ref", "c", Map::new(), VERSION);
         // Using `a` makes `b` the least recently used.
         t.resolve(&a, "source-ref", &origin(1, 1)).unwrap();
-        let d = t.mint(&origin(1, 1), "source-ref", "d", Map::new());
+        let d = t.mint(&origin(1, 1), "source-ref", "d", Map::new(), VERSION);
         assert_eq!(t.len(), 3);
         assert!(t.resolve(&a, "source-ref", &origin(1, 1)).is_ok());
         assert_eq!(
@@ -619,7 +745,7 @@ mod tests {
         assert!(t.resolve(&c, "source-ref", &origin(1, 1)).is_ok());
         assert!(t.resolve(&d, "source-ref", &origin(1, 1)).is_ok());
         // Minting `b` again gives a new token; the old one stays unknown.
-        let b2 = t.mint(&origin(1, 1), "source-ref", "b", Map::new());
+        let b2 = t.mint(&origin(1, 1), "source-ref", "b", Map::new(), VERSION);
         assert_ne!(b, b2);
     }
 
@@ -636,6 +762,7 @@ mod tests {
                     "source-ref",
                     &notes[i % notes.len()],
                     Map::new(),
+                    VERSION,
                 );
                 if held.len() < notes.len() {
                     held.push(tok.clone());

@@ -886,16 +886,25 @@ fn a_reference_whose_object_changed_is_replaced() {
         generation: 1,
         revision: 1,
     };
+    // What artifact-delivery declares identifies an artifact.
+    const SHA: &[&str] = &["sha256"];
+    assert_eq!(
+        airlock::contract::identity_facts(
+            "airlock:contracts/artifact-delivery@0.2.0",
+            "artifact-ref"
+        ),
+        SHA
+    );
     let facts = |sha: char, bytes: u64| {
         let mut f = serde_json::Map::new();
         f.insert("sha256".into(), json!(sha.to_string().repeat(64)));
         f.insert("bytes".into(), json!(bytes));
         f
     };
-    let approved = t.mint(&o, "artifact-ref", "file-0001", facts('a', 12));
-    let same = t.mint(&o, "artifact-ref", "file-0001", facts('a', 12));
+    let approved = t.mint(&o, "artifact-ref", "file-0001", facts('a', 12), SHA);
+    let same = t.mint(&o, "artifact-ref", "file-0001", facts('a', 12), SHA);
     assert_eq!(approved, same, "the same object keeps its token");
-    let later = t.mint(&o, "artifact-ref", "file-0001", facts('b', 9_000_000));
+    let later = t.mint(&o, "artifact-ref", "file-0001", facts('b', 9_000_000), SHA);
     assert_ne!(
         approved, later,
         "another object under the same id gets another token"

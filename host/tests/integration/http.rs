@@ -361,7 +361,15 @@ fn the_python_sdk_lists_and_calls_with_a_bearer_token_in_both_generations() {
         );
         assert_eq!(out["search_error"], false, "{out}");
         assert!(!out["references"].as_array().unwrap().is_empty(), "{out}");
-        // The reference minted by search resolves in the client's next request.
+        // Every reference of the first search resolves after a second search reported
+        // the same notes with other snippets (the research loop), and so does the first.
+        assert_eq!(out["second_search_error"], false, "{out}");
+        let rest = out["first_search_retrieves"].as_array().unwrap();
+        assert!(
+            !rest.is_empty(),
+            "the first search found several notes: {out}"
+        );
+        assert!(rest.iter().all(|r| r == "ok"), "{out}");
         assert_eq!(out["retrieve_error"], false, "{out}");
         assert!(out["retrieved_chars"].as_u64().unwrap() > 100, "{out}");
         minted.get_or_insert(out["references"][0].as_str().unwrap().to_string());
@@ -1006,5 +1014,69 @@ fn a_cached_session_is_bound_to_the_roles_and_the_body_limit_is_inclusive() {
             "Payload Too Large: request body exceeds {MAX_BODY} bytes"
         )),
         "{r:?}"
+    );
+}
+
+/// One principal in sixteen concurrent sessions over HTTP — eight 2025-11-25 sessions
+/// (each with its own references) and eight 2026-07-28 clients (which share the
+/// principal's) — each running the research loop (search, search again with another
+/// query, then read every hit of the first search) several times with its own queries:
+/// not one valid reference is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_principal_in_sixteen_concurrent_sessions_never_loses_a_reference() {
+    use rmcp::ServiceExt as _;
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let d = auth_deployment();
+    let s = serve_http(&d, "127.0.0.1:0");
+    // reqwest's rustls backend is built without a provider of its own.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let queries = ["checkpoint", "wal", "starvation", "storage", "connections"];
+    let mut tasks = Vec::new();
+    for worker in 0..16usize {
+        let (url, token) = (s.url(), alice());
+        tasks.push(tokio::spawn(async move {
+            let transport = StreamableHttpClientTransport::with_client(
+                reqwest::Client::new(),
+                StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
+            );
+            let client = if worker % 2 == 0 {
+                ().serve(transport).await.expect("2025-11-25 over HTTP")
+            } else {
+                ().serve_with_lifecycle(
+                    transport,
+                    ClientLifecycleMode::Discover {
+                        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+                    },
+                )
+                .await
+                .expect("2026-07-28 over HTTP")
+            };
+            let (mut found, mut failed) = (0, Vec::new());
+            for round in 0..6 {
+                let first = queries[(worker + round) % queries.len()];
+                let second = queries[(worker + round + 1) % queries.len()];
+                let (n, f) = research_loop(&client, first, second).await;
+                found += n;
+                failed.extend(f);
+            }
+            let _ = client.cancel().await;
+            (found, failed)
+        }));
+    }
+    let (mut found, mut failed) = (0, Vec::new());
+    for t in tasks {
+        let (n, f) = t.await.unwrap();
+        found += n;
+        failed.extend(f);
+    }
+    assert!(found > 100, "the searches found notes: {found}");
+    assert_eq!(
+        failed,
+        Vec::<String>::new(),
+        "valid references refused ({} of {found}); server log:\n{}",
+        failed.len(),
+        s.stderr.lock().unwrap()
     );
 }

@@ -71,6 +71,64 @@ async fn list_search_retrieve_through_the_adapter() {
     client.cancel().await.unwrap();
 }
 
+/// The research loop over stdio, in both protocol generations: a second search reports
+/// the notes of the first with other, query-dependent snippets; every reference of the
+/// first search still resolves (README: the same object gets the same token in one
+/// session), and the second search handed out the same tokens for the same notes.
+#[tokio::test]
+async fn a_second_search_leaves_the_first_searchs_references_valid_in_both_eras() {
+    use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _};
+    let d = Deployment::with_notes().mapping("source-library");
+    d.approve_all();
+    let legacy = d.serve_unreviewed().await;
+    let stateless = ()
+        .serve_with_lifecycle(
+            rmcp::transport::TokioChildProcess::new(d.serve_command()).unwrap(),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover with airlock serve");
+    let (found, failed) = research_loop(&legacy, "checkpoint", "wal").await;
+    assert!(found >= 2, "the first search finds several notes: {found}");
+    assert_eq!(failed, Vec::<String>::new(), "2025-11-25 over stdio");
+    let (found, failed) = research_loop(&stateless, "checkpoint", "wal").await;
+    assert!(found >= 2);
+    assert_eq!(failed, Vec::<String>::new(), "2026-07-28 over stdio");
+    // One note, one token, whichever search reported it.
+    let tokens = |r: &rmcp::model::CallToolResult| -> std::collections::BTreeMap<String, String> {
+        r.structured_content.as_ref().unwrap()["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                (
+                    h["title"].as_str().unwrap().to_string(),
+                    h["reference"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let a = call(&legacy, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
+    let b = call(&legacy, "search_sources", json!({"query": "wal"}))
+        .await
+        .unwrap();
+    let (a, b) = (tokens(&a), tokens(&b));
+    let shared: Vec<_> = a.keys().filter(|k| b.contains_key(*k)).collect();
+    assert!(
+        !shared.is_empty(),
+        "the two searches share notes: {a:?} {b:?}"
+    );
+    for k in shared {
+        assert_eq!(a[k], b[k], "{k}");
+    }
+    legacy.cancel().await.unwrap();
+    stateless.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn the_hostile_note_arrives_as_quoted_data_and_adds_no_capability() {
     let d = Deployment::with_notes().mapping("source-library");

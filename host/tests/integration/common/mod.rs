@@ -664,6 +664,51 @@ pub fn references(result: &CallToolResult) -> Vec<String> {
         .collect()
 }
 
+/// Calls `name` with `args` as a model told "try again shortly" does: a call refused
+/// as `rate limited` (more callers than the adapter's concurrency cap) is made again
+/// after a short wait, up to 200 times; any other answer is returned.
+pub async fn call_patiently<H: rmcp::ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    name: &str,
+    args: Value,
+) -> CallToolResult {
+    for _ in 0..200 {
+        let r = call(client, name, args.clone()).await.unwrap();
+        if !(r.is_error == Some(true) && text_of(&r).starts_with("rate limited:")) {
+            return r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("{name} was rate limited 200 times in a row");
+}
+
+/// The research loop a model runs: `search_sources(first)`, `search_sources(second)`,
+/// then `retrieve_source` of every hit of the *first* search (each call made again when
+/// refused as rate limited: [`call_patiently`]). Returns how many hits the first search
+/// had and the refusal text of every retrieval that failed (a reference that a second
+/// search invalidated shows up here).
+pub async fn research_loop<H: rmcp::ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    first: &str,
+    second: &str,
+) -> (usize, Vec<String>) {
+    let search = |query: &str| serde_json::json!({ "query": query });
+    let hits = call_patiently(client, "search_sources", search(first)).await;
+    assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
+    let found = references(&hits);
+    let again = call_patiently(client, "search_sources", search(second)).await;
+    assert_ne!(again.is_error, Some(true), "{}", text_of(&again));
+    let mut failed = Vec::new();
+    for r in &found {
+        let args = serde_json::json!({ "reference": r });
+        let got = call_patiently(client, "retrieve_source", args).await;
+        if got.is_error == Some(true) {
+            failed.push(text_of(&got));
+        }
+    }
+    (found.len(), failed)
+}
+
 /// Reads run everywhere; the publisher profile prepares, and delivers once a person
 /// approved; never to the partner drop.
 pub const POLICY: &str = r#"
