@@ -283,10 +283,10 @@ pub(super) fn mark_keyed(tx: &Connection, key: &TraceKey) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// RFC 8785 canonical JSON of `value` ([`crate::canonical::to_string`]: trace payloads
+/// RFC 8785 canonical JSON of `value` ([`airlock_core::canonical::to_string`]: trace payloads
 /// stay on its fast path).
 pub(super) fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
-    crate::canonical::to_string(value).context("canonicalizing a trace payload")
+    airlock_core::canonical::to_string(value).context("canonicalizing a trace payload")
 }
 
 /// The event hash from the canonical payload text, without re-serializing the payload.
@@ -304,15 +304,15 @@ pub(super) fn chained_hash(
     text.push_str("{\"at_ms\":");
     text.push_str(&serde_json_canonicalizer::to_string(&at_ms)?);
     text.push_str(",\"kind\":");
-    crate::canonical::push_string(kind, &mut text);
+    airlock_core::canonical::push_string(kind, &mut text);
     text.push_str(",\"payload\":");
     text.push_str(canonical_payload);
     text.push_str(",\"prev_hash\":");
-    crate::canonical::push_string(prev_hash, &mut text);
+    airlock_core::canonical::push_string(prev_hash, &mut text);
     text.push_str(",\"seq\":");
     text.push_str(&serde_json_canonicalizer::to_string(&seq)?);
     text.push_str(",\"subject\":");
-    crate::canonical::push_string(subject, &mut text);
+    airlock_core::canonical::push_string(subject, &mut text);
     text.push('}');
     Ok(hex::encode(Sha256::digest(text.as_bytes())))
 }

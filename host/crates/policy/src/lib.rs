@@ -28,6 +28,9 @@
 //! (unique across files; default `<file>#<n>`); `@category("outside-scope")` or
 //! `@category("capability-unavailable")` on a `forbid` picks the denial category. Any other
 //! `@category` value is refused at load.
+//!
+//! Crates: this one uses no other Airlock crate; the registry, the pipeline and the CLI
+//! use it (as `airlock::policy`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -21,7 +21,7 @@
 //! are in the trace; a pass advances it in the same transaction that appends the records.
 //!
 //! Files: `trace-journal/` in the state folder (mode 0700, checked as the state folder
-//! is: [`crate::private_fs`]), one file per writing process at a time, named
+//! is: [`airlock_core::private_fs`]), one file per writing process at a time, named
 //! `<database file name>.<24 hex>.journal` (mode 0600, `O_NOFOLLOW`), which the writer
 //! holds an exclusive `flock` on while it lives. A file past [`ROTATE_BYTES`] is *sealed*
 //! (its final size recorded) and a new one begun; a sealed file whose every byte is in the
@@ -269,7 +269,7 @@ impl Journal {
     /// Makes this process's journal file and registers it (its row first written once the
     /// file exists and is locked, so a row never names a file that was never made).
     fn open_writer(&self, conn: &Connection) -> anyhow::Result<Writer> {
-        crate::private_fs::ensure_private_dir(&self.dir, "trace journal folder", "")?;
+        airlock_core::private_fs::ensure_private_dir(&self.dir, "trace journal folder", "")?;
         let mut id = [0u8; 12];
         getrandom::fill(&mut id).context("the OS random source failed")?;
         let name = format!("{}{}.journal", self.prefix, hex::encode(id));
@@ -650,7 +650,7 @@ fn open_journal(path: &Path) -> anyhow::Result<File> {
             }
         })?;
     let meta = file.metadata()?;
-    let me = crate::private_fs::effective_uid();
+    let me = airlock_core::private_fs::effective_uid();
     if !meta.is_file() {
         bail!("the trace journal {} is not a regular file", path.display());
     }

@@ -292,7 +292,7 @@ CREATE TRIGGER observations_keep_provenance
 CREATE TRIGGER observations_no_delete BEFORE DELETE ON observations
     FOR EACH ROW EXECUTE FUNCTION airlock_refuse('observations are not deleted');
 "#,
-    // 1 → 2: references shared by the hosts (crate::store::shared), by token digest.
+    // 1 → 2: references shared by the hosts (crate::shared), by token digest.
     r#"
 CREATE TABLE reference_bindings (
     token_sha256 TEXT PRIMARY KEY,
@@ -716,7 +716,7 @@ impl PostgresStore {
                             key::KEY_ENV
                         );
                     };
-                    crate::private_fs::ensure_private_dir(
+                    airlock_core::private_fs::ensure_private_dir(
                         dir,
                         "state folder",
                         "or choose another --state-dir",

@@ -12,7 +12,7 @@
 //!   names the first event that was edited, unlinked, removed, reordered or recomputed
 //!   without the key, and [`Store::verify_trace_against`] checks the head against
 //!   checkpoints kept outside the database (deleted newest events, a deleted trace).
-//! - **The state folder and database are private** ([`crate::private_fs`]): owned by this
+//! - **The state folder and database are private** ([`airlock_core::private_fs`]): owned by this
 //!   user, writable by no one else, never a symbolic link (nor the `-wal`, `-shm` and
 //!   `-journal` files beside the database, nor the key file). A refusal writes nothing.
 //! - **Snapshots are immutable and content-addressed.** A body is stored once per digest and
@@ -36,6 +36,10 @@
 //! timeout, the query planner stability guarantee (a cached statement keeps its plan), and write transactions that take the write lock up front (`BEGIN IMMEDIATE`), so
 //! several processes (a running `airlock serve` and `airlock review approve`) can share one
 //! database. Times are unix milliseconds.
+//!
+//! Crates: this one uses only `airlock-core` among Airlock's crates, and nothing that runs
+//! Wasm, speaks MCP or evaluates policy (`cargo test -p airlock-store` builds without
+//! wasmtime, rmcp or cedar); everything above it uses it (as `airlock::store`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -867,7 +871,7 @@ pub trait Store: Send + Sync {
     /// payload names it (`"approval": id`), **only those whose MAC verifies with the host
     /// key**. Read
     /// through an expression index, not a scan of the trace. The rule they prove is
-    /// [`crate::pipeline::approve::prove_receipt`]'s.
+    /// `airlock::pipeline::approve::prove_receipt`'s.
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// The events that can prove intent `id` (its id in full), in seq order: the
@@ -875,7 +879,7 @@ pub trait Store: Send + Sync {
     /// changed its state since (`call-outcome`, `call-refused`, `intent-resolved`,
     /// `intent-held` naming it with an `intent_state`), **only those whose MAC verifies
     /// with the host key**, read through two expression indexes. The rule they prove is
-    /// [`crate::pipeline::intent::prove_intent`]'s.
+    /// `airlock::pipeline::intent::prove_intent`'s.
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
     /// The ids of mapping `mapping`'s intents that the trace leaves open while their row
@@ -1185,7 +1189,7 @@ impl SqliteStore {
     /// Refuses, writing nothing, a state folder that is a symbolic link, not a folder, not
     /// owned by this user or writable by group or others.
     pub fn open_with_key(state_dir: &Path, key: Option<TraceKey>) -> anyhow::Result<Self> {
-        crate::private_fs::ensure_private_dir(state_dir, "state folder", ELSEWHERE)?;
+        airlock_core::private_fs::ensure_private_dir(state_dir, "state folder", ELSEWHERE)?;
         Self::open_file_with_key(&state_dir.join(DATABASE_FILE), key)
     }
 
@@ -1197,7 +1201,7 @@ impl SqliteStore {
 
     /// Opens (creating when missing, mode 0600) the database file at `path`, whose folder
     /// is the state folder. Refuses — writing nothing — a folder, database, `-wal`, `-shm`
-    /// or `-journal` file or key file that breaks [`crate::private_fs`]'s rules (a link,
+    /// or `-journal` file or key file that breaks [`airlock_core::private_fs`]'s rules (a link,
     /// another owner, writable by others; a key readable by others), a file that is not a
     /// readable SQLite database, fails `PRAGMA quick_check`, was written by a newer schema,
     /// or holds tables but no Airlock schema version; and a missing key file when the
@@ -1208,7 +1212,7 @@ impl SqliteStore {
     /// `key`: the host key (a named secret); `None` takes [`key::KEY_ENV`] when set, else
     /// the state folder's [`key::KEY_FILE`].
     pub fn open_file_with_key(path: &Path, key: Option<TraceKey>) -> anyhow::Result<Self> {
-        use crate::private_fs::{Access, check_private_dir, check_private_file};
+        use airlock_core::private_fs::{Access, check_private_dir, check_private_file};
         let shown = path.display();
         let folder = path
             .parent()
@@ -1566,7 +1570,7 @@ fn migrate(conn: &mut Connection, path: &Path, key: &TraceKey) -> anyhow::Result
 }
 
 fn create_private_file(path: &Path) -> anyhow::Result<()> {
-    match crate::private_fs::create_new_private(path) {
+    match airlock_core::private_fs::create_new_private(path) {
         Ok(_) => Ok(()),
         // Another process created it first; the SQLite open that follows checks nothing
         // more than a fresh file needs.
@@ -1610,7 +1614,7 @@ fn get_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<MappingState> {
 }
 
 fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
-    crate::canonical::to_string(value).context("canonicalizing JSON")
+    airlock_core::canonical::to_string(value).context("canonicalizing JSON")
 }
 
 fn is_hex(s: &str) -> bool {

@@ -142,7 +142,7 @@ pub(super) mod tests {
     use super::*;
 
     /// An observation of a resource read of `uri` with content digest `sha` at `ms`.
-    pub(in crate::store) fn item(uri: &str, sha: &str, ms: u64) -> NewObservation {
+    pub(crate) fn item(uri: &str, sha: &str, ms: u64) -> NewObservation {
         NewObservation {
             id: observation_id("conn-1", "resources/read", uri, "", "contents/0", sha),
             connection_id: "conn-1".into(),

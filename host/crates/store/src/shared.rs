@@ -7,7 +7,7 @@
 //! - **A shared reference is found only by its token and its scope.** The store keeps the
 //!   sha256 of the token (never the token: a reader of the database cannot present it) and
 //!   the scope it was minted in (the session id, the same on every host for one principal,
-//!   see [`crate::pipeline::session`]); a token looked up in another scope is unknown.
+//!   see `airlock::pipeline::session`); a token looked up in another scope is unknown.
 //! - **A host is alive while it holds its liveness lock.** On PostgreSQL each serving host
 //!   holds a session-level advisory lock named by its instance id for as long as its
 //!   process (and that connection) lives; another host that can take the lock knows the

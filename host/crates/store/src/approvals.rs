@@ -365,7 +365,7 @@ pub struct IntentRecord {
 /// A random id `prefix` + `bytes` hex-encoded random bytes.
 pub fn random_id(prefix: &str, bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
-    crate::random::fill(&mut buf);
+    airlock_core::random::fill(&mut buf);
     format!("{prefix}{}", hex::encode(buf))
 }
 
@@ -784,7 +784,7 @@ fn find_open_sql() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
+    use crate::Store;
 
     /// However many consumed approvals a binding has, the lookup of its open one searches
     /// the partial index, not the binding's rows.

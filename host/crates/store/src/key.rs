@@ -15,7 +15,7 @@
 //!    `--config`;
 //! 3. the key file [`KEY_FILE`] in the state folder, created at first start (mode 0600,
 //!    32 bytes from the OS random source) and refused unless it is a regular file owned by
-//!    this user that no one else can read or write ([`crate::private_fs`]).
+//!    this user that no one else can read or write ([`airlock_core::private_fs`]).
 //!
 //! Key file format: one line, `airlock-trace-key v1 hmac-sha256 <64 lowercase hex>\n`;
 //! anything else is refused.
@@ -140,11 +140,11 @@ impl TraceKey {
     /// anyone else, or not in the key file format.
     pub fn read_file(state_dir: &Path) -> anyhow::Result<Option<Self>> {
         let path = state_dir.join(KEY_FILE);
-        if !crate::private_fs::check_private_file(
+        if !airlock_core::private_fs::check_private_file(
             &path,
             "trace key file",
             "or set the key with trace_key / AIRLOCK_TRACE_KEY",
-            crate::private_fs::Access::Secret,
+            airlock_core::private_fs::Access::Secret,
         )? {
             return Ok(None);
         }
@@ -179,7 +179,7 @@ impl TraceKey {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes)
             .map_err(|e| anyhow::anyhow!("reading the OS random source: {e}"))?;
-        let mut file = crate::private_fs::create_new_private(&path)
+        let mut file = airlock_core::private_fs::create_new_private(&path)
             .with_context(|| format!("creating the trace key file {}", path.display()))?;
         file.write_all(format!("{FILE_HEADER}{}\n", hex::encode(bytes)).as_bytes())
             .and_then(|()| file.sync_all())
@@ -406,7 +406,7 @@ impl Checkpoint {
 }
 
 /// Appends `checkpoint` to the file at `path` (created mode 0600; the file and, when it is
-/// created, its folder must pass [`crate::private_fs`]'s rules), then syncs it.
+/// created, its folder must pass [`airlock_core::private_fs`]'s rules), then syncs it.
 ///
 /// # Errors
 /// The file or its folder is not private, or writing fails.
@@ -414,15 +414,15 @@ pub fn append_checkpoint(path: &Path, checkpoint: &Checkpoint) -> anyhow::Result
     use std::io::Write as _;
     let elsewhere = "or set checkpoint_file to a private place";
     if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        crate::private_fs::ensure_private_dir(folder, "checkpoint folder", elsewhere)?;
+        airlock_core::private_fs::ensure_private_dir(folder, "checkpoint folder", elsewhere)?;
     }
-    crate::private_fs::check_private_file(
+    airlock_core::private_fs::check_private_file(
         path,
         "trace checkpoint file",
         elsewhere,
-        crate::private_fs::Access::NotWritableByOthers,
+        airlock_core::private_fs::Access::NotWritableByOthers,
     )?;
-    let mut file = crate::private_fs::open_append_private(path)
+    let mut file = airlock_core::private_fs::open_append_private(path)
         .with_context(|| format!("opening the trace checkpoint file {}", path.display()))?;
     file.write_all(checkpoint.to_line().as_bytes())
         .and_then(|()| file.sync_data())

@@ -375,7 +375,7 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{NewIntent, Store as _};
+    use crate::{NewIntent, Store as _};
 
     fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().unwrap();
