@@ -313,6 +313,50 @@ impl Default for ApprovalSettings {
 }
 
 impl ServeConfig {
+    /// The secret values of this configuration (what a recorder redaction must remove,
+    /// [`crate::record::Redaction::new`]): every `[secrets]` value, every header value of an
+    /// HTTP connection (a secret one with its prefix, and bare), the query of an HTTP
+    /// connection's URL and each of its values (as written), every `env` value of a stdio
+    /// connection.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.secrets.values().map(|s| s.0.clone()).collect();
+        if let Some((_, key)) = &self.trace.key {
+            out.push(key.0.clone());
+        }
+        for server in self.connections.values() {
+            match server {
+                UpstreamServer::Stdio(s) => out.extend(s.env.values().cloned()),
+                UpstreamServer::Http(h) => {
+                    // A key in the URL's query (`?api_key=…`): the host's transport errors
+                    // name the URL, so its query and each of its values, as written.
+                    if let Some(query) = h
+                        .url
+                        .parse::<http::Uri>()
+                        .ok()
+                        .and_then(|u| u.query().map(str::to_owned))
+                    {
+                        out.extend(
+                            query
+                                .split('&')
+                                .filter_map(|pair| pair.split_once('=').map(|(_, v)| v.to_owned())),
+                        );
+                        out.push(query);
+                    }
+                    for header in &h.headers {
+                        match &header.value {
+                            HeaderValueSource::Literal(v) => out.push(v.clone()),
+                            HeaderValueSource::Secret { prefix, value, .. } => {
+                                out.push(format!("{prefix}{}", value.0));
+                                out.push(value.0.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// A configuration with no connections or mappings and every other setting at its
     /// default (state folder unset, no re-discovery interval, no cache, the OS user as
     /// requester, the implicit profile, the built-in policy).
@@ -388,15 +432,7 @@ pub fn os_user_name() -> String {
     format!("uid-{uid}")
 }
 
-/// A secret value. Its `Debug` output is redacted.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
+pub use airlock_core::Secret;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -952,6 +988,55 @@ fn resolve_command(command: &str, base: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_configuration_secrets_are_what_is_redacted() {
+        // PATH: a variable every test environment has, standing in for a token.
+        let path = std::env::var("PATH").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = ServeConfig::parse(
+            r#"
+mappings_dir = "mappings"
+
+[secrets]
+token = { env = "PATH" }
+
+[[connection]]
+name = "local"
+command = "/bin/sh"
+env = { API_KEY = "k-1234567890" }
+
+[[connection]]
+name = "remote"
+url = "http://127.0.0.1:9/mcp?tenant=t1&api_key=q-5ecret-77"
+headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenant" = { value = "tenant-acme" } }
+"#,
+            dir.path(),
+        )
+        .unwrap();
+        let r = crate::record::Redaction::new(config.secret_values(), &[]);
+        let mut v = json!({
+            "a": format!("Bearer {path}"),
+            "b": "key k-1234567890 used",
+            "c": "for tenant-acme",
+            "d": "nothing secret",
+            "e": "the HTTP request to http://127.0.0.1:9/mcp?tenant=t1&api_key=q-5ecret-77 failed",
+            "f": "echoed q-5ecret-77",
+        });
+        r.apply(&mut v);
+        assert_eq!(
+            v,
+            json!({
+                "a": "[redacted]",
+                "b": "key [redacted] used",
+                "c": "for [redacted]",
+                "d": "nothing secret",
+                "e": "the HTTP request to http://127.0.0.1:9/mcp?[redacted] failed",
+                "f": "echoed [redacted]",
+            })
+        );
+    }
 
     #[test]
     fn relative_paths_resolve_against_the_file() {

@@ -2,8 +2,9 @@
 //! application (a model-facing MCP client) and upstream MCP servers.
 //!
 //! The host is laid out by stage (DESIGN.md §1, §5), in crates whose dependencies run one
-//! way. This crate uses `airlock-store`, `airlock-policy` and `airlock-core`, and re-exports
-//! them under their module names; none of them uses this crate.
+//! way. This crate uses `airlock-store`, `airlock-upstream`, `airlock-policy` and
+//! `airlock-core`, and re-exports them under their module names; none of them uses this
+//! crate.
 //! - [`front`]: the MCP server the AI application talks to (stdio and Streamable HTTP):
 //!   builds a candidate from `tools/call`, renders the outcome; nothing else.
 //! - [`pipeline`]: the life of one call — candidate → normalize → authorize → (approve)
@@ -13,15 +14,16 @@
 //!   against, decisions.
 //! - [`runtime`]: wasmtime Engine, per-mapping `InstancePre`, fresh Store per call,
 //!   grants and limits.
-//! - [`upstream`]: one rmcp client per connection, output budgets while reading, raw
-//!   discovery capture.
+//! - [`upstream`] (crate `airlock-upstream`): one rmcp client per connection, output
+//!   budgets while reading, raw discovery capture.
 //! - [`registry`]: connection identity, snapshots, drift, pins, mapping lifecycle, the
 //!   live catalogue and hot reload.
 //! - [`store`] (crate `airlock-store`): SQLite or a shared PostgreSQL — connections,
 //!   snapshots, mappings, approvals, intents, the trace (MACed with the host key, chained,
 //!   journaled), its checkpoints.
-//! - [`record`]: recorded fixtures — what `airlock serve --record` writes (redacted) and
-//!   `airlock test` replays against the real component with no live connection.
+//! - [`record`] (crate `airlock-upstream`): recorded fixtures — what `airlock serve
+//!   --record` writes (redacted) and `airlock test` replays against the real component
+//!   with no live connection.
 //! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`canonical`], [`random`], [`private_fs`], [`jsonrpc`] (crate `airlock-core`): RFC 8785
 //!   canonical JSON, OS random bytes, the owner/mode/no-symlink rules of private folders
@@ -40,15 +42,15 @@ pub mod front;
 pub mod fuzzing;
 pub mod host;
 pub mod pipeline;
-pub mod record;
 pub mod registry;
 pub mod runtime;
 pub mod shutdown;
-pub mod upstream;
 
 pub use airlock_core::{canonical, jsonrpc, private_fs, random};
 pub use airlock_policy as policy;
 pub use airlock_store as store;
+pub use airlock_upstream as upstream;
+pub use airlock_upstream::record;
 
 /// Folder holding the adapters this build compiled and pinned (one folder per mapping,
 /// each with its component and pinned `mapping.toml`).

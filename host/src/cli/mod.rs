@@ -1481,10 +1481,7 @@ async fn serve(
     // Open the fixture folder before anything starts: a bad --record fails fast.
     let recorder = record
         .map(|(dir, fields)| {
-            let redaction = crate::record::Redaction::new(
-                crate::record::Redaction::secrets_of(&config),
-                &fields,
-            );
+            let redaction = crate::record::Redaction::new(config.secret_values(), &fields);
             crate::record::Recorder::open(&dir, redaction)
         })
         .transpose()?;

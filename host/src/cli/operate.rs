@@ -27,31 +27,7 @@ use crate::runtime::host_api::{self, HostVersion};
 use crate::store::{MappingRecord, SnapshotSummary, StoredSnapshot, TraceEvent};
 use crate::upstream::Connection;
 
-/// Escapes and clips untrusted text for a terminal.
-pub fn safe(text: &str, max: usize) -> String {
-    let mut out = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i == max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() || drift::is_invisible(c) {
-            let _ = write!(out, "\\u{{{:x}}}", c as u32);
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Escapes untrusted text that may span lines (error chains quoting a server's stderr):
-/// keeps newlines, escapes every other control, bidi and invisible format character.
-pub fn safe_lines(text: &str) -> String {
-    text.split('\n')
-        .map(|line| safe(line, usize::MAX))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+pub use airlock_core::text::{safe, safe_lines};
 
 /// Formats unix milliseconds as RFC 3339.
 pub fn time(ms: u64) -> String {

@@ -136,10 +136,7 @@ impl Catalogue {
     }
 }
 
-/// sha256 hex of RFC 8785 canonical JSON (`serde_json_canonicalizer::to_vec`).
-pub fn canonical_digest(value: &Value) -> String {
-    sha256_hex(&canonical_bytes(value))
-}
+pub use airlock_core::canonical::canonical_digest;
 
 /// The two digests of one catalogue item (tool, resource, resource template or prompt).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -802,21 +799,7 @@ fn as_text(value: Option<&Value>) -> String {
     }
 }
 
-/// Invisible, format and bidi-control characters that can make untrusted text look like
-/// something else on a terminal (soft hyphen, zero-width and joiner characters, line and
-/// paragraph separators, bidi embeddings, overrides and isolates, BOM).
-pub fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}'
-            | '\u{061C}'
-            | '\u{180E}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{2069}'
-            | '\u{FEFF}'
-    )
-}
+pub use airlock_core::text::is_invisible;
 
 /// Untrusted text made safe for one line of a message: control, invisible and bidi-override
 /// characters, backticks and backslashes escaped; clipped to [`SHOWN_CHARS`] characters.

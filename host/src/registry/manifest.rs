@@ -69,9 +69,8 @@ use crate::runtime::grants::{Grants, GrantsSection};
 pub const MAX_MEMORY_MIB: u64 = 1024;
 /// Host-wide ceiling on `limits.deadline_ms`.
 pub const MAX_DEADLINE_MS: u64 = 60_000;
-/// Host-wide ceiling on `limits.max_output_bytes`.
-/// (Below rmcp's 16 MiB line limit, which would otherwise drop an answer silently.)
-pub const MAX_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;
+/// Host-wide ceiling on `limits.max_output_bytes` ([`crate::upstream::MAX_OUTPUT_BYTES`]).
+pub const MAX_OUTPUT_BYTES: u64 = crate::upstream::MAX_OUTPUT_BYTES;
 /// Host-wide ceiling on `limits.max_result_bytes`.
 pub const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 /// Host-wide ceiling on `limits.max_stdio_bytes`.

@@ -93,6 +93,21 @@ fn write_object(map: &Map<String, Value>, out: &mut String) -> bool {
     true
 }
 
+/// sha256 (64 lowercase hex digits) of the RFC 8785 canonical JSON of `value`, as
+/// `serde_json_canonicalizer::to_vec` writes it: the digest of a discovered catalogue item
+/// or summary (DESIGN.md §2 "schema digest"). Should a value ever not canonicalize, the
+/// digest is of its plain serialization under a prefix no canonical text can have, so it
+/// never equals a canonical digest.
+pub fn canonical_digest(value: &Value) -> String {
+    use sha2::Digest as _;
+    let bytes = serde_json_canonicalizer::to_vec(value).unwrap_or_else(|_| {
+        let mut bytes = b"\0non-canonical\0".to_vec();
+        bytes.extend(serde_json::to_vec(value).unwrap_or_default());
+        bytes
+    });
+    hex::encode(sha2::Sha256::digest(&bytes))
+}
+
 /// A JSON string as RFC 8785 writes it (§3.2.2.2): `"` and `\` escaped, the short escapes
 /// `\b \f \n \r \t`, other control characters as `\u00xx` (lowercase hex), every other
 /// character as itself. Runs of characters that need no escape are copied at once.

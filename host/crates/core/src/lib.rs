@@ -9,6 +9,8 @@
 //!   (state folder, database, trace key, checkpoints, compiled cache).
 //! - [`jsonrpc`]: JSON-RPC framing shared by the model-facing front and the upstream
 //!   transport (the id of a message that does not parse, found in its raw bytes).
+//! - [`text`]: untrusted text escaped for people (controls, bidi and invisible characters).
+//! - [`Secret`]: a configured secret value whose `Debug` output is redacted.
 //!
 //! Rule: this crate depends on no other Airlock crate, and on nothing that runs Wasm,
 //! speaks MCP, evaluates policy or opens a database. Every other crate may use it.
@@ -17,3 +19,15 @@ pub mod canonical;
 pub mod jsonrpc;
 pub mod private_fs;
 pub mod random;
+pub mod text;
+
+/// A secret value (a `[secrets]` entry, a header value drawn from one). Its `Debug` output
+/// is redacted, so a configuration or connection printed with `{:?}` shows no secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}

@@ -194,51 +194,6 @@ impl Redaction {
         }
     }
 
-    /// The secret values of `config`: every `[secrets]` value, every header value of an
-    /// HTTP connection (a secret one with its prefix, and bare), the query of an HTTP
-    /// connection's URL and each of its values (as written), every `env` value of a stdio
-    /// connection.
-    pub fn secrets_of(config: &crate::config::ServeConfig) -> Vec<String> {
-        use crate::upstream::UpstreamServer;
-        use crate::upstream::http::HeaderValueSource;
-        let mut out: Vec<String> = config.secrets.values().map(|s| s.0.clone()).collect();
-        if let Some((_, key)) = &config.trace.key {
-            out.push(key.0.clone());
-        }
-        for server in config.connections.values() {
-            match server {
-                UpstreamServer::Stdio(s) => out.extend(s.env.values().cloned()),
-                UpstreamServer::Http(h) => {
-                    // A key in the URL's query (`?api_key=…`): the host's transport errors
-                    // name the URL, so its query and each of its values, as written.
-                    if let Some(query) = h
-                        .url
-                        .parse::<http::Uri>()
-                        .ok()
-                        .and_then(|u| u.query().map(str::to_owned))
-                    {
-                        out.extend(
-                            query
-                                .split('&')
-                                .filter_map(|pair| pair.split_once('=').map(|(_, v)| v.to_owned())),
-                        );
-                        out.push(query);
-                    }
-                    for header in &h.headers {
-                        match &header.value {
-                            HeaderValueSource::Literal(v) => out.push(v.clone()),
-                            HeaderValueSource::Secret { prefix, value, .. } => {
-                                out.push(format!("{prefix}{}", value.0));
-                                out.push(value.0.clone());
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        out
-    }
-
     /// The member names redacted, lowercase, sorted.
     pub fn fields(&self) -> Vec<String> {
         self.fields.iter().cloned().collect()
@@ -455,7 +410,7 @@ pub fn parse(bytes: &[u8]) -> Result<Fixture> {
             "is not an Airlock fixture of format {FIXTURE_FORMAT} (\"airlock_fixture\": {})",
             value
                 .get("airlock_fixture")
-                .map_or("missing".to_string(), |v| crate::cli::operate::safe_lines(
+                .map_or("missing".to_string(), |v| airlock_core::text::safe_lines(
                     &v.to_string().chars().take(40).collect::<String>()
                 ))
         );
@@ -502,54 +457,6 @@ mod tests {
                 "q": "Bearer [redacted] here",
                 "nested": [{"password": "[redacted]", "x": "ab"}],
                 "[redacted]": 1,
-            })
-        );
-    }
-
-    #[test]
-    fn the_configuration_secrets_are_what_is_redacted() {
-        // PATH: a variable every test environment has, standing in for a token.
-        let path = std::env::var("PATH").unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let config = crate::config::ServeConfig::parse(
-            r#"
-mappings_dir = "mappings"
-
-[secrets]
-token = { env = "PATH" }
-
-[[connection]]
-name = "local"
-command = "/bin/sh"
-env = { API_KEY = "k-1234567890" }
-
-[[connection]]
-name = "remote"
-url = "http://127.0.0.1:9/mcp?tenant=t1&api_key=q-5ecret-77"
-headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenant" = { value = "tenant-acme" } }
-"#,
-            dir.path(),
-        )
-        .unwrap();
-        let r = Redaction::new(Redaction::secrets_of(&config), &[]);
-        let mut v = json!({
-            "a": format!("Bearer {path}"),
-            "b": "key k-1234567890 used",
-            "c": "for tenant-acme",
-            "d": "nothing secret",
-            "e": "the HTTP request to http://127.0.0.1:9/mcp?tenant=t1&api_key=q-5ecret-77 failed",
-            "f": "echoed q-5ecret-77",
-        });
-        r.apply(&mut v);
-        assert_eq!(
-            v,
-            json!({
-                "a": "[redacted]",
-                "b": "key [redacted] used",
-                "c": "for [redacted]",
-                "d": "nothing secret",
-                "e": "the HTTP request to http://127.0.0.1:9/mcp?[redacted] failed",
-                "f": "echoed [redacted]",
             })
         );
     }

@@ -25,11 +25,24 @@
 //!   its HTTP client stopped.
 //! - Which tools and resources a particular adapter may reach is decided one layer up
 //!   (the runtime's upstream bridge); this layer only transports.
+//!
+//! Also here: [`record`], the recorded-fixture format (what `airlock serve --record`
+//! writes, redacted) and [`replay`], the in-process upstream that answers only from it.
+//!
+//! Crates: this one uses only `airlock-core` among Airlock's crates (no wasmtime, no
+//! policy, no store); the runtime, the registry and everything above use it (as
+//! `airlock::upstream` and `airlock::record`).
 
 pub mod direct;
 pub mod http;
 pub mod process;
+pub mod record;
 pub mod replay;
+
+/// Host-wide ceiling on one upstream message and on a mapping's
+/// `limits.max_output_bytes`, in bytes (8 MiB): below rmcp's 16 MiB line limit, which
+/// would otherwise drop an answer silently.
+pub const MAX_OUTPUT_BYTES: u64 = 8 * 1024 * 1024;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,7 +63,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use self::process::Process;
-use crate::jsonrpc::IdScanner;
+use airlock_core::jsonrpc::IdScanner;
 
 /// How long an upstream server has to answer `initialize` when the caller sets no bound.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -704,7 +717,7 @@ pub struct RawDiscovery {
 }
 
 /// Largest message accepted while discovery runs (bytes): a whole page of tools/list.
-pub const DISCOVERY_MESSAGE_BYTES: usize = crate::registry::manifest::MAX_OUTPUT_BYTES as usize;
+pub const DISCOVERY_MESSAGE_BYTES: usize = crate::MAX_OUTPUT_BYTES as usize;
 
 /// Most pages one list may span, and most items one discovery keeps per list.
 pub const MAX_DISCOVERY_PAGES: usize = 1000;
@@ -927,7 +940,7 @@ impl Connection {
         let reason: http::CloseReason = Arc::default();
         // rmcp's own limit sits above every budget a mapping can have; the filter below
         // enforces the connection's budget.
-        let rmcp_limit = usize::try_from(crate::registry::manifest::MAX_OUTPUT_BYTES)
+        let rmcp_limit = usize::try_from(crate::MAX_OUTPUT_BYTES)
             .unwrap_or(usize::MAX)
             .saturating_add(64 * 1024);
         let bridge = http::bridge(

@@ -44,7 +44,7 @@ use serde_json::{Value, json};
 use sha2::Digest as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 
-use crate::config::Secret;
+use airlock_core::Secret;
 
 /// JSON-RPC error code the bridge answers a request with when its HTTP POST failed: no
 /// answer came from the server (the outcome of a non-read is unknown).
@@ -228,7 +228,7 @@ pub fn http_identity(server: &HttpServer) -> (String, Value) {
         "credential_scope": server.credential_scope,
         "owner": server.owner,
     });
-    (crate::registry::drift::canonical_digest(&summary), summary)
+    (airlock_core::canonical::canonical_digest(&summary), summary)
 }
 
 /// Installs rustls' `ring` provider as the process default, once (reqwest's rustls
