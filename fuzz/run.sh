@@ -30,7 +30,7 @@ targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
     mapfile -t targets < <(cargo "${toolchain[@]}" fuzz list)
 fi
-# The guests (built by host/build.rs) go to this checkout's target/guests.
+# The guests (built by host/crates/runtime/build.rs) go to this checkout's target/guests.
 export AIRLOCK_WORKSPACE_ROOT="${AIRLOCK_WORKSPACE_ROOT:-$(cd .. && pwd)}"
 
 dict_for() {

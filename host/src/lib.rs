@@ -2,9 +2,9 @@
 //! application (a model-facing MCP client) and upstream MCP servers.
 //!
 //! The host is laid out by stage (DESIGN.md §1, §5), in crates whose dependencies run one
-//! way. This crate uses `airlock-store`, `airlock-upstream`, `airlock-policy` and
-//! `airlock-core`, and re-exports them under their module names; none of them uses this
-//! crate.
+//! way. This crate uses `airlock-runtime`, `airlock-store`, `airlock-upstream`,
+//! `airlock-policy` and `airlock-core`, and re-exports them under their module names; none
+//! of them uses this crate.
 //! - [`front`]: the MCP server the AI application talks to (stdio and Streamable HTTP):
 //!   builds a candidate from `tools/call`, renders the outcome; nothing else.
 //! - [`pipeline`]: the life of one call — candidate → normalize → authorize → (approve)
@@ -12,8 +12,9 @@
 //!   handed to the next; sessions and their reference tables; what a session is offered.
 //! - [`policy`] (crate `airlock-policy`): Cedar policies, the schema they are validated
 //!   against, decisions.
-//! - [`runtime`]: wasmtime Engine, per-mapping `InstancePre`, fresh Store per call,
-//!   grants and limits.
+//! - [`runtime`] (crate `airlock-runtime`): wasmtime Engine, per-mapping `InstancePre`,
+//!   fresh Store per call, grants and limits; the mapping manifest
+//!   ([`registry::manifest`]) it loads.
 //! - [`upstream`] (crate `airlock-upstream`): one rmcp client per connection, output
 //!   budgets while reading, raw discovery capture.
 //! - [`registry`]: connection identity, snapshots, drift, pins, mapping lifecycle, the
@@ -24,7 +25,7 @@
 //! - [`record`] (crate `airlock-upstream`): recorded fixtures — what `airlock serve
 //!   --record` writes (redacted) and `airlock test` replays against the real component
 //!   with no live connection.
-//! - [`contract`]: WIT contract types → model-facing schema, strict JSON ↔ values.
+//! - [`contract`] (crate `airlock-runtime`): WIT contract types → model-facing schema, strict JSON ↔ values.
 //! - [`canonical`], [`random`], [`private_fs`], [`jsonrpc`] (crate `airlock-core`): RFC 8785
 //!   canonical JSON, OS random bytes, the owner/mode/no-symlink rules of private folders
 //!   and files, JSON-RPC framing.
@@ -36,14 +37,12 @@
 
 pub mod cli;
 pub mod config;
-pub mod contract;
 pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
 pub mod pipeline;
 pub mod registry;
-pub mod runtime;
 pub mod shutdown;
 
 pub use airlock_core::{canonical, jsonrpc, private_fs, random};
@@ -52,6 +51,5 @@ pub use airlock_store as store;
 pub use airlock_upstream as upstream;
 pub use airlock_upstream::record;
 
-/// Folder holding the adapters this build compiled and pinned (one folder per mapping,
-/// each with its component and pinned `mapping.toml`).
-pub const ADAPTER_BUNDLE: &str = env!("AIRLOCK_ADAPTER_BUNDLE");
+pub use airlock_runtime as runtime;
+pub use airlock_runtime::{ADAPTER_BUNDLE, contract};

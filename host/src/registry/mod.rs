@@ -34,7 +34,7 @@
 pub mod anchor;
 pub mod drift;
 pub mod live;
-pub mod manifest;
+pub use airlock_runtime::manifest;
 pub mod reload;
 
 use std::collections::BTreeMap;

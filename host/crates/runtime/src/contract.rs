@@ -34,11 +34,11 @@ use wasmtime::component::Val;
 use wit_parser::{Resolve, Type, TypeDefKind, TypeId};
 
 /// The WIT of `airlock:host@0.1.0`, as shipped in `wit/v0.1.0/deps/host/host.wit`.
-pub const HOST_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/deps/host/host.wit");
+pub const HOST_WIT_0_1_0: &str = include_str!("../../../../wit/v0.1.0/deps/host/host.wit");
 /// The WIT of `airlock:contracts@0.1.0`, as shipped in `wit/v0.1.0/contracts.wit`.
-pub const CONTRACTS_WIT_0_1_0: &str = include_str!("../../wit/v0.1.0/contracts.wit");
+pub const CONTRACTS_WIT_0_1_0: &str = include_str!("../../../../wit/v0.1.0/contracts.wit");
 /// The WIT of `airlock:contracts@0.2.0`, as shipped in `wit/v0.2.0/contracts.wit`.
-pub const CONTRACTS_WIT_0_2_0: &str = include_str!("../../wit/v0.2.0/contracts.wit");
+pub const CONTRACTS_WIT_0_2_0: &str = include_str!("../../../../wit/v0.2.0/contracts.wit");
 
 /// Name of the `string` alias whose record fields the host fills (the intent's idempotency
 /// key): such a field is absent from the model-facing schema, refused when the model sends
@@ -204,7 +204,7 @@ pub struct EffectSemantics {
 /// A mapping's narrowing of the flags the contract declares for one function:
 /// `Some(false)` turns a flag off, `None` keeps the contract's value, and `Some(true)` is
 /// accepted only where the contract declares it true. (The class is confirmed, not
-/// narrowed: see [`crate::registry::manifest::CapabilitySection::semantics`].)
+/// narrowed: see [`crate::manifest::CapabilitySection::semantics`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Narrowing {
     /// `idempotent = false`: the upstream does not honour the key, say.
@@ -1051,27 +1051,27 @@ mod tests {
     const RELEASED_WIT: &[(&str, &str, &str)] = &[
         (
             "v0.1.0/deps/host/host.wit",
-            include_str!("../../wit/v0.1.0/deps/host/host.wit"),
+            include_str!("../../../../wit/v0.1.0/deps/host/host.wit"),
             "dcd7c77aa186036c56a48dbdb822578ff3386d167f9114d60629a89c8a7ca650",
         ),
         (
             "v0.1.0/contracts.wit",
-            include_str!("../../wit/v0.1.0/contracts.wit"),
+            include_str!("../../../../wit/v0.1.0/contracts.wit"),
             "15afc9b25185d85e9fd172e12a78cd44b442a160572db4002348da0a5496621c",
         ),
         (
             "v0.2.0/contracts.wit",
-            include_str!("../../wit/v0.2.0/contracts.wit"),
+            include_str!("../../../../wit/v0.2.0/contracts.wit"),
             "b957cc9a24d2dc2e09f8dba9a1b83c7457f4b158e61bad1f5cbbe0a660d5fa5f",
         ),
         (
             "worlds-v0.2.0/deps/host-0.2.0/host.wit",
-            include_str!("../../wit/worlds-v0.2.0/deps/host-0.2.0/host.wit"),
+            include_str!("../../../../wit/worlds-v0.2.0/deps/host-0.2.0/host.wit"),
             "bfc9d022ff9c093aeb171273fd5ff111242a7a690a1366abbe43fb98e4a37ab2",
         ),
         (
             "worlds-v0.2.0/worlds.wit",
-            include_str!("../../wit/worlds-v0.2.0/worlds.wit"),
+            include_str!("../../../../wit/worlds-v0.2.0/worlds.wit"),
             "d0b1b1c2b6758d3ee4f2ba2e2f26602cbba2fef251c11bcc13b1e9c0445814d8",
         ),
     ];
@@ -1080,22 +1080,22 @@ mod tests {
     const WIT_COPIES: &[(&str, &str, &str)] = &[
         (
             "v0.2.0/deps/host/host.wit",
-            include_str!("../../wit/v0.2.0/deps/host/host.wit"),
+            include_str!("../../../../wit/v0.2.0/deps/host/host.wit"),
             "v0.1.0/deps/host/host.wit",
         ),
         (
             "worlds-v0.2.0/deps/host-0.1.0/host.wit",
-            include_str!("../../wit/worlds-v0.2.0/deps/host-0.1.0/host.wit"),
+            include_str!("../../../../wit/worlds-v0.2.0/deps/host-0.1.0/host.wit"),
             "v0.1.0/deps/host/host.wit",
         ),
         (
             "worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit",
-            include_str!("../../wit/worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit"),
+            include_str!("../../../../wit/worlds-v0.2.0/deps/contracts-0.1.0/contracts.wit"),
             "v0.1.0/contracts.wit",
         ),
         (
             "worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit",
-            include_str!("../../wit/worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit"),
+            include_str!("../../../../wit/worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit"),
             "v0.2.0/contracts.wit",
         ),
     ];

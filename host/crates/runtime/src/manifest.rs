@@ -4,7 +4,7 @@
 //! Rule: a manifest is read strictly. Unknown keys, a missing component pin, a capability
 //! that names a function the contract lacks, two capabilities with one name, a limit of
 //! zero or above the host ceiling: each is an error that names the file and the key.
-//! Grants are deny by default: see [`crate::runtime::grants`] for their accepted forms.
+//! Grants are deny by default: see [`crate::grants`] for their accepted forms.
 //!
 //! Effects are confirmed, never taken: each `[[capability]]` repeats the effect class the
 //! host declares for its contract function ([`crate::contract::effect_semantics`]), so a
@@ -63,14 +63,14 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::contract::{EffectClass, EffectSemantics, Narrowing, effect_semantics};
-use crate::runtime::grants::{Grants, GrantsSection};
+use crate::grants::{Grants, GrantsSection};
 
 /// Host-wide ceiling on `limits.memory_mib`.
 pub const MAX_MEMORY_MIB: u64 = 1024;
 /// Host-wide ceiling on `limits.deadline_ms`.
 pub const MAX_DEADLINE_MS: u64 = 60_000;
-/// Host-wide ceiling on `limits.max_output_bytes` ([`crate::upstream::MAX_OUTPUT_BYTES`]).
-pub const MAX_OUTPUT_BYTES: u64 = crate::upstream::MAX_OUTPUT_BYTES;
+/// Host-wide ceiling on `limits.max_output_bytes` ([`airlock_upstream::MAX_OUTPUT_BYTES`]).
+pub const MAX_OUTPUT_BYTES: u64 = airlock_upstream::MAX_OUTPUT_BYTES;
 /// Host-wide ceiling on `limits.max_result_bytes`.
 pub const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 /// Host-wide ceiling on `limits.max_stdio_bytes`.
@@ -222,7 +222,7 @@ impl CapabilitySection {
 
 /// `[limits]`, with defaults applied. Output budgets (`max_output_bytes`,
 /// `max_output_items`, `allowed_media_types`) are explained, with what counts as an item
-/// and how a block without a media type counts, in [`crate::runtime::budgets`].
+/// and how a block without a media type counts, in [`crate::budgets`].
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
@@ -255,8 +255,8 @@ impl Default for Limits {
             memory_mib: 64,
             deadline_ms: 5_000,
             max_output_bytes: 256 * 1024,
-            max_output_items: crate::runtime::budgets::DEFAULT_MAX_OUTPUT_ITEMS,
-            allowed_media_types: crate::runtime::budgets::DEFAULT_MEDIA_TYPES
+            max_output_items: crate::budgets::DEFAULT_MAX_OUTPUT_ITEMS,
+            allowed_media_types: crate::budgets::DEFAULT_MEDIA_TYPES
                 .iter()
                 .map(|t| (*t).to_string())
                 .collect(),
@@ -426,7 +426,7 @@ impl MappingManifest {
             (
                 "max_output_items",
                 l.max_output_items,
-                crate::runtime::budgets::MAX_OUTPUT_ITEMS,
+                crate::budgets::MAX_OUTPUT_ITEMS,
             ),
             ("max_result_bytes", l.max_result_bytes, MAX_RESULT_BYTES),
             ("max_stdio_bytes", l.max_stdio_bytes, MAX_STDIO_BYTES),
@@ -452,7 +452,7 @@ impl MappingManifest {
     }
 
     fn validate_media_types(&self) -> Result<()> {
-        use crate::runtime::budgets::{MAX_MEDIA_TYPES, MediaRange};
+        use crate::budgets::{MAX_MEDIA_TYPES, MediaRange};
         let src = &self.source;
         let types = &self.limits.allowed_media_types;
         if types.is_empty() {

@@ -30,12 +30,12 @@ use super::CallState;
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit/worlds-v0.2.0",
+        path: "../../../wit/worlds-v0.2.0",
         world: "airlock:host/adapter-host@0.2.0",
         imports: { default: async },
         with: {
-            "airlock:host/upstream@0.1.0": crate::runtime::bindings::airlock::host::upstream,
-            "airlock:host/log@0.1.0": crate::runtime::bindings::airlock::host::log,
+            "airlock:host/upstream@0.1.0": crate::bindings::airlock::host::upstream,
+            "airlock:host/log@0.1.0": crate::bindings::airlock::host::log,
         },
     });
 }

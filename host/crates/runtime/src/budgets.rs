@@ -3,7 +3,7 @@
 //!
 //! Rule: an upstream answer reaches the adapter only when it fits all three budgets of the
 //! adapter's mapping (`[limits]`): its bytes (`max_output_bytes`, measured by the transport
-//! while the message streams, see [`crate::upstream`]), its number of content items
+//! while the message streams, see [`airlock_upstream`]), its number of content items
 //! (`max_output_items`) and the media type of every item (`allowed_media_types`). The
 //! bridge checks items and media types on the parsed result **before** anything logs,
 //! observes, converts or hands it on; an answer that does not fit is refused whole (no
@@ -175,7 +175,7 @@ impl OutputBudget {
     /// # Errors
     /// An `allowed_media_types` entry does not parse (manifests are validated at load, so
     /// this only happens for limits built in code).
-    pub fn from_limits(limits: &crate::registry::manifest::Limits) -> Result<Self, String> {
+    pub fn from_limits(limits: &crate::manifest::Limits) -> Result<Self, String> {
         let media_types = limits
             .allowed_media_types
             .iter()

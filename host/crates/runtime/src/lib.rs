@@ -6,7 +6,7 @@
 //!   directories, no environment variables, no arguments, no sockets (TCP, UDP and name
 //!   lookup are all switched off and every address is refused), and closed stdin. Its
 //!   stdout and stderr are captured into bounded buffers (`max_stdio_bytes` each) and
-//!   never inherited. Grants ([`crate::runtime::grants`]) add exactly what they name: preopens
+//!   never inherited. Grants ([`crate::grants`]) add exactly what they name: preopens
 //!   with their access, environment variables, and socket uses checked address by
 //!   address in `socket_addr_check`.
 //! - Memory is limited across all of an instance's memories and tables together (one
@@ -30,16 +30,36 @@
 //! - Every released `airlock:host` version is linked side by side (one implementation:
 //!   0.2.0 adds `context` and imports 0.1.0's `upstream` and `log`); a component importing
 //!   a host version this host does not provide is refused at load
-//!   ([`crate::runtime::host_api`]).
+//!   ([`crate::host_api`]).
 //! - Every upstream answer is held to the mapping's output budgets ([`budgets`]: bytes,
 //!   items, media types) before anything logs, observes, converts or hands it on. A
 //!   refused answer reaches neither the adapter nor the trace; the call reports it in
 //!   [`CallOutcome::refused`]. Each item of an accepted answer becomes an
 //!   [`ObservedItem`] (digest, media type, size) of the request's [`Observation`].
 
+//!
+//! Also here, because the runtime is what reads them: [`contract`] (the WIT contracts a
+//! component may implement, their model-facing schema and strict JSON ↔ value
+//! conversion), [`manifest`] (a reviewed mapping's manifest: its pin, limits, grants and
+//! capabilities), [`grants`] and [`budgets`].
+//!
+//! Crates: this one uses `airlock-upstream` (the connection an adapter's upstream bridge
+//! reaches, recorded exchanges) and `airlock-core` among Airlock's crates; never the
+//! store, the policy engine or anything above it. The registry, the pipeline and the
+//! command line use it (as `airlock::runtime`, `airlock::contract` and
+//! `airlock::registry::manifest`).
+
 pub mod budgets;
+pub mod contract;
 pub mod grants;
 pub mod host_api;
+pub mod manifest;
+
+/// Folder holding the adapters this build compiled and pinned (one folder per mapping,
+/// each with its component and its pinned `mapping.toml`); written by this crate's build
+/// script, which also hands it to the crates that depend on this one (the `links`
+/// metadata `bundle`).
+pub const ADAPTER_BUNDLE: &str = env!("AIRLOCK_ADAPTER_BUNDLE");
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -56,14 +76,14 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::registry::manifest::{Limits, MappingManifest};
-use crate::runtime::grants::{Access, Grants, NetworkPolicy, SocketUse};
-use crate::runtime::host_api::HostVersion;
-use crate::upstream::{Connection, UpstreamFailure};
+use crate::grants::{Access, Grants, NetworkPolicy, SocketUse};
+use crate::host_api::HostVersion;
+use crate::manifest::{Limits, MappingManifest};
+use airlock_upstream::{Connection, UpstreamFailure};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit/v0.1.0",
+        path: "../../../wit/v0.1.0",
         world: "airlock:host/adapter-host",
         imports: { default: async },
     });
@@ -169,8 +189,7 @@ impl Runtime {
             .total_memories(1024)
             .total_tables(1024)
             .max_memory_size(
-                usize::try_from(crate::registry::manifest::MAX_MEMORY_MIB << 20)
-                    .unwrap_or(usize::MAX),
+                usize::try_from(crate::manifest::MAX_MEMORY_MIB << 20).unwrap_or(usize::MAX),
             )
             // A slot's first pages stay mapped between calls and are reset in place,
             // instead of madvise(DONTNEED) and a page fault per touched page at the next
@@ -263,7 +282,7 @@ impl Runtime {
         contract_interface: &str,
         env: Vec<(String, String)>,
     ) -> Result<LoadedAdapter> {
-        crate::registry::manifest::verify_pin(manifest, bytes)?;
+        crate::manifest::verify_pin(manifest, bytes)?;
         let name = &manifest.mapping.name;
         let started = Instant::now();
         let component = self
@@ -394,7 +413,7 @@ impl Runtime {
 impl CompiledCache {
     fn open(dir: &std::path::Path, engine: &Engine) -> Result<Self> {
         use std::hash::{Hash as _, Hasher as _};
-        crate::private_fs::ensure_private_dir(
+        airlock_core::private_fs::ensure_private_dir(
             dir,
             "compiled-component cache",
             "or choose another --cache-dir",
@@ -714,8 +733,8 @@ pub struct CallOutcome {
     /// Where the call's time went.
     pub timings: CallTimings,
     /// Every upstream exchange of the call, in order, when [`CallContext::record`] asked
-    /// for them (empty otherwise): unredacted, for [`crate::record`] to redact and write.
-    pub exchanges: Vec<crate::record::Exchange>,
+    /// for them (empty otherwise): unredacted, for [`airlock_upstream::record`] to redact and write.
+    pub exchanges: Vec<airlock_upstream::record::Exchange>,
 }
 
 /// Where one adapter call's time went (wall clock; zero for a part that never ran). The
@@ -1370,7 +1389,7 @@ struct UpstreamBridge {
     /// Time spent waiting for upstream answers.
     upstream_wait: Duration,
     /// `Some` when the call records its exchanges ([`CallContext::record`]).
-    exchanges: Option<Vec<crate::record::Exchange>>,
+    exchanges: Option<Vec<airlock_upstream::record::Exchange>>,
 }
 
 impl UpstreamBridge {
@@ -1385,7 +1404,7 @@ impl UpstreamBridge {
         let Some(kept) = &mut self.exchanges else {
             return;
         };
-        use crate::record::Answer;
+        use airlock_upstream::record::Answer;
         let answer = match answer {
             Ok((result, _)) => Answer::Result(result.clone()),
             Err((UpstreamFailure::Protocol(message), _)) => Answer::Error {
@@ -1399,9 +1418,9 @@ impl UpstreamBridge {
                 message: "cancelled".into(),
             },
         };
-        kept.push(crate::record::Exchange {
+        kept.push(airlock_upstream::record::Exchange {
             method: method.to_string(),
-            params: crate::record::request_params(method, target, arguments),
+            params: airlock_upstream::record::request_params(method, target, arguments),
             answer,
         });
     }
@@ -1581,11 +1600,11 @@ fn digest_json(value: &Value) -> (String, u64) {
     (hex::encode(sha2::Sha256::digest(&text)), text.len() as u64)
 }
 
-/// sha256 (hex) and size of `value` as RFC 8785 canonical JSON ([`crate::canonical`]):
+/// sha256 (hex) and size of `value` as RFC 8785 canonical JSON ([`airlock_core::canonical`]):
 /// the same content has the same digest whatever order the server (or rmcp) wrote its
 /// keys in.
 fn digest_canonical(value: &Value) -> (String, u64) {
-    match crate::canonical::to_string(value) {
+    match airlock_core::canonical::to_string(value) {
         Ok(text) => (
             hex::encode(sha2::Sha256::digest(text.as_bytes())),
             text.len() as u64,
@@ -1642,7 +1661,7 @@ impl upstream::Host for CallState {
                 )));
             }
         };
-        let arguments_sha256 = crate::canonical::object_to_string(&arguments)
+        let arguments_sha256 = airlock_core::canonical::object_to_string(&arguments)
             .map(|c| hex::encode(sha2::Sha256::digest(c.as_bytes())))
             .ok();
         let timeout = bridge.remaining()?;
