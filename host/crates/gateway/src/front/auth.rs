@@ -567,10 +567,10 @@ mod tests {
     use super::*;
     use jsonwebtoken::{EncodingKey, Header, encode};
 
-    const JWKS: &str = include_str!("../../../fixtures/jwt/jwks.json");
-    const OTHER_JWKS: &str = include_str!("../../../fixtures/jwt/other-jwks.json");
-    const KEY: &[u8] = include_bytes!("../../../fixtures/jwt/issuer.pk8.der");
-    const OTHER_KEY: &[u8] = include_bytes!("../../../fixtures/jwt/other.pk8.der");
+    const JWKS: &str = include_str!("../../../../../fixtures/jwt/jwks.json");
+    const OTHER_JWKS: &str = include_str!("../../../../../fixtures/jwt/other-jwks.json");
+    const KEY: &[u8] = include_bytes!("../../../../../fixtures/jwt/issuer.pk8.der");
+    const OTHER_KEY: &[u8] = include_bytes!("../../../../../fixtures/jwt/other.pk8.der");
 
     fn settings() -> AuthSettings {
         AuthSettings {
