@@ -142,7 +142,7 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
             let front = host.front(None).unwrap();
             tasks.push(tokio::spawn(async move {
                 let mut first: Option<String> = None;
-                let mut failed = 0;
+                let mut failed: Vec<String> = Vec::new();
                 for i in 0..600 / sessions {
                     let hits = front
                         .call(
@@ -169,7 +169,7 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
                         .await
                         .unwrap();
                     if r.is_error == Some(true) {
-                        failed += 1;
+                        failed.push(format!("call {i}: {:?}", r.content));
                     }
                 }
                 (failed, front.session().references().len())
@@ -177,7 +177,12 @@ async fn many_calls_in_one_session_and_across_eight_never_fail() {
         }
         for t in tasks {
             let (failed, held) = t.await.unwrap();
-            assert_eq!(failed, 0, "{sessions} session(s)");
+            assert!(
+                failed.is_empty(),
+                "{sessions} session(s): {} retrievals failed, the first: {:?}",
+                failed.len(),
+                failed.first()
+            );
             assert!(held <= 3, "one token per source, not per hit: {held}");
         }
     }
