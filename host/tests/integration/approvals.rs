@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::*;
+use airlock::pipeline::Category;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ElicitRequestParams,
     ElicitResult, ElicitationAction, Implementation, ProtocolVersion,
@@ -137,9 +138,7 @@ async fn a_policy_denial_never_reaches_the_server_and_names_nothing_hidden() {
     )
     .await
     .unwrap();
-    assert_eq!(r.is_error, Some(true));
-    let text = text_of(&r);
-    assert!(text.starts_with("outside approved scope:"), "{text}");
+    let text = assert_refused(&r, Category::OutsideScope);
     for name in ALL_CAPABILITIES {
         assert!(!text.contains(name), "the denial names `{name}`: {text}");
     }
@@ -190,9 +189,7 @@ async fn require_approval_waits_for_a_person_then_runs_exactly_once() {
     let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
         .await
         .unwrap();
-    assert_eq!(r.is_error, Some(true));
-    let text = text_of(&r);
-    assert!(text.starts_with("approval required:"), "{text}");
+    let text = assert_refused(&r, Category::ApprovalRequired);
     assert!(
         text.contains("Q3 report") && text.contains("team-reports"),
         "{text}"

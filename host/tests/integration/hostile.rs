@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::common::{self, *};
+use crate::common::*;
+use airlock::pipeline::Category;
 use rmcp::model::CallToolResult;
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{Value, json};
@@ -87,14 +88,9 @@ async fn outcome(client: &Client, query: &str) -> String {
 }
 
 /// The host's tool-error text for an attack that the host had to stop.
-async fn stopped(client: &Client, query: &str) -> String {
+async fn stopped(client: &Client, query: &str, category: Category) -> String {
     let result = attack(client, query).await;
-    let text = text_of(&result);
-    assert_eq!(
-        result.is_error,
-        Some(true),
-        "`{query}` must end in a tool error, got: {text}"
-    );
+    let text = assert_refused(&result, category);
     assert!(
         text.len() < 2000,
         "the error is short: {} bytes: {}",
@@ -107,10 +103,10 @@ async fn stopped(client: &Client, query: &str) -> String {
 /// Deploys `hostile` without grants, runs `query` (which the host must stop), checks the
 /// host still serves afterwards and recorded the containment in the trace, and returns the
 /// model-facing error text.
-async fn stopped_bare(query: &str) -> String {
+async fn stopped_bare(query: &str, category: Category) -> String {
     let d = deploy_bare();
     let client = d.serve().await;
-    let text = stopped(&client, query).await;
+    let text = stopped(&client, query, category).await;
     assert_still_serving(&client).await;
     client.cancel().await.unwrap();
     assert_traced_containment(&d, query);
@@ -569,9 +565,8 @@ async fn spin_is_interrupted_at_the_deadline() {
     let d = deploy_bare();
     let client = d.serve().await;
     let started = Instant::now();
-    let text = stopped(&client, "spin").await;
+    let text = stopped(&client, "spin", Category::Interrupted).await;
     let elapsed = started.elapsed();
-    assert!(text.starts_with("interrupted: "), "{text}");
     assert!(text.contains("2000 ms"), "{text}");
     assert!(
         elapsed >= Duration::from_millis(1900) && elapsed < Duration::from_secs(10),
@@ -590,8 +585,7 @@ async fn spin_is_interrupted_at_the_deadline() {
 
 #[tokio::test]
 async fn memory_bomb_stops_at_the_memory_limit() {
-    let text = stopped_bare("memory-bomb").await;
-    assert!(text.starts_with("unavailable: "), "{text}");
+    let text = stopped_bare("memory-bomb", Category::Unavailable).await;
     assert!(text.contains("memory limit"), "{text}");
     assert!(text.contains("32 MiB"), "{text}");
 }
@@ -614,14 +608,12 @@ async fn memory_bomb_that_handles_failure_gets_less_than_its_limit() {
 
 #[tokio::test]
 async fn recurse_stack_overflow_traps_and_is_reported_as_unavailable() {
-    let text = stopped_bare("recurse").await;
-    assert!(text.starts_with("unavailable: "), "{text}");
+    stopped_bare("recurse", Category::Unavailable).await;
 }
 
 #[tokio::test]
 async fn recurse_native_wasm_stack_overflow_traps_and_is_reported_as_unavailable() {
-    let text = stopped_bare("recurse-native").await;
-    assert!(text.starts_with("unavailable: "), "{text}");
+    stopped_bare("recurse-native", Category::Unavailable).await;
 }
 
 #[tokio::test]
@@ -629,9 +621,8 @@ async fn sleep_blocked_in_the_host_is_interrupted_at_the_deadline() {
     let d = deploy_bare();
     let client = d.serve().await;
     let started = Instant::now();
-    let text = stopped(&client, "sleep").await;
+    stopped(&client, "sleep", Category::Interrupted).await;
     let elapsed = started.elapsed();
-    assert!(text.starts_with("interrupted: "), "{text}");
     assert!(
         elapsed < Duration::from_secs(10),
         "deadline is 2 s, took {elapsed:?}"
@@ -652,9 +643,13 @@ async fn tcp_hang_waiting_on_a_silent_peer_is_interrupted_at_the_deadline() {
     );
     let client = d.serve().await;
     let started = Instant::now();
-    let text = stopped(&client, &format!("tcp-hang 127.0.0.1:{}", listener.port)).await;
+    stopped(
+        &client,
+        &format!("tcp-hang 127.0.0.1:{}", listener.port),
+        Category::Interrupted,
+    )
+    .await;
     let elapsed = started.elapsed();
-    assert!(text.starts_with("interrupted: "), "{text}");
     assert!(
         elapsed < Duration::from_secs(10),
         "deadline is 2 s, took {elapsed:?}"
@@ -687,8 +682,7 @@ async fn fuel_a_spin_is_stopped_by_its_instruction_budget() {
         .mapping("source-library");
     let client = d.serve().await;
     let started = Instant::now();
-    let text = stopped(&client, "spin").await;
-    assert!(text.starts_with("interrupted: "), "{text}");
+    let text = stopped(&client, "spin", Category::Interrupted).await;
     assert!(text.contains("fuel"), "{text}");
     assert!(
         started.elapsed() < Duration::from_millis(1900),
@@ -704,8 +698,7 @@ async fn stdout_flood_stops_at_the_output_budget() {
     let d = deploy_bare();
     let client = d.serve().await;
     let started = Instant::now();
-    let text = stopped(&client, "stdout-flood").await;
-    assert!(text.starts_with("unavailable: "), "{text}");
+    let text = stopped(&client, "stdout-flood", Category::Unavailable).await;
     assert!(
         text.contains("65536-byte output budget"),
         "the flood is named as such: {text}"
@@ -725,10 +718,10 @@ async fn stdout_flood_ignoring_write_errors_stops_at_the_output_budget() {
     let d = deploy_bare();
     let client = d.serve().await;
     let started = Instant::now();
-    let text = stopped(&client, "stdout-flood-quiet").await;
+    let text = stopped(&client, "stdout-flood-quiet", Category::Unavailable).await;
     assert!(!text.contains("flood flood"), "{text}");
     assert!(
-        text.starts_with("unavailable: ") && text.contains("65536-byte output budget"),
+        text.contains("65536-byte output budget"),
         "the flood is named as such: {text} (after {:?})",
         started.elapsed()
     );
@@ -743,15 +736,13 @@ async fn stdout_flood_ignoring_write_errors_stops_at_the_output_budget() {
 
 #[tokio::test]
 async fn huge_result_is_refused_at_the_result_budget() {
-    let text = stopped_bare("huge-result").await;
-    assert!(text.starts_with("unavailable: "), "{text}");
+    let text = stopped_bare("huge-result", Category::Unavailable).await;
     assert!(text.contains("1048576-byte budget"), "{text}");
 }
 
 #[tokio::test]
 async fn panic_traps_and_its_message_does_not_reach_the_model() {
-    let text = stopped_bare("panic").await;
-    assert!(text.starts_with("unavailable: "), "{text}");
+    let text = stopped_bare("panic", Category::Unavailable).await;
     assert!(!text.contains("on purpose"), "{text}");
 }
 
@@ -861,12 +852,7 @@ async fn neighbours_are_served_while_adapters_spin() {
     let answered_while_spinning = spinning.iter().all(|s| !s.is_finished());
     assert_ne!(hits.is_error, Some(true), "{}", text_of(&hits));
     for s in spinning {
-        let result = s.await.unwrap();
-        assert!(
-            text_of(&result).starts_with("interrupted: "),
-            "{}",
-            text_of(&result)
-        );
+        assert_refused(&s.await.unwrap(), Category::Interrupted);
     }
     assert!(
         answered_while_spinning,
@@ -908,12 +894,7 @@ async fn neighbours_are_served_promptly_call_after_call_while_adapters_spin() {
     let waits = five_searches(&client).await;
     let still_spinning = spinning.iter().all(|s| !s.is_finished());
     for s in spinning {
-        let result = s.await.unwrap();
-        assert!(
-            text_of(&result).starts_with("interrupted: "),
-            "{}",
-            text_of(&result)
-        );
+        assert_refused(&s.await.unwrap(), Category::Interrupted);
     }
     let total: Duration = waits.iter().sum();
     let bound = (quiet * 10).max(Duration::from_secs(1));
@@ -999,11 +980,8 @@ async fn calls_past_the_concurrency_limit_are_rate_limited() {
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let refused = attack(&client, "ping").await;
-    assert_eq!(refused.is_error, Some(true));
-    let text = common::text_of(&refused);
-    assert!(text.starts_with("rate limited"), "{text}");
-    let spun = spinner.await.unwrap();
-    assert!(common::text_of(&spun).starts_with("interrupted"));
+    assert_refused(&refused, Category::RateLimited);
+    assert_refused(&spinner.await.unwrap(), Category::Interrupted);
     assert_still_serving(&client).await;
 }
 

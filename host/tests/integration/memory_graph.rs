@@ -8,6 +8,7 @@
 //! anywhere else.
 
 use crate::common::*;
+use airlock::pipeline::Category;
 use serde_json::{Value, json};
 
 /// The graph each deployment starts with.
@@ -236,8 +237,7 @@ async fn an_entity_gone_since_the_search_is_not_found() {
     )
     .await
     .unwrap();
-    assert_eq!(gone.is_error, Some(true));
-    let text = text_of(&gone);
+    let text = assert_refused(&gone, Category::InvalidRequest);
     assert_eq!(text, "invalid request: not-found");
     client.cancel().await.unwrap();
 }

@@ -636,6 +636,26 @@ pub async fn call<H: rmcp::ClientHandler>(
     client.peer().call_tool(params).await
 }
 
+/// Asserts that `result` is a refusal of `category` as the model sees it: a tool error
+/// (`isError: true`) whose text starts with the category's name and `": "` (the shape
+/// every refusal renders in, `airlock::pipeline::Outcome`). Returns the text, for what
+/// the test checks next; panics at the caller's line with the text otherwise.
+#[track_caller]
+pub fn assert_refused(result: &CallToolResult, category: airlock::pipeline::Category) -> String {
+    let text = text_of(result);
+    let name = category.as_str();
+    assert_eq!(
+        result.is_error,
+        Some(true),
+        "expected a `{name}` refusal (a tool error), got: {text}"
+    );
+    assert!(
+        text.starts_with(&format!("{name}: ")),
+        "expected a `{name}` refusal, got: {text}"
+    );
+    text
+}
+
 /// The text content of a result, joined.
 pub fn text_of(result: &CallToolResult) -> String {
     result
