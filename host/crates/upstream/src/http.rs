@@ -35,6 +35,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Result, bail};
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use rmcp::model::{ClientJsonRpcMessage, JsonRpcMessage};
 use rmcp::transport::Transport as _;
 use rmcp::transport::streamable_http_client::{
@@ -49,6 +51,12 @@ use airlock_core::Secret;
 /// JSON-RPC error code the bridge answers a request with when its HTTP POST failed: no
 /// answer came from the server (the outcome of a non-read is unknown).
 pub const HTTP_TRANSPORT_ERROR_CODE: i32 = -32098;
+
+/// One send of the bridge: resolves to (the request's id, its method, the error's text)
+/// when it failed, all `None` when it went through.
+type SendFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (Option<Value>, Option<String>, Option<String>)> + Send>,
+>;
 
 /// How often the bridge pings a quiet server to learn that it went away.
 pub const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3);
@@ -314,10 +322,14 @@ pub fn bridge(
     let (name, url) = (name.to_string(), server.url.clone());
     Ok(tokio::spawn(async move {
         let mut lines = BufReader::new(from_client).lines();
-        // Each send runs as its own task (as rmcp's own service loop does); a failed one
-        // hands back the id of the request it carried and its method.
-        let mut sends: tokio::task::JoinSet<(Option<Value>, Option<String>, Option<String>)> =
-            tokio::task::JoinSet::new();
+        // Sends run concurrently (a slow POST holds up no other), but they are polled by
+        // this loop in one `FuturesUnordered`, whose first polls run in the order the
+        // futures were pushed: each message enters rmcp's worker queue in the order its
+        // line came, so `notifications/initialized` is never overtaken by the request
+        // after it (one spawned task per send let the runtime reorder them: rmcp's worker
+        // then posted `tools/list` where it waited for `initialized` and quit). A failed
+        // send hands back the id of the request it carried and its method.
+        let mut sends: FuturesUnordered<SendFuture> = FuturesUnordered::new();
         let mut ping =
             tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
         let mut pings: u64 = 0;
@@ -336,12 +348,12 @@ pub fn bridge(
                         Err(_) => continue,
                     };
                     let send = transport.send(request);
-                    sends.spawn(async move {
+                    sends.push(Box::pin(async move {
                         match send.await {
                             Ok(()) => (None, None, None),
                             Err(e) => (None, Some("ping".to_string()), Some(e.to_string())),
                         }
-                    });
+                    }));
                 }
                 line = lines.next_line() => {
                     let line = match line {
@@ -378,14 +390,14 @@ pub fn bridge(
                         _ => (None, None),
                     };
                     let send = transport.send(message);
-                    sends.spawn(async move {
+                    sends.push(Box::pin(async move {
                         match send.await {
                             Ok(()) => (None, None, None),
                             // Only the error's own text: rmcp's errors name the status and
                             // the URL, never a request header.
                             Err(e) => (id, method, Some(e.to_string())),
                         }
-                    });
+                    }));
                 }
                 message = transport.receive() => {
                     let Some(message) = message else {
@@ -393,8 +405,8 @@ pub fn bridge(
                         // moment for its answer.
                         let mut why = "the HTTP client stopped (the server went away or refused the session)".to_string();
                         let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(300);
-                        while let Ok(Some(done)) = tokio::time::timeout_at(deadline, sends.join_next()).await {
-                            if let Ok((_, method, Some(error))) = done {
+                        while let Ok(Some(done)) = tokio::time::timeout_at(deadline, sends.next()).await {
+                            if let (_, method, Some(error)) = done {
                                 why = format!("{} to {url} failed: {}", method.as_deref().unwrap_or("a message"), bounded(&error));
                                 break;
                             }
@@ -418,8 +430,8 @@ pub fn bridge(
                         break CLIENT_CLOSED.to_string();
                     }
                 }
-                Some(done) = sends.join_next(), if !sends.is_empty() => {
-                    let Ok((id, method, Some(error))) = done else { continue };
+                Some(done) = sends.next(), if !sends.is_empty() => {
+                    let (id, method, Some(error)) = done else { continue };
                     let error = bounded(&error);
                     let why = format!("{} to {url} failed: {error}", method.as_deref().unwrap_or("a message"));
                     match (id, method.as_deref()) {
