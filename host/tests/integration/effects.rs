@@ -16,6 +16,20 @@ fn deployment(server_args: &[&str]) -> Deployment {
     edited(server_args, |m| m)
 }
 
+/// The deployment with the delivery's deadline at the ceiling (60 s): for the tests that
+/// stop a call in flight themselves (a cancel, a kill) and must not race the adapter's
+/// own 5 s deadline on a loaded machine, where reaching the withheld answer alone can
+/// take seconds. What they assert is what the stop did, not how soon it came.
+fn patient(server_args: &[&str]) -> Deployment {
+    edited(server_args, |m| {
+        assert!(
+            m.contains("deadline_ms = 5000"),
+            "the delivery's deadline moved"
+        );
+        m.replace("deadline_ms = 5000", "deadline_ms = 60000")
+    })
+}
+
 /// The deployment with the outbox-delivery manifest passed through `edit`.
 fn edited(server_args: &[&str], edit: impl FnOnce(String) -> String) -> Deployment {
     Deployment::with_notes()
@@ -292,7 +306,7 @@ fn serve_pids(d: &Deployment) -> Vec<i32> {
 
 #[tokio::test]
 async fn a_host_killed_mid_delivery_reconciles_before_the_next_call_and_delivers_once() {
-    let d = deployment(&["--hang-after-send"]);
+    let d = patient(&["--hang-after-send"]);
     d.approve_all();
     let client = d
         .serve_profile("publisher", Person::new(ElicitationAction::Accept))
@@ -428,7 +442,7 @@ async fn a_delivery_that_times_out_cancels_the_upstream_request_and_is_reconcile
 async fn a_model_cancelled_delivery_cancels_upstream_is_unknown_then_reconciled() {
     use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest};
     use rmcp::service::PeerRequestOptions;
-    let d = deployment(&["--hang-after-send"]);
+    let d = patient(&["--hang-after-send"]);
     d.approve_all();
     let client = d
         .serve_profile("publisher", Person::new(ElicitationAction::Accept))
