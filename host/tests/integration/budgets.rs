@@ -307,18 +307,14 @@ async fn malformed_json_rpc_degrades_its_connection_and_the_other_keeps_serving(
         let hit = searches(&client, "hostile_search", "note").await;
         let reference = references(&hit).remove(0);
 
-        let started = Instant::now();
+        // Answered when the connection broke, not at the 5 s deadline: the words say so
+        // (the deadline answers `interrupted`), however slowly a loaded machine runs.
         let text = refused(
             &client,
             "hostile_search",
             json!({ "query": format!("mode:{mode}") }),
         )
         .await;
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{mode}: answered at once, not at the 5 s deadline: {:?}",
-            started.elapsed()
-        );
         assert_eq!(
             text,
             "unavailable: the upstream connection broke the protocol during the call and is degraded; it serves no calls until the host restarts it",
@@ -329,9 +325,7 @@ async fn malformed_json_rpc_degrades_its_connection_and_the_other_keeps_serving(
             ("hostile_search", json!({"query": "note"})),
             ("hostile_retrieve", json!({"reference": reference})),
         ] {
-            let started = Instant::now();
             let text = refused(&client, name, args).await;
-            assert!(started.elapsed() < Duration::from_secs(3), "{mode} {name}");
             assert!(
                 text.starts_with("unavailable: the upstream connection is degraded"),
                 "{mode} {name}: {text}"

@@ -681,13 +681,12 @@ async fn fuel_a_spin_is_stopped_by_its_instruction_budget() {
         })
         .mapping("source-library");
     let client = d.serve().await;
-    let started = Instant::now();
+    // The refusal names its cause: fuel, not the 2 s deadline (whose refusal says
+    // "deadline"), however slowly a loaded machine runs the spin.
     let text = stopped(&client, "spin", Category::Interrupted).await;
-    assert!(text.contains("fuel"), "{text}");
     assert!(
-        started.elapsed() < Duration::from_millis(1900),
-        "stopped by fuel, not the deadline: {:?}",
-        started.elapsed()
+        text.contains("fuel") && !text.contains("deadline"),
+        "stopped by fuel, not the deadline: {text}"
     );
     assert_still_serving(&client).await;
     client.cancel().await.unwrap();
@@ -697,16 +696,12 @@ async fn fuel_a_spin_is_stopped_by_its_instruction_budget() {
 async fn stdout_flood_stops_at_the_output_budget() {
     let d = deploy_bare();
     let client = d.serve().await;
-    let started = Instant::now();
+    // Unavailable and named as a flood: the budget stopped it, not the 2 s deadline
+    // (which would answer `interrupted`), however slowly a loaded machine runs it.
     let text = stopped(&client, "stdout-flood", Category::Unavailable).await;
     assert!(
         text.contains("65536-byte output budget"),
         "the flood is named as such: {text}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(1900),
-        "stopped by the budget, not the deadline: {:?}",
-        started.elapsed()
     );
     assert!(!text.contains("flood flood"), "{text}");
     assert_still_serving(&client).await;
@@ -717,18 +712,12 @@ async fn stdout_flood_stops_at_the_output_budget() {
 async fn stdout_flood_ignoring_write_errors_stops_at_the_output_budget() {
     let d = deploy_bare();
     let client = d.serve().await;
-    let started = Instant::now();
+    // As above: the category and the words name the budget, not the deadline.
     let text = stopped(&client, "stdout-flood-quiet", Category::Unavailable).await;
     assert!(!text.contains("flood flood"), "{text}");
     assert!(
         text.contains("65536-byte output budget"),
-        "the flood is named as such: {text} (after {:?})",
-        started.elapsed()
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(1900),
-        "stopped by the budget, not the deadline: {:?}",
-        started.elapsed()
+        "the flood is named as such: {text}"
     );
     assert_still_serving(&client).await;
     client.cancel().await.unwrap();
@@ -1195,6 +1184,7 @@ async fn a_call_the_client_cancels_stops_at_once_and_gets_no_answer() {
     send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "hostile_search", "arguments": {"query": "spin"}}}))
     .await;
+    let call_sent = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cancelled_at = Instant::now();
     send(
@@ -1226,13 +1216,11 @@ async fn a_call_the_client_cancels_stops_at_once_and_gets_no_answer() {
         .find(|e| e["kind"] == "call-outcome")
         .unwrap_or_else(|| panic!("the cancelled call is traced: {trace:#?}"));
     let elapsed = Duration::from_micros(outcome["payload"]["elapsed_us"].as_u64().unwrap());
+    // Not cancelled, it would have run to its 2 s deadline: anything shorter was the
+    // cancellation (the whole slack below 2 s is the loaded machine's, not a guess).
     assert!(
-        elapsed
-            < Duration::from_millis(300) + cancelled_at.elapsed().min(Duration::from_millis(1500)),
-        "stopped when cancelled, not at the deadline: {elapsed:?}; {outcome}"
-    );
-    assert!(
-        elapsed < Duration::from_millis(1500),
-        "{elapsed:?}; {outcome}"
+        elapsed < Duration::from_secs(2),
+        "stopped when cancelled ({:?} after the call started), not at the 2 s deadline: {elapsed:?}; {outcome}",
+        cancelled_at.duration_since(call_sent)
     );
 }
