@@ -678,10 +678,7 @@ async fn a_tampered_or_replayed_request_state_fails_closed() {
         p
     };
     let refused = |r: CallToolResponse| match r {
-        CallToolResponse::Complete(r) => {
-            assert_eq!(r.is_error, Some(true), "{}", text_of(&r));
-            text_of(&r)
-        }
+        CallToolResponse::Complete(r) => assert_refused(&r, Category::ApprovalRequired),
         other => panic!("expected a refusal, got {other:?}"),
     };
     // Tampered: one character changed.
@@ -758,8 +755,8 @@ async fn an_expired_request_state_fails_closed() {
     );
     match client.peer().call_tool_once(p).await.unwrap() {
         CallToolResponse::Complete(r) => {
-            assert_eq!(r.is_error, Some(true));
-            assert!(text_of(&r).contains("not valid"), "{}", text_of(&r));
+            let text = assert_refused(&r, Category::ApprovalRequired);
+            assert!(text.contains("not valid"), "{text}");
         }
         other => panic!("{other:?}"),
     }

@@ -2,17 +2,12 @@
 
 use std::sync::Arc;
 
+use crate::common::assert_refused;
 use airlock::host::Host;
+use airlock::pipeline::Category;
 use airlock::registry::live::MappingSource;
 use rmcp::model::JsonObject;
 use serde_json::{Value, json};
-
-fn refused_text(r: &rmcp::model::CallToolResult) -> String {
-    r.content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect()
-}
 
 fn args(v: Value) -> Option<JsonObject> {
     match v {
@@ -59,8 +54,7 @@ async fn a_reference_from_another_session_fails_before_the_adapter_runs() {
         .call("retrieve_source", args(json!({"reference": token})))
         .await
         .unwrap();
-    assert_eq!(refused.is_error, Some(true));
-    let text = refused_text(&refused);
+    let text = assert_refused(&refused, Category::InvalidRequest);
     assert!(text.contains("not valid in this session"), "{text}");
     assert_eq!(
         host.catalog().mappings["source-library"]
@@ -110,8 +104,7 @@ async fn a_reference_minted_before_a_retire_fails_after_the_re_approval() {
         .call("retrieve_source", args(json!({"reference": token})))
         .await
         .unwrap();
-    assert_eq!(refused.is_error, Some(true));
-    let text = refused_text(&refused);
+    let text = assert_refused(&refused, Category::InvalidRequest);
     assert!(text.contains("issued before"), "{text}");
     assert_eq!(
         host.catalog().mappings["source-library"]
@@ -233,12 +226,8 @@ async fn a_call_whose_trace_cannot_be_committed_reports_no_result() {
         .call("search_sources", args(json!({"query": "checkpoint"})))
         .await
         .unwrap();
-    assert_eq!(r.is_error, Some(true));
-    let text = r.content[0].as_text().unwrap().text.clone();
-    assert!(
-        text.starts_with("unknown:") && text.contains("could not record this call"),
-        "{text}"
-    );
+    let text = assert_refused(&r, Category::Unknown);
+    assert!(text.contains("could not record this call"), "{text}");
     assert!(r.structured_content.is_none(), "no result leaks: {r:?}");
     // The disk has room again: the acknowledged call is in the trace, the refused one is
     // not, and calls are answered again.
