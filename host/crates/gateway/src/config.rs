@@ -556,144 +556,25 @@ impl ServeConfig {
     /// As [`ServeConfig::load`].
     pub fn parse(text: &str, base: &Path) -> Result<Self> {
         let raw: RawConfig = toml::from_str(text)?;
-        let mut secrets = BTreeMap::new();
-        for (name, source) in raw.secrets {
-            let value = std::env::var(&source.env).with_context(|| {
-                format!(
-                    "secret `{name}`: environment variable {} is not set (or not UTF-8)",
-                    source.env
-                )
-            })?;
-            secrets.insert(name, Secret(value));
-        }
-        let mut connections = BTreeMap::new();
-        for mut c in raw.connection {
-            check_name("connection", &c.name)?;
-            let name = c.name.clone();
-            let server: UpstreamServer = match (c.command.take(), c.url.take()) {
-                (Some(_), Some(_)) => bail!(
-                    "connection `{name}`: give either `command` (a child process over stdio) or `url` (Streamable HTTP), not both"
-                ),
-                (None, None) => bail!(
-                    "connection `{name}`: give `command` (a child process over stdio) or `url` (Streamable HTTP)"
-                ),
-                (None, Some(url)) => http_connection(c, url, &secrets)?.into(),
-                (Some(command), None) => stdio_connection(c, &command, base)?.into(),
-            };
-            if connections.insert(name.clone(), server).is_some() {
-                bail!("connection `{name}` is defined twice");
-            }
-        }
+        let secrets = secrets(raw.secrets)?;
+        let connections = connections(raw.connection, &secrets, base)?;
         let mappings_dir = raw.mappings_dir.map(|d| base.join(d));
         if raw.mapping.is_empty() && mappings_dir.is_none() {
             bail!(
                 "the configuration defines no [[mapping]] and no mappings_dir: there would be nothing to serve"
             );
         }
-        let snapshot_interval = match raw.snapshot_interval {
-            None => Some(DEFAULT_SNAPSHOT_INTERVAL),
-            Some(text) if text == "off" => None,
-            Some(text) => {
-                let d = humantime::parse_duration(&text).with_context(|| {
-                    format!(
-                        "snapshot_interval `{text}`: expected a duration such as \"10m\", or \"off\""
-                    )
-                })?;
-                if d < std::time::Duration::from_secs(1) {
-                    bail!("snapshot_interval `{text}` is shorter than the minimum of 1s");
-                }
-                Some(d)
-            }
-        };
+        let snapshot_interval = snapshot_interval(raw.snapshot_interval)?;
         let start_timeout = match raw.start_timeout {
             None => DEFAULT_START_TIMEOUT,
             Some(text) => parse_bounded_duration("start_timeout", &text, 1, 600)?,
         };
-        let mut seen = BTreeSet::new();
-        let mut mappings = Vec::new();
-        for m in raw.mapping {
-            let path = base.join(&m.manifest);
-            if !seen.insert(path.clone()) {
-                bail!("mapping manifest {} is listed twice", path.display());
-            }
-            mappings.push(path);
-        }
-        let requester = match raw.requester {
-            None => RequesterConfig::default(),
-            Some(r) => {
-                let name = match r.name {
-                    Some(name) => {
-                        check_principal_name("[requester] name", &name)?;
-                        name
-                    }
-                    None => os_user_name(),
-                };
-                for role in &r.roles {
-                    check_principal_name("[requester] roles", role)?;
-                }
-                RequesterConfig {
-                    name,
-                    roles: r.roles,
-                }
-            }
-        };
-        let mut profiles = BTreeMap::new();
-        for p in raw.profile {
-            check_name("profile", &p.name)?;
-            if p.capabilities.is_empty() {
-                bail!(
-                    "profile `{}`: `capabilities` is empty, so it would offer nothing (list capability names, or [\"*\"] for every one)",
-                    p.name
-                );
-            }
-            let capabilities = if p.capabilities.iter().any(|c| c == "*") {
-                if p.capabilities.len() > 1 {
-                    bail!(
-                        "profile `{}`: `capabilities` mixes \"*\" with names; use one or the other",
-                        p.name
-                    );
-                }
-                None
-            } else {
-                let mut set = BTreeSet::new();
-                for c in &p.capabilities {
-                    if !set.insert(c.clone()) {
-                        bail!("profile `{}`: capability `{c}` is listed twice", p.name);
-                    }
-                }
-                Some(set)
-            };
-            let connections = match p.connections {
-                None => None,
-                Some(list) => {
-                    let mut set = BTreeSet::new();
-                    for c in list {
-                        if !connections.contains_key(&c) {
-                            bail!(
-                                "profile `{}`: connection `{c}` is not defined in this configuration",
-                                p.name
-                            );
-                        }
-                        set.insert(c);
-                    }
-                    Some(set)
-                }
-            };
-            let profile = Profile {
-                name: p.name.clone(),
-                capabilities,
-                connections,
-            };
-            if profiles.insert(p.name.clone(), profile).is_some() {
-                bail!("profile `{}` is defined twice", p.name);
-            }
-        }
-        if profiles.is_empty() {
-            profiles.insert(
-                IMPLICIT_PROFILE.to_string(),
-                Profile::everything(IMPLICIT_PROFILE),
-            );
-        }
+        let mappings = listed_once(
+            raw.mapping.iter().map(|m| base.join(&m.manifest)),
+            "mapping manifest",
+        )?;
+        let requester = requester(raw.requester)?;
+        let profiles = profiles(raw.profile, &connections)?;
         if let Some(name) = &raw.default_profile
             && !profiles.contains_key(name)
         {
@@ -702,53 +583,13 @@ impl ServeConfig {
                 profiles.keys().cloned().collect::<Vec<_>>().join(", ")
             );
         }
-        let mut policy_files = Vec::new();
-        for f in raw.policy {
-            let path = base.join(&f);
-            if policy_files.contains(&path) {
-                bail!("policy file {} is listed twice", path.display());
-            }
-            policy_files.push(path);
-        }
-        let mut approvals = ApprovalSettings::default();
-        if let Some(a) = raw.approvals {
-            if let Some(text) = a.ttl {
-                approvals.ttl = parse_bounded_duration("[approvals] ttl", &text, 1, 7 * 24 * 3600)?;
-            }
-            if let Some(text) = a.elicitation_timeout {
-                approvals.elicitation_timeout =
-                    parse_bounded_duration("[approvals] elicitation_timeout", &text, 1, 24 * 3600)?;
-            }
-        }
+        let policy_files = listed_once(raw.policy.iter().map(|f| base.join(f)), "policy file")?;
+        let approvals = approvals(raw.approvals)?;
         let store = match raw.store.as_deref() {
             None => StoreSetting::Sqlite,
             Some(text) => StoreSetting::parse(text).context("store")?,
         };
-        let mut trace = TraceSettings::default();
-        if let Some(t) = raw.trace {
-            if let Some(name) = t.key {
-                let secret = secrets.get(&name).cloned().with_context(|| {
-                    format!("[trace] key names secret `{name}`, which [secrets] does not define")
-                })?;
-                let settings = TraceSettings {
-                    key: Some((name, secret)),
-                    ..TraceSettings::default()
-                };
-                settings.host_key().context("[trace] key")?;
-                trace.key = settings.key;
-            }
-            trace.checkpoint_file = t.checkpoint_file.map(|f| base.join(f));
-            trace.checkpoint_interval = match t.checkpoint_interval.as_deref() {
-                None => Some(DEFAULT_CHECKPOINT_INTERVAL),
-                Some("off") => None,
-                Some(text) => Some(parse_bounded_duration(
-                    "[trace] checkpoint_interval",
-                    text,
-                    1,
-                    24 * 3600,
-                )?),
-            };
-        }
+        let trace = trace(raw.trace, &secrets, base)?;
         Ok(Self {
             connections,
             mappings,
@@ -768,6 +609,224 @@ impl ServeConfig {
             trace,
         })
     }
+}
+
+/// `[secrets]`: each value read from the environment variable it names, now (a missing
+/// or non-UTF-8 variable is an error naming both).
+fn secrets(raw: BTreeMap<String, RawSecret>) -> Result<BTreeMap<String, Secret>> {
+    let mut secrets = BTreeMap::new();
+    for (name, source) in raw {
+        let value = std::env::var(&source.env).with_context(|| {
+            format!(
+                "secret `{name}`: environment variable {} is not set (or not UTF-8)",
+                source.env
+            )
+        })?;
+        secrets.insert(name, Secret(value));
+    }
+    Ok(secrets)
+}
+
+/// `[[connection]]`s by name: each either `command` (stdio) or `url` (Streamable HTTP),
+/// never both or neither; a name defined twice is an error.
+fn connections(
+    raw: Vec<RawConnection>,
+    secrets: &BTreeMap<String, Secret>,
+    base: &Path,
+) -> Result<BTreeMap<String, UpstreamServer>> {
+    let mut connections = BTreeMap::new();
+    for mut c in raw {
+        check_name("connection", &c.name)?;
+        let name = c.name.clone();
+        let server: UpstreamServer = match (c.command.take(), c.url.take()) {
+            (Some(_), Some(_)) => bail!(
+                "connection `{name}`: give either `command` (a child process over stdio) or `url` (Streamable HTTP), not both"
+            ),
+            (None, None) => bail!(
+                "connection `{name}`: give `command` (a child process over stdio) or `url` (Streamable HTTP)"
+            ),
+            (None, Some(url)) => http_connection(c, url, secrets)?.into(),
+            (Some(command), None) => stdio_connection(c, &command, base)?.into(),
+        };
+        if connections.insert(name.clone(), server).is_some() {
+            bail!("connection `{name}` is defined twice");
+        }
+    }
+    Ok(connections)
+}
+
+/// `snapshot_interval`: [`DEFAULT_SNAPSHOT_INTERVAL`] when absent, `None` for `"off"`,
+/// else a duration of at least 1 s.
+fn snapshot_interval(raw: Option<String>) -> Result<Option<std::time::Duration>> {
+    match raw {
+        None => Ok(Some(DEFAULT_SNAPSHOT_INTERVAL)),
+        Some(text) if text == "off" => Ok(None),
+        Some(text) => {
+            let d = humantime::parse_duration(&text).with_context(|| {
+                format!(
+                    "snapshot_interval `{text}`: expected a duration such as \"10m\", or \"off\""
+                )
+            })?;
+            if d < std::time::Duration::from_secs(1) {
+                bail!("snapshot_interval `{text}` is shorter than the minimum of 1s");
+            }
+            Ok(Some(d))
+        }
+    }
+}
+
+/// `paths` in order, refusing one listed twice (`what` names it in the error).
+fn listed_once(paths: impl Iterator<Item = PathBuf>, what: &str) -> Result<Vec<PathBuf>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for path in paths {
+        if !seen.insert(path.clone()) {
+            bail!("{what} {} is listed twice", path.display());
+        }
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// `[requester]`: the stdio front's requester (default: the OS user, no roles); names and
+/// roles are checked as principal names.
+fn requester(raw: Option<RawRequester>) -> Result<RequesterConfig> {
+    let Some(r) = raw else {
+        return Ok(RequesterConfig::default());
+    };
+    let name = match r.name {
+        Some(name) => {
+            check_principal_name("[requester] name", &name)?;
+            name
+        }
+        None => os_user_name(),
+    };
+    for role in &r.roles {
+        check_principal_name("[requester] roles", role)?;
+    }
+    Ok(RequesterConfig {
+        name,
+        roles: r.roles,
+    })
+}
+
+/// `[[profile]]`s by name (the implicit profile offering everything when none is
+/// defined). Each lists capabilities (names, or `["*"]` alone) and optionally the
+/// connections it may use, which must be defined in `connections`.
+fn profiles(
+    raw: Vec<RawProfile>,
+    connections: &BTreeMap<String, UpstreamServer>,
+) -> Result<BTreeMap<String, Profile>> {
+    let mut profiles = BTreeMap::new();
+    for p in raw {
+        check_name("profile", &p.name)?;
+        if p.capabilities.is_empty() {
+            bail!(
+                "profile `{}`: `capabilities` is empty, so it would offer nothing (list capability names, or [\"*\"] for every one)",
+                p.name
+            );
+        }
+        let capabilities = if p.capabilities.iter().any(|c| c == "*") {
+            if p.capabilities.len() > 1 {
+                bail!(
+                    "profile `{}`: `capabilities` mixes \"*\" with names; use one or the other",
+                    p.name
+                );
+            }
+            None
+        } else {
+            let mut set = BTreeSet::new();
+            for c in &p.capabilities {
+                if !set.insert(c.clone()) {
+                    bail!("profile `{}`: capability `{c}` is listed twice", p.name);
+                }
+            }
+            Some(set)
+        };
+        let connections = match p.connections {
+            None => None,
+            Some(list) => {
+                let mut set = BTreeSet::new();
+                for c in list {
+                    if !connections.contains_key(&c) {
+                        bail!(
+                            "profile `{}`: connection `{c}` is not defined in this configuration",
+                            p.name
+                        );
+                    }
+                    set.insert(c);
+                }
+                Some(set)
+            }
+        };
+        let profile = Profile {
+            name: p.name.clone(),
+            capabilities,
+            connections,
+        };
+        if profiles.insert(p.name.clone(), profile).is_some() {
+            bail!("profile `{}` is defined twice", p.name);
+        }
+    }
+    if profiles.is_empty() {
+        profiles.insert(
+            IMPLICIT_PROFILE.to_string(),
+            Profile::everything(IMPLICIT_PROFILE),
+        );
+    }
+    Ok(profiles)
+}
+
+/// `[approvals]`: `ttl` (1 s to 7 days) and `elicitation_timeout` (1 s to 1 day).
+fn approvals(raw: Option<RawApprovals>) -> Result<ApprovalSettings> {
+    let mut approvals = ApprovalSettings::default();
+    if let Some(a) = raw {
+        if let Some(text) = a.ttl {
+            approvals.ttl = parse_bounded_duration("[approvals] ttl", &text, 1, 7 * 24 * 3600)?;
+        }
+        if let Some(text) = a.elicitation_timeout {
+            approvals.elicitation_timeout =
+                parse_bounded_duration("[approvals] elicitation_timeout", &text, 1, 24 * 3600)?;
+        }
+    }
+    Ok(approvals)
+}
+
+/// `[trace]`: the key (a secret `[secrets]` defines, checked to make a host key now), the
+/// checkpoint file and interval (default [`DEFAULT_CHECKPOINT_INTERVAL`], `"off"`, or
+/// 1 s to 1 day).
+fn trace(
+    raw: Option<RawTrace>,
+    secrets: &BTreeMap<String, Secret>,
+    base: &Path,
+) -> Result<TraceSettings> {
+    let mut trace = TraceSettings::default();
+    let Some(t) = raw else {
+        return Ok(trace);
+    };
+    if let Some(name) = t.key {
+        let secret = secrets.get(&name).cloned().with_context(|| {
+            format!("[trace] key names secret `{name}`, which [secrets] does not define")
+        })?;
+        let settings = TraceSettings {
+            key: Some((name, secret)),
+            ..TraceSettings::default()
+        };
+        settings.host_key().context("[trace] key")?;
+        trace.key = settings.key;
+    }
+    trace.checkpoint_file = t.checkpoint_file.map(|f| base.join(f));
+    trace.checkpoint_interval = match t.checkpoint_interval.as_deref() {
+        None => Some(DEFAULT_CHECKPOINT_INTERVAL),
+        Some("off") => None,
+        Some(text) => Some(parse_bounded_duration(
+            "[trace] checkpoint_interval",
+            text,
+            1,
+            24 * 3600,
+        )?),
+    };
+    Ok(trace)
 }
 
 /// A `[[connection]]` with `command`: a child process over stdio.

@@ -643,46 +643,14 @@ fn kind_of(value: &Value) -> &'static str {
     }
 }
 
+/// What a WIT value of `shape` is for the JSON `value` at JSON Pointer `path`. The
+/// dispatcher: each compound shape has its own function below; a scalar is converted here.
 fn to_val(
     shape: &Shape,
     value: &Value,
     path: &str,
     on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>,
 ) -> Result<Val, ConvertError> {
-    macro_rules! int {
-        ($t:ty, $variant:ident) => {{
-            let n = match value {
-                // JSON Schema's `integer` is any number with a zero fractional part, so
-                // `2.0` is one; `2.5` and out-of-range values are not.
-                Value::Number(n) => n
-                    .as_i64()
-                    .map(i128::from)
-                    .or_else(|| n.as_u64().map(i128::from))
-                    .or_else(|| {
-                        n.as_f64()
-                            .filter(|f| f.fract() == 0.0 && f.abs() < 1e38)
-                            .map(|f| f as i128)
-                    }),
-                _ => None,
-            };
-            match n.and_then(|n| <$t>::try_from(n).ok()) {
-                Some(v) => Ok(Val::$variant(v)),
-                None => fail(
-                    path,
-                    format!(
-                        "expected an integer from {} to {}, got {}",
-                        <$t>::MIN,
-                        <$t>::MAX,
-                        if value.is_number() {
-                            value.to_string()
-                        } else {
-                            kind_of(value).to_string()
-                        }
-                    ),
-                ),
-            }
-        }};
-    }
     let expect_str = |what: &str| -> Result<&str, ConvertError> {
         value.as_str().ok_or_else(|| ConvertError {
             path: path.to_string(),
@@ -695,14 +663,14 @@ fn to_val(
             .map(Val::Bool)
             .ok_or(())
             .or_else(|_| fail(path, format!("expected a boolean, got {}", kind_of(value)))),
-        Shape::U8 => int!(u8, U8),
-        Shape::U16 => int!(u16, U16),
-        Shape::U32 => int!(u32, U32),
-        Shape::U64 => int!(u64, U64),
-        Shape::S8 => int!(i8, S8),
-        Shape::S16 => int!(i16, S16),
-        Shape::S32 => int!(i32, S32),
-        Shape::S64 => int!(i64, S64),
+        Shape::U8 => int_val(value, path, Val::U8),
+        Shape::U16 => int_val(value, path, Val::U16),
+        Shape::U32 => int_val(value, path, Val::U32),
+        Shape::U64 => int_val(value, path, Val::U64),
+        Shape::S8 => int_val(value, path, Val::S8),
+        Shape::S16 => int_val(value, path, Val::S16),
+        Shape::S32 => int_val(value, path, Val::S32),
+        Shape::S64 => int_val(value, path, Val::S64),
         Shape::F32 | Shape::F64 => match value.as_f64() {
             Some(f) if matches!(shape, Shape::F32) => Ok(Val::Float32(f as f32)),
             Some(f) => Ok(Val::Float64(f)),
@@ -764,23 +732,7 @@ fn to_val(
                 .collect::<Result<_, _>>()
                 .map(Val::Tuple)
         }
-        Shape::Flags(names) => {
-            let Some(values) = value.as_array() else {
-                return fail(path, format!("expected an array, got {}", kind_of(value)));
-            };
-            let mut out: Vec<String> = Vec::new();
-            for (i, v) in values.iter().enumerate() {
-                let p = format!("{path}/{i}");
-                match v.as_str() {
-                    Some(s) if names.iter().any(|n| n == s) && !out.iter().any(|o| o == s) => {
-                        out.push(s.to_string())
-                    }
-                    Some(s) if out.iter().any(|o| o == s) => return fail(&p, "repeated flag"),
-                    _ => return fail(&p, format!("expected one of {}", names.join(", "))),
-                }
-            }
-            Ok(Val::Flags(out))
-        }
+        Shape::Flags(names) => flags_val(names, value, path),
         Shape::Enum(names) => {
             let s = expect_str("a string")?;
             if names.iter().any(|n| n == s) {
@@ -789,95 +741,194 @@ fn to_val(
                 fail(path, format!("expected one of {}", names.join(", ")))
             }
         }
-        Shape::Record(fields) => {
-            let Some(obj) = value.as_object() else {
-                return fail(path, format!("expected an object, got {}", kind_of(value)));
-            };
-            let visible = |name: &str| {
+        Shape::Record(fields) => record_val(fields, value, path, on_handle),
+        Shape::Variant(cases) => variant_val(cases, value, path, on_handle),
+        Shape::Result { ok, err } => result_val(ok, err, value, path, on_handle),
+    }
+}
+
+/// An integer of type `T` (made into a `Val` by `make`). JSON Schema's `integer` is any
+/// number with a zero fractional part, so `2.0` is one; `2.5` and values outside `T`'s
+/// range are not.
+fn int_val<T>(value: &Value, path: &str, make: fn(T) -> Val) -> Result<Val, ConvertError>
+where
+    T: TryFrom<i128> + Bounded,
+{
+    let n = match value {
+        Value::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 1e38)
+                    .map(|f| f as i128)
+            }),
+        _ => None,
+    };
+    match n.and_then(|n| T::try_from(n).ok()) {
+        Some(v) => Ok(make(v)),
+        None => fail(
+            path,
+            format!(
+                "expected an integer from {} to {}, got {}",
+                T::MIN,
+                T::MAX,
+                if value.is_number() {
+                    value.to_string()
+                } else {
+                    kind_of(value).to_string()
+                }
+            ),
+        ),
+    }
+}
+
+/// The range of a WIT integer type, for [`int_val`]'s refusal.
+trait Bounded {
+    const MIN: i128;
+    const MAX: i128;
+}
+
+macro_rules! bounded {
+    ($($t:ty),*) => {$(
+        impl Bounded for $t {
+            const MIN: i128 = <$t>::MIN as i128;
+            const MAX: i128 = <$t>::MAX as i128;
+        }
+    )*};
+}
+bounded!(u8, u16, u32, u64, i8, i16, i32, i64);
+
+/// WIT `flags`: an array of distinct flag names, each one of `names`.
+fn flags_val(names: &[String], value: &Value, path: &str) -> Result<Val, ConvertError> {
+    let Some(values) = value.as_array() else {
+        return fail(path, format!("expected an array, got {}", kind_of(value)));
+    };
+    let mut out: Vec<String> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let p = format!("{path}/{i}");
+        match v.as_str() {
+            Some(s) if names.iter().any(|n| n == s) && !out.iter().any(|o| o == s) => {
+                out.push(s.to_string())
+            }
+            Some(s) if out.iter().any(|o| o == s) => return fail(&p, "repeated flag"),
+            _ => return fail(&p, format!("expected one of {}", names.join(", "))),
+        }
+    }
+    Ok(Val::Flags(out))
+}
+
+/// A WIT `record`: an object with exactly the caller-visible fields. A host-supplied
+/// field is refused when the caller sends it and left empty here (the host fills it,
+/// [`fill_host_supplied`]); an `option` field is left out to omit it (`null` is refused,
+/// since the property's schema is its inner type); any other missing field is refused.
+fn record_val(
+    fields: &[(String, Shape, Option<String>)],
+    value: &Value,
+    path: &str,
+    on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>,
+) -> Result<Val, ConvertError> {
+    let Some(obj) = value.as_object() else {
+        return fail(path, format!("expected an object, got {}", kind_of(value)));
+    };
+    let visible = |name: &str| {
+        fields
+            .iter()
+            .any(|(n, s, _)| n == name && !matches!(s, Shape::HostSupplied(_)))
+    };
+    if let Some(unknown) = obj.keys().find(|k| !visible(k)) {
+        return fail(
+            &format!("{path}/{}", escape_pointer(unknown)),
+            format!(
+                "unknown property; allowed: {}",
                 fields
                     .iter()
-                    .any(|(n, s, _)| n == name && !matches!(s, Shape::HostSupplied(_)))
-            };
-            if let Some(unknown) = obj.keys().find(|k| !visible(k)) {
+                    .filter(|(_, s, _)| !matches!(s, Shape::HostSupplied(_)))
+                    .map(|(n, _, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(fields.len());
+    for (name, field_shape, _) in fields {
+        let p = format!("{path}/{}", escape_pointer(name));
+        let v = match (obj.get(name), field_shape) {
+            (_, Shape::HostSupplied(_)) => Val::String(String::new()),
+            (None, Shape::Option(_)) => Val::Option(None),
+            // The schema of an optional property is its inner type, which `null`
+            // is not: leaving it out is how it is omitted.
+            (Some(Value::Null), Shape::Option(inner)) => {
                 return fail(
-                    &format!("{path}/{}", escape_pointer(unknown)),
+                    &p,
                     format!(
-                        "unknown property; allowed: {}",
-                        fields
-                            .iter()
-                            .filter(|(_, s, _)| !matches!(s, Shape::HostSupplied(_)))
-                            .map(|(n, _, _)| n.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        "null is not {}; leave the property out instead",
+                        expected_kind(inner)
                     ),
                 );
             }
-            let mut out = Vec::with_capacity(fields.len());
-            for (name, field_shape, _) in fields {
-                let p = format!("{path}/{}", escape_pointer(name));
-                let v = match (obj.get(name), field_shape) {
-                    (_, Shape::HostSupplied(_)) => Val::String(String::new()),
-                    (None, Shape::Option(_)) => Val::Option(None),
-                    // The schema of an optional property is its inner type, which `null`
-                    // is not: leaving it out is how it is omitted.
-                    (Some(Value::Null), Shape::Option(inner)) => {
-                        return fail(
-                            &p,
-                            format!(
-                                "null is not {}; leave the property out instead",
-                                expected_kind(inner)
-                            ),
-                        );
-                    }
-                    (None, _) => return fail(&p, "required property is missing"),
-                    (Some(v), s) => to_val(s, v, &p, on_handle)?,
-                };
-                out.push((name.clone(), v));
-            }
-            Ok(Val::Record(out))
+            (None, _) => return fail(&p, "required property is missing"),
+            (Some(v), s) => to_val(s, v, &p, on_handle)?,
+        };
+        out.push((name.clone(), v));
+    }
+    Ok(Val::Record(out))
+}
+
+/// A WIT `variant`: a case name (a case without payload) or a one-property object
+/// `{"case": payload}`.
+fn variant_val(
+    cases: &[(String, Option<Shape>)],
+    value: &Value,
+    path: &str,
+    on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>,
+) -> Result<Val, ConvertError> {
+    let (case, payload) = match value {
+        Value::String(s) => (s.as_str(), None),
+        Value::Object(o) if o.len() == 1 => {
+            let (k, v) = o.iter().next().expect("one entry");
+            (k.as_str(), Some(v))
         }
-        Shape::Variant(cases) => {
-            let (case, payload) = match value {
-                Value::String(s) => (s.as_str(), None),
-                Value::Object(o) if o.len() == 1 => {
-                    let (k, v) = o.iter().next().expect("one entry");
-                    (k.as_str(), Some(v))
-                }
-                _ => return fail(path, "expected a case name or a one-property object"),
-            };
-            let Some((name, shape)) = cases.iter().find(|(n, _)| n == case) else {
-                return fail(path, format!("unknown case `{case}`"));
-            };
-            let p = format!("{path}/{}", escape_pointer(name));
-            let payload = match (shape, payload) {
-                (None, None) => None,
-                (Some(s), Some(v)) => Some(Box::new(to_val(s, v, &p, on_handle)?)),
-                (Some(_), None) => return fail(&p, "this case needs a value"),
-                (None, Some(_)) => return fail(&p, "this case takes no value"),
-            };
-            Ok(Val::Variant(name.clone(), payload))
+        _ => return fail(path, "expected a case name or a one-property object"),
+    };
+    let Some((name, shape)) = cases.iter().find(|(n, _)| n == case) else {
+        return fail(path, format!("unknown case `{case}`"));
+    };
+    let p = format!("{path}/{}", escape_pointer(name));
+    let payload = match (shape, payload) {
+        (None, None) => None,
+        (Some(s), Some(v)) => Some(Box::new(to_val(s, v, &p, on_handle)?)),
+        (Some(_), None) => return fail(&p, "this case needs a value"),
+        (None, Some(_)) => return fail(&p, "this case takes no value"),
+    };
+    Ok(Val::Variant(name.clone(), payload))
+}
+
+/// A WIT `result`: `{"ok": value}` or `{"err": value}` (`null` for an arm without type).
+fn result_val(
+    ok: &Option<Box<Shape>>,
+    err: &Option<Box<Shape>>,
+    value: &Value,
+    path: &str,
+    on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>,
+) -> Result<Val, ConvertError> {
+    let Some(obj) = value.as_object().filter(|o| o.len() == 1) else {
+        return fail(path, "expected {\"ok\": ...} or {\"err\": ...}");
+    };
+    let (key, v) = obj.iter().next().expect("one entry");
+    let arm = |s: &Option<Box<Shape>>,
+               on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>| {
+        match s {
+            Some(s) => to_val(s, v, &format!("{path}/{key}"), on_handle).map(|v| Some(Box::new(v))),
+            None if v.is_null() => Ok(None),
+            None => fail(&format!("{path}/{key}"), "expected null"),
         }
-        Shape::Result { ok, err } => {
-            let Some(obj) = value.as_object().filter(|o| o.len() == 1) else {
-                return fail(path, "expected {\"ok\": ...} or {\"err\": ...}");
-            };
-            let (key, v) = obj.iter().next().expect("one entry");
-            let arm =
-                |s: &Option<Box<Shape>>,
-                 on_handle: &mut dyn FnMut(&str, &str) -> Result<String, String>| {
-                    match s {
-                        Some(s) => to_val(s, v, &format!("{path}/{key}"), on_handle)
-                            .map(|v| Some(Box::new(v))),
-                        None if v.is_null() => Ok(None),
-                        None => fail(&format!("{path}/{key}"), "expected null"),
-                    }
-                };
-            match key.as_str() {
-                "ok" => Ok(Val::Result(Ok(arm(ok, on_handle)?))),
-                "err" => Ok(Val::Result(Err(arm(err, on_handle)?))),
-                _ => fail(path, "expected {\"ok\": ...} or {\"err\": ...}"),
-            }
-        }
+    };
+    match key.as_str() {
+        "ok" => Ok(Val::Result(Ok(arm(ok, on_handle)?))),
+        "err" => Ok(Val::Result(Err(arm(err, on_handle)?))),
+        _ => fail(path, "expected {\"ok\": ...} or {\"err\": ...}"),
     }
 }
 
