@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use crate::host::Host;
 use crate::pipeline::authorize::{Authorized, PendingApproval};
-use crate::pipeline::candidate::{Asker, ElicitAnswer};
+use crate::pipeline::candidate::{Asker, ElicitAnswer, Retry};
 use crate::pipeline::normalize::Normalized;
 use crate::pipeline::{Call, Category, Outcome};
 use crate::registry::events;
@@ -175,7 +175,10 @@ pub fn summarize(n: &Normalized) -> String {
     lines.join("\n")
 }
 
-/// Gets a person's approval for `pending` (see the module rules).
+/// Gets a person's approval for `pending` (see the module rules), in the order they
+/// apply: the answer a retry carries ([`retry_answer`]), else an approval already made or
+/// still pending for this very binding ([`existing_approval`]), else a new request
+/// ([`ask`]).
 ///
 /// # Errors
 /// The outcome to return instead: approval required (out of band), input required
@@ -186,111 +189,100 @@ pub(super) async fn approve(
     pending: PendingApproval,
     asker: &dyn Asker,
 ) -> Result<Authorized, Outcome> {
-    let store = host.registry().store();
     let n = pending.normalized();
-    let session = &n.candidate().session;
-    let abilities = n.candidate().abilities.clone();
-    let by_client = format!("{} (at the client)", session.requester().name);
+    let by_client = format!("{} (at the client)", n.candidate().session.requester().name);
+    let receipt = if let Some(retry) = &n.candidate().retry {
+        retry_answer(host, call, n, retry, by_client)?
+    } else if let Some(receipt) = existing_approval(host, call, pending.binding())? {
+        receipt
+    } else {
+        ask(host, call, &pending, asker, by_client).await?
+    };
+    Ok(Authorized::approved(pending, receipt))
+}
 
-    // The retry of an input_required call: the person answered at the client.
-    if let Some(retry) = n.candidate().retry.clone() {
-        let opened = retry.request_state.as_deref().map(|state| {
-            host.request_state()
-                .open_json_with::<SealedState>(state, &associated_data(n))
-        });
-        let sealed = match opened {
-            Some(Ok(s)) => s,
-            other => {
-                let why = match other {
-                    None => "absent".to_string(),
-                    Some(Err(e)) => e.to_string(),
-                    Some(Ok(_)) => unreachable!(),
-                };
-                call.event(
-                    events::RECEIPT_REFUSED,
-                    json!({"mode": ApprovalMode::InputRequired, "refusal": "request-state", "detail": why}),
-                );
-                return Err(Outcome::refused(
-                    Category::ApprovalRequired,
-                    "the approval state sent with this call is not valid (altered, from another call, or expired); make the call again without it to ask anew",
-                ));
-            }
-        };
-        let answer = retry.input_responses.get(INPUT_KEY);
-        let action = answer.and_then(|a| a.get("action")).and_then(Value::as_str);
-        let approved = answer
-            .and_then(|a| a.get("content"))
-            .and_then(|c| c.get(APPROVE_FIELD))
-            .and_then(Value::as_bool)
-            == Some(true);
-        if action == Some("accept") && approved {
-            return Ok(Authorized::approved(
-                pending,
-                Receipt {
-                    approval: sealed.approval,
-                    mode: ApprovalMode::InputRequired,
-                    answered_in_band: Some((by_client, Some(sealed.nonce))),
-                },
+/// The retry of an `input_required` call: the person answered at the client. Its
+/// request state must open under the host's key for this very call; the answer must be
+/// `accept` with `approve = true`.
+///
+/// # Errors
+/// The state does not open (absent, altered, from another call, expired): approval
+/// required, traced as a refused receipt. Any other answer: the person's refusal
+/// ([`refuse_answer`]).
+fn retry_answer(
+    host: &Host,
+    call: &mut Call,
+    n: &Normalized,
+    retry: &Retry,
+    by_client: String,
+) -> Result<Receipt, Outcome> {
+    let opened = retry.request_state.as_deref().map(|state| {
+        host.request_state()
+            .open_json_with::<SealedState>(state, &associated_data(n))
+    });
+    let sealed = match opened {
+        Some(Ok(s)) => s,
+        other => {
+            let why = match other {
+                None => "absent".to_string(),
+                Some(Err(e)) => e.to_string(),
+                Some(Ok(_)) => unreachable!(),
+            };
+            call.event(
+                events::RECEIPT_REFUSED,
+                json!({"mode": ApprovalMode::InputRequired, "refusal": "request-state", "detail": why}),
+            );
+            return Err(Outcome::refused(
+                Category::ApprovalRequired,
+                "the approval state sent with this call is not valid (altered, from another call, or expired); make the call again without it to ask anew",
             ));
         }
-        let reason = match action {
-            Some("accept") => "answered with approve = false",
-            Some("decline") => "declined",
-            Some("cancel") => "cancelled",
-            _ => "no answer in the retry",
-        };
-        return Err(refuse_answer(
-            host,
-            call,
-            &sealed.approval,
-            ApprovalMode::InputRequired,
-            &by_client,
-            reason,
-        ));
+    };
+    let answer = retry.input_responses.get(INPUT_KEY);
+    let action = answer.and_then(|a| a.get("action")).and_then(Value::as_str);
+    let approved = answer
+        .and_then(|a| a.get("content"))
+        .and_then(|c| c.get(APPROVE_FIELD))
+        .and_then(Value::as_bool)
+        == Some(true);
+    if action == Some("accept") && approved {
+        return Ok(Receipt {
+            approval: sealed.approval,
+            mode: ApprovalMode::InputRequired,
+            answered_in_band: Some((by_client, Some(sealed.nonce))),
+        });
     }
+    let reason = match action {
+        Some("accept") => "answered with approve = false",
+        Some("decline") => "declined",
+        Some("cancel") => "cancelled",
+        _ => "no answer in the retry",
+    };
+    Err(refuse_answer(
+        host,
+        call,
+        &sealed.approval,
+        ApprovalMode::InputRequired,
+        &by_client,
+        reason,
+    ))
+}
 
-    // An approval made out of band for this very call, or one still pending.
-    let binding = pending.binding().clone();
-    match store.find_approval(&binding) {
-        Ok(Some(existing)) => {
-            let now = crate::store::now_ms();
-            let changed = existing.changed_fields(&binding);
-            match existing.state_at(now) {
-                ApprovalState::Approved if changed.is_empty() => {
-                    let mode = existing.mode;
-                    return Ok(Authorized::approved(
-                        pending,
-                        Receipt {
-                            approval: existing.id,
-                            mode,
-                            answered_in_band: None,
-                        },
-                    ));
-                }
-                ApprovalState::Pending
-                    if changed.is_empty() && existing.mode == ApprovalMode::OutOfBand =>
-                {
-                    return Err(Outcome::ApprovalRequired {
-                        approval: existing.id,
-                        summary: existing.summary,
-                    });
-                }
-                state => {
-                    if !changed.is_empty() {
-                        call.event(
-                            events::RECEIPT_REFUSED,
-                            json!({
-                                "approval": existing.id,
-                                "state": state,
-                                "refusal": "changed",
-                                "changed": changed,
-                            }),
-                        );
-                    }
-                }
-            }
-        }
-        Ok(None) => {}
+/// An approval made out of band for this very `binding` (its receipt), or one still
+/// pending (approval required, the same request). `None`: ask anew — there is none, or
+/// the one found is in another state or bound to changed fields (traced as a refused
+/// receipt naming the fields).
+///
+/// # Errors
+/// A pending out-of-band request for this binding; the store cannot be read.
+fn existing_approval(
+    host: &Host,
+    call: &mut Call,
+    binding: &ReceiptBinding,
+) -> Result<Option<Receipt>, Outcome> {
+    let existing = match host.registry().store().find_approval(binding) {
+        Ok(Some(existing)) => existing,
+        Ok(None) => return Ok(None),
         Err(e) => {
             tracing::error!("looking up approvals failed: {e:#}");
             return Err(Outcome::refused(
@@ -298,9 +290,58 @@ pub(super) async fn approve(
                 "the host could not read its approvals; try again later",
             ));
         }
+    };
+    let now = crate::store::now_ms();
+    let changed = existing.changed_fields(binding);
+    match existing.state_at(now) {
+        ApprovalState::Approved if changed.is_empty() => Ok(Some(Receipt {
+            approval: existing.id,
+            mode: existing.mode,
+            answered_in_band: None,
+        })),
+        ApprovalState::Pending
+            if changed.is_empty() && existing.mode == ApprovalMode::OutOfBand =>
+        {
+            Err(Outcome::ApprovalRequired {
+                approval: existing.id,
+                summary: existing.summary,
+            })
+        }
+        state => {
+            if !changed.is_empty() {
+                call.event(
+                    events::RECEIPT_REFUSED,
+                    json!({
+                        "approval": existing.id,
+                        "state": state,
+                        "refusal": "changed",
+                        "changed": changed,
+                    }),
+                );
+            }
+            Ok(None)
+        }
     }
+}
 
-    // Ask anew.
+/// Asks anew: records the request (with its `approval-requested` event) and asks in the
+/// best mode the client offers — `input_required` for a stateless client that elicits,
+/// elicitation for a session that does, else out of band.
+///
+/// # Errors
+/// Out of band: approval required. `input_required`: input required, with the sealed
+/// request state. Elicitation: the person's refusal or a missing answer. The store or
+/// the sealing fails: unavailable.
+async fn ask(
+    host: &Host,
+    call: &mut Call,
+    pending: &PendingApproval,
+    asker: &dyn Asker,
+    by_client: String,
+) -> Result<Receipt, Outcome> {
+    let n = pending.normalized();
+    let abilities = &n.candidate().abilities;
+    let binding = pending.binding().clone();
     let mode = match (abilities.stateless, abilities.elicitation) {
         (true, true) => ApprovalMode::InputRequired,
         (false, true) => ApprovalMode::Elicitation,
@@ -324,12 +365,16 @@ pub(super) async fn approve(
     );
     let new = NewApproval {
         binding,
-        profile: session.profile().name.clone(),
+        profile: n.candidate().session.profile().name.clone(),
         mode,
         summary: summary.clone(),
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
     };
-    let record = match store.create_approval(&new, call.take_events()) {
+    let record = match host
+        .registry()
+        .store()
+        .create_approval(&new, call.take_events())
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("recording an approval request failed: {e:#}");
@@ -377,14 +422,11 @@ pub(super) async fn approve(
                 ElicitAnswer::Accept(content)
                     if content.get(APPROVE_FIELD).and_then(Value::as_bool) == Some(true) =>
                 {
-                    Ok(Authorized::approved(
-                        pending,
-                        Receipt {
-                            approval: record.id,
-                            mode,
-                            answered_in_band: Some((by_client, None)),
-                        },
-                    ))
+                    Ok(Receipt {
+                        approval: record.id,
+                        mode,
+                        answered_in_band: Some((by_client, None)),
+                    })
                 }
                 answer => {
                     let reason = match &answer {

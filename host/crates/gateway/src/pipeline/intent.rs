@@ -22,8 +22,8 @@ use crate::pipeline::{Call, Category, Outcome};
 use crate::registry::events;
 use crate::store::approvals::random_id;
 use crate::store::{
-    ConsumeAs, Consumption, IntentRecord, IntentState, NewEvent, NewIntent, ReceiptRefusal,
-    TraceEvent,
+    ConsumeAs, Consumption, IntentRecord, IntentState, NewEvent, NewIntent, ReceiptBinding,
+    ReceiptRefusal, TraceEvent,
 };
 
 /// An authorized call with its intent.
@@ -151,34 +151,7 @@ pub(super) fn intent(
         Some((by, nonce)) => ConsumeAs::AnsweredInBand { by, nonce },
         None => ConsumeAs::Approved,
     };
-    // The row is only the trace's cache: a receipt the MACed trace does not prove (a row
-    // set to approved, rebound or given a longer life by hand) is refused before anything
-    // is consumed; one the trace itself refuses is not handed to the store at all.
-    // The trace is read before the row: a consumption committed between the two reads
-    // (another call, on this host or another) then shows as a spent row the trace does
-    // not yet record — refused as used — never as a usable row the trace contradicts.
-    let proof = store
-        .approval_proofs(receipt.approval())
-        .and_then(|proofs| {
-            let record = store.approval(receipt.approval())?;
-            let proof = prove_receipt(
-                &proofs,
-                record.as_ref(),
-                receipt.approval(),
-                &bound,
-                receipt.answered_in_band().is_some(),
-                crate::store::now_ms(),
-            );
-            if proof != ReceiptProof::Proven {
-                return Ok(proof);
-            }
-            Ok(
-                match crate::pipeline::approve::proofs_not_whole(store, &proofs)? {
-                    Some(why) => ReceiptProof::Tampered(why),
-                    None => proof,
-                },
-            )
-        });
+    let proof = stored_receipt_proof(store, &receipt, &bound);
     let refused_by_trace = match proof {
         Ok(ReceiptProof::Proven) => None,
         Ok(ReceiptProof::Refused(refusal)) => Some(refusal),
@@ -228,37 +201,7 @@ pub(super) fn intent(
                 json!({"approval": receipt.approval(), "mode": receipt.mode(), "refusal": refusal}),
             );
             tracing::info!(approval = receipt.approval(), ?refusal, "receipt refused");
-            Err(match refusal {
-                ReceiptRefusal::Changed(fields) => Outcome::refused(
-                    Category::StateChanged,
-                    format!(
-                        "what this call was approved for changed since ({}); make the call again to ask anew",
-                        fields.join(", ")
-                    ),
-                ),
-                ReceiptRefusal::Expired => Outcome::refused(
-                    Category::ApprovalRequired,
-                    "the approval expired before it was used; make the call again to ask anew",
-                ),
-                ReceiptRefusal::State(state) => match state {
-                    crate::store::ApprovalState::Denied | crate::store::ApprovalState::Revoked => {
-                        Outcome::refused(
-                            Category::Forbidden,
-                            format!("the approval was {state}; nothing was done"),
-                        )
-                    }
-                    _ => Outcome::refused(
-                        Category::ApprovalRequired,
-                        format!(
-                            "the approval is {state}, so it cannot authorize this call; make the call again to ask anew"
-                        ),
-                    ),
-                },
-                ReceiptRefusal::Nonce | ReceiptRefusal::NotFound => Outcome::refused(
-                    Category::ApprovalRequired,
-                    "the approval sent with this call is not valid; make the call again without it to ask anew",
-                ),
-            })
+            Err(refusal_outcome(refusal))
         }
         Err(e) => {
             call.events = so_far;
@@ -268,6 +211,79 @@ pub(super) fn intent(
                 "the host could not use the approval; nothing was done",
             ))
         }
+    }
+}
+
+/// Whether the MACed trace proves `receipt` for a call bound to `bound`, read before the
+/// row. The row is only the trace's cache: a receipt the MACed trace does not prove (a
+/// row set to approved, rebound or given a longer life by hand) is refused before
+/// anything is consumed; one the trace itself refuses is not handed to the store at all.
+/// The trace is read before the row: a consumption committed between the two reads
+/// (another call, on this host or another) then shows as a spent row the trace does not
+/// yet record — refused as used — never as a usable row the trace contradicts.
+///
+/// # Errors
+/// The store cannot be read.
+fn stored_receipt_proof(
+    store: &dyn crate::store::Store,
+    receipt: &Receipt,
+    bound: &ReceiptBinding,
+) -> anyhow::Result<ReceiptProof> {
+    let proofs = store.approval_proofs(receipt.approval())?;
+    let record = store.approval(receipt.approval())?;
+    let proof = prove_receipt(
+        &proofs,
+        record.as_ref(),
+        receipt.approval(),
+        bound,
+        receipt.answered_in_band().is_some(),
+        crate::store::now_ms(),
+    );
+    if proof != ReceiptProof::Proven {
+        return Ok(proof);
+    }
+    Ok(
+        match crate::pipeline::approve::proofs_not_whole(store, &proofs)? {
+            Some(why) => ReceiptProof::Tampered(why),
+            None => proof,
+        },
+    )
+}
+
+/// What the model is told when its receipt was refused: a changed binding is a changed
+/// state; a denied or revoked approval forbids; an expired, unusable or unknown one asks
+/// anew.
+fn refusal_outcome(refusal: ReceiptRefusal) -> Outcome {
+    match refusal {
+        ReceiptRefusal::Changed(fields) => Outcome::refused(
+            Category::StateChanged,
+            format!(
+                "what this call was approved for changed since ({}); make the call again to ask anew",
+                fields.join(", ")
+            ),
+        ),
+        ReceiptRefusal::Expired => Outcome::refused(
+            Category::ApprovalRequired,
+            "the approval expired before it was used; make the call again to ask anew",
+        ),
+        ReceiptRefusal::State(state) => match state {
+            crate::store::ApprovalState::Denied | crate::store::ApprovalState::Revoked => {
+                Outcome::refused(
+                    Category::Forbidden,
+                    format!("the approval was {state}; nothing was done"),
+                )
+            }
+            _ => Outcome::refused(
+                Category::ApprovalRequired,
+                format!(
+                    "the approval is {state}, so it cannot authorize this call; make the call again to ask anew"
+                ),
+            ),
+        },
+        ReceiptRefusal::Nonce | ReceiptRefusal::NotFound => Outcome::refused(
+            Category::ApprovalRequired,
+            "the approval sent with this call is not valid; make the call again without it to ask anew",
+        ),
     }
 }
 
