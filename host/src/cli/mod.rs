@@ -1471,28 +1471,27 @@ pub fn shared_store() -> Option<&'static str> {
 }
 
 /// The registry over the store operator commands use: the PostgreSQL store `--store`
-/// names, else the SQLite database in `state_dir` (or the default state folder).
+/// names, else the SQLite database in `state_dir` (or the default state folder), which
+/// must exist. Opened by [`operate::registry_at`], as every store named by a state folder.
 ///
 /// # Errors
 /// No state folder or no database in it; the store cannot be opened.
 fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry> {
-    if let Some(target) = shared_store() {
-        let dir = state_dir.or_else(crate::config::default_state_dir);
-        let store = crate::store::PostgresStore::open(target, dir.as_deref(), None)?;
-        return Ok(crate::registry::Registry::new(std::sync::Arc::new(store)));
+    let dir = state_dir.or_else(crate::config::default_state_dir);
+    if shared_store().is_none() {
+        let dir = dir
+            .as_deref()
+            .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
+        // lstat: a link (even a dangling one) is not "no state"; opening refuses it by name.
+        if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_err() {
+            anyhow::bail!(
+                "no Airlock state in {} (no {}); pass the --state-dir your host uses",
+                dir.display(),
+                crate::store::DATABASE_FILE
+            );
+        }
     }
-    let dir = state_dir
-        .or_else(crate::config::default_state_dir)
-        .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
-    // lstat: a link (even a dangling one) is not "no state"; opening refuses it by name.
-    if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_err() {
-        anyhow::bail!(
-            "no Airlock state in {} (no {}); pass the --state-dir your host uses",
-            dir.display(),
-            crate::store::DATABASE_FILE
-        );
-    }
-    crate::cli::operate::registry_at(&dir)
+    crate::cli::operate::registry_at(dir.as_deref())
 }
 
 /// `airlock serve` over stdio: the host, its background reload, one stdio session until

@@ -221,14 +221,14 @@ fn open_store(options: &TestOptions<'_>) -> Result<Option<Registry>> {
             .clone()
             .or_else(crate::config::default_state_dir)
             .unwrap_or_default();
-        return crate::cli::operate::registry_at(&dir).map(Some);
+        return crate::cli::operate::registry_at(Some(&dir)).map(Some);
     }
     let Some(dir) = options.state_dir.clone() else {
         return match crate::config::default_state_dir() {
             Some(dir)
                 if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_ok() =>
             {
-                crate::cli::operate::registry_at(&dir).map(Some)
+                crate::cli::operate::registry_at(Some(&dir)).map(Some)
             }
             _ => Ok(None),
         };
@@ -240,7 +240,7 @@ fn open_store(options: &TestOptions<'_>) -> Result<Option<Registry>> {
             crate::store::DATABASE_FILE
         );
     }
-    crate::cli::operate::registry_at(&dir).map(Some)
+    crate::cli::operate::registry_at(Some(&dir)).map(Some)
 }
 
 /// Why each fixture is stale against the mapping under test (none: empty).
