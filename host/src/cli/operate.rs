@@ -1058,17 +1058,19 @@ pub fn verification_text(v: &crate::store::TraceVerification) -> String {
 }
 
 /// Opens the registry of a state folder given directly (commands without `--config`): its
-/// SQLite database, or the shared PostgreSQL store `--store` names (the folder then only
-/// provides the key file when AIRLOCK_TRACE_KEY is not set).
+/// SQLite database, or the shared PostgreSQL store `--store` names (the folder, if any,
+/// then only provides the key file when AIRLOCK_TRACE_KEY is not set). Every command that
+/// opens a store by its state folder opens it here.
 ///
 /// # Errors
-/// The store cannot be opened.
-pub fn registry_at(state_dir: &Path) -> Result<Registry> {
+/// No state folder for SQLite; the store cannot be opened.
+pub fn registry_at(state_dir: Option<&Path>) -> Result<Registry> {
     if let Some(target) = crate::cli::shared_store() {
-        let store = crate::store::PostgresStore::open(target, Some(state_dir), None)?;
+        let store = crate::store::PostgresStore::open(target, state_dir, None)?;
         return Ok(Registry::new(std::sync::Arc::new(store)));
     }
-    let store = crate::store::SqliteStore::open(state_dir)?;
+    let dir = state_dir.context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
+    let store = crate::store::SqliteStore::open(dir)?;
     Ok(Registry::new(std::sync::Arc::new(store)))
 }
 
@@ -1091,7 +1093,7 @@ pub fn registry_of_config(config: &crate::config::ServeConfig) -> Result<Option<
             if crate::cli::shared_store().is_some()
                 || std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_ok() =>
         {
-            registry_at(&dir).map(Some)
+            registry_at(Some(&dir)).map(Some)
         }
         _ => Ok(None),
     }

@@ -27,7 +27,7 @@
 //! - Exit status: 0 every fixture passed; 1 a fixture failed or is stale; 2 the
 //!   manifest, component, store or a fixture file cannot be used (usage or configuration).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use crate::record::{Answer, CallRecord, FixtureFile};
 use crate::registry::Registry;
 use crate::registry::live::MappingSource;
-use crate::runtime::{CallContext, Runtime, UpstreamGrant};
+use crate::runtime::{CallContext, LoadedAdapter, Runtime, UpstreamGrant};
 use crate::store::{MappingRecord, MappingState};
 
 /// What `airlock test` was asked.
@@ -221,14 +221,14 @@ fn open_store(options: &TestOptions<'_>) -> Result<Option<Registry>> {
             .clone()
             .or_else(crate::config::default_state_dir)
             .unwrap_or_default();
-        return crate::cli::operate::registry_at(&dir).map(Some);
+        return crate::cli::operate::registry_at(Some(&dir)).map(Some);
     }
     let Some(dir) = options.state_dir.clone() else {
         return match crate::config::default_state_dir() {
             Some(dir)
                 if std::fs::symlink_metadata(dir.join(crate::store::DATABASE_FILE)).is_ok() =>
             {
-                crate::cli::operate::registry_at(&dir).map(Some)
+                crate::cli::operate::registry_at(Some(&dir)).map(Some)
             }
             _ => Ok(None),
         };
@@ -240,7 +240,7 @@ fn open_store(options: &TestOptions<'_>) -> Result<Option<Registry>> {
             crate::store::DATABASE_FILE
         );
     }
-    crate::cli::operate::registry_at(&dir).map(Some)
+    crate::cli::operate::registry_at(Some(&dir)).map(Some)
 }
 
 /// Why each fixture is stale against the mapping under test (none: empty).
@@ -290,56 +290,120 @@ fn stale_reasons(
     out
 }
 
-/// Loads the component and replays every fixture into `report`.
+/// Loads the component and replays every fixture into `report`: the call counts per
+/// function, one [`FixtureResult`] per file, the error paths exercised and the error cases
+/// and capability functions no fixture reached.
+///
+/// # Errors
+/// The contract, the component or its replay connection cannot be loaded; a contract
+/// function takes no parameter.
 async fn replay_all(
     source: &MappingSource,
     files: &[FixtureFile],
     report: &mut TestReport,
 ) -> Result<()> {
-    let manifest = &source.manifest;
-    let contract = crate::contract::load_contract(&manifest.mapping.contract)?;
-    let env = manifest
-        .grants
-        .env
-        .iter()
-        .map(|(k, v)| {
-            let value = match v {
-                crate::runtime::grants::EnvValue::Value(v) => v.clone(),
-                crate::runtime::grants::EnvValue::Secret { .. } => {
-                    crate::record::REDACTED.to_string()
-                }
-            };
-            (k.clone(), value)
-        })
-        .collect();
-    let runtime = Runtime::new()?;
-    let adapter = runtime.load_with_env(manifest, &source.component, &contract.interface, env)?;
-    let replay = Arc::new(crate::upstream::replay::Replay::default());
-    let connection = crate::upstream::Connection::start_replay(
-        &manifest.mapping.connection,
-        replay.clone(),
-        manifest.limits.max_output_bytes,
-    )
-    .await?;
-    let budget = crate::runtime::budgets::OutputBudget::from_limits(&manifest.limits)
-        .map_err(|why| anyhow!("[limits] allowed_media_types {why}"))?;
-    let grant = Arc::new(UpstreamGrant {
-        mapping: manifest.mapping.name.clone(),
-        connection: Arc::new(arc_swap::ArcSwap::from_pointee(connection)),
-        snapshot: Arc::new(arc_swap::ArcSwap::from_pointee(
-            report.snapshot_digest.clone().unwrap_or_default(),
-        )),
-        tools: manifest.upstream.tools.iter().cloned().collect(),
-        resource_prefixes: manifest.upstream.resources.clone(),
-        budget,
-    });
-    let offered: Vec<&str> = manifest
-        .capabilities
-        .iter()
-        .map(|c| c.function.as_str())
-        .collect();
-    let mut error_paths = std::collections::BTreeSet::new();
+    let replayer = Replayer::load(source, report.snapshot_digest.clone()).await?;
+    let mut error_paths = BTreeSet::new();
     for f in files {
+        let result = replayer.replay(f, report, &mut error_paths).await?;
+        report.fixtures.push(result);
+    }
+    report.error_cases_not_exercised =
+        error_cases_not_exercised(&replayer.contract, &report.functions, &error_paths);
+    report.error_paths = error_paths.into_iter().collect();
+    report.not_exercised = replayer
+        .offered
+        .iter()
+        .filter(|f| !report.functions.contains_key(**f))
+        .map(|f| f.to_string())
+        .collect();
+    Ok(())
+}
+
+/// The mapping's component loaded as a host loads it, its upstream a
+/// [`crate::upstream::replay::Replay`] that answers from the fixture being replayed.
+struct Replayer<'a> {
+    /// The contract functions the manifest offers as capabilities.
+    offered: Vec<&'a str>,
+    /// What the adapter may reach: the replay connection, the manifest's tools and budget.
+    grant: Arc<UpstreamGrant>,
+    /// The recorded answers of the fixture being replayed.
+    replay: Arc<crate::upstream::replay::Replay>,
+    adapter: LoadedAdapter,
+    /// Kept alive while the adapter runs: it ticks the epoch that bounds each call.
+    _runtime: Runtime,
+    contract: crate::contract::Contract,
+}
+
+impl<'a> Replayer<'a> {
+    /// Loads `source`'s contract and component (a granted secret's value is
+    /// [`crate::record::REDACTED`]) over a replay connection bound to `snapshot`.
+    async fn load(source: &'a MappingSource, snapshot: Option<String>) -> Result<Self> {
+        let manifest = &source.manifest;
+        let contract = crate::contract::load_contract(&manifest.mapping.contract)?;
+        let env = manifest
+            .grants
+            .env
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    crate::runtime::grants::EnvValue::Value(v) => v.clone(),
+                    crate::runtime::grants::EnvValue::Secret { .. } => {
+                        crate::record::REDACTED.to_string()
+                    }
+                };
+                (k.clone(), value)
+            })
+            .collect();
+        let runtime = Runtime::new()?;
+        let adapter =
+            runtime.load_with_env(manifest, &source.component, &contract.interface, env)?;
+        let replay = Arc::new(crate::upstream::replay::Replay::default());
+        let connection = crate::upstream::Connection::start_replay(
+            &manifest.mapping.connection,
+            replay.clone(),
+            manifest.limits.max_output_bytes,
+        )
+        .await?;
+        let budget = crate::runtime::budgets::OutputBudget::from_limits(&manifest.limits)
+            .map_err(|why| anyhow!("[limits] allowed_media_types {why}"))?;
+        let grant = Arc::new(UpstreamGrant {
+            mapping: manifest.mapping.name.clone(),
+            connection: Arc::new(arc_swap::ArcSwap::from_pointee(connection)),
+            snapshot: Arc::new(arc_swap::ArcSwap::from_pointee(
+                snapshot.unwrap_or_default(),
+            )),
+            tools: manifest.upstream.tools.iter().cloned().collect(),
+            resource_prefixes: manifest.upstream.resources.clone(),
+            budget,
+        });
+        let offered = manifest
+            .capabilities
+            .iter()
+            .map(|c| c.function.as_str())
+            .collect();
+        Ok(Self {
+            offered,
+            grant,
+            replay,
+            adapter,
+            _runtime: runtime,
+            contract,
+        })
+    }
+
+    /// Replays one fixture file: counts its function in `report`, calls it with the
+    /// recorded input and compares what it returns with the recording. The error paths
+    /// the call went through are added to `error_paths`.
+    ///
+    /// # Errors
+    /// The contract function takes no parameter (the contract cannot be used at all).
+    async fn replay(
+        &self,
+        f: &FixtureFile,
+        report: &mut TestReport,
+        error_paths: &mut BTreeSet<String>,
+    ) -> Result<FixtureResult> {
         let call = &f.fixture.call;
         let mut result = FixtureResult {
             file: f.name.clone(),
@@ -350,18 +414,18 @@ async fn replay_all(
             exchanges_recorded: f.fixture.exchanges.len(),
             outcome: String::new(),
         };
-        let function = contract
+        let function = self
+            .contract
             .functions
             .get(&call.function)
-            .filter(|_| offered.contains(&call.function.as_str()));
+            .filter(|_| self.offered.contains(&call.function.as_str()));
         let Some(function) = function else {
             result.problems.push(format!(
                 "the manifest offers no capability for contract function `{}` (it offers: {})",
                 crate::cli::operate::safe_lines(&call.function),
-                offered.join(", ")
+                self.offered.join(", ")
             ));
-            report.fixtures.push(result);
-            continue;
+            return Ok(result);
         };
         *report.functions.entry(function.name.clone()).or_default() += 1;
         let Some((_, shape)) = function.params.first() else {
@@ -375,14 +439,14 @@ async fn replay_all(
                     "the recorded input does not have the contract's type for `{}`: {e}",
                     function.name
                 ));
-                report.fixtures.push(result);
-                continue;
+                return Ok(result);
             }
         };
         if let Some(key) = &call.idempotency_key {
             crate::contract::fill_host_supplied(shape, &mut param, key);
         }
-        replay.load(&f.name, &f.fixture.exchanges, &f.fixture.redacted_fields);
+        self.replay
+            .load(&f.name, &f.fixture.exchanges, &f.fixture.redacted_fields);
         let context = CallContext {
             intent_id: call
                 .idempotency_key
@@ -392,78 +456,115 @@ async fn replay_all(
             attempt: u32::from(call.idempotency_key.is_some()),
             ..CallContext::default()
         };
-        let outcome = adapter
+        let outcome = self
+            .adapter
             .call(
                 &function.name,
                 std::slice::from_ref(&param),
-                grant.clone(),
+                self.grant.clone(),
                 context,
             )
             .await;
-        result.problems.extend(replay.misses());
-        (result.exchanges_used, _) = replay.used();
-        for x in &f.fixture.exchanges {
-            if !matches!(x.answer, Answer::Result(_)) {
-                let target = x
-                    .params
-                    .get("name")
-                    .or_else(|| x.params.get("uri"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("?");
-                error_paths.insert(format!(
-                    "{} ← {} {}: {}",
-                    function.name,
-                    x.method,
-                    crate::cli::operate::safe_lines(target),
-                    x.answer.kind()
+        result.problems.extend(self.replay.misses());
+        (result.exchanges_used, _) = self.replay.used();
+        upstream_error_paths(&function.name, f, &outcome.refused, error_paths);
+        compare_outcome(function, &outcome, &call.outcome, &mut result, error_paths);
+        result.passed = result.problems.is_empty();
+        Ok(result)
+    }
+}
+
+/// Adds the upstream error paths of one replayed call to `error_paths`: each recorded
+/// exchange that did not answer with a result (`search ← tools/call search_notes: upstream
+/// error`), and each answer the host refused (`… refused (WHY)`).
+fn upstream_error_paths(
+    function: &str,
+    f: &FixtureFile,
+    refused: &[crate::runtime::RefusedAnswer],
+    error_paths: &mut BTreeSet<String>,
+) {
+    for x in &f.fixture.exchanges {
+        if !matches!(x.answer, Answer::Result(_)) {
+            let target = x
+                .params
+                .get("name")
+                .or_else(|| x.params.get("uri"))
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            error_paths.insert(format!(
+                "{} ← {} {}: {}",
+                function,
+                x.method,
+                crate::cli::operate::safe_lines(target),
+                x.answer.kind()
+            ));
+        }
+    }
+    for r in refused {
+        error_paths.insert(format!(
+            "{} ← {} {}: refused ({})",
+            function,
+            r.method,
+            r.target,
+            match &r.why {
+                crate::runtime::Refused::Budget(b) => b.to_string(),
+                crate::runtime::Refused::Degraded(d) => d.clone(),
+            }
+        ));
+    }
+}
+
+/// Converts what the call returned back through the contract's result type into
+/// `result.outcome`, adds its error path (`search → err(not-found)`, `… → failure(KIND)`)
+/// to `error_paths`, and a problem to `result` when it differs from `recorded`.
+fn compare_outcome(
+    function: &crate::contract::ContractFunction,
+    outcome: &crate::runtime::CallOutcome,
+    recorded: &CallRecord,
+    result: &mut FixtureResult,
+    error_paths: &mut BTreeSet<String>,
+) {
+    let mut handles = |_: &str, l: &str| -> Result<String> { Ok(l.to_string()) };
+    let got = match (&outcome.result, &function.result) {
+        (Ok(val), Some(shape)) => crate::contract::val_to_json(shape, val, &mut handles)
+            .map(CallRecord::Result)
+            .map_err(|e| format!("the result does not have the contract's type: {e:#}")),
+        (Ok(_), None) => Ok(CallRecord::Result(Value::Null)),
+        (Err(failure), _) => Ok(CallRecord::Failure(failure.kind().to_string())),
+    };
+    match got {
+        Err(why) => result.problems.push(why),
+        Ok(got) => {
+            result.outcome = outcome_name(&got);
+            if let CallRecord::Result(Value::Object(o)) = &got
+                && o.contains_key("err")
+            {
+                error_paths.insert(format!("{} → {}", function.name, result.outcome));
+            }
+            if let CallRecord::Failure(kind) = &got {
+                error_paths.insert(format!("{} → failure({kind})", function.name));
+            }
+            if got != *recorded {
+                result.problems.push(format!(
+                    "returned {}, recorded {}",
+                    clip(&record_text(&got)),
+                    clip(&record_text(recorded))
                 ));
             }
         }
-        for r in &outcome.refused {
-            error_paths.insert(format!(
-                "{} ← {} {}: refused ({})",
-                function.name,
-                r.method,
-                r.target,
-                match &r.why {
-                    crate::runtime::Refused::Budget(b) => b.to_string(),
-                    crate::runtime::Refused::Degraded(d) => d.clone(),
-                }
-            ));
-        }
-        let mut handles = |_: &str, l: &str| -> Result<String> { Ok(l.to_string()) };
-        let got = match (&outcome.result, &function.result) {
-            (Ok(val), Some(shape)) => crate::contract::val_to_json(shape, val, &mut handles)
-                .map(CallRecord::Result)
-                .map_err(|e| format!("the result does not have the contract's type: {e:#}")),
-            (Ok(_), None) => Ok(CallRecord::Result(Value::Null)),
-            (Err(failure), _) => Ok(CallRecord::Failure(failure.kind().to_string())),
-        };
-        match got {
-            Err(why) => result.problems.push(why),
-            Ok(got) => {
-                result.outcome = outcome_name(&got);
-                if let CallRecord::Result(Value::Object(o)) = &got
-                    && o.contains_key("err")
-                {
-                    error_paths.insert(format!("{} → {}", function.name, result.outcome));
-                }
-                if let CallRecord::Failure(kind) = &got {
-                    error_paths.insert(format!("{} → failure({kind})", function.name));
-                }
-                if got != call.outcome {
-                    result.problems.push(format!(
-                        "returned {}, recorded {}",
-                        clip(&record_text(&got)),
-                        clip(&record_text(&call.outcome))
-                    ));
-                }
-            }
-        }
-        result.passed = result.problems.is_empty();
-        report.fixtures.push(result);
     }
-    for name in report.functions.keys() {
+}
+
+/// The error cases (`search → err(not-found)`) of the exercised `functions`' contract
+/// error types (a variant's or an enum's cases) that are not among `error_paths`, in
+/// function then case order.
+fn error_cases_not_exercised(
+    contract: &crate::contract::Contract,
+    functions: &BTreeMap<String, u64>,
+    error_paths: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in functions.keys() {
         let Some(crate::contract::Shape::Result { err: Some(err), .. }) =
             contract.functions.get(name).and_then(|f| f.result.as_ref())
         else {
@@ -479,17 +580,11 @@ async fn replay_all(
         for case in cases {
             let path = format!("{name} → err({case})");
             if !error_paths.contains(&path) {
-                report.error_cases_not_exercised.push(path);
+                out.push(path);
             }
         }
     }
-    report.error_paths = error_paths.into_iter().collect();
-    report.not_exercised = offered
-        .iter()
-        .filter(|f| !report.functions.contains_key(**f))
-        .map(|f| f.to_string())
-        .collect();
-    Ok(())
+    out
 }
 
 fn record_text(r: &CallRecord) -> String {

@@ -1121,7 +1121,8 @@ impl Review {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
-    /// The review as plain text for a terminal.
+    /// The review as plain text for a terminal: the heading, then the numbered sections in
+    /// order (6 and 7 only when the registry was read or a diff asked for).
     pub fn to_text(&self) -> String {
         let mut o = String::new();
         let w = &mut o;
@@ -1133,6 +1134,38 @@ impl Review {
             let _ = writeln!(w, "  {key:<23}{value}");
         }
         let _ = writeln!(w);
+        self.write_grants(w);
+        let _ = writeln!(w);
+        self.write_imports_and_exports(w);
+        let _ = writeln!(w);
+        self.write_verdict(w);
+        let _ = writeln!(w);
+        self.write_upstream(w);
+        if let Some(c) = &self.connection {
+            self.write_connection(w, c);
+        }
+        if let Some(r) = &self.registry {
+            let _ = writeln!(w);
+            let _ = writeln!(w, "6. Registry");
+            for (key, value) in r.lines() {
+                let _ = writeln!(w, "  {key:<23}{value}");
+            }
+        }
+        if let Some(d) = &self.diff {
+            let _ = writeln!(w);
+            let _ = writeln!(w, "7. Changes since revision {} (latest: {})", d.from, d.to);
+            if d.changes.is_empty() {
+                let _ = writeln!(w, "  (none)");
+            }
+            for c in &d.changes {
+                let _ = writeln!(w, "  {c}");
+            }
+        }
+        o
+    }
+
+    /// Section 2: every grant kind (an empty one denied) and every limit.
+    fn write_grants(&self, w: &mut String) {
         let _ = writeln!(w, "2. Grants (deny by default) and limits");
         for (kind, lines) in self.grant_lines() {
             if lines.is_empty() {
@@ -1145,7 +1178,10 @@ impl Review {
         for (key, value) in self.limit_lines() {
             let _ = writeln!(w, "  {key:<23}{value}");
         }
-        let _ = writeln!(w);
+    }
+
+    /// Section 3: each import with its verdict and reason, each export with its functions.
+    fn write_imports_and_exports(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "3. Component imports ({}) and exports ({}), decoded from the binary",
@@ -1177,7 +1213,11 @@ impl Review {
                 }
             );
         }
-        let _ = writeln!(w);
+    }
+
+    /// Section 4: the verdict, then each flagged import and each reason the host would
+    /// refuse to load the mapping.
+    fn write_verdict(&self, w: &mut String) {
         let _ = writeln!(w, "4. Verdict: {}", self.verdict());
         for i in self.imports.iter().filter(|i| i.status == Status::Flagged) {
             let _ = writeln!(w, "  FLAGGED   {}", i.reason);
@@ -1185,7 +1225,11 @@ impl Review {
         for r in &self.refusals {
             let _ = writeln!(w, "  FLAGGED   the host would refuse to load it: {r}");
         }
-        let _ = writeln!(w);
+    }
+
+    /// Section 5 up to the connection: the pinned tools and resources (none: denied),
+    /// then each capability with its effect and its reviewed description.
+    fn write_upstream(&self, w: &mut String) {
         let _ = writeln!(
             w,
             "5. Upstream (connection `{}`) and capabilities",
@@ -1233,87 +1277,73 @@ impl Review {
             );
             let _ = writeln!(w, "    \"{}\"", c.description);
         }
-        if let Some(c) = &self.connection {
-            let _ = writeln!(
-                w,
-                "  connection             {} ({}, from {})",
-                self.upstream.connection, c.transport, c.config
-            );
-            for (key, value) in [
-                ("command", c.command.clone()),
-                (
-                    "args",
-                    (!c.args.is_empty()).then(|| format!("{:?}", c.args)),
-                ),
-                ("cwd", c.cwd.clone()),
-                (
-                    "env (names)",
-                    Some(if c.env.is_empty() {
+    }
+
+    /// The rest of section 5 with `--config`: the configured connection `c` (transport,
+    /// what it runs or where it connects, variable and header names), then the tools its
+    /// latest snapshot offers that the mapping does not list, and the reverse.
+    fn write_connection(&self, w: &mut String, c: &ConnectionView) {
+        let _ = writeln!(
+            w,
+            "  connection             {} ({}, from {})",
+            self.upstream.connection, c.transport, c.config
+        );
+        for (key, value) in [
+            ("command", c.command.clone()),
+            (
+                "args",
+                (!c.args.is_empty()).then(|| format!("{:?}", c.args)),
+            ),
+            ("cwd", c.cwd.clone()),
+            (
+                "env (names)",
+                Some(if c.env.is_empty() {
+                    "none".to_string()
+                } else {
+                    c.env.join(", ")
+                }),
+            ),
+            ("url", c.url.clone()),
+            (
+                "headers (names)",
+                (!c.headers.is_empty()).then(|| c.headers.join(", ")),
+            ),
+        ] {
+            if let Some(value) = value {
+                let _ = writeln!(w, "    {key:<21}{value}");
+            }
+        }
+        match &c.snapshot {
+            None => {
+                let _ = writeln!(
+                    w,
+                    "    unreachable tools    unknown: no snapshot of the connection in the store (airlock discover {})",
+                    self.upstream.connection
+                );
+            }
+            Some(digest) => {
+                let list = |l: &[String]| {
+                    if l.is_empty() {
                         "none".to_string()
                     } else {
-                        c.env.join(", ")
-                    }),
-                ),
-                ("url", c.url.clone()),
-                (
-                    "headers (names)",
-                    (!c.headers.is_empty()).then(|| c.headers.join(", ")),
-                ),
-            ] {
-                if let Some(value) = value {
-                    let _ = writeln!(w, "    {key:<21}{value}");
-                }
-            }
-            match &c.snapshot {
-                None => {
-                    let _ = writeln!(
-                        w,
-                        "    unreachable tools    unknown: no snapshot of the connection in the store (airlock discover {})",
-                        self.upstream.connection
-                    );
-                }
-                Some(digest) => {
-                    let list = |l: &[String]| {
-                        if l.is_empty() {
-                            "none".to_string()
-                        } else {
-                            l.join(", ")
-                        }
-                    };
-                    let _ = writeln!(
-                        w,
-                        "    unreachable tools    {} (offered in snapshot {}, not listed by the mapping)",
-                        list(&c.unreachable_tools),
-                        crate::registry::short(digest)
-                    );
-                    if !c.missing_tools.is_empty() {
-                        let _ = writeln!(
-                            w,
-                            "    MISSING tools        {} (listed by the mapping, not offered by the server)",
-                            list(&c.missing_tools)
-                        );
+                        l.join(", ")
                     }
+                };
+                let _ = writeln!(
+                    w,
+                    "    unreachable tools    {} (offered in snapshot {}, not listed by the mapping)",
+                    list(&c.unreachable_tools),
+                    crate::registry::short(digest)
+                );
+                if !c.missing_tools.is_empty() {
+                    let _ = writeln!(
+                        w,
+                        "    MISSING tools        {} (listed by the mapping, not offered by the server)",
+                        list(&c.missing_tools)
+                    );
                 }
             }
         }
-        if let Some(r) = &self.registry {
-            let _ = writeln!(w);
-            let _ = writeln!(w, "6. Registry");
-            for (key, value) in r.lines() {
-                let _ = writeln!(w, "  {key:<23}{value}");
-            }
-        }
-        if let Some(d) = &self.diff {
-            let _ = writeln!(w);
-            let _ = writeln!(w, "7. Changes since revision {} (latest: {})", d.from, d.to);
-            if d.changes.is_empty() {
-                let _ = writeln!(w, "  (none)");
-            }
-            for c in &d.changes {
-                let _ = writeln!(w, "  {c}");
-            }
-        }
-        o
     }
 
     /// One sentence: every import justified, or how many are flagged.
@@ -1338,11 +1368,48 @@ impl Review {
     }
 
     /// The review as one self-contained HTML page (inline style, no external assets,
-    /// every value escaped).
+    /// every value escaped): the heading and verdict, then one table per section.
     pub fn to_html(&self) -> String {
         let e = escape_html;
         let mut o = String::new();
         let w = &mut o;
+        self.write_html_heading(w);
+        let _ = writeln!(w, "<h2>Mapping and component</h2>\n<table>");
+        let _ = writeln!(
+            w,
+            "<tr><th>manifest</th><td><code>{}</code></td></tr>",
+            e(&self.manifest)
+        );
+        for (k, v) in self.identity_lines() {
+            let _ = writeln!(w, "<tr><th>{k}</th><td><code>{}</code></td></tr>", e(&v));
+        }
+        self.write_html_grants(w);
+        self.write_html_imports_and_exports(w);
+        self.write_html_upstream(w);
+        if let Some(r) = &self.registry {
+            let _ = writeln!(w, "</table>\n<h2>Registry</h2>\n<table>");
+            for (key, value) in r.lines() {
+                let _ = writeln!(w, "<tr><th>{}</th><td>{}</td></tr>", e(key), e(&value));
+            }
+        }
+        if let Some(d) = &self.diff {
+            let _ = writeln!(
+                w,
+                "</table>\n<h2>Changes since revision {} (latest: {})</h2>\n<table>",
+                d.from, d.to
+            );
+            for c in &d.changes {
+                let _ = writeln!(w, "<tr><td><code>{}</code></td></tr>", e(c));
+            }
+        }
+        let _ = writeln!(w, "</table>\n</body>\n</html>");
+        o
+    }
+
+    /// The page up to its first table: the document head, the title, the verdict and the
+    /// flagged imports and refusals.
+    fn write_html_heading(&self, w: &mut String) {
+        let e = escape_html;
         let _ = write!(
             w,
             "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -1371,15 +1438,11 @@ impl Review {
         if !flagged.is_empty() {
             let _ = writeln!(w, "<ul class=\"flagged\">\n{}\n</ul>", flagged.join("\n"));
         }
-        let _ = writeln!(w, "<h2>Mapping and component</h2>\n<table>");
-        let _ = writeln!(
-            w,
-            "<tr><th>manifest</th><td><code>{}</code></td></tr>",
-            e(&self.manifest)
-        );
-        for (k, v) in self.identity_lines() {
-            let _ = writeln!(w, "<tr><th>{k}</th><td><code>{}</code></td></tr>", e(&v));
-        }
+    }
+
+    /// The grants (an empty kind denied) and limits tables.
+    fn write_html_grants(&self, w: &mut String) {
+        let e = escape_html;
         let _ = writeln!(w, "</table>\n<h2>Grants (deny by default)</h2>\n<table>");
         for (kind, lines) in self.grant_lines() {
             let cell = if lines.is_empty() {
@@ -1397,6 +1460,11 @@ impl Review {
         for (key, value) in self.limit_lines() {
             let _ = writeln!(w, "<tr><th>{}</th><td>{}</td></tr>", e(key), e(&value));
         }
+    }
+
+    /// The imports (verdict, reason, functions) and exports tables.
+    fn write_html_imports_and_exports(&self, w: &mut String) {
+        let e = escape_html;
         let _ = writeln!(
             w,
             "</table>\n<h2>Imports ({})</h2>\n<table>\n<tr><th>verdict</th><th>import</th><th>why</th><th>functions</th></tr>",
@@ -1431,6 +1499,11 @@ impl Review {
                 e(&functions(&x.items))
             );
         }
+    }
+
+    /// The upstream tools and resources (none: denied) and capabilities tables.
+    fn write_html_upstream(&self, w: &mut String) {
+        let e = escape_html;
         let _ = writeln!(
             w,
             "</table>\n<h2>Upstream (connection <code>{}</code>)</h2>\n<table>",
@@ -1483,24 +1556,6 @@ impl Review {
                 e(&c.description)
             );
         }
-        if let Some(r) = &self.registry {
-            let _ = writeln!(w, "</table>\n<h2>Registry</h2>\n<table>");
-            for (key, value) in r.lines() {
-                let _ = writeln!(w, "<tr><th>{}</th><td>{}</td></tr>", e(key), e(&value));
-            }
-        }
-        if let Some(d) = &self.diff {
-            let _ = writeln!(
-                w,
-                "</table>\n<h2>Changes since revision {} (latest: {})</h2>\n<table>",
-                d.from, d.to
-            );
-            for c in &d.changes {
-                let _ = writeln!(w, "<tr><td><code>{}</code></td></tr>", e(c));
-            }
-        }
-        let _ = writeln!(w, "</table>\n</body>\n</html>");
-        o
     }
 
     /// (key, value) lines naming the mapping and its verified component.
