@@ -667,32 +667,17 @@ impl SqliteStore {
             let Some(record) = load_approval(&tx, id)? else {
                 return Ok(Consumption::Refused(ReceiptRefusal::NotFound));
             };
-            let wanted = match how {
-                ConsumeAs::Approved => ApprovalState::Approved,
-                ConsumeAs::AnsweredInBand { .. } => ApprovalState::Pending,
-            };
-            let state = record.state_at(now);
-            if state == ApprovalState::Expired {
-                tx.execute(
-                    "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
-                    params![id],
-                )?;
-                tx.commit()?;
-                return Ok(Consumption::Refused(ReceiptRefusal::Expired));
-            }
-            if state != wanted {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
-            }
-            if let ConsumeAs::AnsweredInBand {
-                nonce: Some(nonce), ..
-            } = how
-                && nonce != record.nonce
-            {
-                return Ok(Consumption::Refused(ReceiptRefusal::Nonce));
-            }
-            let changed = record.changed_fields(binding);
-            if !changed.is_empty() {
-                return Ok(Consumption::Refused(ReceiptRefusal::Changed(changed)));
+            match crate::plans::check_consumption(&record, binding, how, now) {
+                Ok(()) => {}
+                Err(ReceiptRefusal::Expired) => {
+                    tx.execute(
+                        "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
+                        params![id],
+                    )?;
+                    tx.commit()?;
+                    return Ok(Consumption::Refused(ReceiptRefusal::Expired));
+                }
+                Err(refusal) => return Ok(Consumption::Refused(refusal)),
             }
             let now_sql = ms_to_sql(now)?;
             let updated = match how {
@@ -708,7 +693,9 @@ impl SqliteStore {
                     .execute(params![id, now_sql, intent.id, by])?,
             };
             if updated != 1 {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
+                return Ok(Consumption::Refused(crate::plans::lost_consumption(
+                    &record, now,
+                )));
             }
             insert_intent(&tx, intent, Some(id), now_sql)?;
             trace::append_in(&tx, &self.key, &events)?;
@@ -751,7 +738,7 @@ impl SqliteStore {
                 )?
                 .execute(params![id, state.as_str(), now])?;
             if n != 1 {
-                bail!("intent `{id}` is not prepared (its outcome was already recorded)");
+                return Err(crate::plans::not_prepared(id));
             }
             // An unknown outcome leaves the attempt where it stopped (sent, acknowledged):
             // that is the evidence a reconciler starts from.

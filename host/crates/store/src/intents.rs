@@ -331,34 +331,15 @@ impl SqliteStore {
         resolution: &Resolution,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<IntentRecord> {
-        if !matches!(
-            resolution.state,
-            IntentState::Completed | IntentState::Failed
-        ) {
-            bail!(
-                "an intent is resolved as completed or failed, not {}",
-                resolution.state.as_str()
-            );
-        }
+        let text = crate::plans::check_resolution(resolution)?;
         let now = ms_to_sql(now_ms())?;
-        let text = serde_json::to_string(&serde_json::json!({
-            "method": resolution.method,
-            "by": resolution.by,
-            "evidence": resolution.evidence,
-        }))?;
         self.transact("resolving an intent", &events, |tx| {
             let current: Option<String> = tx
                 .query_row("SELECT state FROM intents WHERE id = ?1", params![id], |r| {
                     r.get(0)
                 })
                 .optional()?;
-            match current.as_deref() {
-                None => bail!("no intent `{id}`"),
-                Some("unknown" | "prepared") => {}
-                Some(other) => bail!(
-                    "intent `{id}` is {other}: only an unknown intent (or one a stopped host left prepared) can be resolved"
-                ),
-            }
+            crate::plans::check_resolvable(id, current.as_deref())?;
             tx.prepare_cached(
                 "UPDATE intents SET state = ?2, updated_ms = ?3, resolution = ?4, resolved_ms = ?3 WHERE id = ?1",
             )?

@@ -55,6 +55,7 @@ pub mod intents;
 pub mod journal;
 pub mod key;
 pub mod observations;
+pub mod plans;
 pub mod postgres;
 pub mod shared;
 pub mod trace;
@@ -1892,42 +1893,36 @@ impl Store for SqliteStore {
                      {config_revision}"
                 );
             }
-            let stored: Option<(String, i64, String)> = tx
+            let stored = tx
                 .query_row(
                     "SELECT connection_id, config_revision, body FROM snapshots \
                      WHERE digest = ?1",
                     params![digest],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                    |row| {
+                        Ok(plans::StoredSnapshotKey {
+                            connection_id: row.get(0)?,
+                            config_revision: row.get(1)?,
+                            body: row.get(2)?,
+                        })
+                    },
                 )
                 .optional()?;
-            let new = match stored {
-                None => {
-                    tx.execute(
-                        "INSERT INTO snapshots \
-                         (digest, connection_id, config_revision, body, first_seen_ms) \
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![digest, connection_id, config_revision, body_text, now],
-                    )?;
-                    true
-                }
-                Some((stored_connection, stored_revision, stored_body)) => {
-                    if stored_connection != connection_id || stored_revision != config_revision {
-                        bail!(
-                            "snapshot {digest} is already stored for connection \
-                             {stored_connection} revision {stored_revision}, not \
-                             {connection_id} revision {config_revision}; snapshots are \
-                             immutable"
-                        );
-                    }
-                    if stored_body != body_text {
-                        bail!(
-                            "snapshot {digest} is already stored with a different body; \
-                             snapshots are immutable"
-                        );
-                    }
-                    false
-                }
-            };
+            let plan = plans::snapshot_write(
+                &digest,
+                connection_id,
+                config_revision,
+                &body_text,
+                stored.as_ref(),
+            )?;
+            if plan == plans::SnapshotWrite::Insert {
+                tx.execute(
+                    "INSERT INTO snapshots \
+                     (digest, connection_id, config_revision, body, first_seen_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![digest, connection_id, config_revision, body_text, now],
+                )?;
+            }
+            let new = plan == plans::SnapshotWrite::Insert;
             tx.execute(
                 "INSERT INTO snapshot_observations (digest, observed_at_ms) VALUES (?1, ?2)",
                 params![digest, now],
@@ -2065,22 +2060,23 @@ impl Store for SqliteStore {
         let mut run = || -> anyhow::Result<MappingRecord> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let previous = latest_mapping(&tx, &new.name)?;
-            let revision = previous.as_ref().map_or(1, |p| p.revision + 1);
-            if let Some(previous) = &previous
-                && previous.state != MappingState::Historical
-            {
+            let plan = plans::supersede(
+                previous.as_ref(),
+                new,
+                serde_json::from_str(&pins_text)?,
+                now_u,
+            );
+            let revision = plan.record.revision;
+            if let Some(retire) = &plan.retire {
                 tx.execute(
                     "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
                      WHERE name = ?4 AND revision = ?5",
                     params![
                         MappingState::Historical.as_str(),
-                        format!(
-                            "{}; superseded by revision {revision} (was {})",
-                            previous.reason, previous.state
-                        ),
+                        retire.reason,
                         now,
                         new.name,
-                        previous.revision
+                        retire.revision
                     ],
                 )?;
             }
@@ -2105,25 +2101,9 @@ impl Store for SqliteStore {
                     new.manifest_text
                 ],
             )?;
-            let pins = serde_json::from_str(&pins_text)?;
             trace::append_in(&tx, &self.key, &with_revision(events.clone(), revision))?;
             tx.commit()?;
-            Ok(MappingRecord {
-                name: new.name.clone(),
-                revision,
-                manifest_digest: new.manifest_digest.clone(),
-                component_sha256: new.component_sha256.clone(),
-                connection_id: new.connection_id.clone(),
-                config_revision: new.config_revision,
-                snapshot_digest: new.snapshot_digest.clone(),
-                pins,
-                state: new.state,
-                reviewer: new.reviewer.clone(),
-                reason: new.reason.clone(),
-                created_ms: now_u,
-                state_changed_ms: now_u,
-                manifest_text: new.manifest_text.clone(),
-            })
+            Ok(plan.record)
         };
         run().with_context(|| {
             self.context(&format!("recording a revision of mapping {:?}", new.name))
@@ -2138,37 +2118,28 @@ impl Store for SqliteStore {
         reason: &str,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>> {
-        if !expected.can_become(to) {
-            bail!("mapping {name:?}: {expected} cannot become {to}");
-        }
+        plans::check_transition(name, expected, to)?;
         let now_u = now_ms();
         let now = ms_to_sql(now_u)?;
         let mut conn = self.lock_in_order()?;
         let mut run = || -> anyhow::Result<Option<MappingRecord>> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let Some(latest) = latest_mapping(&tx, name)? else {
-                bail!("mapping {name:?} does not exist");
-            };
-            if latest.state != expected {
+            let latest = latest_mapping(&tx, name)?;
+            let Some(changed) = plans::set_state(name, latest, expected, to, reason, now_u)? else {
                 return Ok(None);
-            }
+            };
             tx.execute(
                 "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
                  WHERE name = ?4 AND revision = ?5",
-                params![to.as_str(), reason, now, name, latest.revision],
+                params![to.as_str(), reason, now, name, changed.revision],
             )?;
             trace::append_in(
                 &tx,
                 &self.key,
-                &with_revision(events.clone(), latest.revision),
+                &with_revision(events.clone(), changed.revision),
             )?;
             tx.commit()?;
-            Ok(Some(MappingRecord {
-                state: to,
-                reason: reason.to_owned(),
-                state_changed_ms: now_u,
-                ..latest
-            }))
+            Ok(Some(changed))
         };
         run().with_context(|| {
             self.context(&format!("changing the state of mapping {name:?} to {to}"))

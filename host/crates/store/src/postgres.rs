@@ -65,6 +65,7 @@ use super::approvals::{
 };
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
+use super::plans;
 use super::shared;
 use super::trace::{self, NewEvent};
 use super::{
@@ -1754,40 +1755,30 @@ impl Store for PostgresStore {
                     &[d],
                 )
                 .await
+                .map_err(db)?
+                .map(|row| plans::StoredSnapshotKey {
+                    connection_id: row.get(0),
+                    config_revision: row.get(1),
+                    body: row.get(2),
+                });
+            let plan = plans::snapshot_write(
+                d,
+                connection_id,
+                config_revision,
+                &body_text,
+                stored.as_ref(),
+            )?;
+            let new = plan == plans::SnapshotWrite::Insert;
+            if new {
+                tx.execute(
+                    "INSERT INTO snapshots \
+                     (digest, connection_id, config_revision, body, first_seen_ms) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                    &[d, &connection_id, &config_revision, &body_text, &now],
+                )
+                .await
                 .map_err(db)?;
-            let new = match stored {
-                None => {
-                    tx.execute(
-                        "INSERT INTO snapshots \
-                         (digest, connection_id, config_revision, body, first_seen_ms) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                        &[d, &connection_id, &config_revision, &body_text, &now],
-                    )
-                    .await
-                    .map_err(db)?;
-                    true
-                }
-                Some(row) => {
-                    let stored_connection: String = row.get(0);
-                    let stored_revision: i64 = row.get(1);
-                    let stored_body: String = row.get(2);
-                    if stored_connection != connection_id || stored_revision != config_revision {
-                        bail!(
-                            "snapshot {d} is already stored for connection \
-                             {stored_connection} revision {stored_revision}, not \
-                             {connection_id} revision {config_revision}; snapshots are \
-                             immutable"
-                        );
-                    }
-                    if stored_body != body_text {
-                        bail!(
-                            "snapshot {d} is already stored with a different body; \
-                             snapshots are immutable"
-                        );
-                    }
-                    false
-                }
-            };
+            }
             tx.execute(
                 "INSERT INTO snapshot_observations (digest, observed_at_ms) VALUES ($1, $2)",
                 &[d, &now],
@@ -1947,23 +1938,23 @@ impl Store for PostgresStore {
             &format!("recording a revision of mapping {:?}", new.name),
             async |tx| {
                 let previous = latest_mapping(tx, &new.name).await?;
-                let revision = previous.as_ref().map_or(1, |p| p.revision + 1);
-                if let Some(previous) = &previous
-                    && previous.state != MappingState::Historical
-                {
-                    let reason = format!(
-                        "{}; superseded by revision {revision} (was {})",
-                        previous.reason, previous.state
-                    );
+                let plan = plans::supersede(
+                    previous.as_ref(),
+                    new,
+                    serde_json::from_str(&pins_text)?,
+                    now_u,
+                );
+                let revision = plan.record.revision;
+                if let Some(retire) = &plan.retire {
                     tx.execute(
                         "UPDATE mappings SET state = $1, reason = $2, state_changed_ms = $3 \
                          WHERE name = $4 AND revision = $5",
                         &[
                             &MappingState::Historical.as_str(),
-                            &reason,
+                            &retire.reason,
                             &now,
                             &new.name,
-                            &previous.revision,
+                            &retire.revision,
                         ],
                     )
                     .await
@@ -1994,22 +1985,7 @@ impl Store for PostgresStore {
                 .map_err(db)?;
                 append_in(tx, key, &with_revision(events.clone(), revision)).await?;
                 notify(tx, "mapping").await?;
-                Ok(MappingRecord {
-                    name: new.name.clone(),
-                    revision,
-                    manifest_digest: new.manifest_digest.clone(),
-                    component_sha256: new.component_sha256.clone(),
-                    connection_id: new.connection_id.clone(),
-                    config_revision: new.config_revision,
-                    snapshot_digest: new.snapshot_digest.clone(),
-                    pins: serde_json::from_str(&pins_text)?,
-                    state: new.state,
-                    reviewer: new.reviewer.clone(),
-                    reason: new.reason.clone(),
-                    created_ms: now_u,
-                    state_changed_ms: now_u,
-                    manifest_text: new.manifest_text.clone(),
-                })
+                Ok(plan.record)
             },
         )
     }
@@ -2022,36 +1998,28 @@ impl Store for PostgresStore {
         reason: &str,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>> {
-        if !expected.can_become(to) {
-            bail!("mapping {name:?}: {expected} cannot become {to}");
-        }
+        plans::check_transition(name, expected, to)?;
         let now_u = now_ms();
         let now = ms_to_sql(now_u)?;
         let key = &self.key;
         self.write(
             &format!("changing the state of mapping {name:?} to {to}"),
             async |tx| {
-                let Some(latest) = latest_mapping(tx, name).await? else {
-                    bail!("mapping {name:?} does not exist");
-                };
-                if latest.state != expected {
+                let latest = latest_mapping(tx, name).await?;
+                let Some(changed) = plans::set_state(name, latest, expected, to, reason, now_u)?
+                else {
                     return Ok(None);
-                }
+                };
                 tx.execute(
                     "UPDATE mappings SET state = $1, reason = $2, state_changed_ms = $3 \
                      WHERE name = $4 AND revision = $5",
-                    &[&to.as_str(), &reason, &now, &name, &latest.revision],
+                    &[&to.as_str(), &reason, &now, &name, &changed.revision],
                 )
                 .await
                 .map_err(db)?;
-                append_in(tx, key, &with_revision(events.clone(), latest.revision)).await?;
+                append_in(tx, key, &with_revision(events.clone(), changed.revision)).await?;
                 notify(tx, "mapping").await?;
-                Ok(Some(MappingRecord {
-                    state: to,
-                    reason: reason.to_owned(),
-                    state_changed_ms: now_u,
-                    ..latest
-                }))
+                Ok(Some(changed))
             },
         )
     }
@@ -2507,33 +2475,18 @@ impl Store for PostgresStore {
             let Some(record) = load_approval(tx, id, true).await? else {
                 return Ok(Consumption::Refused(ReceiptRefusal::NotFound));
             };
-            let wanted = match how {
-                ConsumeAs::Approved => ApprovalState::Approved,
-                ConsumeAs::AnsweredInBand { .. } => ApprovalState::Pending,
-            };
-            let state = record.state_at(now);
-            if state == ApprovalState::Expired {
-                tx.execute(
-                    "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
-                    &[&id],
-                )
-                .await
-                .map_err(db)?;
-                return Ok(Consumption::Refused(ReceiptRefusal::Expired));
-            }
-            if state != wanted {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
-            }
-            if let ConsumeAs::AnsweredInBand {
-                nonce: Some(nonce), ..
-            } = how
-                && nonce != record.nonce
-            {
-                return Ok(Consumption::Refused(ReceiptRefusal::Nonce));
-            }
-            let changed = record.changed_fields(binding);
-            if !changed.is_empty() {
-                return Ok(Consumption::Refused(ReceiptRefusal::Changed(changed)));
+            match plans::check_consumption(&record, binding, how, now) {
+                Ok(()) => {}
+                Err(ReceiptRefusal::Expired) => {
+                    tx.execute(
+                        "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(db)?;
+                    return Ok(Consumption::Refused(ReceiptRefusal::Expired));
+                }
+                Err(refusal) => return Ok(Consumption::Refused(refusal)),
             }
             let updated = match how {
                 ConsumeAs::Approved => tx
@@ -2559,7 +2512,7 @@ impl Store for PostgresStore {
                     .map_err(db)?,
             };
             let Some(updated) = updated else {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
+                return Ok(Consumption::Refused(plans::lost_consumption(&record, now)));
             };
             let approval = approval_from_row(&updated)?;
             insert_intent(tx, intent, Some(id), now_sql).await?;
@@ -2605,7 +2558,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(db)?;
             if n != 1 {
-                bail!("intent `{id}` is not prepared (its outcome was already recorded)");
+                return Err(plans::not_prepared(id));
             }
             // An unknown outcome leaves the attempt where it stopped (sent, acknowledged):
             // that is the evidence a reconciler starts from.
@@ -2756,34 +2709,15 @@ impl Store for PostgresStore {
         resolution: &Resolution,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<IntentRecord> {
-        if !matches!(
-            resolution.state,
-            IntentState::Completed | IntentState::Failed
-        ) {
-            bail!(
-                "an intent is resolved as completed or failed, not {}",
-                resolution.state.as_str()
-            );
-        }
+        let text = plans::check_resolution(resolution)?;
         let now = ms_to_sql(now_ms())?;
-        let text = serde_json::to_string(&serde_json::json!({
-            "method": resolution.method,
-            "by": resolution.by,
-            "evidence": resolution.evidence,
-        }))?;
         self.transact("resolving an intent", &events, async |tx| {
             let current: Option<String> = tx
                 .query_opt("SELECT state FROM intents WHERE id = $1 FOR UPDATE", &[&id])
                 .await
                 .map_err(db)?
                 .map(|r| r.get(0));
-            match current.as_deref() {
-                None => bail!("no intent `{id}`"),
-                Some("unknown" | "prepared") => {}
-                Some(other) => bail!(
-                    "intent `{id}` is {other}: only an unknown intent (or one a stopped host left prepared) can be resolved"
-                ),
-            }
+            plans::check_resolvable(id, current.as_deref())?;
             tx.execute(
                 "UPDATE intents SET state = $2, updated_ms = $3, resolution = $4, resolved_ms = $3 WHERE id = $1",
                 &[&id, &resolution.state.as_str(), &now, &text],
