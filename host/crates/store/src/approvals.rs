@@ -20,8 +20,9 @@
 //! least 12 characters is accepted by [`Store::approval`](super::Store)); intent ids
 //! `int_` + 32 hex; idempotency keys `idk_` + 32 hex. Times are unix milliseconds.
 
+use crate::rows;
 use anyhow::{Context as _, anyhow, bail};
-use rusqlite::{OptionalExtension as _, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{OptionalExtension as _, Transaction, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 
 use super::trace::{self, NewEvent};
@@ -377,86 +378,11 @@ pub(super) const INTENT_COLUMNS: &str = "id, idempotency_key, call_id, approval_
      session, capability, mapping, mapping_revision, args_digest, effect_class, state, \
      created_ms, updated_ms, resolution, resolved_ms";
 
-fn opt_ms(row: &Row<'_>, i: usize) -> rusqlite::Result<Option<u64>> {
-    Ok(row
-        .get::<_, Option<i64>>(i)?
-        .map(|v| u64::try_from(v).unwrap_or(0)))
-}
-
-fn ms(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
-    Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or(0))
-}
-
-fn bad(i: usize, what: &str, value: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(
-        i,
-        rusqlite::types::Type::Text,
-        format!("unknown {what} {value:?}").into(),
-    )
-}
-
-fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
-    let state: String = row.get(1)?;
-    let mode: String = row.get(2)?;
-    Ok(ApprovalRecord {
-        id: row.get(0)?,
-        state: ApprovalState::parse(&state).ok_or_else(|| bad(1, "approval state", state))?,
-        mode: ApprovalMode::parse(&mode).ok_or_else(|| bad(2, "approval mode", mode))?,
-        binding: ReceiptBinding {
-            requester: row.get(3)?,
-            session: row.get(4)?,
-            capability: row.get(6)?,
-            mapping: row.get(7)?,
-            mapping_revision: row.get(8)?,
-            snapshot_digest: row.get(9)?,
-            policy_digest: row.get(10)?,
-            args_digest: row.get(11)?,
-            artifact_digest: row.get(12)?,
-        },
-        profile: row.get(5)?,
-        summary: row.get(13)?,
-        nonce: row.get(14)?,
-        created_ms: ms(row, 15)?,
-        expires_ms: ms(row, 16)?,
-        decided_by: row.get(17)?,
-        decided_ms: opt_ms(row, 18)?,
-        reason: row.get(19)?,
-        consumed_ms: opt_ms(row, 20)?,
-        intent_id: row.get(21)?,
-    })
-}
-
-pub(super) fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
-    let state: String = row.get(11)?;
-    Ok(IntentRecord {
-        intent: NewIntent {
-            id: row.get(0)?,
-            idempotency_key: row.get(1)?,
-            call_id: row.get(2)?,
-            requester: row.get(4)?,
-            session: row.get(5)?,
-            capability: row.get(6)?,
-            mapping: row.get(7)?,
-            mapping_revision: row.get(8)?,
-            args_digest: row.get(9)?,
-            effect_class: row.get(10)?,
-        },
-        approval_id: row.get(3)?,
-        state: IntentState::parse(&state).ok_or_else(|| bad(11, "intent state", state))?,
-        created_ms: ms(row, 12)?,
-        updated_ms: ms(row, 13)?,
-        resolution: row
-            .get::<_, Option<String>>(14)?
-            .and_then(|t| serde_json::from_str(&t).ok()),
-        resolved_ms: opt_ms(row, 15)?,
-    })
-}
-
 fn load_approval(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
     tx.prepare_cached(&format!(
         "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"
     ))?
-    .query_row(params![id], approval_from_row)
+    .query_row(params![id], |r| rows::approval(r))
     .optional()
 }
 
@@ -568,7 +494,7 @@ impl SqliteStore {
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1 OR (length(?1) < 28 AND substr(id, 1, length(?1)) = ?1) LIMIT 2"
         ))?;
         let rows: Vec<ApprovalRecord> = stmt
-            .query_map(params![id], approval_from_row)?
+            .query_map(params![id], |r| rows::approval(r))?
             .collect::<rusqlite::Result<_>>()
             .with_context(|| self.context("reading an approval"))?;
         match rows.len() {
@@ -588,9 +514,11 @@ impl SqliteStore {
         let mut stmt = conn.prepare(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE ?1 IS NULL OR state = ?1 ORDER BY created_ms DESC, id LIMIT ?2"
         ))?;
-        stmt.query_map(params![state.map(|s| s.as_str()), limit], approval_from_row)?
-            .collect::<rusqlite::Result<_>>()
-            .with_context(|| self.context("listing approvals"))
+        stmt.query_map(params![state.map(|s| s.as_str()), limit], |r| {
+            rows::approval(r)
+        })?
+        .collect::<rusqlite::Result<_>>()
+        .with_context(|| self.context("listing approvals"))
     }
 
     /// The newest open approval of a binding; served by the `approvals_open_by_binding`
@@ -608,7 +536,7 @@ impl SqliteStore {
                     binding.capability,
                     binding.args_digest
                 ],
-                approval_from_row,
+                |r| rows::approval(r),
             )
             .optional()
             .with_context(|| self.context("looking up an approval"))
@@ -704,7 +632,7 @@ impl SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"
                 ))?
-                .query_row(params![intent.id], intent_from_row)?;
+                .query_row(params![intent.id], |r| rows::intent(r))?;
             tx.commit()?;
             Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
         };
@@ -754,7 +682,7 @@ impl SqliteStore {
         conn.query_row(
             &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
             params![id],
-            intent_from_row,
+            |r| rows::intent(r),
         )
         .optional()
         .with_context(|| self.context("reading an intent"))

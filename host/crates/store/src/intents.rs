@@ -15,13 +15,14 @@
 //!   with the same key, or a person), by whom, and the evidence.
 
 use anyhow::{Context as _, bail};
-use rusqlite::{OptionalExtension as _, Row, params};
+use rusqlite::{OptionalExtension as _, params};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::approvals::{INTENT_COLUMNS, IntentRecord, IntentState, intent_from_row};
+use super::approvals::{INTENT_COLUMNS, IntentRecord, IntentState};
 use super::trace::NewEvent;
 use super::{SqliteStore, ms_to_sql, now_ms};
+use crate::rows;
 
 /// Where one attempt of an intent is (DESIGN.md §5.8), in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -160,31 +161,6 @@ pub struct IntentFilter {
     pub limit: usize,
 }
 
-fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
-    let state: String = row.get(2)?;
-    let mut at_ms = [None; 6];
-    for (i, slot) in at_ms.iter_mut().enumerate() {
-        *slot = row
-            .get::<_, Option<i64>>(6 + i)?
-            .map(|v| u64::try_from(v).unwrap_or(0));
-    }
-    Ok(AttemptRecord {
-        intent_id: row.get(0)?,
-        attempt: row.get(1)?,
-        state: AttemptState::parse(&state).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(
-                2,
-                rusqlite::types::Type::Text,
-                format!("unknown attempt state {state:?}").into(),
-            )
-        })?,
-        requests: row.get(3)?,
-        answered: row.get(4)?,
-        last_request_id: row.get(5)?,
-        at_ms,
-    })
-}
-
 pub(super) const ATTEMPT_COLUMNS: &str = "intent_id, attempt, state, requests, answered, last_request_id, \
      prepared_ms, sent_ms, acknowledged_ms, observed_ms, verified_ms, committed_ms";
 
@@ -294,7 +270,7 @@ impl SqliteStore {
             "SELECT {ATTEMPT_COLUMNS} FROM intent_attempts WHERE intent_id = ?1 ORDER BY attempt"
         ))?;
         let rows = stmt
-            .query_map(params![intent], attempt_from_row)?
+            .query_map(params![intent], |r| rows::attempt(r))?
             .collect::<rusqlite::Result<Vec<_>>>()
             .with_context(|| self.context("reading an intent's attempts"))?;
         Ok(rows)
@@ -316,10 +292,9 @@ impl SqliteStore {
              ORDER BY created_ms DESC, id LIMIT ?4"
         ))?;
         let rows = stmt
-            .query_map(
-                params![states_json, filter.mapping, before, limit],
-                intent_from_row,
-            )?
+            .query_map(params![states_json, filter.mapping, before, limit], |r| {
+                rows::intent(r)
+            })?
             .collect::<rusqlite::Result<Vec<_>>>()
             .with_context(|| self.context("listing intents"))?;
         Ok(rows)
@@ -347,7 +322,7 @@ impl SqliteStore {
             Ok(tx.query_row(
                 &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
                 params![id],
-                intent_from_row,
+                |r| rows::intent(r),
             )?)
         })
     }

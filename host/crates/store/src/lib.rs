@@ -47,8 +47,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
-use rusqlite::types::Type;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 pub mod approvals;
 pub mod intents;
@@ -57,6 +56,7 @@ pub mod key;
 pub mod observations;
 pub mod plans;
 pub mod postgres;
+mod rows;
 pub mod shared;
 pub mod trace;
 mod wal_checkpoint;
@@ -1592,28 +1592,6 @@ fn ms_to_sql(ms: u64) -> anyhow::Result<i64> {
     i64::try_from(ms).map_err(|_| anyhow!("time {ms} ms is out of range"))
 }
 
-fn get_ms(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
-    let value: i64 = row.get(idx)?;
-    u64::try_from(value).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, value))
-}
-
-fn get_json(row: &Row<'_>, idx: usize) -> rusqlite::Result<serde_json::Value> {
-    let text: String = row.get(idx)?;
-    serde_json::from_str(&text)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
-}
-
-fn get_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<MappingState> {
-    let text: String = row.get(idx)?;
-    MappingState::parse(&text).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            idx,
-            Type::Text,
-            format!("unknown mapping state {text:?}").into(),
-        )
-    })
-}
-
 fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
     airlock_core::canonical::to_string(value).context("canonicalizing JSON")
 }
@@ -1658,54 +1636,13 @@ const CONNECTION_SELECT: &str = "SELECT c.connection_id, c.name, r.revision, r.c
      WHERE r.revision = (SELECT max(revision) FROM connection_revisions \
                          WHERE connection_id = c.connection_id)";
 
-fn connection_from_row(row: &Row<'_>) -> rusqlite::Result<ConnectionRecord> {
-    Ok(ConnectionRecord {
-        connection_id: row.get(0)?,
-        name: row.get(1)?,
-        revision: row.get(2)?,
-        config_digest: row.get(3)?,
-        config: get_json(row, 4)?,
-        first_seen_ms: get_ms(row, 5)?,
-    })
-}
-
 const SNAPSHOT_SUMMARY_SELECT: &str = "SELECT s.digest, s.connection_id, s.config_revision, \
      s.first_seen_ms, max(o.observed_at_ms), count(o.id), max(o.id) \
      FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest";
 
-fn snapshot_summary_from_row(row: &Row<'_>) -> rusqlite::Result<SnapshotSummary> {
-    Ok(SnapshotSummary {
-        digest: row.get(0)?,
-        connection_id: row.get(1)?,
-        config_revision: row.get(2)?,
-        first_seen_ms: get_ms(row, 3)?,
-        last_seen_ms: get_ms(row, 4)?,
-        observations: get_ms(row, 5)?,
-    })
-}
-
 const MAPPING_COLUMNS: &str = "name, revision, manifest_digest, component_sha256, \
      connection_id, config_revision, snapshot_digest, pins, state, reviewer, reason, \
      created_ms, state_changed_ms, manifest_text";
-
-fn mapping_from_row(row: &Row<'_>) -> rusqlite::Result<MappingRecord> {
-    Ok(MappingRecord {
-        name: row.get(0)?,
-        revision: row.get(1)?,
-        manifest_digest: row.get(2)?,
-        component_sha256: row.get(3)?,
-        connection_id: row.get(4)?,
-        config_revision: row.get(5)?,
-        snapshot_digest: row.get(6)?,
-        pins: get_json(row, 7)?,
-        state: get_state(row, 8)?,
-        reviewer: row.get(9)?,
-        reason: row.get(10)?,
-        created_ms: get_ms(row, 11)?,
-        state_changed_ms: get_ms(row, 12)?,
-        manifest_text: row.get(13)?,
-    })
-}
 
 fn latest_mapping(conn: &Connection, name: &str) -> rusqlite::Result<Option<MappingRecord>> {
     conn.query_row(
@@ -1714,44 +1651,21 @@ fn latest_mapping(conn: &Connection, name: &str) -> rusqlite::Result<Option<Mapp
              ORDER BY revision DESC LIMIT 1"
         ),
         params![name],
-        mapping_from_row,
+        |r| rows::mapping(r),
     )
     .optional()
 }
 
 const TRACE_COLUMNS: &str = "seq, at_ms, kind, subject, payload, prev_hash, hash, key_id";
 
-fn trace_from_row(row: &Row<'_>) -> rusqlite::Result<TraceEvent> {
-    Ok(TraceEvent {
-        seq: row.get(0)?,
-        at_ms: get_ms(row, 1)?,
-        kind: row.get(2)?,
-        subject: row.get(3)?,
-        payload: get_json(row, 4)?,
-        prev_hash: row.get(5)?,
-        hash: row.get(6)?,
-        key_id: row.get(7)?,
-    })
-}
-
 fn load_snapshot(conn: &Connection, digest: &str) -> rusqlite::Result<Option<StoredSnapshot>> {
     conn.query_row(
-        "SELECT s.digest, s.connection_id, s.config_revision, s.body, s.first_seen_ms, \
-         max(o.observed_at_ms), count(o.id) \
-         FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest \
-         WHERE s.digest = ?1 GROUP BY s.digest",
+        &format!(
+            "{} WHERE s.digest = ?1 GROUP BY s.digest",
+            rows::SNAPSHOT_SELECT
+        ),
         params![digest],
-        |row| {
-            Ok(StoredSnapshot {
-                digest: row.get(0)?,
-                connection_id: row.get(1)?,
-                config_revision: row.get(2)?,
-                body: get_json(row, 3)?,
-                first_seen_ms: get_ms(row, 4)?,
-                last_seen_ms: get_ms(row, 5)?,
-                observations: get_ms(row, 6)?,
-            })
-        },
+        |r| rows::stored_snapshot(r),
     )
     .optional()
 }
@@ -1849,7 +1763,7 @@ impl Store for SqliteStore {
         conn.query_row(
             &format!("{CONNECTION_SELECT} AND c.name = ?1"),
             params![name],
-            connection_from_row,
+            |r| rows::connection(r),
         )
         .optional()
         .with_context(|| self.context(&format!("reading connection {name:?}")))
@@ -1859,7 +1773,7 @@ impl Store for SqliteStore {
         let conn = self.lock();
         let run = || -> rusqlite::Result<Vec<ConnectionRecord>> {
             let mut stmt = conn.prepare(&format!("{CONNECTION_SELECT} ORDER BY c.name"))?;
-            stmt.query_map([], connection_from_row)?.collect()
+            stmt.query_map([], |r| rows::connection(r))?.collect()
         };
         run().with_context(|| self.context("listing connections"))
     }
@@ -2009,7 +1923,7 @@ impl Store for SqliteStore {
                 "{SNAPSHOT_SUMMARY_SELECT} WHERE ?1 IS NULL OR s.connection_id = ?1 \
                  GROUP BY s.digest ORDER BY 5 DESC, 7 DESC"
             ))?;
-            stmt.query_map(params![connection_id], snapshot_summary_from_row)?
+            stmt.query_map(params![connection_id], |r| rows::snapshot_summary(r))?
                 .collect()
         };
         run().with_context(|| self.context("listing snapshots"))
@@ -2027,7 +1941,8 @@ impl Store for SqliteStore {
             let mut stmt = conn.prepare(&format!(
                 "SELECT {MAPPING_COLUMNS} FROM mappings WHERE name = ?1 ORDER BY revision"
             ))?;
-            stmt.query_map(params![name], mapping_from_row)?.collect()
+            stmt.query_map(params![name], |r| rows::mapping(r))?
+                .collect()
         };
         run().with_context(|| self.context(&format!("reading revisions of mapping {name:?}")))
     }
@@ -2040,7 +1955,7 @@ impl Store for SqliteStore {
                  WHERE revision = (SELECT max(revision) FROM mappings WHERE name = m.name) \
                  ORDER BY name"
             ))?;
-            stmt.query_map([], mapping_from_row)?.collect()
+            stmt.query_map([], |r| rows::mapping(r))?.collect()
         };
         run().with_context(|| self.context("listing mappings"))
     }
@@ -2203,7 +2118,7 @@ impl Store for SqliteStore {
             let mut stmt = conn.prepare(&format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
             ))?;
-            stmt.query_map(params![after_seq, limit], trace_from_row)?
+            stmt.query_map(params![after_seq, limit], |r| rows::trace_event(r))?
                 .collect()
         };
         run().with_context(|| self.context("reading the trace"))
@@ -2344,16 +2259,7 @@ impl Store for SqliteStore {
             let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
             let mut chain = ChainCheck::new(&self.key);
             while let Some(row) = rows.next()? {
-                let stored = StoredEvent {
-                    seq: row.get(0)?,
-                    at: row.get(1)?,
-                    kind: row.get(2)?,
-                    subject: row.get(3)?,
-                    payload: row.get(4)?,
-                    prev_hash: row.get(5)?,
-                    hash: row.get(6)?,
-                    key_id: row.get(7)?,
-                };
+                let stored = rows::stored_event(row)?;
                 if wanted.contains(&stored.seq) {
                     recorded.insert(stored.seq, stored.hash.clone());
                 }

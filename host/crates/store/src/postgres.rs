@@ -59,21 +59,22 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
 
 use super::approvals::{
-    APPROVAL_COLUMNS, ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs,
-    Consumption, DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
+    APPROVAL_COLUMNS, ApprovalDecision, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
+    DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
     ReceiptBinding, ReceiptRefusal, random_id,
 };
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
 use super::plans;
+use super::rows;
 use super::shared;
 use super::trace::{self, NewEvent};
 use super::{
     CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, GENESIS_HASH,
     MAPPING_COLUMNS, MIN_PREFIX, MappingRecord, MappingState, NewMappingRevision, NewObservation,
-    SNAPSHOT_SUMMARY_SELECT, SnapshotObservation, SnapshotSummary, Store, StoredEvent,
-    StoredSnapshot, TRACE_COLUMNS, TRACE_KEYED, TraceEvent, TraceVerification, canonical, is_hex,
-    ms_to_sql, new_connection_id, now_ms, with_revision,
+    SNAPSHOT_SUMMARY_SELECT, SnapshotObservation, SnapshotSummary, Store, StoredSnapshot,
+    TRACE_COLUMNS, TRACE_KEYED, TraceEvent, TraceVerification, canonical, is_hex, ms_to_sql,
+    new_connection_id, now_ms, with_revision,
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
@@ -843,7 +844,7 @@ impl PostgresStore {
             let rows = c.query(sql, &[&param]).await.map_err(db)?;
             let mut out = Vec::new();
             for row in &rows {
-                let e = stored_from_row(row);
+                let e = rows::stored_event(row)?;
                 let genuine = e.key_id.as_deref() == Some(key.id())
                     && accept(&e.kind, &e.subject)
                     && key.verify_event(
@@ -926,7 +927,7 @@ impl PostgresStore {
 }
 
 /// A PostgreSQL error as an `anyhow` error carrying the server's words.
-fn db(e: tokio_postgres::Error) -> anyhow::Error {
+pub(crate) fn db(e: tokio_postgres::Error) -> anyhow::Error {
     anyhow!(pg_error(&e))
 }
 
@@ -1027,174 +1028,6 @@ async fn migrate(client: &mut Client, shown: &str) -> anyhow::Result<()> {
     }
 }
 
-fn get_ms(row: &Row, i: usize) -> anyhow::Result<u64> {
-    let v: i64 = row.try_get(i).map_err(db)?;
-    u64::try_from(v).map_err(|_| anyhow!("column {i}: time {v} is negative"))
-}
-
-fn opt_ms(row: &Row, i: usize) -> anyhow::Result<Option<u64>> {
-    Ok(row
-        .try_get::<_, Option<i64>>(i)
-        .map_err(db)?
-        .map(|v| u64::try_from(v).unwrap_or(0)))
-}
-
-fn get_json(row: &Row, i: usize) -> anyhow::Result<serde_json::Value> {
-    let text: String = row.try_get(i).map_err(db)?;
-    serde_json::from_str(&text).with_context(|| format!("column {i} is not JSON"))
-}
-
-fn connection_from_row(row: &Row) -> anyhow::Result<ConnectionRecord> {
-    Ok(ConnectionRecord {
-        connection_id: row.get(0),
-        name: row.get(1),
-        revision: row.get(2),
-        config_digest: row.get(3),
-        config: get_json(row, 4)?,
-        first_seen_ms: get_ms(row, 5)?,
-    })
-}
-
-fn snapshot_summary_from_row(row: &Row) -> anyhow::Result<SnapshotSummary> {
-    Ok(SnapshotSummary {
-        digest: row.get(0),
-        connection_id: row.get(1),
-        config_revision: row.get(2),
-        first_seen_ms: get_ms(row, 3)?,
-        last_seen_ms: get_ms(row, 4)?,
-        observations: get_ms(row, 5)?,
-    })
-}
-
-fn mapping_from_row(row: &Row) -> anyhow::Result<MappingRecord> {
-    let state: String = row.get(8);
-    Ok(MappingRecord {
-        name: row.get(0),
-        revision: row.get(1),
-        manifest_digest: row.get(2),
-        component_sha256: row.get(3),
-        connection_id: row.get(4),
-        config_revision: row.get(5),
-        snapshot_digest: row.get(6),
-        pins: get_json(row, 7)?,
-        state: MappingState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown mapping state {state:?}"))?,
-        reviewer: row.get(9),
-        reason: row.get(10),
-        created_ms: get_ms(row, 11)?,
-        state_changed_ms: get_ms(row, 12)?,
-        manifest_text: row.get(13),
-    })
-}
-
-fn trace_from_row(row: &Row) -> anyhow::Result<TraceEvent> {
-    Ok(TraceEvent {
-        seq: row.get(0),
-        at_ms: get_ms(row, 1)?,
-        kind: row.get(2),
-        subject: row.get(3),
-        payload: get_json(row, 4)?,
-        prev_hash: row.get(5),
-        hash: row.get(6),
-        key_id: row.get(7),
-    })
-}
-
-fn stored_from_row(row: &Row) -> StoredEvent {
-    StoredEvent {
-        seq: row.get(0),
-        at: row.get(1),
-        kind: row.get(2),
-        subject: row.get(3),
-        payload: row.get(4),
-        prev_hash: row.get(5),
-        hash: row.get(6),
-        key_id: row.get(7),
-    }
-}
-
-fn approval_from_row(row: &Row) -> anyhow::Result<ApprovalRecord> {
-    let state: String = row.get(1);
-    let mode: String = row.get(2);
-    Ok(ApprovalRecord {
-        id: row.get(0),
-        state: ApprovalState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown approval state {state:?}"))?,
-        mode: ApprovalMode::parse(&mode)
-            .ok_or_else(|| anyhow!("unknown approval mode {mode:?}"))?,
-        binding: ReceiptBinding {
-            requester: row.get(3),
-            session: row.get(4),
-            capability: row.get(6),
-            mapping: row.get(7),
-            mapping_revision: row.get(8),
-            snapshot_digest: row.get(9),
-            policy_digest: row.get(10),
-            args_digest: row.get(11),
-            artifact_digest: row.get(12),
-        },
-        profile: row.get(5),
-        summary: row.get(13),
-        nonce: row.get(14),
-        created_ms: get_ms(row, 15)?,
-        expires_ms: get_ms(row, 16)?,
-        decided_by: row.get(17),
-        decided_ms: opt_ms(row, 18)?,
-        reason: row.get(19),
-        consumed_ms: opt_ms(row, 20)?,
-        intent_id: row.get(21),
-    })
-}
-
-fn intent_from_row(row: &Row) -> anyhow::Result<IntentRecord> {
-    let state: String = row.get(11);
-    Ok(IntentRecord {
-        intent: NewIntent {
-            id: row.get(0),
-            idempotency_key: row.get(1),
-            call_id: row.get(2),
-            requester: row.get(4),
-            session: row.get(5),
-            capability: row.get(6),
-            mapping: row.get(7),
-            mapping_revision: row.get(8),
-            args_digest: row.get(9),
-            effect_class: row.get(10),
-        },
-        approval_id: row.get(3),
-        state: IntentState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown intent state {state:?}"))?,
-        created_ms: get_ms(row, 12)?,
-        updated_ms: get_ms(row, 13)?,
-        resolution: row
-            .get::<_, Option<String>>(14)
-            .and_then(|t| serde_json::from_str(&t).ok()),
-        resolved_ms: opt_ms(row, 15)?,
-    })
-}
-
-fn attempt_from_row(row: &Row) -> anyhow::Result<AttemptRecord> {
-    let state: String = row.get(2);
-    let mut at_ms = [None; 6];
-    for (i, slot) in at_ms.iter_mut().enumerate() {
-        *slot = opt_ms(row, 6 + i)?;
-    }
-    let count = |i: usize| -> anyhow::Result<u32> {
-        let v: i64 = row.get(i);
-        u32::try_from(v).map_err(|_| anyhow!("column {i}: count {v} is out of range"))
-    };
-    Ok(AttemptRecord {
-        intent_id: row.get(0),
-        attempt: count(1)?,
-        state: AttemptState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown attempt state {state:?}"))?,
-        requests: count(3)?,
-        answered: count(4)?,
-        last_request_id: row.get(5),
-        at_ms,
-    })
-}
-
 async fn latest_mapping(
     c: &Sql<'_, impl GenericClient + Sync>,
     name: &str,
@@ -1208,7 +1041,7 @@ async fn latest_mapping(
     )
     .await
     .map_err(db)?
-    .map(|r| mapping_from_row(&r))
+    .map(|r| rows::mapping(&r))
     .transpose()
 }
 
@@ -1216,28 +1049,17 @@ async fn load_snapshot(
     c: &Sql<'_, impl GenericClient + Sync>,
     digest: &str,
 ) -> anyhow::Result<Option<StoredSnapshot>> {
-    let Some(row) = c
-        .query_opt(
-            "SELECT s.digest, s.connection_id, s.config_revision, s.body, s.first_seen_ms, \
-             max(o.observed_at_ms), count(o.id) \
-             FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest \
-             WHERE s.digest = $1 GROUP BY s.digest",
-            &[&digest],
-        )
-        .await
-        .map_err(db)?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(StoredSnapshot {
-        digest: row.get(0),
-        connection_id: row.get(1),
-        config_revision: row.get(2),
-        body: get_json(&row, 3)?,
-        first_seen_ms: get_ms(&row, 4)?,
-        last_seen_ms: get_ms(&row, 5)?,
-        observations: get_ms(&row, 6)?,
-    }))
+    c.query_opt(
+        &format!(
+            "{} WHERE s.digest = $1 GROUP BY s.digest",
+            rows::SNAPSHOT_SELECT
+        ),
+        &[&digest],
+    )
+    .await
+    .map_err(db)?
+    .map(|r| rows::stored_snapshot(&r))
+    .transpose()
 }
 
 async fn load_approval(
@@ -1252,7 +1074,7 @@ async fn load_approval(
     )
     .await
     .map_err(db)?
-    .map(|r| approval_from_row(&r))
+    .map(|r| rows::approval(&r))
     .transpose()
 }
 
@@ -1266,7 +1088,7 @@ async fn load_intent(
     )
     .await
     .map_err(db)?
-    .map(|r| intent_from_row(&r))
+    .map(|r| rows::intent(&r))
     .transpose()
 }
 
@@ -1587,7 +1409,7 @@ impl Store for PostgresStore {
             else {
                 return Ok(None);
             };
-            let facts = match get_json(&row, 4)? {
+            let facts = match rows::json(&row, 4)? {
                 serde_json::Value::Object(m) => m,
                 other => bail!("reference facts are not an object: {other}"),
             };
@@ -1599,7 +1421,7 @@ impl Store for PostgresStore {
                 revision: row.try_get(2).map_err(db)?,
                 locator: row.try_get(3).map_err(db)?,
                 facts,
-                expires_ms: get_ms(&row, 5)?,
+                expires_ms: rows::ms(&row, 5)?,
             }))
         })
     }
@@ -1702,7 +1524,7 @@ impl Store for PostgresStore {
             c.query_opt(&format!("{CONNECTION_SELECT} AND c.name = $1"), &[&name])
                 .await
                 .map_err(db)?
-                .map(|r| connection_from_row(&r))
+                .map(|r| rows::connection(&r))
                 .transpose()
         })
     }
@@ -1713,7 +1535,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(db)?
                 .iter()
-                .map(connection_from_row)
+                .map(rows::connection)
                 .collect()
         })
     }
@@ -1874,7 +1696,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(snapshot_summary_from_row)
+            .map(rows::snapshot_summary)
             .collect()
         })
     }
@@ -1898,7 +1720,7 @@ impl Store for PostgresStore {
                 .await
                 .map_err(db)?
                 .iter()
-                .map(mapping_from_row)
+                .map(rows::mapping)
                 .collect()
             },
         )
@@ -1917,7 +1739,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(mapping_from_row)
+            .map(rows::mapping)
             .collect()
         })
     }
@@ -2117,7 +1939,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(trace_from_row)
+            .map(rows::trace_event)
             .collect()
         })
     }
@@ -2155,7 +1977,7 @@ impl Store for PostgresStore {
                     .map_err(db)?;
                 let full = rows.len() as i64 == VERIFY_PAGE;
                 for row in &rows {
-                    let stored = stored_from_row(row);
+                    let stored = rows::stored_event(row)?;
                     after = stored.seq;
                     if wanted.contains(&stored.seq) {
                         recorded.insert(stored.seq, stored.hash.clone());
@@ -2358,7 +2180,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(approval_from_row)
+            .map(rows::approval)
             .collect::<anyhow::Result<Vec<_>>>()
         })?;
         match rows.len() {
@@ -2386,7 +2208,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(approval_from_row)
+            .map(rows::approval)
             .collect()
         })
     }
@@ -2408,7 +2230,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(db)?
-            .map(|r| approval_from_row(&r))
+            .map(|r| rows::approval(&r))
             .transpose()
         })
     }
@@ -2514,7 +2336,7 @@ impl Store for PostgresStore {
             let Some(updated) = updated else {
                 return Ok(Consumption::Refused(plans::lost_consumption(&record, now)));
             };
-            let approval = approval_from_row(&updated)?;
+            let approval = rows::approval(&updated)?;
             insert_intent(tx, intent, Some(id), now_sql).await?;
             append_in(tx, key, &events).await?;
             let stored = load_intent(tx, &intent.id)
@@ -2669,7 +2491,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(attempt_from_row)
+            .map(rows::attempt)
             .collect()
         })
     }
@@ -2698,7 +2520,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?
             .iter()
-            .map(intent_from_row)
+            .map(rows::intent)
             .collect()
         })
     }
