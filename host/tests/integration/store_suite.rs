@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use airlock::store::{
-    ApprovalDecision, ApprovalMode, ApprovalState, AttemptState, ConsumeAs, Consumption,
-    IntentFilter, IntentState, MappingState, NewApproval, NewEvent, NewIntent, NewMappingRevision,
-    PostgresStore, ReceiptBinding, ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore,
-    Store, TraceKey,
+    ApprovalDecision, ApprovalMode, ApprovalState, Approvals as _, AttemptState, Connections as _,
+    ConsumeAs, Consumption, Hosts as _, IntentFilter, IntentState, MappingState, Mappings as _,
+    NewApproval, NewEvent, NewIntent, NewMappingRevision, PostgresStore, ReceiptBinding,
+    ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore, Store, Trace as _, TraceKey,
 };
 use serde_json::json;
 

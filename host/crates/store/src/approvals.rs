@@ -17,7 +17,7 @@
 //!   pending request straight to consumed, recording who answered.
 //!
 //! Accepted forms: approval ids `apr_` + 24 lowercase hex digits (a unique prefix of at
-//! least 12 characters is accepted by [`Store::approval`](super::Store)); intent ids
+//! least 12 characters is accepted by [`Approvals::approval`](super::Approvals::approval)); intent ids
 //! `int_` + 32 hex; idempotency keys `idk_` + 32 hex. Times are unix milliseconds.
 
 use crate::rows;
@@ -291,7 +291,7 @@ pub enum ReceiptRefusal {
     Nonce,
 }
 
-/// The outcome of [`Store::consume_receipt`](super::Store::consume_receipt).
+/// The outcome of [`Approvals::consume_receipt`](super::Approvals::consume_receipt).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Consumption {
     /// Consumed; the intent exists.
@@ -699,7 +699,7 @@ fn find_open_sql() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Store;
+    use crate::Approvals as _;
 
     /// However many consumed approvals a binding has, the lookup of its open one searches
     /// the partial index, not the binding's rows.

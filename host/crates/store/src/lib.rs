@@ -1,16 +1,19 @@
 //! The state store: connections and their configuration revisions, snapshots, mapping
 //! revisions and the trace, in one embedded SQLite database (`airlock.db`, WAL mode) under
 //! the state directory, or in a PostgreSQL database shared by several hosts ([`postgres`]).
-//! Everything else reaches it through the narrow [`Store`] trait, so callers do not know
-//! which.
+//! Everything else reaches it through the [`Store`] trait, so callers do not know which.
+//! The trait is split by concern ([`Connections`], [`Snapshots`], [`Mappings`], [`Trace`],
+//! [`Approvals`], [`Intents`], [`Hosts`]); a caller imports the ones it calls. Every write
+//! rule is a pure plan ([`plans`]) and every row is read by one parser, both backends
+//! sharing them; each backend only runs them in its own SQL.
 //!
 //! The rules this module enforces:
 //! - **The trace is append-only, MACed and chained.** [`Store`] has no method that updates
 //!   or deletes a trace event, and database triggers refuse `UPDATE`/`DELETE` on the table.
 //!   Each event carries an HMAC-SHA256 under the host key ([`key`]) of its exact stored
-//!   bytes and of the previous event's MAC; [`Store::verify_trace`] recomputes the chain and
+//!   bytes and of the previous event's MAC; [`Trace::verify_trace`] recomputes the chain and
 //!   names the first event that was edited, unlinked, removed, reordered or recomputed
-//!   without the key, and [`Store::verify_trace_against`] checks the head against
+//!   without the key, and [`Trace::verify_trace_against`] checks the head against
 //!   checkpoints kept outside the database (deleted newest events, a deleted trace).
 //! - **The state folder and database are private** ([`airlock_core::private_fs`]): owned by this
 //!   user, writable by no one else, never a symbolic link (nor the `-wal`, `-shm` and
@@ -83,7 +86,7 @@ const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000
 /// How long a statement waits for another connection's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Shortest snapshot digest prefix accepted by [`Store::snapshot`].
+/// Shortest snapshot digest prefix accepted by [`Snapshots::snapshot`].
 const MIN_PREFIX: usize = 8;
 
 /// Migration `i` takes the schema from version `i` to version `i + 1`.
@@ -294,14 +297,14 @@ END;
     // key; events written before stay unkeyed (NULL) and are pinned by the `trace-keyed`
     // event the store appends right after this migration, whose MAC covers their head.
     // The partial index finds the events that prove a mapping's serving state (see
-    // Store::mapping_proofs) without a scan; other events do not enter it.
+    // Trace::mapping_proofs) without a scan; other events do not enter it.
     r#"
 ALTER TABLE trace_events ADD COLUMN key_id TEXT;
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
 "#,
-    // 7 → 8: the events that prove an approval (Store::approval_proofs) or an intent
-    // (Store::intent_proofs) are found by the id their payload names, without a scan;
+    // 7 → 8: the events that prove an approval (Trace::approval_proofs) or an intent
+    // (Trace::intent_proofs) are found by the id their payload names, without a scan;
     // other events do not enter these indexes.
     r#"
 CREATE INDEX trace_events_approval_proofs
@@ -312,7 +315,7 @@ CREATE INDEX trace_events_intent_proofs
     WHERE kind = 'intent-created';
 "#,
     // 8 → 9: the events that change an intent's state after its creation carry
-    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace_only); this index
+    // `intent_state` (Trace::intent_proofs, Trace::intents_open_in_trace_only); this index
     // finds them by the intent their payload names. Reads' outcome events, which name an
     // intent but change none, stay out of it.
     r#"
@@ -336,7 +339,7 @@ CREATE TABLE trace_journals (
 "#,
 ];
 
-/// The SQL (SQLite) of [`Store::intent_proofs`]: both terms of each half repeat an
+/// The SQL (SQLite) of [`Trace::intent_proofs`]: both terms of each half repeat an
 /// expression index's definition word for word (`trace_events_intent_proofs`, migration
 /// 8; `trace_events_intent_states`, migration 9), so each half reads its index.
 fn intent_proofs_sql() -> String {
@@ -352,7 +355,7 @@ fn intent_proofs_sql() -> String {
     )
 }
 
-/// The SQL (SQLite) of [`Store::intents_open_in_trace_only`]: the intents of mapping `?1`
+/// The SQL (SQLite) of [`Trace::intents_open_in_trace_only`]: the intents of mapping `?1`
 /// whose `intent-created` event carries `intent_state`, which no state event closes, and
 /// whose row is missing or not open.
 /// `INDEXED BY`: on a young trace the planner would rather scan the whole table than walk
@@ -486,7 +489,7 @@ impl fmt::Display for MappingState {
     }
 }
 
-/// Result of [`Store::connection_revision`]: the connection's local id and the revision
+/// Result of [`Connections::connection_revision`]: the connection's local id and the revision
 /// number of the given configuration digest.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ConnectionRevision {
@@ -519,7 +522,7 @@ pub struct ConnectionRecord {
     pub first_seen_ms: u64,
 }
 
-/// Result of [`Store::put_snapshot`].
+/// Result of [`Snapshots::put_snapshot`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SnapshotObservation {
     /// The snapshot digest (lowercase hex).
@@ -549,7 +552,7 @@ pub struct StoredSnapshot {
     pub observations: u64,
 }
 
-/// A snapshot without its body, as listed by [`Store::snapshots`].
+/// A snapshot without its body, as listed by [`Snapshots::snapshots`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SnapshotSummary {
     /// Content digest (lowercase hex).
@@ -566,7 +569,7 @@ pub struct SnapshotSummary {
     pub observations: u64,
 }
 
-/// A mapping revision to record with [`Store::add_mapping_revision`].
+/// A mapping revision to record with [`Mappings::add_mapping_revision`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct NewMappingRevision {
     /// Mapping name.
@@ -631,7 +634,7 @@ pub struct MappingRecord {
 
 impl MappingRecord {
     /// For a historical revision: the serving state (`active` or `limited`) it had when a
-    /// later revision superseded it, as [`Store::add_mapping_revision`] wrote it into the
+    /// later revision superseded it, as [`Mappings::add_mapping_revision`] wrote it into the
     /// reason; `None` if it did not serve then or is not historical.
     pub fn superseded_while_serving(&self) -> Option<MappingState> {
         if self.state != MappingState::Historical {
@@ -668,7 +671,7 @@ pub struct TraceEvent {
     pub key_id: Option<String>,
 }
 
-/// Result of [`Store::verify_trace`] and [`Store::verify_trace_against`].
+/// Result of [`Trace::verify_trace`] and [`Trace::verify_trace_against`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TraceVerification {
     /// Number of events in the trace.
@@ -692,8 +695,10 @@ pub struct TraceVerification {
     pub coverage: Vec<String>,
 }
 
-/// The state store. Object safe; every method is one transaction (or one consistent read).
-pub trait Store: Send + Sync {
+/// Connection identity: each configured connection's local id and its configuration
+/// revisions (DESIGN.md §2 "connection"). A connection's revision follows its
+/// configuration digest; nothing here grants anything.
+pub trait Connections: Send + Sync {
     /// Connection identity. `name` is the configured connection name. First sight of a name
     /// assigns a local id (`"conn-"` + 12 lowercase hex from the OS random source). A
     /// `config_digest` not seen before for this connection becomes the next revision (1, 2,
@@ -712,7 +717,11 @@ pub trait Store: Send + Sync {
 
     /// Every connection with its latest revision, by name.
     fn connections(&self) -> anyhow::Result<Vec<ConnectionRecord>>;
+}
 
+/// Discovery records: immutable, content-addressed snapshots and each sighting of them
+/// (the rule: [`plans::snapshot_write`]).
+pub trait Snapshots: Send + Sync {
     /// Content-addressed: the body is stored once per digest; every call records an
     /// observation row with its own time. Errors: a digest that is not hex; a connection
     /// revision that does not exist; a digest already stored with a different body,
@@ -736,7 +745,11 @@ pub trait Store: Send + Sync {
 
     /// Snapshots of one connection (or all), newest `last_seen_ms` first.
     fn snapshots(&self, connection_id: Option<&str>) -> anyhow::Result<Vec<SnapshotSummary>>;
+}
 
+/// Mapping revisions and their lifecycle states: a new revision supersedes the latest
+/// ([`plans::supersede`]); a state changes only by compare-and-set ([`plans::set_state`]).
+pub trait Mappings: Send + Sync {
     /// Latest revision of the mapping, or `None` for an unknown name.
     fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>>;
 
@@ -754,7 +767,7 @@ pub trait Store: Send + Sync {
         self.add_mapping_revision_traced(new, Vec::new())
     }
 
-    /// [`Store::add_mapping_revision`] with `events` appended in the same transaction, each
+    /// [`Mappings::add_mapping_revision`] with `events` appended in the same transaction, each
     /// object payload gaining `"revision": N` (the new revision): the row and the event
     /// that proves it are committed together, or neither.
     fn add_mapping_revision_traced(
@@ -777,7 +790,7 @@ pub trait Store: Send + Sync {
         self.set_mapping_state_traced(name, expected, to, reason, Vec::new())
     }
 
-    /// [`Store::set_mapping_state`] with `events` appended in the same transaction when the
+    /// [`Mappings::set_mapping_state`] with `events` appended in the same transaction when the
     /// state changes (each object payload gaining `"revision": N`); nothing is appended
     /// when it does not.
     fn set_mapping_state_traced(
@@ -788,6 +801,13 @@ pub trait Store: Send + Sync {
         reason: &str,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>>;
+}
+
+/// The append-only, MACed and chained trace: appending, reading, verifying, checkpoints,
+/// and the MAC-checked proofs of serving state (mappings, approvals, intents) read from it.
+pub trait Trace: Send + Sync {
+    /// The key the trace is MACed with; every host on one shared store holds the same.
+    fn trace_key(&self) -> &TraceKey;
 
     /// Appends one event: seq = previous + 1 (starting at 1), at_ms = now, prev_hash =
     /// previous event's hash or 64 zeros, hash = the hex HMAC-SHA256 under the host key of
@@ -801,7 +821,7 @@ pub trait Store: Send + Sync {
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent>;
 
-    /// Appends `events` in order, chained as [`Store::append_trace`] does, and returns once
+    /// Appends `events` in order, chained as [`Trace::append_trace`] does, and returns once
     /// they are committed: `Ok` means every event is in the database, an error means none
     /// is. Concurrent callers share one transaction (group commit, see [`trace`]), each
     /// answered with the result of the transaction that held its events.
@@ -812,7 +832,7 @@ pub trait Store: Send + Sync {
     /// The embedded store writes them as one record of its trace journal ([`journal`]),
     /// moved into the chain and the observations table off the call's path and before
     /// anything reads either; a shared store commits them in one transaction with
-    /// concurrent callers' (group commit), as [`Store::append_events`] does.
+    /// concurrent callers' (group commit), as [`Trace::append_events`] does.
     ///
     /// # Errors
     /// Nothing was recorded: the store cannot write, or (embedded store) its own journal
@@ -843,12 +863,12 @@ pub trait Store: Send + Sync {
     /// reordered event (seq gap), an event MACed with another key, and unkeyed events
     /// after keyed ones (a chain recomputed without the key). Reports the first bad seq
     /// and why, in words a reviewer understands. Cannot see deleted newest events: see
-    /// [`Store::verify_trace_against`].
+    /// [`Trace::verify_trace_against`].
     fn verify_trace(&self) -> anyhow::Result<TraceVerification> {
         self.verify_trace_against(&[])
     }
 
-    /// [`Store::verify_trace`], then checks each checkpoint (with the line it came from):
+    /// [`Trace::verify_trace`], then checks each checkpoint (with the line it came from):
     /// it must verify with the host key, and the trace must still hold its event with
     /// the same MAC. So deleted newest events, a deleted whole trace and a chain rewritten
     /// up to a checkpointed event are reported.
@@ -891,8 +911,8 @@ pub trait Store: Send + Sync {
     /// So it finds rows closed or deleted by hand, however many intents are open. One query
     /// over the trace's intent indexes and the intents table's key. A **prefilter**: the
     /// events are not MAC-checked here, so the caller proves each id it acts on
-    /// ([`Store::intent_proofs`]); a forged closing event hides an intent from this list
-    /// and is caught by [`Store::verify_trace`].
+    /// ([`Trace::intent_proofs`]); a forged closing event hides an intent from this list
+    /// and is caught by [`Trace::verify_trace`].
     ///
     /// # Errors
     /// The store fails.
@@ -911,7 +931,12 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store fails.
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64>;
+}
 
+/// Approval requests and their receipts: a person's decision
+/// ([`ApprovalRecord`]'s decision rule) and consumption with the intent it creates
+/// ([`plans::check_consumption`]: expired → state → nonce → changed fields).
+pub trait Approvals: Send + Sync {
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
     fn create_approval(
@@ -958,7 +983,11 @@ pub trait Store: Send + Sync {
         intent: &NewIntent,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Consumption>;
+}
 
+/// Intents and their attempts: one stable effect id across every attempt, its outcome,
+/// and the resolution of an unknown one ([`plans::check_resolvable`]).
+pub trait Intents: Send + Sync {
     /// Records an intent that needs no receipt, with `events`, in one transaction.
     fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()>;
 
@@ -970,7 +999,7 @@ pub trait Store: Send + Sync {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()>;
 
-    /// [`Store::set_intent_state`] with the observations of the call, in the same
+    /// [`Intents::set_intent_state`] with the observations of the call, in the same
     /// transaction.
     fn finish_intent(
         &self,
@@ -1013,6 +1042,20 @@ pub trait Store: Send + Sync {
     /// Intents matching `filter`, newest first.
     fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>>;
 
+    /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
+    /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
+    /// has a definite outcome.
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord>;
+}
+
+/// What several hosts on one store share: change signals, live-host registration and
+/// shared references. The embedded store serves one host and answers with its defaults.
+pub trait Hosts: Send + Sync {
     /// A signal, when the store can give one, that another process or host changed what
     /// a serving host re-reads (mapping records, approvals): the value moves on each
     /// change (and once after the store's listener reconnects, since changes may have been
@@ -1022,11 +1065,8 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// The key the trace is MACed with; every host on one shared store holds the same.
-    fn trace_key(&self) -> &TraceKey;
-
     /// Whether several hosts may serve from this store at once (PostgreSQL). Then
-    /// references are kept here too ([`Store::write_references`]), sessions of one
+    /// references are kept here too ([`Hosts::write_references`]), sessions of one
     /// principal have one id on every host, and an open intent of another live host is
     /// left to it. `false` (SQLite): one host at a time.
     fn is_shared(&self) -> bool {
@@ -1073,16 +1113,17 @@ pub trait Store: Send + Sync {
         let _ = (scope, token_sha256);
         anyhow::bail!("references are kept in the host's memory with this store")
     }
+}
 
-    /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
-    /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
-    /// has a definite outcome.
-    fn resolve_intent(
-        &self,
-        id: &str,
-        resolution: &Resolution,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<IntentRecord>;
+/// The state store: every concern at once. Object safe (`Arc<dyn Store>`), and every
+/// method is one transaction (or one consistent read). Implemented for every type that
+/// implements each concern; a caller imports the concern traits whose methods it calls
+/// (`use airlock_store::{Approvals, Intents}`).
+pub trait Store: Connections + Snapshots + Mappings + Trace + Approvals + Intents + Hosts {}
+
+impl<T> Store for T where
+    T: Connections + Snapshots + Mappings + Trace + Approvals + Intents + Hosts + ?Sized
+{
 }
 
 /// [`Store`] on one SQLite database file. One connection per value, behind a mutex; open
@@ -1408,7 +1449,7 @@ impl SqliteStore {
     /// The connection, with every journal's records (this process's and any other's)
     /// moved into the trace first: a reader of the trace or of the observations sees every
     /// call that was answered. Journals that cannot be moved are left out (and reported by
-    /// [`Store::verify_trace`]).
+    /// [`Trace::verify_trace`]).
     fn lock_all_moved(&self) -> anyhow::Result<MutexGuard<'_, Connection>> {
         let mut conn = self.lock();
         self.journal
@@ -1670,11 +1711,10 @@ fn load_snapshot(conn: &Connection, digest: &str) -> rusqlite::Result<Option<Sto
     .optional()
 }
 
-impl Store for SqliteStore {
-    fn trace_key(&self) -> &TraceKey {
-        &self.key
-    }
+/// The embedded store serves one host: no change signal, no shared references.
+impl Hosts for SqliteStore {}
 
+impl Connections for SqliteStore {
     fn connection_revision(
         &self,
         name: &str,
@@ -1777,7 +1817,9 @@ impl Store for SqliteStore {
         };
         run().with_context(|| self.context("listing connections"))
     }
+}
 
+impl Snapshots for SqliteStore {
     fn put_snapshot(
         &self,
         digest: &str,
@@ -1928,7 +1970,9 @@ impl Store for SqliteStore {
         };
         run().with_context(|| self.context("listing snapshots"))
     }
+}
 
+impl Mappings for SqliteStore {
     fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>> {
         let conn = self.lock();
         latest_mapping(&conn, name)
@@ -2060,6 +2104,12 @@ impl Store for SqliteStore {
             self.context(&format!("changing the state of mapping {name:?} to {to}"))
         })
     }
+}
+
+impl Trace for SqliteStore {
+    fn trace_key(&self) -> &TraceKey {
+        &self.key
+    }
 
     fn append_trace(
         &self,
@@ -2122,119 +2172,6 @@ impl Store for SqliteStore {
                 .collect()
         };
         run().with_context(|| self.context("reading the trace"))
-    }
-
-    fn create_approval(
-        &self,
-        new: &NewApproval,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<ApprovalRecord> {
-        self.create_approval_impl(new, events)
-    }
-
-    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
-        self.approval_impl(id)
-    }
-
-    fn approvals(
-        &self,
-        state: Option<ApprovalState>,
-        limit: usize,
-    ) -> anyhow::Result<Vec<ApprovalRecord>> {
-        self.approvals_impl(state, limit)
-    }
-
-    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
-        self.find_approval_impl(binding)
-    }
-
-    fn decide_approval(
-        &self,
-        id: &str,
-        decision: ApprovalDecision,
-        by: &str,
-        reason: Option<&str>,
-        ttl_ms: u64,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<ApprovalRecord> {
-        self.decide_approval_impl(id, decision, by, reason, ttl_ms, events)
-    }
-
-    fn consume_receipt(
-        &self,
-        id: &str,
-        binding: &ReceiptBinding,
-        how: ConsumeAs<'_>,
-        intent: &NewIntent,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<Consumption> {
-        self.consume_receipt_impl(id, binding, how, intent, events)
-    }
-
-    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
-        self.create_intent_impl(intent, events)
-    }
-
-    fn set_intent_state(
-        &self,
-        id: &str,
-        state: IntentState,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events, &[])
-    }
-
-    fn finish_intent(
-        &self,
-        id: &str,
-        state: IntentState,
-        events: Vec<NewEvent>,
-        observations: Vec<NewObservation>,
-    ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events, &observations)
-    }
-
-    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
-        self.intent_impl(id)
-    }
-
-    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
-        self.attempt_sending_impl(intent, attempt)
-    }
-
-    fn attempt_answered(
-        &self,
-        intent: &str,
-        attempt: u32,
-        request_id: &str,
-        answered: bool,
-    ) -> anyhow::Result<()> {
-        self.attempt_answered_impl(intent, attempt, request_id, answered)
-    }
-
-    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
-        self.advance_attempt_impl(intent, attempt, to)
-    }
-
-    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
-        self.new_attempt_impl(intent)
-    }
-
-    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
-        self.attempts_impl(intent)
-    }
-
-    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
-        self.intents_impl(filter)
-    }
-
-    fn resolve_intent(
-        &self,
-        id: &str,
-        resolution: &Resolution,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<IntentRecord> {
-        self.resolve_intent_impl(id, resolution, events)
     }
 
     fn verify_trace_against(
@@ -2347,6 +2284,123 @@ impl Store for SqliteStore {
             .with_context(|| self.context("reading the trace head"))?;
         let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
         Ok(self.key.checkpoint(seq, &head, now_ms()))
+    }
+}
+
+impl Approvals for SqliteStore {
+    fn create_approval(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        self.create_approval_impl(new, events)
+    }
+
+    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.approval_impl(id)
+    }
+
+    fn approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        self.approvals_impl(state, limit)
+    }
+
+    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.find_approval_impl(binding)
+    }
+
+    fn decide_approval(
+        &self,
+        id: &str,
+        decision: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        self.decide_approval_impl(id, decision, by, reason, ttl_ms, events)
+    }
+
+    fn consume_receipt(
+        &self,
+        id: &str,
+        binding: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Consumption> {
+        self.consume_receipt_impl(id, binding, how, intent, events)
+    }
+}
+
+impl Intents for SqliteStore {
+    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        self.create_intent_impl(intent, events)
+    }
+
+    fn set_intent_state(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        self.set_intent_state_impl(id, state, events, &[])
+    }
+
+    fn finish_intent(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()> {
+        self.set_intent_state_impl(id, state, events, &observations)
+    }
+
+    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
+        self.intent_impl(id)
+    }
+
+    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
+        self.attempt_sending_impl(intent, attempt)
+    }
+
+    fn attempt_answered(
+        &self,
+        intent: &str,
+        attempt: u32,
+        request_id: &str,
+        answered: bool,
+    ) -> anyhow::Result<()> {
+        self.attempt_answered_impl(intent, attempt, request_id, answered)
+    }
+
+    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
+        self.advance_attempt_impl(intent, attempt, to)
+    }
+
+    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
+        self.new_attempt_impl(intent)
+    }
+
+    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
+        self.attempts_impl(intent)
+    }
+
+    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
+        self.intents_impl(filter)
+    }
+
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord> {
+        self.resolve_intent_impl(id, resolution, events)
     }
 }
 
@@ -2711,6 +2765,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("state")).unwrap();
         (dir, store)
+    }
+
+    /// A caller can hold only the concerns it uses, and [`Store`] is every concern at
+    /// once: what one concern writes, another reads, through the same store.
+    #[test]
+    fn each_concern_is_a_trait_of_its_own_and_a_store_is_all_of_them() {
+        fn record(trace: &dyn Trace) -> TraceEvent {
+            trace.append_trace("test", "s", &json!({"n": 1})).unwrap()
+        }
+        fn newest(store: &dyn Store) -> Option<TraceEvent> {
+            store.trace(0, 100).unwrap().pop()
+        }
+        let (_dir, store) = open_temp();
+        let written = record(&store);
+        let hosts: &dyn Hosts = &store;
+        assert!(!hosts.is_shared(), "the embedded store serves one host");
+        assert_eq!(newest(&store), Some(written));
     }
 
     /// The trace's commits do not checkpoint: the store's thread does, once the WAL passes

@@ -29,7 +29,7 @@
 //! with `/` is a Unix-socket folder. No TLS: this build connects with `NoTls`, so use a
 //! Unix socket or a loopback address; `sslmode=require` is refused.
 //!
-//! Sync over async: the [`Store`] trait is synchronous and is called from tokio tasks.
+//! Sync over async: the [`Store`](crate::Store) trait is synchronous and is called from tokio tasks.
 //! The connections' I/O runs on one dedicated thread owning a current-thread runtime;
 //! a store method waits on the client's futures with `futures_executor::block_on`, which
 //! (unlike tokio's `block_on`) works on any thread, inside a runtime or not, because a
@@ -40,7 +40,7 @@
 //! Changes reach other hosts by `LISTEN/NOTIFY`: a write that changes what serving hosts
 //! re-read (mapping revisions and states, approval decisions) calls `pg_notify` on
 //! [`CHANGES_CHANNEL`] in its transaction (delivered at commit, never for a rollback), and
-//! each store listens on a connection of its own ([`Store::changes`]).
+//! each store listens on a connection of its own ([`Hosts::changes`]).
 //!
 //! Differences from SQLite: appends are not group-committed (each call is its own
 //! transaction); PostgreSQL `TEXT` cannot hold a NUL character, so a subject, kind or
@@ -70,11 +70,11 @@ use super::rows;
 use super::shared;
 use super::trace::{self, NewEvent};
 use super::{
-    CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, GENESIS_HASH,
-    MAPPING_COLUMNS, MIN_PREFIX, MappingRecord, MappingState, NewMappingRevision, NewObservation,
-    SNAPSHOT_SUMMARY_SELECT, SnapshotObservation, SnapshotSummary, Store, StoredSnapshot,
-    TRACE_COLUMNS, TRACE_KEYED, TraceEvent, TraceVerification, canonical, is_hex, ms_to_sql,
-    new_connection_id, now_ms, with_revision,
+    Approvals, CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, Connections,
+    GENESIS_HASH, Hosts, Intents, MAPPING_COLUMNS, MIN_PREFIX, MappingRecord, MappingState,
+    Mappings, NewMappingRevision, NewObservation, SNAPSHOT_SUMMARY_SELECT, SnapshotObservation,
+    SnapshotSummary, Snapshots, StoredSnapshot, TRACE_COLUMNS, TRACE_KEYED, Trace, TraceEvent,
+    TraceVerification, canonical, is_hex, ms_to_sql, new_connection_id, now_ms, with_revision,
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
@@ -189,7 +189,7 @@ CREATE TRIGGER trace_events_no_truncate BEFORE TRUNCATE ON trace_events
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
 -- The events that prove an approval or an intent, found by the id their payload names
--- (Store::approval_proofs, Store::intent_proofs).
+-- (Trace::approval_proofs, Trace::intent_proofs).
 CREATE INDEX trace_events_approval_proofs ON trace_events (((payload::jsonb ->> 'approval')), seq)
     WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed');
 CREATE INDEX trace_events_intent_proofs ON trace_events (((payload::jsonb ->> 'intent')), seq)
@@ -310,7 +310,7 @@ CREATE TABLE reference_bindings (
 CREATE INDEX reference_bindings_by_scope ON reference_bindings (scope, expires_ms);
 "#,
     // 2 → 3: the events that change an intent's state after its creation carry
-    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace_only), found by the
+    // `intent_state` (Trace::intent_proofs, Trace::intents_open_in_trace_only), found by the
     // intent their payload names; reads' outcome events stay out of the index.
     r#"
 CREATE INDEX trace_events_intent_states ON trace_events (((payload::jsonb ->> 'intent')), seq)
@@ -592,10 +592,10 @@ fn pg_error(e: &tokio_postgres::Error) -> String {
     s
 }
 
-/// [`Store`] on a PostgreSQL database shared by several hosts. Open one value per
+/// [`Store`](crate::Store) on a PostgreSQL database shared by several hosts. Open one value per
 /// process and share it; it keeps up to eight connections.
 pub struct PostgresStore {
-    /// The connection that holds this host's liveness lock ([`Store::register_host`]);
+    /// The connection that holds this host's liveness lock ([`Hosts::register_host`]);
     /// dropped before the pool's I/O thread stops.
     liveness: Mutex<Option<Client>>,
     pool: Pool,
@@ -760,7 +760,7 @@ impl PostgresStore {
 
     /// Starts the change listener on the I/O thread (it ends with the store): one
     /// connection of its own that `LISTEN`s on [`CHANGES_CHANNEL`] and moves
-    /// [`Store::changes`] on each notification; after a lost connection it connects
+    /// [`Hosts::changes`] on each notification; after a lost connection it connects
     /// again every [`LISTEN_RETRY`] and signals once (changes made meanwhile were not
     /// heard).
     fn listen(&self) {
@@ -1271,161 +1271,7 @@ async fn write_observations(
     Ok(())
 }
 
-impl Store for PostgresStore {
-    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.changes.subscribe())
-    }
-
-    fn trace_key(&self) -> &TraceKey {
-        &self.key
-    }
-
-    fn is_shared(&self) -> bool {
-        true
-    }
-
-    fn register_host(&self, instance: &str) -> anyhow::Result<()> {
-        let (class, object) = shared::liveness_keys(instance);
-        let conn = self
-            .pool
-            .connect()
-            .with_context(|| self.context("registering this host"))?;
-        block_on(
-            conn.client
-                .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &object]),
-        )
-        .map_err(db)
-        .with_context(|| self.context("taking this host's liveness lock"))?;
-        *self.liveness.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.client);
-        Ok(())
-    }
-
-    fn host_alive(&self, instance: &str) -> anyhow::Result<bool> {
-        let (class, object) = shared::liveness_keys(instance);
-        self.read("asking whether a host is alive", async |c| {
-            let taken: bool = c
-                .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &object])
-                .await
-                .map_err(db)?
-                .get(0);
-            if taken {
-                // The lock was free: its holder is gone. Give it back at once.
-                c.execute("SELECT pg_advisory_unlock($1, $2)", &[&class, &object])
-                    .await
-                    .map_err(db)?;
-            }
-            Ok(!taken)
-        })
-    }
-
-    fn write_references(
-        &self,
-        scope: &str,
-        put: &[shared::SharedReference],
-        drop: &[String],
-    ) -> anyhow::Result<()> {
-        let now = ms_to_sql(now_ms())?;
-        let mut tokens = Vec::with_capacity(put.len());
-        let mut kinds = Vec::with_capacity(put.len());
-        let mut mappings = Vec::with_capacity(put.len());
-        let mut revisions = Vec::with_capacity(put.len());
-        let mut locators = Vec::with_capacity(put.len());
-        let mut facts = Vec::with_capacity(put.len());
-        let mut expires = Vec::with_capacity(put.len());
-        for r in put {
-            if r.scope != scope {
-                bail!(
-                    "a reference of scope {} written under scope {scope}",
-                    r.scope
-                );
-            }
-            tokens.push(r.token_sha256.clone());
-            kinds.push(r.kind.clone());
-            mappings.push(r.mapping.clone());
-            revisions.push(r.revision);
-            locators.push(r.locator.clone());
-            facts.push(serde_json::Value::Object(r.facts.clone()).to_string());
-            expires.push(ms_to_sql(r.expires_ms)?);
-        }
-        let drop = drop.to_vec();
-        let mut lease = self.pool.get()?;
-        let Conn { client, statements } = lease.conn();
-        block_on(async {
-            let tx = client.transaction().await.map_err(db)?;
-            let sql = Sql { c: &tx, statements };
-            if !drop.is_empty() {
-                sql.execute(
-                    "DELETE FROM reference_bindings WHERE scope = $1 AND token_sha256 = ANY($2)",
-                    &[&scope, &drop],
-                )
-                .await
-                .map_err(db)?;
-            }
-            sql.execute(
-                "DELETE FROM reference_bindings WHERE scope = $1 AND expires_ms < $2",
-                &[&scope, &now],
-            )
-            .await
-            .map_err(db)?;
-            if !tokens.is_empty() {
-                // One statement for the whole batch; a token already there keeps its row
-                // (and its scope): only its expiry moves, and only within its own scope.
-                sql.execute(
-                    "INSERT INTO reference_bindings (token_sha256, scope, kind, mapping, \
-                     revision, locator, facts, expires_ms, created_ms) \
-                     SELECT t, $1, k, m, r, l, f, e, $9 FROM UNNEST($2::text[], $3::text[], \
-                     $4::text[], $5::bigint[], $6::text[], $7::text[], $8::bigint[]) \
-                     AS u(t, k, m, r, l, f, e) \
-                     ON CONFLICT (token_sha256) DO UPDATE SET expires_ms = EXCLUDED.expires_ms \
-                     WHERE reference_bindings.scope = EXCLUDED.scope",
-                    &[
-                        &scope, &tokens, &kinds, &mappings, &revisions, &locators, &facts,
-                        &expires, &now,
-                    ],
-                )
-                .await
-                .map_err(db)?;
-            }
-            tx.commit().await.map_err(db)?;
-            Ok::<_, anyhow::Error>(())
-        })
-        .with_context(|| self.context("writing references"))
-    }
-
-    fn find_reference(
-        &self,
-        scope: &str,
-        token_sha256: &str,
-    ) -> anyhow::Result<Option<shared::SharedReference>> {
-        self.read("reading a reference", async |c| {
-            let Some(row) = c
-                .query_opt(
-                    "SELECT kind, mapping, revision, locator, facts, expires_ms \
-                     FROM reference_bindings WHERE token_sha256 = $1 AND scope = $2",
-                    &[&token_sha256, &scope],
-                )
-                .await
-                .map_err(db)?
-            else {
-                return Ok(None);
-            };
-            let facts = match rows::json(&row, 4)? {
-                serde_json::Value::Object(m) => m,
-                other => bail!("reference facts are not an object: {other}"),
-            };
-            Ok(Some(shared::SharedReference {
-                token_sha256: token_sha256.to_owned(),
-                scope: scope.to_owned(),
-                kind: row.try_get(0).map_err(db)?,
-                mapping: row.try_get(1).map_err(db)?,
-                revision: row.try_get(2).map_err(db)?,
-                locator: row.try_get(3).map_err(db)?,
-                facts,
-                expires_ms: rows::ms(&row, 5)?,
-            }))
-        })
-    }
-
+impl Connections for PostgresStore {
     fn connection_revision(
         &self,
         name: &str,
@@ -1539,7 +1385,9 @@ impl Store for PostgresStore {
                 .collect()
         })
     }
+}
 
+impl Snapshots for PostgresStore {
     fn put_snapshot(
         &self,
         digest: &str,
@@ -1700,7 +1548,9 @@ impl Store for PostgresStore {
             .collect()
         })
     }
+}
 
+impl Mappings for PostgresStore {
     fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>> {
         self.read(&format!("reading mapping {name:?}"), async |c| {
             latest_mapping(c, name).await
@@ -1844,6 +1694,12 @@ impl Store for PostgresStore {
                 Ok(Some(changed))
             },
         )
+    }
+}
+
+impl Trace for PostgresStore {
+    fn trace_key(&self) -> &TraceKey {
+        &self.key
     }
 
     fn append_trace(
@@ -2105,7 +1961,9 @@ impl Store for PostgresStore {
             },
         )
     }
+}
 
+impl Approvals for PostgresStore {
     fn create_approval(
         &self,
         new: &NewApproval,
@@ -2345,7 +2203,9 @@ impl Store for PostgresStore {
             Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
         })
     }
+}
 
+impl Intents for PostgresStore {
     fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
         let now = ms_to_sql(now_ms())?;
         self.transact("recording an intent", &events, async |tx| {
@@ -2549,6 +2409,158 @@ impl Store for PostgresStore {
             load_intent(tx, id)
                 .await?
                 .ok_or_else(|| anyhow!("intent `{id}` vanished"))
+        })
+    }
+}
+
+impl Hosts for PostgresStore {
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn register_host(&self, instance: &str) -> anyhow::Result<()> {
+        let (class, object) = shared::liveness_keys(instance);
+        let conn = self
+            .pool
+            .connect()
+            .with_context(|| self.context("registering this host"))?;
+        block_on(
+            conn.client
+                .execute("SELECT pg_advisory_lock($1, $2)", &[&class, &object]),
+        )
+        .map_err(db)
+        .with_context(|| self.context("taking this host's liveness lock"))?;
+        *self.liveness.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.client);
+        Ok(())
+    }
+
+    fn host_alive(&self, instance: &str) -> anyhow::Result<bool> {
+        let (class, object) = shared::liveness_keys(instance);
+        self.read("asking whether a host is alive", async |c| {
+            let taken: bool = c
+                .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&class, &object])
+                .await
+                .map_err(db)?
+                .get(0);
+            if taken {
+                // The lock was free: its holder is gone. Give it back at once.
+                c.execute("SELECT pg_advisory_unlock($1, $2)", &[&class, &object])
+                    .await
+                    .map_err(db)?;
+            }
+            Ok(!taken)
+        })
+    }
+
+    fn write_references(
+        &self,
+        scope: &str,
+        put: &[shared::SharedReference],
+        drop: &[String],
+    ) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        let mut tokens = Vec::with_capacity(put.len());
+        let mut kinds = Vec::with_capacity(put.len());
+        let mut mappings = Vec::with_capacity(put.len());
+        let mut revisions = Vec::with_capacity(put.len());
+        let mut locators = Vec::with_capacity(put.len());
+        let mut facts = Vec::with_capacity(put.len());
+        let mut expires = Vec::with_capacity(put.len());
+        for r in put {
+            if r.scope != scope {
+                bail!(
+                    "a reference of scope {} written under scope {scope}",
+                    r.scope
+                );
+            }
+            tokens.push(r.token_sha256.clone());
+            kinds.push(r.kind.clone());
+            mappings.push(r.mapping.clone());
+            revisions.push(r.revision);
+            locators.push(r.locator.clone());
+            facts.push(serde_json::Value::Object(r.facts.clone()).to_string());
+            expires.push(ms_to_sql(r.expires_ms)?);
+        }
+        let drop = drop.to_vec();
+        let mut lease = self.pool.get()?;
+        let Conn { client, statements } = lease.conn();
+        block_on(async {
+            let tx = client.transaction().await.map_err(db)?;
+            let sql = Sql { c: &tx, statements };
+            if !drop.is_empty() {
+                sql.execute(
+                    "DELETE FROM reference_bindings WHERE scope = $1 AND token_sha256 = ANY($2)",
+                    &[&scope, &drop],
+                )
+                .await
+                .map_err(db)?;
+            }
+            sql.execute(
+                "DELETE FROM reference_bindings WHERE scope = $1 AND expires_ms < $2",
+                &[&scope, &now],
+            )
+            .await
+            .map_err(db)?;
+            if !tokens.is_empty() {
+                // One statement for the whole batch; a token already there keeps its row
+                // (and its scope): only its expiry moves, and only within its own scope.
+                sql.execute(
+                    "INSERT INTO reference_bindings (token_sha256, scope, kind, mapping, \
+                     revision, locator, facts, expires_ms, created_ms) \
+                     SELECT t, $1, k, m, r, l, f, e, $9 FROM UNNEST($2::text[], $3::text[], \
+                     $4::text[], $5::bigint[], $6::text[], $7::text[], $8::bigint[]) \
+                     AS u(t, k, m, r, l, f, e) \
+                     ON CONFLICT (token_sha256) DO UPDATE SET expires_ms = EXCLUDED.expires_ms \
+                     WHERE reference_bindings.scope = EXCLUDED.scope",
+                    &[
+                        &scope, &tokens, &kinds, &mappings, &revisions, &locators, &facts,
+                        &expires, &now,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+            }
+            tx.commit().await.map_err(db)?;
+            Ok::<_, anyhow::Error>(())
+        })
+        .with_context(|| self.context("writing references"))
+    }
+
+    fn find_reference(
+        &self,
+        scope: &str,
+        token_sha256: &str,
+    ) -> anyhow::Result<Option<shared::SharedReference>> {
+        self.read("reading a reference", async |c| {
+            let Some(row) = c
+                .query_opt(
+                    "SELECT kind, mapping, revision, locator, facts, expires_ms \
+                     FROM reference_bindings WHERE token_sha256 = $1 AND scope = $2",
+                    &[&token_sha256, &scope],
+                )
+                .await
+                .map_err(db)?
+            else {
+                return Ok(None);
+            };
+            let facts = match rows::json(&row, 4)? {
+                serde_json::Value::Object(m) => m,
+                other => bail!("reference facts are not an object: {other}"),
+            };
+            Ok(Some(shared::SharedReference {
+                token_sha256: token_sha256.to_owned(),
+                scope: scope.to_owned(),
+                kind: row.try_get(0).map_err(db)?,
+                mapping: row.try_get(1).map_err(db)?,
+                revision: row.try_get(2).map_err(db)?,
+                locator: row.try_get(3).map_err(db)?,
+                facts,
+                expires_ms: rows::ms(&row, 5)?,
+            }))
         })
     }
 }
