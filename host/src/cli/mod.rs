@@ -1448,8 +1448,9 @@ pub fn shared_store() -> Option<&'static str> {
 fn registry_for(state_dir: Option<PathBuf>) -> Result<crate::registry::Registry> {
     if let Some(target) = shared_store() {
         let dir = state_dir.or_else(crate::config::default_state_dir);
-        let store = crate::store::PostgresStore::open(target, dir.as_deref(), None)?;
-        return Ok(crate::registry::Registry::new(std::sync::Arc::new(store)));
+        let target = crate::store::Target::Postgres(target.to_owned());
+        let store = crate::store::open(&target, dir.as_deref(), None)?;
+        return Ok(crate::registry::Registry::new(store));
     }
     let dir = state_dir
         .or_else(crate::config::default_state_dir)

@@ -1064,12 +1064,11 @@ pub fn verification_text(v: &crate::store::TraceVerification) -> String {
 /// # Errors
 /// The store cannot be opened.
 pub fn registry_at(state_dir: &Path) -> Result<Registry> {
-    if let Some(target) = crate::cli::shared_store() {
-        let store = crate::store::PostgresStore::open(target, Some(state_dir), None)?;
-        return Ok(Registry::new(std::sync::Arc::new(store)));
-    }
-    let store = crate::store::SqliteStore::open(state_dir)?;
-    Ok(Registry::new(std::sync::Arc::new(store)))
+    let target = crate::cli::shared_store().map_or(crate::store::Target::Sqlite, |target| {
+        crate::store::Target::Postgres(target.to_owned())
+    });
+    let store = crate::store::open(&target, Some(state_dir), None)?;
+    Ok(Registry::new(store))
 }
 
 /// The registry of the store `config` names when that is the shared PostgreSQL store

@@ -1,8 +1,9 @@
 //! The state store: connections and their configuration revisions, snapshots, mapping
 //! revisions and the trace, in one embedded SQLite database (`airlock.db`, WAL mode) under
 //! the state directory, or in a PostgreSQL database shared by several hosts ([`postgres`]).
-//! Everything else reaches it through the [`Store`] trait, so callers do not know which.
-//! The trait is split by concern ([`Connections`], [`Snapshots`], [`Mappings`], [`Trace`],
+//! Everything else opens it with [`open`] (the one place that decides which, from a
+//! [`Target`]) and reaches it through the [`Store`] trait, so callers do not know which. The
+//! trait is split by concern ([`Connections`], [`Snapshots`], [`Mappings`], [`Trace`],
 //! [`Approvals`], [`Intents`], [`Hosts`]); a caller imports the ones it calls. Every write
 //! rule is a pure plan ([`plans`]) and every row is read by one parser, both backends
 //! sharing them; each backend only runs them in its own SQL.
@@ -61,6 +62,7 @@ pub mod plans;
 pub mod postgres;
 mod rows;
 pub mod shared;
+pub mod target;
 pub mod trace;
 mod wal_checkpoint;
 
@@ -72,6 +74,7 @@ pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, Resolut
 pub use key::{Checkpoint, KeySource, TraceKey};
 pub use observations::{NewObservation, observation_id};
 pub use postgres::PostgresStore;
+pub use target::{Target, open};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
