@@ -28,8 +28,8 @@ use airlock::policy::{CallFacts, CapabilityFacts, Policy, PolicyEngine, Principa
 use airlock::registry::Registry;
 use airlock::registry::live::MappingSource;
 use airlock::store::{
-    ApprovalDecision, ConsumeAs, NewApproval, NewEvent, NewIntent, ReceiptBinding, SqliteStore,
-    Store,
+    ApprovalDecision, Approvals, Connections, ConsumeAs, Hosts, Intents, Mappings, NewApproval,
+    NewEvent, NewIntent, ReceiptBinding, Snapshots, SqliteStore, Store, Trace,
 };
 use serde_json::{Map, Value, json};
 
@@ -70,10 +70,7 @@ fn time(n: usize, mut f: impl FnMut(usize)) -> Stats {
 /// measurement. Bench only.
 struct NoCallTrace(SqliteStore);
 
-impl Store for NoCallTrace {
-    fn trace_key(&self) -> &airlock::store::TraceKey {
-        self.0.trace_key()
-    }
+impl Connections for NoCallTrace {
     fn connection_revision(
         &self,
         name: &str,
@@ -88,6 +85,9 @@ impl Store for NoCallTrace {
     fn connections(&self) -> anyhow::Result<Vec<airlock::store::ConnectionRecord>> {
         self.0.connections()
     }
+}
+
+impl Snapshots for NoCallTrace {
     fn put_snapshot(
         &self,
         digest: &str,
@@ -107,6 +107,9 @@ impl Store for NoCallTrace {
     fn snapshots(&self, c: Option<&str>) -> anyhow::Result<Vec<airlock::store::SnapshotSummary>> {
         self.0.snapshots(c)
     }
+}
+
+impl Mappings for NoCallTrace {
     fn mapping(&self, name: &str) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
         self.0.mapping(name)
     }
@@ -148,6 +151,12 @@ impl Store for NoCallTrace {
     ) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
         self.0
             .set_mapping_state_traced(name, expected, to, reason, events)
+    }
+}
+
+impl Trace for NoCallTrace {
+    fn trace_key(&self) -> &airlock::store::TraceKey {
+        self.0.trace_key()
     }
     fn append_trace(
         &self,
@@ -198,6 +207,9 @@ impl Store for NoCallTrace {
     ) -> anyhow::Result<Vec<String>> {
         self.0.intents_open_in_trace_only(mapping, limit)
     }
+}
+
+impl Approvals for NoCallTrace {
     fn create_approval(
         &self,
         new: &NewApproval,
@@ -242,6 +254,9 @@ impl Store for NoCallTrace {
     ) -> anyhow::Result<airlock::store::Consumption> {
         self.0.consume_receipt(id, b, how, intent, events)
     }
+}
+
+impl Intents for NoCallTrace {
     fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
         self.0.create_intent(intent, events)
     }
@@ -314,6 +329,8 @@ impl Store for NoCallTrace {
         self.0.resolve_intent(id, resolution, events)
     }
 }
+
+impl Hosts for NoCallTrace {}
 
 const EXAMPLE_POLICY: &str = include_str!("../../airlock.example.cedar");
 

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::store::{PostgresStore, SqliteStore, Store};
+use airlock::store::{PostgresStore, SqliteStore, Store, Trace as _};
 use rmcp::model::JsonObject;
 use serde_json::json;
 

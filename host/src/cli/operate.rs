@@ -1063,15 +1063,13 @@ pub fn verification_text(v: &crate::store::TraceVerification) -> String {
 /// opens a store by its state folder opens it here.
 ///
 /// # Errors
-/// No state folder for SQLite; the store cannot be opened.
+/// The store cannot be opened; no state folder for the embedded store.
 pub fn registry_at(state_dir: Option<&Path>) -> Result<Registry> {
-    if let Some(target) = crate::cli::shared_store() {
-        let store = crate::store::PostgresStore::open(target, state_dir, None)?;
-        return Ok(Registry::new(std::sync::Arc::new(store)));
-    }
-    let dir = state_dir.context("no state folder: pass --state-dir or set AIRLOCK_STATE_DIR")?;
-    let store = crate::store::SqliteStore::open(dir)?;
-    Ok(Registry::new(std::sync::Arc::new(store)))
+    let target = crate::cli::shared_store().map_or(crate::store::Target::Sqlite, |target| {
+        crate::store::Target::Postgres(target.to_owned())
+    });
+    let store = crate::store::open(&target, state_dir, None)?;
+    Ok(Registry::new(store))
 }
 
 /// The registry of the store `config` names when that is the shared PostgreSQL store

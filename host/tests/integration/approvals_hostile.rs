@@ -20,7 +20,7 @@ use airlock::pipeline::{
     Session,
 };
 use airlock::registry::live::MappingSource;
-use airlock::store::{NewEvent, SqliteStore, Store as _};
+use airlock::store::{NewEvent, SqliteStore, Trace as _};
 use airlock::upstream::StdioServer;
 
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! imports only `airlock:host@0.1.0`, `outbox-delivery` imports `airlock:host/context@0.2.0`.
 //! Real `airlock serve`, real components, the real delivery fixture and its call log.
 
-use airlock::store::{SqliteStore, Store as _};
+use airlock::store::{Intents as _, SqliteStore};
 use serde_json::{Value, json};
 
 use crate::common::*;

@@ -8,7 +8,7 @@ use std::io::{BufRead as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use airlock::store::{PostgresStore, Store as _};
+use airlock::store::{Hosts as _, PostgresStore, Trace as _};
 use serde_json::{Value, json};
 
 use crate::common::*;

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use airlock::store::{
-    ApprovalDecision, ApprovalMode, ApprovalState, AttemptState, ConsumeAs, Consumption,
-    IntentFilter, IntentState, MappingState, NewApproval, NewEvent, NewIntent, NewMappingRevision,
-    PostgresStore, ReceiptBinding, ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore,
-    Store, TraceKey,
+    ApprovalDecision, ApprovalMode, ApprovalState, Approvals as _, AttemptState, Connections as _,
+    ConsumeAs, Consumption, Hosts as _, IntentFilter, IntentState, MappingState, Mappings as _,
+    NewApproval, NewEvent, NewIntent, NewMappingRevision, PostgresStore, ReceiptBinding,
+    ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore, Store, Target, Trace as _, TraceKey,
+    open,
 };
 use serde_json::json;
 
@@ -40,14 +41,13 @@ impl Db {
         }
     }
 
-    /// Another store on the same database (another process or host would hold one).
+    /// Another store on the same database (another process or host would hold one),
+    /// opened as every command and host opens one ([`airlock::store::open`]).
     fn open(&self) -> Arc<dyn Store> {
         match self {
-            Db::Sqlite(dir) => {
-                Arc::new(SqliteStore::open_with_key(dir.path(), Some(key())).unwrap())
-            }
+            Db::Sqlite(dir) => open(&Target::Sqlite, Some(dir.path()), Some(key())).unwrap(),
             Db::Postgres(target) => {
-                Arc::new(PostgresStore::open(target, None, Some(key())).unwrap())
+                open(&Target::Postgres(target.clone()), None, Some(key())).unwrap()
             }
         }
     }
@@ -187,6 +187,16 @@ fn approved(store: &dyn Store) -> String {
 }
 
 both! {
+    fn open_gives_the_targets_backend_and_a_second_open_the_same_database(db, store) {
+        assert_eq!(store.is_shared(), matches!(db, Db::Postgres(_)));
+        assert_eq!(store.trace_key().id(), key().id());
+        let event = store.append_trace("test", "s", &json!({"n": 1})).unwrap();
+        let other = db.open();
+        let seen = other.trace(event.seq - 1, 10).unwrap();
+        assert_eq!(seen.len(), 1, "one database");
+        assert_eq!(seen[0].hash, event.hash);
+    }
+
     fn approval_and_intent_proofs_are_the_macd_events_naming_them_and_nothing_else(db, store) {
         let requested = NewEvent::new("approval-requested", "call_1", json!({"binding": binding(), "ttl_ms": 60_000}));
         let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![requested]).unwrap();

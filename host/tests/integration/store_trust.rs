@@ -9,7 +9,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-use airlock::store::{SqliteStore, Store as _};
+use airlock::store::{SqliteStore, Trace as _};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 

@@ -141,49 +141,9 @@ pub struct ServeConfig {
     pub trace: TraceSettings,
 }
 
-/// `store`: where the state lives.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub enum StoreSetting {
-    /// `airlock.db` in the state folder (`store = "sqlite"`, or no `store`).
-    #[default]
-    Sqlite,
-    /// A PostgreSQL database shared by several hosts: the target text as written (a URL
-    /// or libpq key/value text, already checked to parse; it may hold a password, so it
-    /// is never printed — `Debug` shows only the form).
-    Postgres(String),
-}
-
-impl std::fmt::Debug for StoreSetting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Sqlite => f.write_str("Sqlite"),
-            Self::Postgres(_) => f.write_str("Postgres(…)"),
-        }
-    }
-}
-
-impl StoreSetting {
-    /// Parses a `store` value: `"sqlite"`, or a PostgreSQL target
-    /// ([`crate::store::postgres::is_postgres_target`]) that parses.
-    ///
-    /// # Errors
-    /// Any other text, or a PostgreSQL target that does not parse; the message never
-    /// repeats the value (it may hold a password).
-    pub fn parse(text: &str) -> Result<Self> {
-        if text.trim() == "sqlite" {
-            return Ok(Self::Sqlite);
-        }
-        if crate::store::postgres::is_postgres_target(text) {
-            crate::store::postgres::parse_target(text)?;
-            return Ok(Self::Postgres(text.trim().to_owned()));
-        }
-        anyhow::bail!(
-            "`store` must be \"sqlite\" (the default: airlock.db in the state folder) or a \
-             PostgreSQL target: a postgres:// or postgresql:// URL, or key/value text such as \
-             \"host=/run/postgresql dbname=airlock\"; the value given is neither"
-        )
-    }
-}
+/// `store`: where the state lives (`"sqlite"` or a PostgreSQL target), parsed and opened
+/// by the store crate ([`crate::store::Target::parse`], [`crate::store::open`]).
+pub use crate::store::Target as StoreSetting;
 
 /// How often a serving host writes a trace checkpoint when `[trace] checkpoint_interval`
 /// does not say.

@@ -17,11 +17,12 @@
 //!   pending request straight to consumed, recording who answered.
 //!
 //! Accepted forms: approval ids `apr_` + 24 lowercase hex digits (a unique prefix of at
-//! least 12 characters is accepted by [`Store::approval`](super::Store)); intent ids
+//! least 12 characters is accepted by [`Approvals::approval`](super::Approvals::approval)); intent ids
 //! `int_` + 32 hex; idempotency keys `idk_` + 32 hex. Times are unix milliseconds.
 
+use crate::rows;
 use anyhow::{Context as _, anyhow, bail};
-use rusqlite::{OptionalExtension as _, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{OptionalExtension as _, Transaction, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 
 use super::trace::{self, NewEvent};
@@ -290,7 +291,7 @@ pub enum ReceiptRefusal {
     Nonce,
 }
 
-/// The outcome of [`Store::consume_receipt`](super::Store::consume_receipt).
+/// The outcome of [`Approvals::consume_receipt`](super::Approvals::consume_receipt).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Consumption {
     /// Consumed; the intent exists.
@@ -377,86 +378,11 @@ pub(super) const INTENT_COLUMNS: &str = "id, idempotency_key, call_id, approval_
      session, capability, mapping, mapping_revision, args_digest, effect_class, state, \
      created_ms, updated_ms, resolution, resolved_ms";
 
-fn opt_ms(row: &Row<'_>, i: usize) -> rusqlite::Result<Option<u64>> {
-    Ok(row
-        .get::<_, Option<i64>>(i)?
-        .map(|v| u64::try_from(v).unwrap_or(0)))
-}
-
-fn ms(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
-    Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or(0))
-}
-
-fn bad(i: usize, what: &str, value: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(
-        i,
-        rusqlite::types::Type::Text,
-        format!("unknown {what} {value:?}").into(),
-    )
-}
-
-fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRecord> {
-    let state: String = row.get(1)?;
-    let mode: String = row.get(2)?;
-    Ok(ApprovalRecord {
-        id: row.get(0)?,
-        state: ApprovalState::parse(&state).ok_or_else(|| bad(1, "approval state", state))?,
-        mode: ApprovalMode::parse(&mode).ok_or_else(|| bad(2, "approval mode", mode))?,
-        binding: ReceiptBinding {
-            requester: row.get(3)?,
-            session: row.get(4)?,
-            capability: row.get(6)?,
-            mapping: row.get(7)?,
-            mapping_revision: row.get(8)?,
-            snapshot_digest: row.get(9)?,
-            policy_digest: row.get(10)?,
-            args_digest: row.get(11)?,
-            artifact_digest: row.get(12)?,
-        },
-        profile: row.get(5)?,
-        summary: row.get(13)?,
-        nonce: row.get(14)?,
-        created_ms: ms(row, 15)?,
-        expires_ms: ms(row, 16)?,
-        decided_by: row.get(17)?,
-        decided_ms: opt_ms(row, 18)?,
-        reason: row.get(19)?,
-        consumed_ms: opt_ms(row, 20)?,
-        intent_id: row.get(21)?,
-    })
-}
-
-pub(super) fn intent_from_row(row: &Row<'_>) -> rusqlite::Result<IntentRecord> {
-    let state: String = row.get(11)?;
-    Ok(IntentRecord {
-        intent: NewIntent {
-            id: row.get(0)?,
-            idempotency_key: row.get(1)?,
-            call_id: row.get(2)?,
-            requester: row.get(4)?,
-            session: row.get(5)?,
-            capability: row.get(6)?,
-            mapping: row.get(7)?,
-            mapping_revision: row.get(8)?,
-            args_digest: row.get(9)?,
-            effect_class: row.get(10)?,
-        },
-        approval_id: row.get(3)?,
-        state: IntentState::parse(&state).ok_or_else(|| bad(11, "intent state", state))?,
-        created_ms: ms(row, 12)?,
-        updated_ms: ms(row, 13)?,
-        resolution: row
-            .get::<_, Option<String>>(14)?
-            .and_then(|t| serde_json::from_str(&t).ok()),
-        resolved_ms: opt_ms(row, 15)?,
-    })
-}
-
 fn load_approval(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
     tx.prepare_cached(&format!(
         "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"
     ))?
-    .query_row(params![id], approval_from_row)
+    .query_row(params![id], |r| rows::approval(r))
     .optional()
 }
 
@@ -568,7 +494,7 @@ impl SqliteStore {
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1 OR (length(?1) < 28 AND substr(id, 1, length(?1)) = ?1) LIMIT 2"
         ))?;
         let rows: Vec<ApprovalRecord> = stmt
-            .query_map(params![id], approval_from_row)?
+            .query_map(params![id], |r| rows::approval(r))?
             .collect::<rusqlite::Result<_>>()
             .with_context(|| self.context("reading an approval"))?;
         match rows.len() {
@@ -588,9 +514,11 @@ impl SqliteStore {
         let mut stmt = conn.prepare(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE ?1 IS NULL OR state = ?1 ORDER BY created_ms DESC, id LIMIT ?2"
         ))?;
-        stmt.query_map(params![state.map(|s| s.as_str()), limit], approval_from_row)?
-            .collect::<rusqlite::Result<_>>()
-            .with_context(|| self.context("listing approvals"))
+        stmt.query_map(params![state.map(|s| s.as_str()), limit], |r| {
+            rows::approval(r)
+        })?
+        .collect::<rusqlite::Result<_>>()
+        .with_context(|| self.context("listing approvals"))
     }
 
     /// The newest open approval of a binding; served by the `approvals_open_by_binding`
@@ -608,7 +536,7 @@ impl SqliteStore {
                     binding.capability,
                     binding.args_digest
                 ],
-                approval_from_row,
+                |r| rows::approval(r),
             )
             .optional()
             .with_context(|| self.context("looking up an approval"))
@@ -667,32 +595,17 @@ impl SqliteStore {
             let Some(record) = load_approval(&tx, id)? else {
                 return Ok(Consumption::Refused(ReceiptRefusal::NotFound));
             };
-            let wanted = match how {
-                ConsumeAs::Approved => ApprovalState::Approved,
-                ConsumeAs::AnsweredInBand { .. } => ApprovalState::Pending,
-            };
-            let state = record.state_at(now);
-            if state == ApprovalState::Expired {
-                tx.execute(
-                    "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
-                    params![id],
-                )?;
-                tx.commit()?;
-                return Ok(Consumption::Refused(ReceiptRefusal::Expired));
-            }
-            if state != wanted {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
-            }
-            if let ConsumeAs::AnsweredInBand {
-                nonce: Some(nonce), ..
-            } = how
-                && nonce != record.nonce
-            {
-                return Ok(Consumption::Refused(ReceiptRefusal::Nonce));
-            }
-            let changed = record.changed_fields(binding);
-            if !changed.is_empty() {
-                return Ok(Consumption::Refused(ReceiptRefusal::Changed(changed)));
+            match crate::plans::check_consumption(&record, binding, how, now) {
+                Ok(()) => {}
+                Err(ReceiptRefusal::Expired) => {
+                    tx.execute(
+                        "UPDATE approvals SET state = 'expired' WHERE id = ?1 AND state IN ('pending', 'approved')",
+                        params![id],
+                    )?;
+                    tx.commit()?;
+                    return Ok(Consumption::Refused(ReceiptRefusal::Expired));
+                }
+                Err(refusal) => return Ok(Consumption::Refused(refusal)),
             }
             let now_sql = ms_to_sql(now)?;
             let updated = match how {
@@ -708,7 +621,9 @@ impl SqliteStore {
                     .execute(params![id, now_sql, intent.id, by])?,
             };
             if updated != 1 {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
+                return Ok(Consumption::Refused(crate::plans::lost_consumption(
+                    &record, now,
+                )));
             }
             insert_intent(&tx, intent, Some(id), now_sql)?;
             trace::append_in(&tx, &self.key, &events)?;
@@ -717,7 +632,7 @@ impl SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"
                 ))?
-                .query_row(params![intent.id], intent_from_row)?;
+                .query_row(params![intent.id], |r| rows::intent(r))?;
             tx.commit()?;
             Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
         };
@@ -751,7 +666,7 @@ impl SqliteStore {
                 )?
                 .execute(params![id, state.as_str(), now])?;
             if n != 1 {
-                bail!("intent `{id}` is not prepared (its outcome was already recorded)");
+                return Err(crate::plans::not_prepared(id));
             }
             // An unknown outcome leaves the attempt where it stopped (sent, acknowledged):
             // that is the evidence a reconciler starts from.
@@ -767,7 +682,7 @@ impl SqliteStore {
         conn.query_row(
             &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
             params![id],
-            intent_from_row,
+            |r| rows::intent(r),
         )
         .optional()
         .with_context(|| self.context("reading an intent"))
@@ -784,7 +699,7 @@ fn find_open_sql() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Store;
+    use crate::Approvals as _;
 
     /// However many consumed approvals a binding has, the lookup of its open one searches
     /// the partial index, not the binding's rows.

@@ -15,13 +15,14 @@
 //!   with the same key, or a person), by whom, and the evidence.
 
 use anyhow::{Context as _, bail};
-use rusqlite::{OptionalExtension as _, Row, params};
+use rusqlite::{OptionalExtension as _, params};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::approvals::{INTENT_COLUMNS, IntentRecord, IntentState, intent_from_row};
+use super::approvals::{INTENT_COLUMNS, IntentRecord, IntentState};
 use super::trace::NewEvent;
 use super::{SqliteStore, ms_to_sql, now_ms};
+use crate::rows;
 
 /// Where one attempt of an intent is (DESIGN.md §5.8), in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -160,31 +161,6 @@ pub struct IntentFilter {
     pub limit: usize,
 }
 
-fn attempt_from_row(row: &Row<'_>) -> rusqlite::Result<AttemptRecord> {
-    let state: String = row.get(2)?;
-    let mut at_ms = [None; 6];
-    for (i, slot) in at_ms.iter_mut().enumerate() {
-        *slot = row
-            .get::<_, Option<i64>>(6 + i)?
-            .map(|v| u64::try_from(v).unwrap_or(0));
-    }
-    Ok(AttemptRecord {
-        intent_id: row.get(0)?,
-        attempt: row.get(1)?,
-        state: AttemptState::parse(&state).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(
-                2,
-                rusqlite::types::Type::Text,
-                format!("unknown attempt state {state:?}").into(),
-            )
-        })?,
-        requests: row.get(3)?,
-        answered: row.get(4)?,
-        last_request_id: row.get(5)?,
-        at_ms,
-    })
-}
-
 pub(super) const ATTEMPT_COLUMNS: &str = "intent_id, attempt, state, requests, answered, last_request_id, \
      prepared_ms, sent_ms, acknowledged_ms, observed_ms, verified_ms, committed_ms";
 
@@ -294,7 +270,7 @@ impl SqliteStore {
             "SELECT {ATTEMPT_COLUMNS} FROM intent_attempts WHERE intent_id = ?1 ORDER BY attempt"
         ))?;
         let rows = stmt
-            .query_map(params![intent], attempt_from_row)?
+            .query_map(params![intent], |r| rows::attempt(r))?
             .collect::<rusqlite::Result<Vec<_>>>()
             .with_context(|| self.context("reading an intent's attempts"))?;
         Ok(rows)
@@ -316,10 +292,9 @@ impl SqliteStore {
              ORDER BY created_ms DESC, id LIMIT ?4"
         ))?;
         let rows = stmt
-            .query_map(
-                params![states_json, filter.mapping, before, limit],
-                intent_from_row,
-            )?
+            .query_map(params![states_json, filter.mapping, before, limit], |r| {
+                rows::intent(r)
+            })?
             .collect::<rusqlite::Result<Vec<_>>>()
             .with_context(|| self.context("listing intents"))?;
         Ok(rows)
@@ -331,34 +306,15 @@ impl SqliteStore {
         resolution: &Resolution,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<IntentRecord> {
-        if !matches!(
-            resolution.state,
-            IntentState::Completed | IntentState::Failed
-        ) {
-            bail!(
-                "an intent is resolved as completed or failed, not {}",
-                resolution.state.as_str()
-            );
-        }
+        let text = crate::plans::check_resolution(resolution)?;
         let now = ms_to_sql(now_ms())?;
-        let text = serde_json::to_string(&serde_json::json!({
-            "method": resolution.method,
-            "by": resolution.by,
-            "evidence": resolution.evidence,
-        }))?;
         self.transact("resolving an intent", &events, |tx| {
             let current: Option<String> = tx
                 .query_row("SELECT state FROM intents WHERE id = ?1", params![id], |r| {
                     r.get(0)
                 })
                 .optional()?;
-            match current.as_deref() {
-                None => bail!("no intent `{id}`"),
-                Some("unknown" | "prepared") => {}
-                Some(other) => bail!(
-                    "intent `{id}` is {other}: only an unknown intent (or one a stopped host left prepared) can be resolved"
-                ),
-            }
+            crate::plans::check_resolvable(id, current.as_deref())?;
             tx.prepare_cached(
                 "UPDATE intents SET state = ?2, updated_ms = ?3, resolution = ?4, resolved_ms = ?3 WHERE id = ?1",
             )?
@@ -366,7 +322,7 @@ impl SqliteStore {
             Ok(tx.query_row(
                 &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
                 params![id],
-                intent_from_row,
+                |r| rows::intent(r),
             )?)
         })
     }
@@ -375,7 +331,7 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{NewIntent, Store as _};
+    use crate::{Intents as _, NewIntent};
 
     fn store() -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,7 @@
 //!
 //! Rule: **a call is acknowledged only once its events are durable, and every reader of the
 //! trace sees every acknowledged call.** On the embedded store a call's events and
-//! observations ([`super::Store::append_call`]) are one *record*, appended to this
+//! observations ([`super::Trace::append_call`]) are one *record*, appended to this
 //! process's journal file and written (one `write(2)`, no `fsync`: durable against a crash
 //! of the process, like a commit under `synchronous=NORMAL`) before the call may answer.
 //! The records then move into `trace_events` (chained and MACed there as any event) and
@@ -41,14 +41,14 @@
 //!
 //! What fails closed: a record that is not a record, fails its MAC or does not decode
 //! stops the ingestion of its journal there (nothing after it is moved, nothing is
-//! skipped) and is reported by [`super::Store::verify_trace`]; a journal whose row says
+//! skipped) and is reported by [`super::Trace::verify_trace`]; a journal whose row says
 //! bytes are still to come but whose file is gone is reported the same way. While this
 //! process's own journal cannot be moved into the store (a bad record, a database that
 //! refuses the rows), its appends are refused, so calls answer "could not record this
 //! call" instead of piling up records no reader will see. What a journal cannot see:
 //! like the newest events of the trace, records deleted from the end of a journal before
 //! they were moved (a deleted newest event is caught by checkpoints,
-//! [`super::Store::verify_trace_against`]; a deleted unmoved record is not, until it was
+//! [`super::Trace::verify_trace_against`]; a deleted unmoved record is not, until it was
 //! moved).
 
 use std::fs::File;
@@ -917,7 +917,7 @@ impl Mover {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{SqliteStore, Store as _};
+    use super::super::{SqliteStore, Trace as _};
     use super::*;
 
     fn key() -> TraceKey {

@@ -1,16 +1,20 @@
 //! The state store: connections and their configuration revisions, snapshots, mapping
 //! revisions and the trace, in one embedded SQLite database (`airlock.db`, WAL mode) under
 //! the state directory, or in a PostgreSQL database shared by several hosts ([`postgres`]).
-//! Everything else reaches it through the narrow [`Store`] trait, so callers do not know
-//! which.
+//! Everything else opens it with [`open`] (the one place that decides which, from a
+//! [`Target`]) and reaches it through the [`Store`] trait, so callers do not know which. The
+//! trait is split by concern ([`Connections`], [`Snapshots`], [`Mappings`], [`Trace`],
+//! [`Approvals`], [`Intents`], [`Hosts`]); a caller imports the ones it calls. Every write
+//! rule is a pure plan ([`plans`]) and every row is read by one parser, both backends
+//! sharing them; each backend only runs them in its own SQL.
 //!
 //! The rules this module enforces:
 //! - **The trace is append-only, MACed and chained.** [`Store`] has no method that updates
 //!   or deletes a trace event, and database triggers refuse `UPDATE`/`DELETE` on the table.
 //!   Each event carries an HMAC-SHA256 under the host key ([`key`]) of its exact stored
-//!   bytes and of the previous event's MAC; [`Store::verify_trace`] recomputes the chain and
+//!   bytes and of the previous event's MAC; [`Trace::verify_trace`] recomputes the chain and
 //!   names the first event that was edited, unlinked, removed, reordered or recomputed
-//!   without the key, and [`Store::verify_trace_against`] checks the head against
+//!   without the key, and [`Trace::verify_trace_against`] checks the head against
 //!   checkpoints kept outside the database (deleted newest events, a deleted trace).
 //! - **The state folder and database are private** ([`airlock_core::private_fs`]): owned by this
 //!   user, writable by no one else, never a symbolic link (nor the `-wal`, `-shm` and
@@ -47,16 +51,18 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
-use rusqlite::types::Type;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 pub mod approvals;
 pub mod intents;
 pub mod journal;
 pub mod key;
 pub mod observations;
+pub mod plans;
 pub mod postgres;
+mod rows;
 pub mod shared;
+pub mod target;
 pub mod trace;
 mod wal_checkpoint;
 
@@ -68,6 +74,7 @@ pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, Resolut
 pub use key::{Checkpoint, KeySource, TraceKey};
 pub use observations::{NewObservation, observation_id};
 pub use postgres::PostgresStore;
+pub use target::{Target, open};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
@@ -82,7 +89,7 @@ const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000
 /// How long a statement waits for another connection's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Shortest snapshot digest prefix accepted by [`Store::snapshot`].
+/// Shortest snapshot digest prefix accepted by [`Snapshots::snapshot`].
 const MIN_PREFIX: usize = 8;
 
 /// Migration `i` takes the schema from version `i` to version `i + 1`.
@@ -293,14 +300,14 @@ END;
     // key; events written before stay unkeyed (NULL) and are pinned by the `trace-keyed`
     // event the store appends right after this migration, whose MAC covers their head.
     // The partial index finds the events that prove a mapping's serving state (see
-    // Store::mapping_proofs) without a scan; other events do not enter it.
+    // Trace::mapping_proofs) without a scan; other events do not enter it.
     r#"
 ALTER TABLE trace_events ADD COLUMN key_id TEXT;
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
 "#,
-    // 7 → 8: the events that prove an approval (Store::approval_proofs) or an intent
-    // (Store::intent_proofs) are found by the id their payload names, without a scan;
+    // 7 → 8: the events that prove an approval (Trace::approval_proofs) or an intent
+    // (Trace::intent_proofs) are found by the id their payload names, without a scan;
     // other events do not enter these indexes.
     r#"
 CREATE INDEX trace_events_approval_proofs
@@ -311,7 +318,7 @@ CREATE INDEX trace_events_intent_proofs
     WHERE kind = 'intent-created';
 "#,
     // 8 → 9: the events that change an intent's state after its creation carry
-    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace_only); this index
+    // `intent_state` (Trace::intent_proofs, Trace::intents_open_in_trace_only); this index
     // finds them by the intent their payload names. Reads' outcome events, which name an
     // intent but change none, stay out of it.
     r#"
@@ -335,7 +342,7 @@ CREATE TABLE trace_journals (
 "#,
 ];
 
-/// The SQL (SQLite) of [`Store::intent_proofs`]: both terms of each half repeat an
+/// The SQL (SQLite) of [`Trace::intent_proofs`]: both terms of each half repeat an
 /// expression index's definition word for word (`trace_events_intent_proofs`, migration
 /// 8; `trace_events_intent_states`, migration 9), so each half reads its index.
 fn intent_proofs_sql() -> String {
@@ -351,7 +358,7 @@ fn intent_proofs_sql() -> String {
     )
 }
 
-/// The SQL (SQLite) of [`Store::intents_open_in_trace_only`]: the intents of mapping `?1`
+/// The SQL (SQLite) of [`Trace::intents_open_in_trace_only`]: the intents of mapping `?1`
 /// whose `intent-created` event carries `intent_state`, which no state event closes, and
 /// whose row is missing or not open.
 /// `INDEXED BY`: on a young trace the planner would rather scan the whole table than walk
@@ -485,7 +492,7 @@ impl fmt::Display for MappingState {
     }
 }
 
-/// Result of [`Store::connection_revision`]: the connection's local id and the revision
+/// Result of [`Connections::connection_revision`]: the connection's local id and the revision
 /// number of the given configuration digest.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ConnectionRevision {
@@ -518,7 +525,7 @@ pub struct ConnectionRecord {
     pub first_seen_ms: u64,
 }
 
-/// Result of [`Store::put_snapshot`].
+/// Result of [`Snapshots::put_snapshot`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SnapshotObservation {
     /// The snapshot digest (lowercase hex).
@@ -548,7 +555,7 @@ pub struct StoredSnapshot {
     pub observations: u64,
 }
 
-/// A snapshot without its body, as listed by [`Store::snapshots`].
+/// A snapshot without its body, as listed by [`Snapshots::snapshots`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SnapshotSummary {
     /// Content digest (lowercase hex).
@@ -565,7 +572,7 @@ pub struct SnapshotSummary {
     pub observations: u64,
 }
 
-/// A mapping revision to record with [`Store::add_mapping_revision`].
+/// A mapping revision to record with [`Mappings::add_mapping_revision`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct NewMappingRevision {
     /// Mapping name.
@@ -630,7 +637,7 @@ pub struct MappingRecord {
 
 impl MappingRecord {
     /// For a historical revision: the serving state (`active` or `limited`) it had when a
-    /// later revision superseded it, as [`Store::add_mapping_revision`] wrote it into the
+    /// later revision superseded it, as [`Mappings::add_mapping_revision`] wrote it into the
     /// reason; `None` if it did not serve then or is not historical.
     pub fn superseded_while_serving(&self) -> Option<MappingState> {
         if self.state != MappingState::Historical {
@@ -667,7 +674,7 @@ pub struct TraceEvent {
     pub key_id: Option<String>,
 }
 
-/// Result of [`Store::verify_trace`] and [`Store::verify_trace_against`].
+/// Result of [`Trace::verify_trace`] and [`Trace::verify_trace_against`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TraceVerification {
     /// Number of events in the trace.
@@ -691,8 +698,10 @@ pub struct TraceVerification {
     pub coverage: Vec<String>,
 }
 
-/// The state store. Object safe; every method is one transaction (or one consistent read).
-pub trait Store: Send + Sync {
+/// Connection identity: each configured connection's local id and its configuration
+/// revisions (DESIGN.md §2 "connection"). A connection's revision follows its
+/// configuration digest; nothing here grants anything.
+pub trait Connections: Send + Sync {
     /// Connection identity. `name` is the configured connection name. First sight of a name
     /// assigns a local id (`"conn-"` + 12 lowercase hex from the OS random source). A
     /// `config_digest` not seen before for this connection becomes the next revision (1, 2,
@@ -711,7 +720,11 @@ pub trait Store: Send + Sync {
 
     /// Every connection with its latest revision, by name.
     fn connections(&self) -> anyhow::Result<Vec<ConnectionRecord>>;
+}
 
+/// Discovery records: immutable, content-addressed snapshots and each sighting of them
+/// (the rule: [`plans::snapshot_write`]).
+pub trait Snapshots: Send + Sync {
     /// Content-addressed: the body is stored once per digest; every call records an
     /// observation row with its own time. Errors: a digest that is not hex; a connection
     /// revision that does not exist; a digest already stored with a different body,
@@ -735,7 +748,11 @@ pub trait Store: Send + Sync {
 
     /// Snapshots of one connection (or all), newest `last_seen_ms` first.
     fn snapshots(&self, connection_id: Option<&str>) -> anyhow::Result<Vec<SnapshotSummary>>;
+}
 
+/// Mapping revisions and their lifecycle states: a new revision supersedes the latest
+/// ([`plans::supersede`]); a state changes only by compare-and-set ([`plans::set_state`]).
+pub trait Mappings: Send + Sync {
     /// Latest revision of the mapping, or `None` for an unknown name.
     fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>>;
 
@@ -753,7 +770,7 @@ pub trait Store: Send + Sync {
         self.add_mapping_revision_traced(new, Vec::new())
     }
 
-    /// [`Store::add_mapping_revision`] with `events` appended in the same transaction, each
+    /// [`Mappings::add_mapping_revision`] with `events` appended in the same transaction, each
     /// object payload gaining `"revision": N` (the new revision): the row and the event
     /// that proves it are committed together, or neither.
     fn add_mapping_revision_traced(
@@ -776,7 +793,7 @@ pub trait Store: Send + Sync {
         self.set_mapping_state_traced(name, expected, to, reason, Vec::new())
     }
 
-    /// [`Store::set_mapping_state`] with `events` appended in the same transaction when the
+    /// [`Mappings::set_mapping_state`] with `events` appended in the same transaction when the
     /// state changes (each object payload gaining `"revision": N`); nothing is appended
     /// when it does not.
     fn set_mapping_state_traced(
@@ -787,6 +804,13 @@ pub trait Store: Send + Sync {
         reason: &str,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>>;
+}
+
+/// The append-only, MACed and chained trace: appending, reading, verifying, checkpoints,
+/// and the MAC-checked proofs of serving state (mappings, approvals, intents) read from it.
+pub trait Trace: Send + Sync {
+    /// The key the trace is MACed with; every host on one shared store holds the same.
+    fn trace_key(&self) -> &TraceKey;
 
     /// Appends one event: seq = previous + 1 (starting at 1), at_ms = now, prev_hash =
     /// previous event's hash or 64 zeros, hash = the hex HMAC-SHA256 under the host key of
@@ -800,7 +824,7 @@ pub trait Store: Send + Sync {
         payload: &serde_json::Value,
     ) -> anyhow::Result<TraceEvent>;
 
-    /// Appends `events` in order, chained as [`Store::append_trace`] does, and returns once
+    /// Appends `events` in order, chained as [`Trace::append_trace`] does, and returns once
     /// they are committed: `Ok` means every event is in the database, an error means none
     /// is. Concurrent callers share one transaction (group commit, see [`trace`]), each
     /// answered with the result of the transaction that held its events.
@@ -811,7 +835,7 @@ pub trait Store: Send + Sync {
     /// The embedded store writes them as one record of its trace journal ([`journal`]),
     /// moved into the chain and the observations table off the call's path and before
     /// anything reads either; a shared store commits them in one transaction with
-    /// concurrent callers' (group commit), as [`Store::append_events`] does.
+    /// concurrent callers' (group commit), as [`Trace::append_events`] does.
     ///
     /// # Errors
     /// Nothing was recorded: the store cannot write, or (embedded store) its own journal
@@ -842,12 +866,12 @@ pub trait Store: Send + Sync {
     /// reordered event (seq gap), an event MACed with another key, and unkeyed events
     /// after keyed ones (a chain recomputed without the key). Reports the first bad seq
     /// and why, in words a reviewer understands. Cannot see deleted newest events: see
-    /// [`Store::verify_trace_against`].
+    /// [`Trace::verify_trace_against`].
     fn verify_trace(&self) -> anyhow::Result<TraceVerification> {
         self.verify_trace_against(&[])
     }
 
-    /// [`Store::verify_trace`], then checks each checkpoint (with the line it came from):
+    /// [`Trace::verify_trace`], then checks each checkpoint (with the line it came from):
     /// it must verify with the host key, and the trace must still hold its event with
     /// the same MAC. So deleted newest events, a deleted whole trace and a chain rewritten
     /// up to a checkpointed event are reported.
@@ -890,8 +914,8 @@ pub trait Store: Send + Sync {
     /// So it finds rows closed or deleted by hand, however many intents are open. One query
     /// over the trace's intent indexes and the intents table's key. A **prefilter**: the
     /// events are not MAC-checked here, so the caller proves each id it acts on
-    /// ([`Store::intent_proofs`]); a forged closing event hides an intent from this list
-    /// and is caught by [`Store::verify_trace`].
+    /// ([`Trace::intent_proofs`]); a forged closing event hides an intent from this list
+    /// and is caught by [`Trace::verify_trace`].
     ///
     /// # Errors
     /// The store fails.
@@ -910,7 +934,12 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// The store fails.
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64>;
+}
 
+/// Approval requests and their receipts: a person's decision
+/// ([`ApprovalRecord`]'s decision rule) and consumption with the intent it creates
+/// ([`plans::check_consumption`]: expired → state → nonce → changed fields).
+pub trait Approvals: Send + Sync {
     /// Records a pending approval request (new id `apr_…`, random nonce, expiry now +
     /// `ttl_ms`) and `events` (each payload gains `"approval": id`) in one transaction.
     fn create_approval(
@@ -957,7 +986,11 @@ pub trait Store: Send + Sync {
         intent: &NewIntent,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Consumption>;
+}
 
+/// Intents and their attempts: one stable effect id across every attempt, its outcome,
+/// and the resolution of an unknown one ([`plans::check_resolvable`]).
+pub trait Intents: Send + Sync {
     /// Records an intent that needs no receipt, with `events`, in one transaction.
     fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()>;
 
@@ -969,7 +1002,7 @@ pub trait Store: Send + Sync {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()>;
 
-    /// [`Store::set_intent_state`] with the observations of the call, in the same
+    /// [`Intents::set_intent_state`] with the observations of the call, in the same
     /// transaction.
     fn finish_intent(
         &self,
@@ -1012,6 +1045,20 @@ pub trait Store: Send + Sync {
     /// Intents matching `filter`, newest first.
     fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>>;
 
+    /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
+    /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
+    /// has a definite outcome.
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord>;
+}
+
+/// What several hosts on one store share: change signals, live-host registration and
+/// shared references. The embedded store serves one host and answers with its defaults.
+pub trait Hosts: Send + Sync {
     /// A signal, when the store can give one, that another process or host changed what
     /// a serving host re-reads (mapping records, approvals): the value moves on each
     /// change (and once after the store's listener reconnects, since changes may have been
@@ -1021,11 +1068,8 @@ pub trait Store: Send + Sync {
         None
     }
 
-    /// The key the trace is MACed with; every host on one shared store holds the same.
-    fn trace_key(&self) -> &TraceKey;
-
     /// Whether several hosts may serve from this store at once (PostgreSQL). Then
-    /// references are kept here too ([`Store::write_references`]), sessions of one
+    /// references are kept here too ([`Hosts::write_references`]), sessions of one
     /// principal have one id on every host, and an open intent of another live host is
     /// left to it. `false` (SQLite): one host at a time.
     fn is_shared(&self) -> bool {
@@ -1072,16 +1116,17 @@ pub trait Store: Send + Sync {
         let _ = (scope, token_sha256);
         anyhow::bail!("references are kept in the host's memory with this store")
     }
+}
 
-    /// Resolves an `unknown` intent (or one a stopped host left `prepared`) with
-    /// `resolution`, in one transaction with `events`. Errors: no such intent; it already
-    /// has a definite outcome.
-    fn resolve_intent(
-        &self,
-        id: &str,
-        resolution: &Resolution,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<IntentRecord>;
+/// The state store: every concern at once. Object safe (`Arc<dyn Store>`), and every
+/// method is one transaction (or one consistent read). Implemented for every type that
+/// implements each concern; a caller imports the concern traits whose methods it calls
+/// (`use airlock_store::{Approvals, Intents}`).
+pub trait Store: Connections + Snapshots + Mappings + Trace + Approvals + Intents + Hosts {}
+
+impl<T> Store for T where
+    T: Connections + Snapshots + Mappings + Trace + Approvals + Intents + Hosts + ?Sized
+{
 }
 
 /// [`Store`] on one SQLite database file. One connection per value, behind a mutex; open
@@ -1407,7 +1452,7 @@ impl SqliteStore {
     /// The connection, with every journal's records (this process's and any other's)
     /// moved into the trace first: a reader of the trace or of the observations sees every
     /// call that was answered. Journals that cannot be moved are left out (and reported by
-    /// [`Store::verify_trace`]).
+    /// [`Trace::verify_trace`]).
     fn lock_all_moved(&self) -> anyhow::Result<MutexGuard<'_, Connection>> {
         let mut conn = self.lock();
         self.journal
@@ -1591,28 +1636,6 @@ fn ms_to_sql(ms: u64) -> anyhow::Result<i64> {
     i64::try_from(ms).map_err(|_| anyhow!("time {ms} ms is out of range"))
 }
 
-fn get_ms(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
-    let value: i64 = row.get(idx)?;
-    u64::try_from(value).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(idx, value))
-}
-
-fn get_json(row: &Row<'_>, idx: usize) -> rusqlite::Result<serde_json::Value> {
-    let text: String = row.get(idx)?;
-    serde_json::from_str(&text)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
-}
-
-fn get_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<MappingState> {
-    let text: String = row.get(idx)?;
-    MappingState::parse(&text).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            idx,
-            Type::Text,
-            format!("unknown mapping state {text:?}").into(),
-        )
-    })
-}
-
 fn canonical(value: &serde_json::Value) -> anyhow::Result<String> {
     airlock_core::canonical::to_string(value).context("canonicalizing JSON")
 }
@@ -1657,54 +1680,13 @@ const CONNECTION_SELECT: &str = "SELECT c.connection_id, c.name, r.revision, r.c
      WHERE r.revision = (SELECT max(revision) FROM connection_revisions \
                          WHERE connection_id = c.connection_id)";
 
-fn connection_from_row(row: &Row<'_>) -> rusqlite::Result<ConnectionRecord> {
-    Ok(ConnectionRecord {
-        connection_id: row.get(0)?,
-        name: row.get(1)?,
-        revision: row.get(2)?,
-        config_digest: row.get(3)?,
-        config: get_json(row, 4)?,
-        first_seen_ms: get_ms(row, 5)?,
-    })
-}
-
 const SNAPSHOT_SUMMARY_SELECT: &str = "SELECT s.digest, s.connection_id, s.config_revision, \
      s.first_seen_ms, max(o.observed_at_ms), count(o.id), max(o.id) \
      FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest";
 
-fn snapshot_summary_from_row(row: &Row<'_>) -> rusqlite::Result<SnapshotSummary> {
-    Ok(SnapshotSummary {
-        digest: row.get(0)?,
-        connection_id: row.get(1)?,
-        config_revision: row.get(2)?,
-        first_seen_ms: get_ms(row, 3)?,
-        last_seen_ms: get_ms(row, 4)?,
-        observations: get_ms(row, 5)?,
-    })
-}
-
 const MAPPING_COLUMNS: &str = "name, revision, manifest_digest, component_sha256, \
      connection_id, config_revision, snapshot_digest, pins, state, reviewer, reason, \
      created_ms, state_changed_ms, manifest_text";
-
-fn mapping_from_row(row: &Row<'_>) -> rusqlite::Result<MappingRecord> {
-    Ok(MappingRecord {
-        name: row.get(0)?,
-        revision: row.get(1)?,
-        manifest_digest: row.get(2)?,
-        component_sha256: row.get(3)?,
-        connection_id: row.get(4)?,
-        config_revision: row.get(5)?,
-        snapshot_digest: row.get(6)?,
-        pins: get_json(row, 7)?,
-        state: get_state(row, 8)?,
-        reviewer: row.get(9)?,
-        reason: row.get(10)?,
-        created_ms: get_ms(row, 11)?,
-        state_changed_ms: get_ms(row, 12)?,
-        manifest_text: row.get(13)?,
-    })
-}
 
 fn latest_mapping(conn: &Connection, name: &str) -> rusqlite::Result<Option<MappingRecord>> {
     conn.query_row(
@@ -1713,53 +1695,29 @@ fn latest_mapping(conn: &Connection, name: &str) -> rusqlite::Result<Option<Mapp
              ORDER BY revision DESC LIMIT 1"
         ),
         params![name],
-        mapping_from_row,
+        |r| rows::mapping(r),
     )
     .optional()
 }
 
 const TRACE_COLUMNS: &str = "seq, at_ms, kind, subject, payload, prev_hash, hash, key_id";
 
-fn trace_from_row(row: &Row<'_>) -> rusqlite::Result<TraceEvent> {
-    Ok(TraceEvent {
-        seq: row.get(0)?,
-        at_ms: get_ms(row, 1)?,
-        kind: row.get(2)?,
-        subject: row.get(3)?,
-        payload: get_json(row, 4)?,
-        prev_hash: row.get(5)?,
-        hash: row.get(6)?,
-        key_id: row.get(7)?,
-    })
-}
-
 fn load_snapshot(conn: &Connection, digest: &str) -> rusqlite::Result<Option<StoredSnapshot>> {
     conn.query_row(
-        "SELECT s.digest, s.connection_id, s.config_revision, s.body, s.first_seen_ms, \
-         max(o.observed_at_ms), count(o.id) \
-         FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest \
-         WHERE s.digest = ?1 GROUP BY s.digest",
+        &format!(
+            "{} WHERE s.digest = ?1 GROUP BY s.digest",
+            rows::SNAPSHOT_SELECT
+        ),
         params![digest],
-        |row| {
-            Ok(StoredSnapshot {
-                digest: row.get(0)?,
-                connection_id: row.get(1)?,
-                config_revision: row.get(2)?,
-                body: get_json(row, 3)?,
-                first_seen_ms: get_ms(row, 4)?,
-                last_seen_ms: get_ms(row, 5)?,
-                observations: get_ms(row, 6)?,
-            })
-        },
+        |r| rows::stored_snapshot(r),
     )
     .optional()
 }
 
-impl Store for SqliteStore {
-    fn trace_key(&self) -> &TraceKey {
-        &self.key
-    }
+/// The embedded store serves one host: no change signal, no shared references.
+impl Hosts for SqliteStore {}
 
+impl Connections for SqliteStore {
     fn connection_revision(
         &self,
         name: &str,
@@ -1848,7 +1806,7 @@ impl Store for SqliteStore {
         conn.query_row(
             &format!("{CONNECTION_SELECT} AND c.name = ?1"),
             params![name],
-            connection_from_row,
+            |r| rows::connection(r),
         )
         .optional()
         .with_context(|| self.context(&format!("reading connection {name:?}")))
@@ -1858,11 +1816,13 @@ impl Store for SqliteStore {
         let conn = self.lock();
         let run = || -> rusqlite::Result<Vec<ConnectionRecord>> {
             let mut stmt = conn.prepare(&format!("{CONNECTION_SELECT} ORDER BY c.name"))?;
-            stmt.query_map([], connection_from_row)?.collect()
+            stmt.query_map([], |r| rows::connection(r))?.collect()
         };
         run().with_context(|| self.context("listing connections"))
     }
+}
 
+impl Snapshots for SqliteStore {
     fn put_snapshot(
         &self,
         digest: &str,
@@ -1892,42 +1852,36 @@ impl Store for SqliteStore {
                      {config_revision}"
                 );
             }
-            let stored: Option<(String, i64, String)> = tx
+            let stored = tx
                 .query_row(
                     "SELECT connection_id, config_revision, body FROM snapshots \
                      WHERE digest = ?1",
                     params![digest],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                    |row| {
+                        Ok(plans::StoredSnapshotKey {
+                            connection_id: row.get(0)?,
+                            config_revision: row.get(1)?,
+                            body: row.get(2)?,
+                        })
+                    },
                 )
                 .optional()?;
-            let new = match stored {
-                None => {
-                    tx.execute(
-                        "INSERT INTO snapshots \
-                         (digest, connection_id, config_revision, body, first_seen_ms) \
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![digest, connection_id, config_revision, body_text, now],
-                    )?;
-                    true
-                }
-                Some((stored_connection, stored_revision, stored_body)) => {
-                    if stored_connection != connection_id || stored_revision != config_revision {
-                        bail!(
-                            "snapshot {digest} is already stored for connection \
-                             {stored_connection} revision {stored_revision}, not \
-                             {connection_id} revision {config_revision}; snapshots are \
-                             immutable"
-                        );
-                    }
-                    if stored_body != body_text {
-                        bail!(
-                            "snapshot {digest} is already stored with a different body; \
-                             snapshots are immutable"
-                        );
-                    }
-                    false
-                }
-            };
+            let plan = plans::snapshot_write(
+                &digest,
+                connection_id,
+                config_revision,
+                &body_text,
+                stored.as_ref(),
+            )?;
+            if plan == plans::SnapshotWrite::Insert {
+                tx.execute(
+                    "INSERT INTO snapshots \
+                     (digest, connection_id, config_revision, body, first_seen_ms) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![digest, connection_id, config_revision, body_text, now],
+                )?;
+            }
+            let new = plan == plans::SnapshotWrite::Insert;
             tx.execute(
                 "INSERT INTO snapshot_observations (digest, observed_at_ms) VALUES (?1, ?2)",
                 params![digest, now],
@@ -2014,12 +1968,14 @@ impl Store for SqliteStore {
                 "{SNAPSHOT_SUMMARY_SELECT} WHERE ?1 IS NULL OR s.connection_id = ?1 \
                  GROUP BY s.digest ORDER BY 5 DESC, 7 DESC"
             ))?;
-            stmt.query_map(params![connection_id], snapshot_summary_from_row)?
+            stmt.query_map(params![connection_id], |r| rows::snapshot_summary(r))?
                 .collect()
         };
         run().with_context(|| self.context("listing snapshots"))
     }
+}
 
+impl Mappings for SqliteStore {
     fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>> {
         let conn = self.lock();
         latest_mapping(&conn, name)
@@ -2032,7 +1988,8 @@ impl Store for SqliteStore {
             let mut stmt = conn.prepare(&format!(
                 "SELECT {MAPPING_COLUMNS} FROM mappings WHERE name = ?1 ORDER BY revision"
             ))?;
-            stmt.query_map(params![name], mapping_from_row)?.collect()
+            stmt.query_map(params![name], |r| rows::mapping(r))?
+                .collect()
         };
         run().with_context(|| self.context(&format!("reading revisions of mapping {name:?}")))
     }
@@ -2045,7 +2002,7 @@ impl Store for SqliteStore {
                  WHERE revision = (SELECT max(revision) FROM mappings WHERE name = m.name) \
                  ORDER BY name"
             ))?;
-            stmt.query_map([], mapping_from_row)?.collect()
+            stmt.query_map([], |r| rows::mapping(r))?.collect()
         };
         run().with_context(|| self.context("listing mappings"))
     }
@@ -2065,22 +2022,23 @@ impl Store for SqliteStore {
         let mut run = || -> anyhow::Result<MappingRecord> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let previous = latest_mapping(&tx, &new.name)?;
-            let revision = previous.as_ref().map_or(1, |p| p.revision + 1);
-            if let Some(previous) = &previous
-                && previous.state != MappingState::Historical
-            {
+            let plan = plans::supersede(
+                previous.as_ref(),
+                new,
+                serde_json::from_str(&pins_text)?,
+                now_u,
+            );
+            let revision = plan.record.revision;
+            if let Some(retire) = &plan.retire {
                 tx.execute(
                     "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
                      WHERE name = ?4 AND revision = ?5",
                     params![
                         MappingState::Historical.as_str(),
-                        format!(
-                            "{}; superseded by revision {revision} (was {})",
-                            previous.reason, previous.state
-                        ),
+                        retire.reason,
                         now,
                         new.name,
-                        previous.revision
+                        retire.revision
                     ],
                 )?;
             }
@@ -2105,25 +2063,9 @@ impl Store for SqliteStore {
                     new.manifest_text
                 ],
             )?;
-            let pins = serde_json::from_str(&pins_text)?;
             trace::append_in(&tx, &self.key, &with_revision(events.clone(), revision))?;
             tx.commit()?;
-            Ok(MappingRecord {
-                name: new.name.clone(),
-                revision,
-                manifest_digest: new.manifest_digest.clone(),
-                component_sha256: new.component_sha256.clone(),
-                connection_id: new.connection_id.clone(),
-                config_revision: new.config_revision,
-                snapshot_digest: new.snapshot_digest.clone(),
-                pins,
-                state: new.state,
-                reviewer: new.reviewer.clone(),
-                reason: new.reason.clone(),
-                created_ms: now_u,
-                state_changed_ms: now_u,
-                manifest_text: new.manifest_text.clone(),
-            })
+            Ok(plan.record)
         };
         run().with_context(|| {
             self.context(&format!("recording a revision of mapping {:?}", new.name))
@@ -2138,41 +2080,38 @@ impl Store for SqliteStore {
         reason: &str,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Option<MappingRecord>> {
-        if !expected.can_become(to) {
-            bail!("mapping {name:?}: {expected} cannot become {to}");
-        }
+        plans::check_transition(name, expected, to)?;
         let now_u = now_ms();
         let now = ms_to_sql(now_u)?;
         let mut conn = self.lock_in_order()?;
         let mut run = || -> anyhow::Result<Option<MappingRecord>> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let Some(latest) = latest_mapping(&tx, name)? else {
-                bail!("mapping {name:?} does not exist");
-            };
-            if latest.state != expected {
+            let latest = latest_mapping(&tx, name)?;
+            let Some(changed) = plans::set_state(name, latest, expected, to, reason, now_u)? else {
                 return Ok(None);
-            }
+            };
             tx.execute(
                 "UPDATE mappings SET state = ?1, reason = ?2, state_changed_ms = ?3 \
                  WHERE name = ?4 AND revision = ?5",
-                params![to.as_str(), reason, now, name, latest.revision],
+                params![to.as_str(), reason, now, name, changed.revision],
             )?;
             trace::append_in(
                 &tx,
                 &self.key,
-                &with_revision(events.clone(), latest.revision),
+                &with_revision(events.clone(), changed.revision),
             )?;
             tx.commit()?;
-            Ok(Some(MappingRecord {
-                state: to,
-                reason: reason.to_owned(),
-                state_changed_ms: now_u,
-                ..latest
-            }))
+            Ok(Some(changed))
         };
         run().with_context(|| {
             self.context(&format!("changing the state of mapping {name:?} to {to}"))
         })
+    }
+}
+
+impl Trace for SqliteStore {
+    fn trace_key(&self) -> &TraceKey {
+        &self.key
     }
 
     fn append_trace(
@@ -2232,123 +2171,10 @@ impl Store for SqliteStore {
             let mut stmt = conn.prepare(&format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
             ))?;
-            stmt.query_map(params![after_seq, limit], trace_from_row)?
+            stmt.query_map(params![after_seq, limit], |r| rows::trace_event(r))?
                 .collect()
         };
         run().with_context(|| self.context("reading the trace"))
-    }
-
-    fn create_approval(
-        &self,
-        new: &NewApproval,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<ApprovalRecord> {
-        self.create_approval_impl(new, events)
-    }
-
-    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
-        self.approval_impl(id)
-    }
-
-    fn approvals(
-        &self,
-        state: Option<ApprovalState>,
-        limit: usize,
-    ) -> anyhow::Result<Vec<ApprovalRecord>> {
-        self.approvals_impl(state, limit)
-    }
-
-    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
-        self.find_approval_impl(binding)
-    }
-
-    fn decide_approval(
-        &self,
-        id: &str,
-        decision: ApprovalDecision,
-        by: &str,
-        reason: Option<&str>,
-        ttl_ms: u64,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<ApprovalRecord> {
-        self.decide_approval_impl(id, decision, by, reason, ttl_ms, events)
-    }
-
-    fn consume_receipt(
-        &self,
-        id: &str,
-        binding: &ReceiptBinding,
-        how: ConsumeAs<'_>,
-        intent: &NewIntent,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<Consumption> {
-        self.consume_receipt_impl(id, binding, how, intent, events)
-    }
-
-    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
-        self.create_intent_impl(intent, events)
-    }
-
-    fn set_intent_state(
-        &self,
-        id: &str,
-        state: IntentState,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events, &[])
-    }
-
-    fn finish_intent(
-        &self,
-        id: &str,
-        state: IntentState,
-        events: Vec<NewEvent>,
-        observations: Vec<NewObservation>,
-    ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events, &observations)
-    }
-
-    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
-        self.intent_impl(id)
-    }
-
-    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
-        self.attempt_sending_impl(intent, attempt)
-    }
-
-    fn attempt_answered(
-        &self,
-        intent: &str,
-        attempt: u32,
-        request_id: &str,
-        answered: bool,
-    ) -> anyhow::Result<()> {
-        self.attempt_answered_impl(intent, attempt, request_id, answered)
-    }
-
-    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
-        self.advance_attempt_impl(intent, attempt, to)
-    }
-
-    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
-        self.new_attempt_impl(intent)
-    }
-
-    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
-        self.attempts_impl(intent)
-    }
-
-    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
-        self.intents_impl(filter)
-    }
-
-    fn resolve_intent(
-        &self,
-        id: &str,
-        resolution: &Resolution,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<IntentRecord> {
-        self.resolve_intent_impl(id, resolution, events)
     }
 
     fn verify_trace_against(
@@ -2373,16 +2199,7 @@ impl Store for SqliteStore {
             let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
             let mut chain = ChainCheck::new(&self.key);
             while let Some(row) = rows.next()? {
-                let stored = StoredEvent {
-                    seq: row.get(0)?,
-                    at: row.get(1)?,
-                    kind: row.get(2)?,
-                    subject: row.get(3)?,
-                    payload: row.get(4)?,
-                    prev_hash: row.get(5)?,
-                    hash: row.get(6)?,
-                    key_id: row.get(7)?,
-                };
+                let stored = rows::stored_event(row)?;
                 if wanted.contains(&stored.seq) {
                     recorded.insert(stored.seq, stored.hash.clone());
                 }
@@ -2470,6 +2287,123 @@ impl Store for SqliteStore {
             .with_context(|| self.context("reading the trace head"))?;
         let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
         Ok(self.key.checkpoint(seq, &head, now_ms()))
+    }
+}
+
+impl Approvals for SqliteStore {
+    fn create_approval(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        self.create_approval_impl(new, events)
+    }
+
+    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.approval_impl(id)
+    }
+
+    fn approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        self.approvals_impl(state, limit)
+    }
+
+    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.find_approval_impl(binding)
+    }
+
+    fn decide_approval(
+        &self,
+        id: &str,
+        decision: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        self.decide_approval_impl(id, decision, by, reason, ttl_ms, events)
+    }
+
+    fn consume_receipt(
+        &self,
+        id: &str,
+        binding: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Consumption> {
+        self.consume_receipt_impl(id, binding, how, intent, events)
+    }
+}
+
+impl Intents for SqliteStore {
+    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        self.create_intent_impl(intent, events)
+    }
+
+    fn set_intent_state(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        self.set_intent_state_impl(id, state, events, &[])
+    }
+
+    fn finish_intent(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()> {
+        self.set_intent_state_impl(id, state, events, &observations)
+    }
+
+    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
+        self.intent_impl(id)
+    }
+
+    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
+        self.attempt_sending_impl(intent, attempt)
+    }
+
+    fn attempt_answered(
+        &self,
+        intent: &str,
+        attempt: u32,
+        request_id: &str,
+        answered: bool,
+    ) -> anyhow::Result<()> {
+        self.attempt_answered_impl(intent, attempt, request_id, answered)
+    }
+
+    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
+        self.advance_attempt_impl(intent, attempt, to)
+    }
+
+    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
+        self.new_attempt_impl(intent)
+    }
+
+    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
+        self.attempts_impl(intent)
+    }
+
+    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
+        self.intents_impl(filter)
+    }
+
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord> {
+        self.resolve_intent_impl(id, resolution, events)
     }
 }
 
@@ -2834,6 +2768,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("state")).unwrap();
         (dir, store)
+    }
+
+    /// A caller can hold only the concerns it uses, and [`Store`] is every concern at
+    /// once: what one concern writes, another reads, through the same store.
+    #[test]
+    fn each_concern_is_a_trait_of_its_own_and_a_store_is_all_of_them() {
+        fn record(trace: &dyn Trace) -> TraceEvent {
+            trace.append_trace("test", "s", &json!({"n": 1})).unwrap()
+        }
+        fn newest(store: &dyn Store) -> Option<TraceEvent> {
+            store.trace(0, 100).unwrap().pop()
+        }
+        let (_dir, store) = open_temp();
+        let written = record(&store);
+        let hosts: &dyn Hosts = &store;
+        assert!(!hosts.is_shared(), "the embedded store serves one host");
+        assert_eq!(newest(&store), Some(written));
     }
 
     /// The trace's commits do not checkpoint: the store's thread does, once the WAL passes

@@ -138,7 +138,7 @@ pub(super) fn write_in(tx: &Connection, observations: &[NewObservation]) -> anyh
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::{SqliteStore, Store as _};
+    use super::super::{SqliteStore, Trace as _};
     use super::*;
 
     /// An observation of a resource read of `uri` with content digest `sha` at `ms`.

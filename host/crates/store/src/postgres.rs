@@ -29,7 +29,7 @@
 //! with `/` is a Unix-socket folder. No TLS: this build connects with `NoTls`, so use a
 //! Unix socket or a loopback address; `sslmode=require` is refused.
 //!
-//! Sync over async: the [`Store`] trait is synchronous and is called from tokio tasks.
+//! Sync over async: the [`Store`](crate::Store) trait is synchronous and is called from tokio tasks.
 //! The connections' I/O runs on one dedicated thread owning a current-thread runtime;
 //! a store method waits on the client's futures with `futures_executor::block_on`, which
 //! (unlike tokio's `block_on`) works on any thread, inside a runtime or not, because a
@@ -40,7 +40,7 @@
 //! Changes reach other hosts by `LISTEN/NOTIFY`: a write that changes what serving hosts
 //! re-read (mapping revisions and states, approval decisions) calls `pg_notify` on
 //! [`CHANGES_CHANNEL`] in its transaction (delivered at commit, never for a rollback), and
-//! each store listens on a connection of its own ([`Store::changes`]).
+//! each store listens on a connection of its own ([`Hosts::changes`]).
 //!
 //! Differences from SQLite: appends are not group-committed (each call is its own
 //! transaction); PostgreSQL `TEXT` cannot hold a NUL character, so a subject, kind or
@@ -59,20 +59,22 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
 
 use super::approvals::{
-    APPROVAL_COLUMNS, ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs,
-    Consumption, DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
+    APPROVAL_COLUMNS, ApprovalDecision, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
+    DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
     ReceiptBinding, ReceiptRefusal, random_id,
 };
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
+use super::plans;
+use super::rows;
 use super::shared;
 use super::trace::{self, NewEvent};
 use super::{
-    CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, GENESIS_HASH,
-    MAPPING_COLUMNS, MIN_PREFIX, MappingRecord, MappingState, NewMappingRevision, NewObservation,
-    SNAPSHOT_SUMMARY_SELECT, SnapshotObservation, SnapshotSummary, Store, StoredEvent,
-    StoredSnapshot, TRACE_COLUMNS, TRACE_KEYED, TraceEvent, TraceVerification, canonical, is_hex,
-    ms_to_sql, new_connection_id, now_ms, with_revision,
+    Approvals, CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, Connections,
+    GENESIS_HASH, Hosts, Intents, MAPPING_COLUMNS, MIN_PREFIX, MappingRecord, MappingState,
+    Mappings, NewMappingRevision, NewObservation, SNAPSHOT_SUMMARY_SELECT, SnapshotObservation,
+    SnapshotSummary, Snapshots, StoredSnapshot, TRACE_COLUMNS, TRACE_KEYED, Trace, TraceEvent,
+    TraceVerification, canonical, is_hex, ms_to_sql, new_connection_id, now_ms, with_revision,
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
@@ -187,7 +189,7 @@ CREATE TRIGGER trace_events_no_truncate BEFORE TRUNCATE ON trace_events
 CREATE INDEX trace_events_mapping_proofs ON trace_events (subject, seq)
     WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed');
 -- The events that prove an approval or an intent, found by the id their payload names
--- (Store::approval_proofs, Store::intent_proofs).
+-- (Trace::approval_proofs, Trace::intent_proofs).
 CREATE INDEX trace_events_approval_proofs ON trace_events (((payload::jsonb ->> 'approval')), seq)
     WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed');
 CREATE INDEX trace_events_intent_proofs ON trace_events (((payload::jsonb ->> 'intent')), seq)
@@ -308,7 +310,7 @@ CREATE TABLE reference_bindings (
 CREATE INDEX reference_bindings_by_scope ON reference_bindings (scope, expires_ms);
 "#,
     // 2 → 3: the events that change an intent's state after its creation carry
-    // `intent_state` (Store::intent_proofs, Store::intents_open_in_trace_only), found by the
+    // `intent_state` (Trace::intent_proofs, Trace::intents_open_in_trace_only), found by the
     // intent their payload names; reads' outcome events stay out of the index.
     r#"
 CREATE INDEX trace_events_intent_states ON trace_events (((payload::jsonb ->> 'intent')), seq)
@@ -590,10 +592,10 @@ fn pg_error(e: &tokio_postgres::Error) -> String {
     s
 }
 
-/// [`Store`] on a PostgreSQL database shared by several hosts. Open one value per
+/// [`Store`](crate::Store) on a PostgreSQL database shared by several hosts. Open one value per
 /// process and share it; it keeps up to eight connections.
 pub struct PostgresStore {
-    /// The connection that holds this host's liveness lock ([`Store::register_host`]);
+    /// The connection that holds this host's liveness lock ([`Hosts::register_host`]);
     /// dropped before the pool's I/O thread stops.
     liveness: Mutex<Option<Client>>,
     pool: Pool,
@@ -758,7 +760,7 @@ impl PostgresStore {
 
     /// Starts the change listener on the I/O thread (it ends with the store): one
     /// connection of its own that `LISTEN`s on [`CHANGES_CHANNEL`] and moves
-    /// [`Store::changes`] on each notification; after a lost connection it connects
+    /// [`Hosts::changes`] on each notification; after a lost connection it connects
     /// again every [`LISTEN_RETRY`] and signals once (changes made meanwhile were not
     /// heard).
     fn listen(&self) {
@@ -842,7 +844,7 @@ impl PostgresStore {
             let rows = c.query(sql, &[&param]).await.map_err(db)?;
             let mut out = Vec::new();
             for row in &rows {
-                let e = stored_from_row(row);
+                let e = rows::stored_event(row)?;
                 let genuine = e.key_id.as_deref() == Some(key.id())
                     && accept(&e.kind, &e.subject)
                     && key.verify_event(
@@ -925,7 +927,7 @@ impl PostgresStore {
 }
 
 /// A PostgreSQL error as an `anyhow` error carrying the server's words.
-fn db(e: tokio_postgres::Error) -> anyhow::Error {
+pub(crate) fn db(e: tokio_postgres::Error) -> anyhow::Error {
     anyhow!(pg_error(&e))
 }
 
@@ -1026,174 +1028,6 @@ async fn migrate(client: &mut Client, shown: &str) -> anyhow::Result<()> {
     }
 }
 
-fn get_ms(row: &Row, i: usize) -> anyhow::Result<u64> {
-    let v: i64 = row.try_get(i).map_err(db)?;
-    u64::try_from(v).map_err(|_| anyhow!("column {i}: time {v} is negative"))
-}
-
-fn opt_ms(row: &Row, i: usize) -> anyhow::Result<Option<u64>> {
-    Ok(row
-        .try_get::<_, Option<i64>>(i)
-        .map_err(db)?
-        .map(|v| u64::try_from(v).unwrap_or(0)))
-}
-
-fn get_json(row: &Row, i: usize) -> anyhow::Result<serde_json::Value> {
-    let text: String = row.try_get(i).map_err(db)?;
-    serde_json::from_str(&text).with_context(|| format!("column {i} is not JSON"))
-}
-
-fn connection_from_row(row: &Row) -> anyhow::Result<ConnectionRecord> {
-    Ok(ConnectionRecord {
-        connection_id: row.get(0),
-        name: row.get(1),
-        revision: row.get(2),
-        config_digest: row.get(3),
-        config: get_json(row, 4)?,
-        first_seen_ms: get_ms(row, 5)?,
-    })
-}
-
-fn snapshot_summary_from_row(row: &Row) -> anyhow::Result<SnapshotSummary> {
-    Ok(SnapshotSummary {
-        digest: row.get(0),
-        connection_id: row.get(1),
-        config_revision: row.get(2),
-        first_seen_ms: get_ms(row, 3)?,
-        last_seen_ms: get_ms(row, 4)?,
-        observations: get_ms(row, 5)?,
-    })
-}
-
-fn mapping_from_row(row: &Row) -> anyhow::Result<MappingRecord> {
-    let state: String = row.get(8);
-    Ok(MappingRecord {
-        name: row.get(0),
-        revision: row.get(1),
-        manifest_digest: row.get(2),
-        component_sha256: row.get(3),
-        connection_id: row.get(4),
-        config_revision: row.get(5),
-        snapshot_digest: row.get(6),
-        pins: get_json(row, 7)?,
-        state: MappingState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown mapping state {state:?}"))?,
-        reviewer: row.get(9),
-        reason: row.get(10),
-        created_ms: get_ms(row, 11)?,
-        state_changed_ms: get_ms(row, 12)?,
-        manifest_text: row.get(13),
-    })
-}
-
-fn trace_from_row(row: &Row) -> anyhow::Result<TraceEvent> {
-    Ok(TraceEvent {
-        seq: row.get(0),
-        at_ms: get_ms(row, 1)?,
-        kind: row.get(2),
-        subject: row.get(3),
-        payload: get_json(row, 4)?,
-        prev_hash: row.get(5),
-        hash: row.get(6),
-        key_id: row.get(7),
-    })
-}
-
-fn stored_from_row(row: &Row) -> StoredEvent {
-    StoredEvent {
-        seq: row.get(0),
-        at: row.get(1),
-        kind: row.get(2),
-        subject: row.get(3),
-        payload: row.get(4),
-        prev_hash: row.get(5),
-        hash: row.get(6),
-        key_id: row.get(7),
-    }
-}
-
-fn approval_from_row(row: &Row) -> anyhow::Result<ApprovalRecord> {
-    let state: String = row.get(1);
-    let mode: String = row.get(2);
-    Ok(ApprovalRecord {
-        id: row.get(0),
-        state: ApprovalState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown approval state {state:?}"))?,
-        mode: ApprovalMode::parse(&mode)
-            .ok_or_else(|| anyhow!("unknown approval mode {mode:?}"))?,
-        binding: ReceiptBinding {
-            requester: row.get(3),
-            session: row.get(4),
-            capability: row.get(6),
-            mapping: row.get(7),
-            mapping_revision: row.get(8),
-            snapshot_digest: row.get(9),
-            policy_digest: row.get(10),
-            args_digest: row.get(11),
-            artifact_digest: row.get(12),
-        },
-        profile: row.get(5),
-        summary: row.get(13),
-        nonce: row.get(14),
-        created_ms: get_ms(row, 15)?,
-        expires_ms: get_ms(row, 16)?,
-        decided_by: row.get(17),
-        decided_ms: opt_ms(row, 18)?,
-        reason: row.get(19),
-        consumed_ms: opt_ms(row, 20)?,
-        intent_id: row.get(21),
-    })
-}
-
-fn intent_from_row(row: &Row) -> anyhow::Result<IntentRecord> {
-    let state: String = row.get(11);
-    Ok(IntentRecord {
-        intent: NewIntent {
-            id: row.get(0),
-            idempotency_key: row.get(1),
-            call_id: row.get(2),
-            requester: row.get(4),
-            session: row.get(5),
-            capability: row.get(6),
-            mapping: row.get(7),
-            mapping_revision: row.get(8),
-            args_digest: row.get(9),
-            effect_class: row.get(10),
-        },
-        approval_id: row.get(3),
-        state: IntentState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown intent state {state:?}"))?,
-        created_ms: get_ms(row, 12)?,
-        updated_ms: get_ms(row, 13)?,
-        resolution: row
-            .get::<_, Option<String>>(14)
-            .and_then(|t| serde_json::from_str(&t).ok()),
-        resolved_ms: opt_ms(row, 15)?,
-    })
-}
-
-fn attempt_from_row(row: &Row) -> anyhow::Result<AttemptRecord> {
-    let state: String = row.get(2);
-    let mut at_ms = [None; 6];
-    for (i, slot) in at_ms.iter_mut().enumerate() {
-        *slot = opt_ms(row, 6 + i)?;
-    }
-    let count = |i: usize| -> anyhow::Result<u32> {
-        let v: i64 = row.get(i);
-        u32::try_from(v).map_err(|_| anyhow!("column {i}: count {v} is out of range"))
-    };
-    Ok(AttemptRecord {
-        intent_id: row.get(0),
-        attempt: count(1)?,
-        state: AttemptState::parse(&state)
-            .ok_or_else(|| anyhow!("unknown attempt state {state:?}"))?,
-        requests: count(3)?,
-        answered: count(4)?,
-        last_request_id: row.get(5),
-        at_ms,
-    })
-}
-
 async fn latest_mapping(
     c: &Sql<'_, impl GenericClient + Sync>,
     name: &str,
@@ -1207,7 +1041,7 @@ async fn latest_mapping(
     )
     .await
     .map_err(db)?
-    .map(|r| mapping_from_row(&r))
+    .map(|r| rows::mapping(&r))
     .transpose()
 }
 
@@ -1215,28 +1049,17 @@ async fn load_snapshot(
     c: &Sql<'_, impl GenericClient + Sync>,
     digest: &str,
 ) -> anyhow::Result<Option<StoredSnapshot>> {
-    let Some(row) = c
-        .query_opt(
-            "SELECT s.digest, s.connection_id, s.config_revision, s.body, s.first_seen_ms, \
-             max(o.observed_at_ms), count(o.id) \
-             FROM snapshots s JOIN snapshot_observations o ON o.digest = s.digest \
-             WHERE s.digest = $1 GROUP BY s.digest",
-            &[&digest],
-        )
-        .await
-        .map_err(db)?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(StoredSnapshot {
-        digest: row.get(0),
-        connection_id: row.get(1),
-        config_revision: row.get(2),
-        body: get_json(&row, 3)?,
-        first_seen_ms: get_ms(&row, 4)?,
-        last_seen_ms: get_ms(&row, 5)?,
-        observations: get_ms(&row, 6)?,
-    }))
+    c.query_opt(
+        &format!(
+            "{} WHERE s.digest = $1 GROUP BY s.digest",
+            rows::SNAPSHOT_SELECT
+        ),
+        &[&digest],
+    )
+    .await
+    .map_err(db)?
+    .map(|r| rows::stored_snapshot(&r))
+    .transpose()
 }
 
 async fn load_approval(
@@ -1251,7 +1074,7 @@ async fn load_approval(
     )
     .await
     .map_err(db)?
-    .map(|r| approval_from_row(&r))
+    .map(|r| rows::approval(&r))
     .transpose()
 }
 
@@ -1265,7 +1088,7 @@ async fn load_intent(
     )
     .await
     .map_err(db)?
-    .map(|r| intent_from_row(&r))
+    .map(|r| rows::intent(&r))
     .transpose()
 }
 
@@ -1448,13 +1271,1151 @@ async fn write_observations(
     Ok(())
 }
 
-impl Store for PostgresStore {
-    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.changes.subscribe())
+impl Connections for PostgresStore {
+    fn connection_revision(
+        &self,
+        name: &str,
+        config_digest: &str,
+        config: &serde_json::Value,
+    ) -> anyhow::Result<ConnectionRevision> {
+        if name.is_empty() {
+            bail!("a connection name must not be empty");
+        }
+        if config_digest.is_empty() {
+            bail!("connection {name:?}: the configuration digest must not be empty");
+        }
+        let config_text = canonical(config)?;
+        let now = ms_to_sql(now_ms())?;
+        self.write(&format!("recording connection {name:?}"), async |tx| {
+            let existing = tx
+                .query_opt(
+                    "SELECT connection_id FROM connections WHERE name = $1",
+                    &[&name],
+                )
+                .await
+                .map_err(db)?;
+            let connection_id: String = match existing {
+                Some(row) => row.get(0),
+                None => {
+                    let mut attempts = 0;
+                    loop {
+                        let id = new_connection_id()?;
+                        let inserted = tx
+                            .execute(
+                                "INSERT INTO connections (connection_id, name, first_seen_ms) \
+                                 VALUES ($1, $2, $3) ON CONFLICT (connection_id) DO NOTHING",
+                                &[&id, &name, &now],
+                            )
+                            .await
+                            .map_err(db)?;
+                        if inserted == 1 {
+                            break id;
+                        }
+                        attempts += 1;
+                        if attempts >= 8 {
+                            bail!("could not draw an unused connection id");
+                        }
+                    }
+                }
+            };
+            let seen = tx
+                .query_opt(
+                    "SELECT revision FROM connection_revisions \
+                     WHERE connection_id = $1 AND config_digest = $2",
+                    &[&connection_id, &config_digest],
+                )
+                .await
+                .map_err(db)?;
+            let (revision, created) = match seen {
+                Some(row) => (row.get::<_, i64>(0), false),
+                None => {
+                    let revision: i64 = tx
+                        .query_one(
+                            "SELECT coalesce(max(revision), 0) + 1 FROM connection_revisions \
+                             WHERE connection_id = $1",
+                            &[&connection_id],
+                        )
+                        .await
+                        .map_err(db)?
+                        .get(0);
+                    tx.execute(
+                        "INSERT INTO connection_revisions \
+                         (connection_id, revision, config_digest, config, created_ms) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                        &[
+                            &connection_id,
+                            &revision,
+                            &config_digest,
+                            &config_text,
+                            &now,
+                        ],
+                    )
+                    .await
+                    .map_err(db)?;
+                    (revision, true)
+                }
+            };
+            Ok(ConnectionRevision {
+                connection_id,
+                name: name.to_owned(),
+                revision,
+                config_digest: config_digest.to_owned(),
+                created,
+            })
+        })
     }
 
+    fn connection(&self, name: &str) -> anyhow::Result<Option<ConnectionRecord>> {
+        self.read(&format!("reading connection {name:?}"), async |c| {
+            c.query_opt(&format!("{CONNECTION_SELECT} AND c.name = $1"), &[&name])
+                .await
+                .map_err(db)?
+                .map(|r| rows::connection(&r))
+                .transpose()
+        })
+    }
+
+    fn connections(&self) -> anyhow::Result<Vec<ConnectionRecord>> {
+        self.read("listing connections", async |c| {
+            c.query(&format!("{CONNECTION_SELECT} ORDER BY c.name"), &[])
+                .await
+                .map_err(db)?
+                .iter()
+                .map(rows::connection)
+                .collect()
+        })
+    }
+}
+
+impl Snapshots for PostgresStore {
+    fn put_snapshot(
+        &self,
+        digest: &str,
+        connection_id: &str,
+        config_revision: i64,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<SnapshotObservation> {
+        if !is_hex(digest) {
+            bail!("snapshot digest {digest:?} is not hex");
+        }
+        let digest = digest.to_ascii_lowercase();
+        let body_text = canonical(body)?;
+        let observed_at_ms = now_ms();
+        let now = ms_to_sql(observed_at_ms)?;
+        let d = &digest;
+        self.write(&format!("recording snapshot {digest}"), async |tx| {
+            let known: bool = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM connection_revisions \
+                     WHERE connection_id = $1 AND revision = $2)",
+                    &[&connection_id, &config_revision],
+                )
+                .await
+                .map_err(db)?
+                .get(0);
+            if !known {
+                bail!(
+                    "connection {connection_id:?} has no configuration revision \
+                     {config_revision}"
+                );
+            }
+            let stored = tx
+                .query_opt(
+                    "SELECT connection_id, config_revision, body FROM snapshots WHERE digest = $1",
+                    &[d],
+                )
+                .await
+                .map_err(db)?
+                .map(|row| plans::StoredSnapshotKey {
+                    connection_id: row.get(0),
+                    config_revision: row.get(1),
+                    body: row.get(2),
+                });
+            let plan = plans::snapshot_write(
+                d,
+                connection_id,
+                config_revision,
+                &body_text,
+                stored.as_ref(),
+            )?;
+            let new = plan == plans::SnapshotWrite::Insert;
+            if new {
+                tx.execute(
+                    "INSERT INTO snapshots \
+                     (digest, connection_id, config_revision, body, first_seen_ms) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                    &[d, &connection_id, &config_revision, &body_text, &now],
+                )
+                .await
+                .map_err(db)?;
+            }
+            tx.execute(
+                "INSERT INTO snapshot_observations (digest, observed_at_ms) VALUES ($1, $2)",
+                &[d, &now],
+            )
+            .await
+            .map_err(db)?;
+            Ok(SnapshotObservation {
+                digest: d.clone(),
+                new,
+                observed_at_ms,
+            })
+        })
+    }
+
+    fn snapshot(&self, digest_or_prefix: &str) -> anyhow::Result<Option<StoredSnapshot>> {
+        if !is_hex(digest_or_prefix) {
+            bail!("snapshot digest or prefix {digest_or_prefix:?} is not hex");
+        }
+        let wanted = digest_or_prefix.to_ascii_lowercase();
+        self.read(&format!("reading snapshot {digest_or_prefix}"), async |c| {
+            if let Some(found) = load_snapshot(c, &wanted).await? {
+                return Ok(Some(found));
+            }
+            if wanted.len() < MIN_PREFIX {
+                bail!(
+                    "snapshot prefix {wanted} is too short: give at least {MIN_PREFIX} hex \
+                     characters"
+                );
+            }
+            // Hex only, so the pattern holds no LIKE metacharacters.
+            let pattern = format!("{wanted}%");
+            let matches: Vec<String> = c
+                .query(
+                    "SELECT digest FROM snapshots WHERE digest LIKE $1 LIMIT 2",
+                    &[&pattern],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            match matches.as_slice() {
+                [] => Ok(None),
+                [only] => load_snapshot(c, only).await,
+                _ => {
+                    let count: i64 = c
+                        .query_one(
+                            "SELECT count(*) FROM snapshots WHERE digest LIKE $1",
+                            &[&pattern],
+                        )
+                        .await
+                        .map_err(db)?
+                        .get(0);
+                    bail!(
+                        "snapshot prefix {wanted} is ambiguous: it matches {count} snapshots; \
+                         give more characters"
+                    )
+                }
+            }
+        })
+    }
+
+    fn latest_snapshot(&self, connection_id: &str) -> anyhow::Result<Option<StoredSnapshot>> {
+        self.read(
+            &format!("reading the latest snapshot of {connection_id}"),
+            async |c| {
+                let digest = c
+                    .query_opt(
+                        "SELECT o.digest FROM snapshot_observations o \
+                         JOIN snapshots s ON s.digest = o.digest \
+                         WHERE s.connection_id = $1 ORDER BY o.id DESC LIMIT 1",
+                        &[&connection_id],
+                    )
+                    .await
+                    .map_err(db)?;
+                match digest {
+                    Some(row) => load_snapshot(c, row.get::<_, &str>(0)).await,
+                    None => Ok(None),
+                }
+            },
+        )
+    }
+
+    fn snapshots(&self, connection_id: Option<&str>) -> anyhow::Result<Vec<SnapshotSummary>> {
+        self.read("listing snapshots", async |c| {
+            c.query(
+                &format!(
+                    "{SNAPSHOT_SUMMARY_SELECT} WHERE $1::text IS NULL OR s.connection_id = $1 \
+                     GROUP BY s.digest ORDER BY 5 DESC, 7 DESC"
+                ),
+                &[&connection_id],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::snapshot_summary)
+            .collect()
+        })
+    }
+}
+
+impl Mappings for PostgresStore {
+    fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>> {
+        self.read(&format!("reading mapping {name:?}"), async |c| {
+            latest_mapping(c, name).await
+        })
+    }
+
+    fn mapping_revisions(&self, name: &str) -> anyhow::Result<Vec<MappingRecord>> {
+        self.read(
+            &format!("reading revisions of mapping {name:?}"),
+            async |c| {
+                c.query(
+                    &format!(
+                        "SELECT {MAPPING_COLUMNS} FROM mappings WHERE name = $1 ORDER BY revision"
+                    ),
+                    &[&name],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(rows::mapping)
+                .collect()
+            },
+        )
+    }
+
+    fn mappings(&self) -> anyhow::Result<Vec<MappingRecord>> {
+        self.read("listing mappings", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {MAPPING_COLUMNS} FROM mappings m \
+                     WHERE revision = (SELECT max(revision) FROM mappings WHERE name = m.name) \
+                     ORDER BY name"
+                ),
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::mapping)
+            .collect()
+        })
+    }
+
+    fn add_mapping_revision_traced(
+        &self,
+        new: &NewMappingRevision,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<MappingRecord> {
+        if new.name.is_empty() {
+            bail!("a mapping name must not be empty");
+        }
+        let pins_text = canonical(&new.pins)?;
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let key = &self.key;
+        self.write(
+            &format!("recording a revision of mapping {:?}", new.name),
+            async |tx| {
+                let previous = latest_mapping(tx, &new.name).await?;
+                let plan = plans::supersede(
+                    previous.as_ref(),
+                    new,
+                    serde_json::from_str(&pins_text)?,
+                    now_u,
+                );
+                let revision = plan.record.revision;
+                if let Some(retire) = &plan.retire {
+                    tx.execute(
+                        "UPDATE mappings SET state = $1, reason = $2, state_changed_ms = $3 \
+                         WHERE name = $4 AND revision = $5",
+                        &[
+                            &MappingState::Historical.as_str(),
+                            &retire.reason,
+                            &now,
+                            &new.name,
+                            &retire.revision,
+                        ],
+                    )
+                    .await
+                    .map_err(db)?;
+                }
+                tx.execute(
+                    &format!(
+                        "INSERT INTO mappings ({MAPPING_COLUMNS}) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13)"
+                    ),
+                    &[
+                        &new.name,
+                        &revision,
+                        &new.manifest_digest,
+                        &new.component_sha256,
+                        &new.connection_id,
+                        &new.config_revision,
+                        &new.snapshot_digest,
+                        &pins_text,
+                        &new.state.as_str(),
+                        &new.reviewer,
+                        &new.reason,
+                        &now,
+                        &new.manifest_text,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+                append_in(tx, key, &with_revision(events.clone(), revision)).await?;
+                notify(tx, "mapping").await?;
+                Ok(plan.record)
+            },
+        )
+    }
+
+    fn set_mapping_state_traced(
+        &self,
+        name: &str,
+        expected: MappingState,
+        to: MappingState,
+        reason: &str,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Option<MappingRecord>> {
+        plans::check_transition(name, expected, to)?;
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let key = &self.key;
+        self.write(
+            &format!("changing the state of mapping {name:?} to {to}"),
+            async |tx| {
+                let latest = latest_mapping(tx, name).await?;
+                let Some(changed) = plans::set_state(name, latest, expected, to, reason, now_u)?
+                else {
+                    return Ok(None);
+                };
+                tx.execute(
+                    "UPDATE mappings SET state = $1, reason = $2, state_changed_ms = $3 \
+                     WHERE name = $4 AND revision = $5",
+                    &[&to.as_str(), &reason, &now, &name, &changed.revision],
+                )
+                .await
+                .map_err(db)?;
+                append_in(tx, key, &with_revision(events.clone(), changed.revision)).await?;
+                notify(tx, "mapping").await?;
+                Ok(Some(changed))
+            },
+        )
+    }
+}
+
+impl Trace for PostgresStore {
     fn trace_key(&self) -> &TraceKey {
         &self.key
+    }
+
+    fn append_trace(
+        &self,
+        kind: &str,
+        subject: &str,
+        payload: &serde_json::Value,
+    ) -> anyhow::Result<TraceEvent> {
+        let payload_text = trace::canonical(payload)?;
+        let payload: serde_json::Value =
+            serde_json::from_str(&payload_text).context("re-reading canonical payload")?;
+        let key = &self.key;
+        self.write(&format!("appending trace event {kind:?}"), async |tx| {
+            let (last, prev_hash) = head(tx, key).await?;
+            let seq = last + 1;
+            let at_ms = now_ms();
+            let at = ms_to_sql(at_ms)?;
+            let hash = key.event_mac(seq, at, kind, subject, &payload_text, &prev_hash);
+            tx.execute(
+                &format!(
+                    "INSERT INTO trace_events ({TRACE_COLUMNS}) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                ),
+                &[
+                    &seq,
+                    &at,
+                    &kind,
+                    &subject,
+                    &payload_text,
+                    &prev_hash,
+                    &hash,
+                    &key.id(),
+                ],
+            )
+            .await
+            .map_err(db)?;
+            Ok(TraceEvent {
+                seq,
+                at_ms,
+                kind: kind.to_owned(),
+                subject: subject.to_owned(),
+                payload: payload.clone(),
+                prev_hash,
+                hash,
+                key_id: Some(key.id().to_owned()),
+            })
+        })
+    }
+
+    fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        self.append_call(events, Vec::new())
+    }
+
+    fn append_call(
+        &self,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()> {
+        if events.is_empty() && observations.is_empty() {
+            return Ok(());
+        }
+        // Group commit within this host: while one caller's transaction holds the
+        // database's write lock, the calls that arrive queue up and the next writer commits
+        // all of them in one transaction, so the serialized chain is taken once per batch,
+        // not once per call. Each caller gets the result of the transaction that held its
+        // own events.
+        let key = &self.key;
+        self.commit.append(
+            events,
+            observations,
+            || self.appending.lock().unwrap_or_else(|e| e.into_inner()),
+            |_, all, seen| {
+                self.write(
+                    &format!("appending {} trace events", all.len()),
+                    async |tx| {
+                        write_observations(tx, seen).await?;
+                        append_in(tx, key, all).await
+                    },
+                )
+            },
+        )
+    }
+
+    fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read("reading the trace", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > $1 ORDER BY seq LIMIT $2"
+                ),
+                &[&after_seq, &limit],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::trace_event)
+            .collect()
+        })
+    }
+
+    fn verify_trace_against(
+        &self,
+        checkpoints: &[(usize, Checkpoint)],
+    ) -> anyhow::Result<TraceVerification> {
+        let mut lease = self.pool.get()?;
+        let client = lease.client();
+        block_on(async {
+            // One snapshot for every page: a consistent view while other hosts append.
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            let wanted: std::collections::BTreeSet<i64> =
+                checkpoints.iter().map(|(_, c)| c.seq).collect();
+            let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
+            let mut chain = ChainCheck::new(&self.key);
+            let mut after = i64::MIN;
+            loop {
+                let rows = tx
+                    .query(
+                        &format!(
+                            "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > $1 \
+                             ORDER BY seq LIMIT $2"
+                        ),
+                        &[&after, &VERIFY_PAGE],
+                    )
+                    .await
+                    .map_err(db)?;
+                let full = rows.len() as i64 == VERIFY_PAGE;
+                for row in &rows {
+                    let stored = rows::stored_event(row)?;
+                    after = stored.seq;
+                    if wanted.contains(&stored.seq) {
+                        recorded.insert(stored.seq, stored.hash.clone());
+                    }
+                    chain.next(stored)?;
+                }
+                if !full {
+                    break;
+                }
+            }
+            tx.commit().await.map_err(db)?;
+            Ok::<_, anyhow::Error>(chain.finish(checkpoints, &recorded))
+        })
+        .with_context(|| self.context("verifying the trace"))
+    }
+
+    fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
+        let head = self.read("reading the trace head", async |c| {
+            Ok(c.query_opt(
+                "SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1))))
+        })?;
+        let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
+        Ok(self.key.checkpoint(seq, &head, now_ms()))
+    }
+
+    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        self.genuine_events(
+            &format!("reading the proofs of mapping {name:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
+                 AND subject IN ($1, 'trace') ORDER BY seq"
+            ),
+            name,
+            |kind, subject| subject == name || kind == TRACE_KEYED,
+        )
+    }
+
+    fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // Both terms repeat the expression index's definition (trace_events_approval_proofs).
+        self.genuine_events(
+            &format!("reading the proofs of approval {id:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed') \
+                 AND (payload::jsonb ->> 'approval') = $1 ORDER BY seq"
+            ),
+            id,
+            |_, _| true,
+        )
+    }
+
+    fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
+        let (count, head): (i64, i64) = self.read("counting the trace's events", async |c| {
+            let row = c
+                .query_one(
+                    "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= $1",
+                    &[&seq],
+                )
+                .await
+                .map_err(db)?;
+            Ok((row.get(0), row.get(1)))
+        })?;
+        Ok(super::missing(seq, count, head))
+    }
+
+    fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // Each half repeats an expression index's definition (trace_events_intent_proofs,
+        // trace_events_intent_states), so each reads its index.
+        self.genuine_events(
+            &format!("reading the proofs of intent {id:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind = 'intent-created' \
+                 AND (payload::jsonb ->> 'intent') = $1 \
+                 UNION ALL \
+                 SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+                 AND (payload::jsonb ->> 'intent_state') IS NOT NULL \
+                 AND (payload::jsonb ->> 'intent') = $1 \
+                 ORDER BY seq"
+            ),
+            id,
+            |_, _| true,
+        )
+    }
+
+    fn intents_open_in_trace_only(
+        &self,
+        mapping: &str,
+        limit: usize,
+    ) -> anyhow::Result<Vec<String>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(
+            &format!("listing the intents of {mapping:?} the trace leaves open"),
+            async |c| {
+                let rows = c
+                    .query(
+                        "SELECT (c.payload::jsonb ->> 'intent') FROM trace_events c \
+                         WHERE c.kind = 'intent-created' \
+                         AND (c.payload::jsonb ->> 'mapping') = $1 \
+                         AND (c.payload::jsonb ->> 'intent_state') IS NOT NULL \
+                         AND NOT EXISTS (SELECT 1 FROM trace_events e \
+                             WHERE e.kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+                             AND (e.payload::jsonb ->> 'intent_state') IS NOT NULL \
+                             AND (e.payload::jsonb ->> 'intent') = (c.payload::jsonb ->> 'intent') \
+                             AND (e.payload::jsonb ->> 'intent_state') IN ('completed', 'failed')) \
+                         AND NOT EXISTS (SELECT 1 FROM intents i \
+                             WHERE i.id = (c.payload::jsonb ->> 'intent') \
+                             AND i.state IN ('prepared', 'unknown')) \
+                         ORDER BY c.seq LIMIT $2",
+                        &[&mapping, &limit],
+                    )
+                    .await
+                    .map_err(db)?;
+                rows.iter()
+                    .map(|r| r.try_get::<_, Option<String>>(0).map(Option::unwrap_or_default))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(db)
+            },
+        )
+    }
+}
+
+impl Approvals for PostgresStore {
+    fn create_approval(
+        &self,
+        new: &NewApproval,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        let id = random_id("apr_", 12);
+        let nonce = random_id("", 16);
+        let now = now_ms();
+        let expires = now.saturating_add(new.ttl_ms);
+        let (now_sql, expires_sql) = (ms_to_sql(now)?, ms_to_sql(expires)?);
+        let events: Vec<NewEvent> = events
+            .into_iter()
+            .map(|mut e| {
+                if let Some(o) = e.payload.as_object_mut() {
+                    o.entry("approval")
+                        .or_insert_with(|| serde_json::Value::String(id.clone()));
+                }
+                e
+            })
+            .collect();
+        let id = &id;
+        self.transact("recording an approval request", &events, async |tx| {
+            let b = &new.binding;
+            tx.execute(
+                &format!(
+                    "INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ($1, 'pending', $2, $3, \
+                     $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, NULL, NULL, \
+                     NULL, NULL, NULL)"
+                ),
+                &[
+                    id,
+                    &new.mode.as_str(),
+                    &b.requester,
+                    &b.session,
+                    &new.profile,
+                    &b.capability,
+                    &b.mapping,
+                    &b.mapping_revision,
+                    &b.snapshot_digest,
+                    &b.policy_digest,
+                    &b.args_digest,
+                    &b.artifact_digest,
+                    &new.summary,
+                    &nonce,
+                    &now_sql,
+                    &expires_sql,
+                ],
+            )
+            .await
+            .map_err(db)?;
+            load_approval(tx, id, false)
+                .await?
+                .ok_or_else(|| anyhow!("the approval just written is missing"))
+        })
+    }
+
+    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
+        let id = id.trim();
+        if id.len() < 12 || !id.is_ascii() {
+            bail!(
+                "approval id `{id}` is too short: give the full id (apr_…) or at least 12 characters of it"
+            );
+        }
+        let rows = self.read("reading an approval", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = $1 \
+                     OR (length($1) < 28 AND starts_with(id, $1)) LIMIT 2"
+                ),
+                &[&id],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::approval)
+            .collect::<anyhow::Result<Vec<_>>>()
+        })?;
+        match rows.len() {
+            0 => Ok(None),
+            1 => Ok(rows.into_iter().next()),
+            _ => bail!("approval id prefix `{id}` matches several approvals; give more of it"),
+        }
+    }
+
+    fn approvals(
+        &self,
+        state: Option<ApprovalState>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let state = state.map(|s| s.as_str());
+        self.read("listing approvals", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE $1::text IS NULL OR state = $1 \
+                     ORDER BY created_ms DESC, id LIMIT $2"
+                ),
+                &[&state, &limit],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::approval)
+            .collect()
+        })
+    }
+
+    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
+        self.read("looking up an approval", async |c| {
+            c.query_opt(
+                &format!(
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE requester = $1 AND \
+                     session = $2 AND capability = $3 AND args_digest = $4 AND state IN \
+                     ('pending', 'approved') ORDER BY created_ms DESC LIMIT 1"
+                ),
+                &[
+                    &binding.requester,
+                    &binding.session,
+                    &binding.capability,
+                    &binding.args_digest,
+                ],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| rows::approval(&r))
+            .transpose()
+        })
+    }
+
+    fn decide_approval(
+        &self,
+        id: &str,
+        decision: ApprovalDecision,
+        by: &str,
+        reason: Option<&str>,
+        ttl_ms: u64,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<ApprovalRecord> {
+        let now = now_ms();
+        let key = &self.key;
+        // The expiry is recorded even though the decision fails: the refusal is returned
+        // as a value so that the transaction commits.
+        let outcome = self.write("deciding an approval", async |tx| {
+            let Some(record) = load_approval(tx, id, true).await? else {
+                return Ok(Err(format!("no approval `{id}`")));
+            };
+            let (to, expires) = match record.decision_effect(decision, now, ttl_ms) {
+                DecisionEffect::Becomes(to, expires) => (to, ms_to_sql(expires)?),
+                DecisionEffect::Expired(why) => {
+                    tx.execute(
+                        "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(db)?;
+                    return Ok(Err(why));
+                }
+                DecisionEffect::Refused(why) => return Ok(Err(why)),
+            };
+            tx.execute(
+                "UPDATE approvals SET state = $2, decided_by = $3, decided_ms = $4, reason = $5, expires_ms = $6 WHERE id = $1",
+                &[&id, &to.as_str(), &by, &ms_to_sql(now)?, &reason, &expires],
+            )
+            .await
+            .map_err(db)?;
+            append_in(tx, key, &events).await?;
+            notify(tx, "approval").await?;
+            Ok(Ok(load_approval(tx, id, false)
+                .await?
+                .ok_or_else(|| anyhow!("approval `{id}` vanished"))?))
+        })?;
+        outcome.map_err(|why| anyhow!(why))
+    }
+
+    fn consume_receipt(
+        &self,
+        id: &str,
+        binding: &ReceiptBinding,
+        how: ConsumeAs<'_>,
+        intent: &NewIntent,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<Consumption> {
+        let now = now_ms();
+        let now_sql = ms_to_sql(now)?;
+        let key = &self.key;
+        // A refusal commits too (it writes nothing but, for an expired receipt, its
+        // expiry).
+        self.write("consuming a receipt", async |tx| {
+            let Some(record) = load_approval(tx, id, true).await? else {
+                return Ok(Consumption::Refused(ReceiptRefusal::NotFound));
+            };
+            match plans::check_consumption(&record, binding, how, now) {
+                Ok(()) => {}
+                Err(ReceiptRefusal::Expired) => {
+                    tx.execute(
+                        "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(db)?;
+                    return Ok(Consumption::Refused(ReceiptRefusal::Expired));
+                }
+                Err(refusal) => return Ok(Consumption::Refused(refusal)),
+            }
+            let updated = match how {
+                ConsumeAs::Approved => tx
+                    .query_opt(
+                        &format!(
+                            "UPDATE approvals SET state = 'consumed', consumed_ms = $2, intent_id = $3 \
+                             WHERE id = $1 AND state = 'approved' RETURNING {APPROVAL_COLUMNS}"
+                        ),
+                        &[&id, &now_sql, &intent.id],
+                    )
+                    .await
+                    .map_err(db)?,
+                ConsumeAs::AnsweredInBand { by, .. } => tx
+                    .query_opt(
+                        &format!(
+                            "UPDATE approvals SET state = 'consumed', consumed_ms = $2, intent_id = $3, \
+                             decided_by = $4, decided_ms = $2 WHERE id = $1 AND state = 'pending' \
+                             RETURNING {APPROVAL_COLUMNS}"
+                        ),
+                        &[&id, &now_sql, &intent.id, &by],
+                    )
+                    .await
+                    .map_err(db)?,
+            };
+            let Some(updated) = updated else {
+                return Ok(Consumption::Refused(plans::lost_consumption(&record, now)));
+            };
+            let approval = rows::approval(&updated)?;
+            insert_intent(tx, intent, Some(id), now_sql).await?;
+            append_in(tx, key, &events).await?;
+            let stored = load_intent(tx, &intent.id)
+                .await?
+                .ok_or_else(|| anyhow!("the intent just written is missing"))?;
+            Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
+        })
+    }
+}
+
+impl Intents for PostgresStore {
+    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        self.transact("recording an intent", &events, async |tx| {
+            insert_intent(tx, intent, None, now).await
+        })
+    }
+
+    fn set_intent_state(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<()> {
+        self.finish_intent(id, state, events, Vec::new())
+    }
+
+    fn finish_intent(
+        &self,
+        id: &str,
+        state: IntentState,
+        events: Vec<NewEvent>,
+        observations: Vec<NewObservation>,
+    ) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        self.transact("recording an intent's outcome", &events, async |tx| {
+            write_observations(tx, &observations).await?;
+            let n = tx
+                .execute(
+                    "UPDATE intents SET state = $2, updated_ms = $3 WHERE id = $1 AND state = 'prepared'",
+                    &[&id, &state.as_str(), &now],
+                )
+                .await
+                .map_err(db)?;
+            if n != 1 {
+                return Err(plans::not_prepared(id));
+            }
+            // An unknown outcome leaves the attempt where it stopped (sent, acknowledged):
+            // that is the evidence a reconciler starts from.
+            if state != IntentState::Unknown {
+                tx.execute(
+                    "UPDATE intent_attempts SET state = 'committed', committed_ms = $2 \
+                     WHERE intent_id = $1 AND attempt = \
+                     (SELECT MAX(attempt) FROM intent_attempts WHERE intent_id = $1)",
+                    &[&id, &now],
+                )
+                .await
+                .map_err(db)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
+        self.read("reading an intent", async |c| load_intent(c, id).await)
+    }
+
+    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        let attempt_sql = i64::from(attempt);
+        // One statement is its own transaction; it writes no trace event, so it takes no
+        // lock.
+        let n = self.read("recording that a request is being sent", async |c| {
+            c.execute(
+                "UPDATE intent_attempts SET state = 'sent', requests = requests + 1, \
+                 sent_ms = COALESCE(sent_ms, $3) \
+                 WHERE intent_id = $1 AND attempt = $2 AND state IN ('prepared', 'sent', 'acknowledged')",
+                &[&intent, &attempt_sql, &now],
+            )
+            .await
+            .map_err(db)
+        })?;
+        if n != 1 {
+            bail!("attempt {attempt} of intent `{intent}` cannot send any more");
+        }
+        Ok(())
+    }
+
+    fn attempt_answered(
+        &self,
+        intent: &str,
+        attempt: u32,
+        request_id: &str,
+        answered: bool,
+    ) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        let attempt = i64::from(attempt);
+        let answered = i64::from(answered);
+        self.read("recording an upstream answer", async |c| {
+            c.execute(
+                "UPDATE intent_attempts SET \
+                   answered = answered + $4, \
+                   last_request_id = NULLIF($3, ''), \
+                   state = CASE WHEN answered + $4 >= requests THEN 'acknowledged' ELSE 'sent' END, \
+                   acknowledged_ms = CASE WHEN answered + $4 >= requests THEN $5 ELSE acknowledged_ms END \
+                 WHERE intent_id = $1 AND attempt = $2 AND state IN ('sent', 'acknowledged')",
+                &[&intent, &attempt, &request_id, &answered, &now],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
+        let now = ms_to_sql(now_ms())?;
+        let attempt = i64::from(attempt);
+        let sql = format!(
+            "UPDATE intent_attempts SET state = $3, {} = $4 WHERE intent_id = $1 AND attempt = $2",
+            to.column()
+        );
+        self.read("recording an attempt's progress", async |c| {
+            c.execute(&sql, &[&intent, &attempt, &to.as_str(), &now])
+                .await
+                .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
+        let now = ms_to_sql(now_ms())?;
+        self.write("recording a new attempt", async |tx| {
+            let next: i64 = tx
+                .query_one(
+                    "SELECT COALESCE(MAX(attempt), 0) + 1 FROM intent_attempts WHERE intent_id = $1",
+                    &[&intent],
+                )
+                .await
+                .map_err(db)?
+                .get(0);
+            insert_attempt(tx, intent, next, now).await?;
+            Ok(u32::try_from(next)?)
+        })
+    }
+
+    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
+        self.read("reading an intent's attempts", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {ATTEMPT_COLUMNS} FROM intent_attempts WHERE intent_id = $1 ORDER BY attempt"
+                ),
+                &[&intent],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::attempt)
+            .collect()
+        })
+    }
+
+    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
+        let states: Vec<String> = filter
+            .states
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect();
+        let before = match filter.created_before_ms {
+            Some(ms) => ms_to_sql(ms)?,
+            None => i64::MAX,
+        };
+        let limit = i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX);
+        self.read("listing intents", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {INTENT_COLUMNS} FROM intents \
+                     WHERE (cardinality($1::text[]) = 0 OR state = ANY ($1)) \
+                       AND ($2::text IS NULL OR mapping = $2) AND created_ms < $3 \
+                     ORDER BY created_ms DESC, id LIMIT $4"
+                ),
+                &[&states, &filter.mapping, &before, &limit],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::intent)
+            .collect()
+        })
+    }
+
+    fn resolve_intent(
+        &self,
+        id: &str,
+        resolution: &Resolution,
+        events: Vec<NewEvent>,
+    ) -> anyhow::Result<IntentRecord> {
+        let text = plans::check_resolution(resolution)?;
+        let now = ms_to_sql(now_ms())?;
+        self.transact("resolving an intent", &events, async |tx| {
+            let current: Option<String> = tx
+                .query_opt("SELECT state FROM intents WHERE id = $1 FOR UPDATE", &[&id])
+                .await
+                .map_err(db)?
+                .map(|r| r.get(0));
+            plans::check_resolvable(id, current.as_deref())?;
+            tx.execute(
+                "UPDATE intents SET state = $2, updated_ms = $3, resolution = $4, resolved_ms = $3 WHERE id = $1",
+                &[&id, &resolution.state.as_str(), &now, &text],
+            )
+            .await
+            .map_err(db)?;
+            load_intent(tx, id)
+                .await?
+                .ok_or_else(|| anyhow!("intent `{id}` vanished"))
+        })
+    }
+}
+
+impl Hosts for PostgresStore {
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
     }
 
     fn is_shared(&self) -> bool {
@@ -1586,7 +2547,7 @@ impl Store for PostgresStore {
             else {
                 return Ok(None);
             };
-            let facts = match get_json(&row, 4)? {
+            let facts = match rows::json(&row, 4)? {
                 serde_json::Value::Object(m) => m,
                 other => bail!("reference facts are not an object: {other}"),
             };
@@ -1598,1201 +2559,8 @@ impl Store for PostgresStore {
                 revision: row.try_get(2).map_err(db)?,
                 locator: row.try_get(3).map_err(db)?,
                 facts,
-                expires_ms: get_ms(&row, 5)?,
+                expires_ms: rows::ms(&row, 5)?,
             }))
-        })
-    }
-
-    fn connection_revision(
-        &self,
-        name: &str,
-        config_digest: &str,
-        config: &serde_json::Value,
-    ) -> anyhow::Result<ConnectionRevision> {
-        if name.is_empty() {
-            bail!("a connection name must not be empty");
-        }
-        if config_digest.is_empty() {
-            bail!("connection {name:?}: the configuration digest must not be empty");
-        }
-        let config_text = canonical(config)?;
-        let now = ms_to_sql(now_ms())?;
-        self.write(&format!("recording connection {name:?}"), async |tx| {
-            let existing = tx
-                .query_opt(
-                    "SELECT connection_id FROM connections WHERE name = $1",
-                    &[&name],
-                )
-                .await
-                .map_err(db)?;
-            let connection_id: String = match existing {
-                Some(row) => row.get(0),
-                None => {
-                    let mut attempts = 0;
-                    loop {
-                        let id = new_connection_id()?;
-                        let inserted = tx
-                            .execute(
-                                "INSERT INTO connections (connection_id, name, first_seen_ms) \
-                                 VALUES ($1, $2, $3) ON CONFLICT (connection_id) DO NOTHING",
-                                &[&id, &name, &now],
-                            )
-                            .await
-                            .map_err(db)?;
-                        if inserted == 1 {
-                            break id;
-                        }
-                        attempts += 1;
-                        if attempts >= 8 {
-                            bail!("could not draw an unused connection id");
-                        }
-                    }
-                }
-            };
-            let seen = tx
-                .query_opt(
-                    "SELECT revision FROM connection_revisions \
-                     WHERE connection_id = $1 AND config_digest = $2",
-                    &[&connection_id, &config_digest],
-                )
-                .await
-                .map_err(db)?;
-            let (revision, created) = match seen {
-                Some(row) => (row.get::<_, i64>(0), false),
-                None => {
-                    let revision: i64 = tx
-                        .query_one(
-                            "SELECT coalesce(max(revision), 0) + 1 FROM connection_revisions \
-                             WHERE connection_id = $1",
-                            &[&connection_id],
-                        )
-                        .await
-                        .map_err(db)?
-                        .get(0);
-                    tx.execute(
-                        "INSERT INTO connection_revisions \
-                         (connection_id, revision, config_digest, config, created_ms) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                        &[
-                            &connection_id,
-                            &revision,
-                            &config_digest,
-                            &config_text,
-                            &now,
-                        ],
-                    )
-                    .await
-                    .map_err(db)?;
-                    (revision, true)
-                }
-            };
-            Ok(ConnectionRevision {
-                connection_id,
-                name: name.to_owned(),
-                revision,
-                config_digest: config_digest.to_owned(),
-                created,
-            })
-        })
-    }
-
-    fn connection(&self, name: &str) -> anyhow::Result<Option<ConnectionRecord>> {
-        self.read(&format!("reading connection {name:?}"), async |c| {
-            c.query_opt(&format!("{CONNECTION_SELECT} AND c.name = $1"), &[&name])
-                .await
-                .map_err(db)?
-                .map(|r| connection_from_row(&r))
-                .transpose()
-        })
-    }
-
-    fn connections(&self) -> anyhow::Result<Vec<ConnectionRecord>> {
-        self.read("listing connections", async |c| {
-            c.query(&format!("{CONNECTION_SELECT} ORDER BY c.name"), &[])
-                .await
-                .map_err(db)?
-                .iter()
-                .map(connection_from_row)
-                .collect()
-        })
-    }
-
-    fn put_snapshot(
-        &self,
-        digest: &str,
-        connection_id: &str,
-        config_revision: i64,
-        body: &serde_json::Value,
-    ) -> anyhow::Result<SnapshotObservation> {
-        if !is_hex(digest) {
-            bail!("snapshot digest {digest:?} is not hex");
-        }
-        let digest = digest.to_ascii_lowercase();
-        let body_text = canonical(body)?;
-        let observed_at_ms = now_ms();
-        let now = ms_to_sql(observed_at_ms)?;
-        let d = &digest;
-        self.write(&format!("recording snapshot {digest}"), async |tx| {
-            let known: bool = tx
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM connection_revisions \
-                     WHERE connection_id = $1 AND revision = $2)",
-                    &[&connection_id, &config_revision],
-                )
-                .await
-                .map_err(db)?
-                .get(0);
-            if !known {
-                bail!(
-                    "connection {connection_id:?} has no configuration revision \
-                     {config_revision}"
-                );
-            }
-            let stored = tx
-                .query_opt(
-                    "SELECT connection_id, config_revision, body FROM snapshots WHERE digest = $1",
-                    &[d],
-                )
-                .await
-                .map_err(db)?;
-            let new = match stored {
-                None => {
-                    tx.execute(
-                        "INSERT INTO snapshots \
-                         (digest, connection_id, config_revision, body, first_seen_ms) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                        &[d, &connection_id, &config_revision, &body_text, &now],
-                    )
-                    .await
-                    .map_err(db)?;
-                    true
-                }
-                Some(row) => {
-                    let stored_connection: String = row.get(0);
-                    let stored_revision: i64 = row.get(1);
-                    let stored_body: String = row.get(2);
-                    if stored_connection != connection_id || stored_revision != config_revision {
-                        bail!(
-                            "snapshot {d} is already stored for connection \
-                             {stored_connection} revision {stored_revision}, not \
-                             {connection_id} revision {config_revision}; snapshots are \
-                             immutable"
-                        );
-                    }
-                    if stored_body != body_text {
-                        bail!(
-                            "snapshot {d} is already stored with a different body; \
-                             snapshots are immutable"
-                        );
-                    }
-                    false
-                }
-            };
-            tx.execute(
-                "INSERT INTO snapshot_observations (digest, observed_at_ms) VALUES ($1, $2)",
-                &[d, &now],
-            )
-            .await
-            .map_err(db)?;
-            Ok(SnapshotObservation {
-                digest: d.clone(),
-                new,
-                observed_at_ms,
-            })
-        })
-    }
-
-    fn snapshot(&self, digest_or_prefix: &str) -> anyhow::Result<Option<StoredSnapshot>> {
-        if !is_hex(digest_or_prefix) {
-            bail!("snapshot digest or prefix {digest_or_prefix:?} is not hex");
-        }
-        let wanted = digest_or_prefix.to_ascii_lowercase();
-        self.read(&format!("reading snapshot {digest_or_prefix}"), async |c| {
-            if let Some(found) = load_snapshot(c, &wanted).await? {
-                return Ok(Some(found));
-            }
-            if wanted.len() < MIN_PREFIX {
-                bail!(
-                    "snapshot prefix {wanted} is too short: give at least {MIN_PREFIX} hex \
-                     characters"
-                );
-            }
-            // Hex only, so the pattern holds no LIKE metacharacters.
-            let pattern = format!("{wanted}%");
-            let matches: Vec<String> = c
-                .query(
-                    "SELECT digest FROM snapshots WHERE digest LIKE $1 LIMIT 2",
-                    &[&pattern],
-                )
-                .await
-                .map_err(db)?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            match matches.as_slice() {
-                [] => Ok(None),
-                [only] => load_snapshot(c, only).await,
-                _ => {
-                    let count: i64 = c
-                        .query_one(
-                            "SELECT count(*) FROM snapshots WHERE digest LIKE $1",
-                            &[&pattern],
-                        )
-                        .await
-                        .map_err(db)?
-                        .get(0);
-                    bail!(
-                        "snapshot prefix {wanted} is ambiguous: it matches {count} snapshots; \
-                         give more characters"
-                    )
-                }
-            }
-        })
-    }
-
-    fn latest_snapshot(&self, connection_id: &str) -> anyhow::Result<Option<StoredSnapshot>> {
-        self.read(
-            &format!("reading the latest snapshot of {connection_id}"),
-            async |c| {
-                let digest = c
-                    .query_opt(
-                        "SELECT o.digest FROM snapshot_observations o \
-                         JOIN snapshots s ON s.digest = o.digest \
-                         WHERE s.connection_id = $1 ORDER BY o.id DESC LIMIT 1",
-                        &[&connection_id],
-                    )
-                    .await
-                    .map_err(db)?;
-                match digest {
-                    Some(row) => load_snapshot(c, row.get::<_, &str>(0)).await,
-                    None => Ok(None),
-                }
-            },
-        )
-    }
-
-    fn snapshots(&self, connection_id: Option<&str>) -> anyhow::Result<Vec<SnapshotSummary>> {
-        self.read("listing snapshots", async |c| {
-            c.query(
-                &format!(
-                    "{SNAPSHOT_SUMMARY_SELECT} WHERE $1::text IS NULL OR s.connection_id = $1 \
-                     GROUP BY s.digest ORDER BY 5 DESC, 7 DESC"
-                ),
-                &[&connection_id],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(snapshot_summary_from_row)
-            .collect()
-        })
-    }
-
-    fn mapping(&self, name: &str) -> anyhow::Result<Option<MappingRecord>> {
-        self.read(&format!("reading mapping {name:?}"), async |c| {
-            latest_mapping(c, name).await
-        })
-    }
-
-    fn mapping_revisions(&self, name: &str) -> anyhow::Result<Vec<MappingRecord>> {
-        self.read(
-            &format!("reading revisions of mapping {name:?}"),
-            async |c| {
-                c.query(
-                    &format!(
-                        "SELECT {MAPPING_COLUMNS} FROM mappings WHERE name = $1 ORDER BY revision"
-                    ),
-                    &[&name],
-                )
-                .await
-                .map_err(db)?
-                .iter()
-                .map(mapping_from_row)
-                .collect()
-            },
-        )
-    }
-
-    fn mappings(&self) -> anyhow::Result<Vec<MappingRecord>> {
-        self.read("listing mappings", async |c| {
-            c.query(
-                &format!(
-                    "SELECT {MAPPING_COLUMNS} FROM mappings m \
-                     WHERE revision = (SELECT max(revision) FROM mappings WHERE name = m.name) \
-                     ORDER BY name"
-                ),
-                &[],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(mapping_from_row)
-            .collect()
-        })
-    }
-
-    fn add_mapping_revision_traced(
-        &self,
-        new: &NewMappingRevision,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<MappingRecord> {
-        if new.name.is_empty() {
-            bail!("a mapping name must not be empty");
-        }
-        let pins_text = canonical(&new.pins)?;
-        let now_u = now_ms();
-        let now = ms_to_sql(now_u)?;
-        let key = &self.key;
-        self.write(
-            &format!("recording a revision of mapping {:?}", new.name),
-            async |tx| {
-                let previous = latest_mapping(tx, &new.name).await?;
-                let revision = previous.as_ref().map_or(1, |p| p.revision + 1);
-                if let Some(previous) = &previous
-                    && previous.state != MappingState::Historical
-                {
-                    let reason = format!(
-                        "{}; superseded by revision {revision} (was {})",
-                        previous.reason, previous.state
-                    );
-                    tx.execute(
-                        "UPDATE mappings SET state = $1, reason = $2, state_changed_ms = $3 \
-                         WHERE name = $4 AND revision = $5",
-                        &[
-                            &MappingState::Historical.as_str(),
-                            &reason,
-                            &now,
-                            &new.name,
-                            &previous.revision,
-                        ],
-                    )
-                    .await
-                    .map_err(db)?;
-                }
-                tx.execute(
-                    &format!(
-                        "INSERT INTO mappings ({MAPPING_COLUMNS}) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13)"
-                    ),
-                    &[
-                        &new.name,
-                        &revision,
-                        &new.manifest_digest,
-                        &new.component_sha256,
-                        &new.connection_id,
-                        &new.config_revision,
-                        &new.snapshot_digest,
-                        &pins_text,
-                        &new.state.as_str(),
-                        &new.reviewer,
-                        &new.reason,
-                        &now,
-                        &new.manifest_text,
-                    ],
-                )
-                .await
-                .map_err(db)?;
-                append_in(tx, key, &with_revision(events.clone(), revision)).await?;
-                notify(tx, "mapping").await?;
-                Ok(MappingRecord {
-                    name: new.name.clone(),
-                    revision,
-                    manifest_digest: new.manifest_digest.clone(),
-                    component_sha256: new.component_sha256.clone(),
-                    connection_id: new.connection_id.clone(),
-                    config_revision: new.config_revision,
-                    snapshot_digest: new.snapshot_digest.clone(),
-                    pins: serde_json::from_str(&pins_text)?,
-                    state: new.state,
-                    reviewer: new.reviewer.clone(),
-                    reason: new.reason.clone(),
-                    created_ms: now_u,
-                    state_changed_ms: now_u,
-                    manifest_text: new.manifest_text.clone(),
-                })
-            },
-        )
-    }
-
-    fn set_mapping_state_traced(
-        &self,
-        name: &str,
-        expected: MappingState,
-        to: MappingState,
-        reason: &str,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<Option<MappingRecord>> {
-        if !expected.can_become(to) {
-            bail!("mapping {name:?}: {expected} cannot become {to}");
-        }
-        let now_u = now_ms();
-        let now = ms_to_sql(now_u)?;
-        let key = &self.key;
-        self.write(
-            &format!("changing the state of mapping {name:?} to {to}"),
-            async |tx| {
-                let Some(latest) = latest_mapping(tx, name).await? else {
-                    bail!("mapping {name:?} does not exist");
-                };
-                if latest.state != expected {
-                    return Ok(None);
-                }
-                tx.execute(
-                    "UPDATE mappings SET state = $1, reason = $2, state_changed_ms = $3 \
-                     WHERE name = $4 AND revision = $5",
-                    &[&to.as_str(), &reason, &now, &name, &latest.revision],
-                )
-                .await
-                .map_err(db)?;
-                append_in(tx, key, &with_revision(events.clone(), latest.revision)).await?;
-                notify(tx, "mapping").await?;
-                Ok(Some(MappingRecord {
-                    state: to,
-                    reason: reason.to_owned(),
-                    state_changed_ms: now_u,
-                    ..latest
-                }))
-            },
-        )
-    }
-
-    fn append_trace(
-        &self,
-        kind: &str,
-        subject: &str,
-        payload: &serde_json::Value,
-    ) -> anyhow::Result<TraceEvent> {
-        let payload_text = trace::canonical(payload)?;
-        let payload: serde_json::Value =
-            serde_json::from_str(&payload_text).context("re-reading canonical payload")?;
-        let key = &self.key;
-        self.write(&format!("appending trace event {kind:?}"), async |tx| {
-            let (last, prev_hash) = head(tx, key).await?;
-            let seq = last + 1;
-            let at_ms = now_ms();
-            let at = ms_to_sql(at_ms)?;
-            let hash = key.event_mac(seq, at, kind, subject, &payload_text, &prev_hash);
-            tx.execute(
-                &format!(
-                    "INSERT INTO trace_events ({TRACE_COLUMNS}) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-                ),
-                &[
-                    &seq,
-                    &at,
-                    &kind,
-                    &subject,
-                    &payload_text,
-                    &prev_hash,
-                    &hash,
-                    &key.id(),
-                ],
-            )
-            .await
-            .map_err(db)?;
-            Ok(TraceEvent {
-                seq,
-                at_ms,
-                kind: kind.to_owned(),
-                subject: subject.to_owned(),
-                payload: payload.clone(),
-                prev_hash,
-                hash,
-                key_id: Some(key.id().to_owned()),
-            })
-        })
-    }
-
-    fn append_events(&self, events: Vec<NewEvent>) -> anyhow::Result<()> {
-        self.append_call(events, Vec::new())
-    }
-
-    fn append_call(
-        &self,
-        events: Vec<NewEvent>,
-        observations: Vec<NewObservation>,
-    ) -> anyhow::Result<()> {
-        if events.is_empty() && observations.is_empty() {
-            return Ok(());
-        }
-        // Group commit within this host: while one caller's transaction holds the
-        // database's write lock, the calls that arrive queue up and the next writer commits
-        // all of them in one transaction, so the serialized chain is taken once per batch,
-        // not once per call. Each caller gets the result of the transaction that held its
-        // own events.
-        let key = &self.key;
-        self.commit.append(
-            events,
-            observations,
-            || self.appending.lock().unwrap_or_else(|e| e.into_inner()),
-            |_, all, seen| {
-                self.write(
-                    &format!("appending {} trace events", all.len()),
-                    async |tx| {
-                        write_observations(tx, seen).await?;
-                        append_in(tx, key, all).await
-                    },
-                )
-            },
-        )
-    }
-
-    fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.read("reading the trace", async |c| {
-            c.query(
-                &format!(
-                    "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > $1 ORDER BY seq LIMIT $2"
-                ),
-                &[&after_seq, &limit],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(trace_from_row)
-            .collect()
-        })
-    }
-
-    fn verify_trace_against(
-        &self,
-        checkpoints: &[(usize, Checkpoint)],
-    ) -> anyhow::Result<TraceVerification> {
-        let mut lease = self.pool.get()?;
-        let client = lease.client();
-        block_on(async {
-            // One snapshot for every page: a consistent view while other hosts append.
-            let tx = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(db)?;
-            let wanted: std::collections::BTreeSet<i64> =
-                checkpoints.iter().map(|(_, c)| c.seq).collect();
-            let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
-            let mut chain = ChainCheck::new(&self.key);
-            let mut after = i64::MIN;
-            loop {
-                let rows = tx
-                    .query(
-                        &format!(
-                            "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > $1 \
-                             ORDER BY seq LIMIT $2"
-                        ),
-                        &[&after, &VERIFY_PAGE],
-                    )
-                    .await
-                    .map_err(db)?;
-                let full = rows.len() as i64 == VERIFY_PAGE;
-                for row in &rows {
-                    let stored = stored_from_row(row);
-                    after = stored.seq;
-                    if wanted.contains(&stored.seq) {
-                        recorded.insert(stored.seq, stored.hash.clone());
-                    }
-                    chain.next(stored)?;
-                }
-                if !full {
-                    break;
-                }
-            }
-            tx.commit().await.map_err(db)?;
-            Ok::<_, anyhow::Error>(chain.finish(checkpoints, &recorded))
-        })
-        .with_context(|| self.context("verifying the trace"))
-    }
-
-    fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
-        let head = self.read("reading the trace head", async |c| {
-            Ok(c.query_opt(
-                "SELECT seq, hash FROM trace_events ORDER BY seq DESC LIMIT 1",
-                &[],
-            )
-            .await
-            .map_err(db)?
-            .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1))))
-        })?;
-        let (seq, head) = head.unwrap_or((0, GENESIS_HASH.to_owned()));
-        Ok(self.key.checkpoint(seq, &head, now_ms()))
-    }
-
-    fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        self.genuine_events(
-            &format!("reading the proofs of mapping {name:?}"),
-            &format!(
-                "SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind IN ('mapping-revision', 'mapping-state-changed', 'trace-keyed') \
-                 AND subject IN ($1, 'trace') ORDER BY seq"
-            ),
-            name,
-            |kind, subject| subject == name || kind == TRACE_KEYED,
-        )
-    }
-
-    fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        // Both terms repeat the expression index's definition (trace_events_approval_proofs).
-        self.genuine_events(
-            &format!("reading the proofs of approval {id:?}"),
-            &format!(
-                "SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind IN ('approval-requested', 'approval-decided', 'receipt-consumed') \
-                 AND (payload::jsonb ->> 'approval') = $1 ORDER BY seq"
-            ),
-            id,
-            |_, _| true,
-        )
-    }
-
-    fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
-        let (count, head): (i64, i64) = self.read("counting the trace's events", async |c| {
-            let row = c
-                .query_one(
-                    "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= $1",
-                    &[&seq],
-                )
-                .await
-                .map_err(db)?;
-            Ok((row.get(0), row.get(1)))
-        })?;
-        Ok(super::missing(seq, count, head))
-    }
-
-    fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
-        // Each half repeats an expression index's definition (trace_events_intent_proofs,
-        // trace_events_intent_states), so each reads its index.
-        self.genuine_events(
-            &format!("reading the proofs of intent {id:?}"),
-            &format!(
-                "SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind = 'intent-created' \
-                 AND (payload::jsonb ->> 'intent') = $1 \
-                 UNION ALL \
-                 SELECT {TRACE_COLUMNS} FROM trace_events \
-                 WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
-                 AND (payload::jsonb ->> 'intent_state') IS NOT NULL \
-                 AND (payload::jsonb ->> 'intent') = $1 \
-                 ORDER BY seq"
-            ),
-            id,
-            |_, _| true,
-        )
-    }
-
-    fn intents_open_in_trace_only(
-        &self,
-        mapping: &str,
-        limit: usize,
-    ) -> anyhow::Result<Vec<String>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.read(
-            &format!("listing the intents of {mapping:?} the trace leaves open"),
-            async |c| {
-                let rows = c
-                    .query(
-                        "SELECT (c.payload::jsonb ->> 'intent') FROM trace_events c \
-                         WHERE c.kind = 'intent-created' \
-                         AND (c.payload::jsonb ->> 'mapping') = $1 \
-                         AND (c.payload::jsonb ->> 'intent_state') IS NOT NULL \
-                         AND NOT EXISTS (SELECT 1 FROM trace_events e \
-                             WHERE e.kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
-                             AND (e.payload::jsonb ->> 'intent_state') IS NOT NULL \
-                             AND (e.payload::jsonb ->> 'intent') = (c.payload::jsonb ->> 'intent') \
-                             AND (e.payload::jsonb ->> 'intent_state') IN ('completed', 'failed')) \
-                         AND NOT EXISTS (SELECT 1 FROM intents i \
-                             WHERE i.id = (c.payload::jsonb ->> 'intent') \
-                             AND i.state IN ('prepared', 'unknown')) \
-                         ORDER BY c.seq LIMIT $2",
-                        &[&mapping, &limit],
-                    )
-                    .await
-                    .map_err(db)?;
-                rows.iter()
-                    .map(|r| r.try_get::<_, Option<String>>(0).map(Option::unwrap_or_default))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(db)
-            },
-        )
-    }
-
-    fn create_approval(
-        &self,
-        new: &NewApproval,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<ApprovalRecord> {
-        let id = random_id("apr_", 12);
-        let nonce = random_id("", 16);
-        let now = now_ms();
-        let expires = now.saturating_add(new.ttl_ms);
-        let (now_sql, expires_sql) = (ms_to_sql(now)?, ms_to_sql(expires)?);
-        let events: Vec<NewEvent> = events
-            .into_iter()
-            .map(|mut e| {
-                if let Some(o) = e.payload.as_object_mut() {
-                    o.entry("approval")
-                        .or_insert_with(|| serde_json::Value::String(id.clone()));
-                }
-                e
-            })
-            .collect();
-        let id = &id;
-        self.transact("recording an approval request", &events, async |tx| {
-            let b = &new.binding;
-            tx.execute(
-                &format!(
-                    "INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ($1, 'pending', $2, $3, \
-                     $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, NULL, NULL, \
-                     NULL, NULL, NULL)"
-                ),
-                &[
-                    id,
-                    &new.mode.as_str(),
-                    &b.requester,
-                    &b.session,
-                    &new.profile,
-                    &b.capability,
-                    &b.mapping,
-                    &b.mapping_revision,
-                    &b.snapshot_digest,
-                    &b.policy_digest,
-                    &b.args_digest,
-                    &b.artifact_digest,
-                    &new.summary,
-                    &nonce,
-                    &now_sql,
-                    &expires_sql,
-                ],
-            )
-            .await
-            .map_err(db)?;
-            load_approval(tx, id, false)
-                .await?
-                .ok_or_else(|| anyhow!("the approval just written is missing"))
-        })
-    }
-
-    fn approval(&self, id: &str) -> anyhow::Result<Option<ApprovalRecord>> {
-        let id = id.trim();
-        if id.len() < 12 || !id.is_ascii() {
-            bail!(
-                "approval id `{id}` is too short: give the full id (apr_…) or at least 12 characters of it"
-            );
-        }
-        let rows = self.read("reading an approval", async |c| {
-            c.query(
-                &format!(
-                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = $1 \
-                     OR (length($1) < 28 AND starts_with(id, $1)) LIMIT 2"
-                ),
-                &[&id],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(approval_from_row)
-            .collect::<anyhow::Result<Vec<_>>>()
-        })?;
-        match rows.len() {
-            0 => Ok(None),
-            1 => Ok(rows.into_iter().next()),
-            _ => bail!("approval id prefix `{id}` matches several approvals; give more of it"),
-        }
-    }
-
-    fn approvals(
-        &self,
-        state: Option<ApprovalState>,
-        limit: usize,
-    ) -> anyhow::Result<Vec<ApprovalRecord>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let state = state.map(|s| s.as_str());
-        self.read("listing approvals", async |c| {
-            c.query(
-                &format!(
-                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE $1::text IS NULL OR state = $1 \
-                     ORDER BY created_ms DESC, id LIMIT $2"
-                ),
-                &[&state, &limit],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(approval_from_row)
-            .collect()
-        })
-    }
-
-    fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {
-        self.read("looking up an approval", async |c| {
-            c.query_opt(
-                &format!(
-                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE requester = $1 AND \
-                     session = $2 AND capability = $3 AND args_digest = $4 AND state IN \
-                     ('pending', 'approved') ORDER BY created_ms DESC LIMIT 1"
-                ),
-                &[
-                    &binding.requester,
-                    &binding.session,
-                    &binding.capability,
-                    &binding.args_digest,
-                ],
-            )
-            .await
-            .map_err(db)?
-            .map(|r| approval_from_row(&r))
-            .transpose()
-        })
-    }
-
-    fn decide_approval(
-        &self,
-        id: &str,
-        decision: ApprovalDecision,
-        by: &str,
-        reason: Option<&str>,
-        ttl_ms: u64,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<ApprovalRecord> {
-        let now = now_ms();
-        let key = &self.key;
-        // The expiry is recorded even though the decision fails: the refusal is returned
-        // as a value so that the transaction commits.
-        let outcome = self.write("deciding an approval", async |tx| {
-            let Some(record) = load_approval(tx, id, true).await? else {
-                return Ok(Err(format!("no approval `{id}`")));
-            };
-            let (to, expires) = match record.decision_effect(decision, now, ttl_ms) {
-                DecisionEffect::Becomes(to, expires) => (to, ms_to_sql(expires)?),
-                DecisionEffect::Expired(why) => {
-                    tx.execute(
-                        "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
-                        &[&id],
-                    )
-                    .await
-                    .map_err(db)?;
-                    return Ok(Err(why));
-                }
-                DecisionEffect::Refused(why) => return Ok(Err(why)),
-            };
-            tx.execute(
-                "UPDATE approvals SET state = $2, decided_by = $3, decided_ms = $4, reason = $5, expires_ms = $6 WHERE id = $1",
-                &[&id, &to.as_str(), &by, &ms_to_sql(now)?, &reason, &expires],
-            )
-            .await
-            .map_err(db)?;
-            append_in(tx, key, &events).await?;
-            notify(tx, "approval").await?;
-            Ok(Ok(load_approval(tx, id, false)
-                .await?
-                .ok_or_else(|| anyhow!("approval `{id}` vanished"))?))
-        })?;
-        outcome.map_err(|why| anyhow!(why))
-    }
-
-    fn consume_receipt(
-        &self,
-        id: &str,
-        binding: &ReceiptBinding,
-        how: ConsumeAs<'_>,
-        intent: &NewIntent,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<Consumption> {
-        let now = now_ms();
-        let now_sql = ms_to_sql(now)?;
-        let key = &self.key;
-        // A refusal commits too (it writes nothing but, for an expired receipt, its
-        // expiry).
-        self.write("consuming a receipt", async |tx| {
-            let Some(record) = load_approval(tx, id, true).await? else {
-                return Ok(Consumption::Refused(ReceiptRefusal::NotFound));
-            };
-            let wanted = match how {
-                ConsumeAs::Approved => ApprovalState::Approved,
-                ConsumeAs::AnsweredInBand { .. } => ApprovalState::Pending,
-            };
-            let state = record.state_at(now);
-            if state == ApprovalState::Expired {
-                tx.execute(
-                    "UPDATE approvals SET state = 'expired' WHERE id = $1 AND state IN ('pending', 'approved')",
-                    &[&id],
-                )
-                .await
-                .map_err(db)?;
-                return Ok(Consumption::Refused(ReceiptRefusal::Expired));
-            }
-            if state != wanted {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
-            }
-            if let ConsumeAs::AnsweredInBand {
-                nonce: Some(nonce), ..
-            } = how
-                && nonce != record.nonce
-            {
-                return Ok(Consumption::Refused(ReceiptRefusal::Nonce));
-            }
-            let changed = record.changed_fields(binding);
-            if !changed.is_empty() {
-                return Ok(Consumption::Refused(ReceiptRefusal::Changed(changed)));
-            }
-            let updated = match how {
-                ConsumeAs::Approved => tx
-                    .query_opt(
-                        &format!(
-                            "UPDATE approvals SET state = 'consumed', consumed_ms = $2, intent_id = $3 \
-                             WHERE id = $1 AND state = 'approved' RETURNING {APPROVAL_COLUMNS}"
-                        ),
-                        &[&id, &now_sql, &intent.id],
-                    )
-                    .await
-                    .map_err(db)?,
-                ConsumeAs::AnsweredInBand { by, .. } => tx
-                    .query_opt(
-                        &format!(
-                            "UPDATE approvals SET state = 'consumed', consumed_ms = $2, intent_id = $3, \
-                             decided_by = $4, decided_ms = $2 WHERE id = $1 AND state = 'pending' \
-                             RETURNING {APPROVAL_COLUMNS}"
-                        ),
-                        &[&id, &now_sql, &intent.id, &by],
-                    )
-                    .await
-                    .map_err(db)?,
-            };
-            let Some(updated) = updated else {
-                return Ok(Consumption::Refused(ReceiptRefusal::State(state)));
-            };
-            let approval = approval_from_row(&updated)?;
-            insert_intent(tx, intent, Some(id), now_sql).await?;
-            append_in(tx, key, &events).await?;
-            let stored = load_intent(tx, &intent.id)
-                .await?
-                .ok_or_else(|| anyhow!("the intent just written is missing"))?;
-            Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
-        })
-    }
-
-    fn create_intent(&self, intent: &NewIntent, events: Vec<NewEvent>) -> anyhow::Result<()> {
-        let now = ms_to_sql(now_ms())?;
-        self.transact("recording an intent", &events, async |tx| {
-            insert_intent(tx, intent, None, now).await
-        })
-    }
-
-    fn set_intent_state(
-        &self,
-        id: &str,
-        state: IntentState,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<()> {
-        self.finish_intent(id, state, events, Vec::new())
-    }
-
-    fn finish_intent(
-        &self,
-        id: &str,
-        state: IntentState,
-        events: Vec<NewEvent>,
-        observations: Vec<NewObservation>,
-    ) -> anyhow::Result<()> {
-        let now = ms_to_sql(now_ms())?;
-        self.transact("recording an intent's outcome", &events, async |tx| {
-            write_observations(tx, &observations).await?;
-            let n = tx
-                .execute(
-                    "UPDATE intents SET state = $2, updated_ms = $3 WHERE id = $1 AND state = 'prepared'",
-                    &[&id, &state.as_str(), &now],
-                )
-                .await
-                .map_err(db)?;
-            if n != 1 {
-                bail!("intent `{id}` is not prepared (its outcome was already recorded)");
-            }
-            // An unknown outcome leaves the attempt where it stopped (sent, acknowledged):
-            // that is the evidence a reconciler starts from.
-            if state != IntentState::Unknown {
-                tx.execute(
-                    "UPDATE intent_attempts SET state = 'committed', committed_ms = $2 \
-                     WHERE intent_id = $1 AND attempt = \
-                     (SELECT MAX(attempt) FROM intent_attempts WHERE intent_id = $1)",
-                    &[&id, &now],
-                )
-                .await
-                .map_err(db)?;
-            }
-            Ok(())
-        })
-    }
-
-    fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {
-        self.read("reading an intent", async |c| load_intent(c, id).await)
-    }
-
-    fn attempt_sending(&self, intent: &str, attempt: u32) -> anyhow::Result<()> {
-        let now = ms_to_sql(now_ms())?;
-        let attempt_sql = i64::from(attempt);
-        // One statement is its own transaction; it writes no trace event, so it takes no
-        // lock.
-        let n = self.read("recording that a request is being sent", async |c| {
-            c.execute(
-                "UPDATE intent_attempts SET state = 'sent', requests = requests + 1, \
-                 sent_ms = COALESCE(sent_ms, $3) \
-                 WHERE intent_id = $1 AND attempt = $2 AND state IN ('prepared', 'sent', 'acknowledged')",
-                &[&intent, &attempt_sql, &now],
-            )
-            .await
-            .map_err(db)
-        })?;
-        if n != 1 {
-            bail!("attempt {attempt} of intent `{intent}` cannot send any more");
-        }
-        Ok(())
-    }
-
-    fn attempt_answered(
-        &self,
-        intent: &str,
-        attempt: u32,
-        request_id: &str,
-        answered: bool,
-    ) -> anyhow::Result<()> {
-        let now = ms_to_sql(now_ms())?;
-        let attempt = i64::from(attempt);
-        let answered = i64::from(answered);
-        self.read("recording an upstream answer", async |c| {
-            c.execute(
-                "UPDATE intent_attempts SET \
-                   answered = answered + $4, \
-                   last_request_id = NULLIF($3, ''), \
-                   state = CASE WHEN answered + $4 >= requests THEN 'acknowledged' ELSE 'sent' END, \
-                   acknowledged_ms = CASE WHEN answered + $4 >= requests THEN $5 ELSE acknowledged_ms END \
-                 WHERE intent_id = $1 AND attempt = $2 AND state IN ('sent', 'acknowledged')",
-                &[&intent, &attempt, &request_id, &answered, &now],
-            )
-            .await
-            .map_err(db)?;
-            Ok(())
-        })
-    }
-
-    fn advance_attempt(&self, intent: &str, attempt: u32, to: AttemptState) -> anyhow::Result<()> {
-        let now = ms_to_sql(now_ms())?;
-        let attempt = i64::from(attempt);
-        let sql = format!(
-            "UPDATE intent_attempts SET state = $3, {} = $4 WHERE intent_id = $1 AND attempt = $2",
-            to.column()
-        );
-        self.read("recording an attempt's progress", async |c| {
-            c.execute(&sql, &[&intent, &attempt, &to.as_str(), &now])
-                .await
-                .map_err(db)?;
-            Ok(())
-        })
-    }
-
-    fn new_attempt(&self, intent: &str) -> anyhow::Result<u32> {
-        let now = ms_to_sql(now_ms())?;
-        self.write("recording a new attempt", async |tx| {
-            let next: i64 = tx
-                .query_one(
-                    "SELECT COALESCE(MAX(attempt), 0) + 1 FROM intent_attempts WHERE intent_id = $1",
-                    &[&intent],
-                )
-                .await
-                .map_err(db)?
-                .get(0);
-            insert_attempt(tx, intent, next, now).await?;
-            Ok(u32::try_from(next)?)
-        })
-    }
-
-    fn attempts(&self, intent: &str) -> anyhow::Result<Vec<AttemptRecord>> {
-        self.read("reading an intent's attempts", async |c| {
-            c.query(
-                &format!(
-                    "SELECT {ATTEMPT_COLUMNS} FROM intent_attempts WHERE intent_id = $1 ORDER BY attempt"
-                ),
-                &[&intent],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(attempt_from_row)
-            .collect()
-        })
-    }
-
-    fn intents(&self, filter: &IntentFilter) -> anyhow::Result<Vec<IntentRecord>> {
-        let states: Vec<String> = filter
-            .states
-            .iter()
-            .map(|s| s.as_str().to_owned())
-            .collect();
-        let before = match filter.created_before_ms {
-            Some(ms) => ms_to_sql(ms)?,
-            None => i64::MAX,
-        };
-        let limit = i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX);
-        self.read("listing intents", async |c| {
-            c.query(
-                &format!(
-                    "SELECT {INTENT_COLUMNS} FROM intents \
-                     WHERE (cardinality($1::text[]) = 0 OR state = ANY ($1)) \
-                       AND ($2::text IS NULL OR mapping = $2) AND created_ms < $3 \
-                     ORDER BY created_ms DESC, id LIMIT $4"
-                ),
-                &[&states, &filter.mapping, &before, &limit],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(intent_from_row)
-            .collect()
-        })
-    }
-
-    fn resolve_intent(
-        &self,
-        id: &str,
-        resolution: &Resolution,
-        events: Vec<NewEvent>,
-    ) -> anyhow::Result<IntentRecord> {
-        if !matches!(
-            resolution.state,
-            IntentState::Completed | IntentState::Failed
-        ) {
-            bail!(
-                "an intent is resolved as completed or failed, not {}",
-                resolution.state.as_str()
-            );
-        }
-        let now = ms_to_sql(now_ms())?;
-        let text = serde_json::to_string(&serde_json::json!({
-            "method": resolution.method,
-            "by": resolution.by,
-            "evidence": resolution.evidence,
-        }))?;
-        self.transact("resolving an intent", &events, async |tx| {
-            let current: Option<String> = tx
-                .query_opt("SELECT state FROM intents WHERE id = $1 FOR UPDATE", &[&id])
-                .await
-                .map_err(db)?
-                .map(|r| r.get(0));
-            match current.as_deref() {
-                None => bail!("no intent `{id}`"),
-                Some("unknown" | "prepared") => {}
-                Some(other) => bail!(
-                    "intent `{id}` is {other}: only an unknown intent (or one a stopped host left prepared) can be resolved"
-                ),
-            }
-            tx.execute(
-                "UPDATE intents SET state = $2, updated_ms = $3, resolution = $4, resolved_ms = $3 WHERE id = $1",
-                &[&id, &resolution.state.as_str(), &now, &text],
-            )
-            .await
-            .map_err(db)?;
-            load_intent(tx, id)
-                .await?
-                .ok_or_else(|| anyhow!("intent `{id}` vanished"))
         })
     }
 }

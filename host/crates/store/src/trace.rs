@@ -526,7 +526,7 @@ mod tests {
     /// after it was recorded loses nothing at close.
     #[test]
     fn each_call_is_recorded_alone_and_a_refused_one_fails_alone() {
-        use super::super::{SqliteStore, Store as _};
+        use super::super::{SqliteStore, Trace as _};
         let dir = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(SqliteStore::open(dir.path()).unwrap());
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -604,7 +604,7 @@ mod tests {
     /// one INSERT writes is split across statements without a gap.
     #[test]
     fn concurrent_callers_each_get_their_own_events_committed_in_order() {
-        use super::super::{SqliteStore, Store as _};
+        use super::super::{SqliteStore, Trace as _};
         let dir = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(SqliteStore::open(dir.path()).unwrap());
         let threads: Vec<_> = (0..8)

@@ -531,7 +531,7 @@ pub fn proofs_not_whole(
 
 /// What the MACed trace proves of the receipt of approval `approval` (its full id) for a
 /// call bound to `bound`, at `now_ms`, given the stored `record` and its proofs `events`
-/// ([`crate::store::Store::approval_proofs`]). The trace decides; the row is only
+/// ([`crate::store::Trace::approval_proofs`]). The trace decides; the row is only
 /// compared with it, so a row edited in the store proves nothing and a race with such an
 /// edit cannot pass either. The rule:
 /// - exactly one `approval-requested` event names the approval, and the binding it

@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::runtime::AttemptLog;
-use crate::store::{AttemptState, Store};
+use crate::store::{AttemptState, Intents};
 
-/// The store-backed [`AttemptLog`] of one attempt.
+/// The store-backed [`AttemptLog`] of one attempt: it needs only the store's
+/// [`Intents`].
 pub struct Attempt {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Intents>,
     intent: String,
     number: u32,
     sent: AtomicU32,
@@ -48,7 +49,7 @@ impl AttemptSummary {
 
 impl Attempt {
     /// Attempt `number` of `intent` (already recorded as prepared).
-    pub fn new(store: Arc<dyn Store>, intent: &str, number: u32) -> Self {
+    pub fn new(store: Arc<dyn Intents>, intent: &str, number: u32) -> Self {
         Self {
             store,
             intent: intent.to_string(),
@@ -117,7 +118,7 @@ mod tests {
     #[test]
     fn a_request_the_store_cannot_record_is_refused_and_counts_as_not_sent() {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path()).unwrap());
+        let store: Arc<dyn Intents> = Arc::new(SqliteStore::open(dir.path()).unwrap());
         let record = NewIntent {
             id: "int_1".into(),
             idempotency_key: "idk_1".into(),

@@ -310,7 +310,7 @@ fn tampered_receipt(call: &mut Call, receipt: &Receipt, why: &str) -> Outcome {
 
 /// Whether the trace proves the facts of the stored intent `record`: `None` when it does,
 /// else why not, in words. `events` are its MACed proofs
-/// ([`crate::store::Store::intent_proofs`]). The rule: exactly one `intent-created` event
+/// ([`crate::store::Trace::intent_proofs`]). The rule: exactly one `intent-created` event
 /// names the intent, and it recorded the row's call, requester, session, capability,
 /// mapping and revision, effect class, arguments digest, receipt, and the sha256 of its
 /// idempotency key (`null` for an intent without one). An intent row inserted or edited by
@@ -400,7 +400,7 @@ pub fn prove_intent(events: &[TraceEvent], record: &IntentRecord) -> Option<Stri
     })
 }
 
-/// The state the MACed `events` (an intent's proofs, [`crate::store::Store::intent_proofs`],
+/// The state the MACed `events` (an intent's proofs, [`crate::store::Trace::intent_proofs`],
 /// in seq order) give intent `id`, with the seq of the event that gave it (`None`: only
 /// its creation). An intent starts `prepared`; each later event naming it with an
 /// `intent_state` moves it, until one says `completed` or `failed` — the first final

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 use serde_json::{Map, Value};
 
-use crate::store::Store;
+use crate::store::Hosts;
 use crate::store::shared::{SharedReference, token_digest};
 
 /// Default lifetime of a reference, renewed each time the same object is minted again.
@@ -131,9 +131,10 @@ struct Inner {
     to_drop: Vec<String>,
 }
 
-/// The shared store a table writes to, and the scope (session id) it writes under.
+/// The shared store a table writes to (only its [`Hosts`] concern: shared references),
+/// and the scope (session id) it writes under.
 struct SharedScope {
-    store: Arc<dyn Store>,
+    store: Arc<dyn Hosts>,
     scope: String,
 }
 
@@ -170,7 +171,7 @@ impl ReferenceTable {
 
     /// A table of session `scope` (its `ses_…` id) whose bindings are also kept in the
     /// shared `store`, so that every host sharing it resolves them (see the module's rule).
-    pub fn shared(store: Arc<dyn Store>, scope: &str) -> Self {
+    pub fn shared(store: Arc<dyn Hosts>, scope: &str) -> Self {
         Self {
             shared: Some(SharedScope {
                 store,

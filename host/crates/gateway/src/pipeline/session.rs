@@ -7,7 +7,7 @@
 //! table ([`ReferenceTable`]); its id is 128 random bits, so receipts bound to a session
 //! cannot be used by a later process that happens to count sessions the same way.
 //!
-//! On a shared store (several hosts, [`crate::store::Store::is_shared`]) an HTTP
+//! On a shared store (several hosts, [`crate::store::Hosts::is_shared`]) an HTTP
 //! principal's session has the same id on every host: 128 bits of an HMAC, under the
 //! trace key all those hosts hold, of (requester, roles, transport, profile)
 //! ([`SessionId::of_principal`]). Its receipts and references are then the same on every

@@ -46,7 +46,7 @@ use crate::registry::drift::Catalogue;
 use crate::registry::manifest::MappingManifest;
 use crate::registry::{Registry, Verdict};
 use crate::runtime::{LoadedAdapter, Runtime, UpstreamGrant};
-use crate::store::{ConnectionRevision, MappingRecord, SqliteStore};
+use crate::store::{ConnectionRevision, MappingRecord};
 use crate::upstream::Connection;
 
 /// One loaded mapping revision: its adapter, what it may reach upstream, the connection it
@@ -398,8 +398,8 @@ impl MappingSource {
 /// Opens the store `config` names: by default SQLite in its state folder (or the default
 /// one); with `store = "postgres://…"` the shared PostgreSQL store. Either way with the
 /// host key its `[trace] key` names (else the store's default key, see
-/// [`SqliteStore::open`]; for PostgreSQL the state folder's key file is the last resort,
-/// and every host must hold the same key).
+/// [`crate::store::SqliteStore::open`]; for PostgreSQL the state folder's key file is the
+/// last resort, and every host must hold the same key).
 ///
 /// # Errors
 /// No state folder can be determined (SQLite); the store cannot be opened.
@@ -409,17 +409,7 @@ pub fn open_registry(config: &ServeConfig) -> Result<Registry> {
         .clone()
         .or_else(crate::config::default_state_dir);
     let key = config.trace.host_key()?;
-    let store: Arc<dyn crate::store::Store> = match &config.store {
-        crate::config::StoreSetting::Sqlite => {
-            let dir = dir.context(
-                "no state folder: set --state-dir, AIRLOCK_STATE_DIR or state_dir in the configuration",
-            )?;
-            Arc::new(SqliteStore::open_with_key(&dir, key)?)
-        }
-        crate::config::StoreSetting::Postgres(target) => Arc::new(
-            crate::store::PostgresStore::open(target, dir.as_deref(), key)?,
-        ),
-    };
+    let store = crate::store::open(&config.store, dir.as_deref(), key)?;
     Ok(Registry::new(store))
 }
 

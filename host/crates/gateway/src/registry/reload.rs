@@ -13,7 +13,7 @@
 //! - A changed policy file is validated and swapped in for the next decision; one that
 //!   does not validate leaves the previous policy deciding (traced as
 //!   `policy-load-failed`).
-//! - A store that signals changes made by other hosts ([`crate::store::Store::changes`],
+//! - A store that signals changes made by other hosts ([`crate::store::Hosts::changes`],
 //!   PostgreSQL's `LISTEN/NOTIFY`) is re-read on each signal, not only every
 //!   [`STORE_POLL`].
 //! - Events are debounced ([`DEBOUNCE`]) so a copy in progress is read once it settles; a
