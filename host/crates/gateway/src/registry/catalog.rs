@@ -195,3 +195,157 @@ impl Catalog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use airlock_fixture_notes::ServeOptions;
+
+    use super::*;
+    use crate::registry::connections::ConnectionStatus;
+    use crate::registry::live::Live;
+    use crate::registry::testkit::{self, Notes};
+
+    /// `source-library` under another mapping name with its capabilities renamed by
+    /// `rename` (`search_sources`, `retrieve_source` → new names).
+    fn another(name: &str, search: &str, retrieve: &str) -> crate::registry::live::MappingSource {
+        testkit::source_library(|t| {
+            t.replace("name = \"source-library\"", &format!("name = \"{name}\""))
+                .replace("name = \"search_sources\"", &format!("name = \"{search}\""))
+                .replace(
+                    "name = \"retrieve_source\"",
+                    &format!("name = \"{retrieve}\""),
+                )
+        })
+    }
+
+    /// Two mappings on the notes fixture (`source-library`, `library-two`), and a third
+    /// whose capability names clash with the first, which is refused at start.
+    async fn two_mappings(notes: &Notes) -> (Arc<Live>, tempfile::TempDir) {
+        let sources = vec![
+            testkit::source_library(|t| t),
+            another("library-two", "search_two", "retrieve_two"),
+            another("clash", "search_sources", "retrieve_other"),
+        ];
+        testkit::start(notes, "", sources).await
+    }
+
+    fn shallow(catalog: &Catalog, mapping: &str) -> LoadedMapping {
+        (
+            catalog.mappings[mapping].clone(),
+            catalog
+                .capabilities
+                .iter()
+                .filter(|c| c.mapping.name == mapping)
+                .map(Capability::clone_shallow)
+                .collect(),
+        )
+    }
+
+    /// `with` and `without` build a new catalog and leave the one a call holds as it
+    /// was; putting a mapping back in place of itself is no clash.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_catalog_is_replaced_never_changed() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = two_mappings(&notes).await;
+        let held = live.catalog();
+        assert_eq!(held.mappings.len(), 2);
+        assert_eq!(held.capabilities.len(), 4);
+
+        let without = held.without("library-two");
+        assert_eq!(
+            without.mappings.keys().collect::<Vec<_>>(),
+            ["source-library"]
+        );
+        assert_eq!(without.capabilities.len(), 2);
+        assert!(without.capability("search_two").is_none());
+        assert_eq!(held.capabilities.len(), 4, "the held catalog is unchanged");
+
+        let again = without.with(shallow(&held, "library-two")).unwrap();
+        assert_eq!(again.mappings.len(), 2);
+        assert_eq!(again.capabilities.len(), 4);
+        let replaced = held.with(shallow(&held, "source-library")).unwrap();
+        assert_eq!(replaced.capabilities.len(), 4, "replaced, not doubled");
+        assert!(Arc::ptr_eq(
+            &replaced.capability("search_sources").unwrap().mapping,
+            &held.mappings["source-library"]
+        ));
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A capability name already offered by another mapping is refused, naming both
+    /// mappings; at start such a mapping is refused alone (traced), the others load.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_capability_name_one_mapping() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = two_mappings(&notes).await;
+        let catalog = live.catalog();
+        assert!(!catalog.mappings.contains_key("clash"));
+        let kinds = testkit::trace_kinds(&live);
+        assert!(
+            kinds.contains(&(
+                crate::registry::events::MAPPING_LOAD_FAILED.to_string(),
+                "clash".to_string()
+            )),
+            "{kinds:?}"
+        );
+
+        let (two, mut caps) = shallow(&catalog, "library-two");
+        caps[0].name = "retrieve_source".into();
+        let Err(e) = catalog.without("library-two").with((two, caps)) else {
+            panic!("two mappings offer `retrieve_source`: refused")
+        };
+        assert_eq!(
+            e.to_string(),
+            "capability name `retrieve_source` is offered by two mappings (`source-library` and `library-two`)"
+        );
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Every loaded capability stays in the catalog; only those of a serving mapping are
+    /// offered, and that follows the mapping's record without a new catalog.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_serving_mappings_are_offered() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = two_mappings(&notes).await;
+        let connection = live.catalog().mappings["source-library"].connection.clone();
+        testkit::until("the connection is ready", || {
+            *connection.status() == ConnectionStatus::Ready
+        })
+        .await;
+        let held = live.catalog();
+        assert_eq!(held.offered().count(), 0, "nothing is approved");
+        testkit::approve(&live, "source-library");
+        live.sync_with_store().await.unwrap();
+        let offered: Vec<&str> = held.offered().map(|c| c.name.as_str()).collect();
+        assert_eq!(offered, ["search_sources", "retrieve_source"]);
+        assert_eq!(held.capabilities.len(), 4, "the others stay loaded");
+        assert!(held.capability("search_two").is_some());
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Every load gets a generation no other load in this process had.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_load_is_its_own_generation() {
+        let first = next_generation();
+        assert!(next_generation() > first);
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = two_mappings(&notes).await;
+        let (other, _other_state) = two_mappings(&notes).await;
+        let mut seen = std::collections::BTreeSet::new();
+        for host in [&live, &other] {
+            for mapping in host.catalog().mappings.values() {
+                assert!(mapping.generation > first);
+                assert!(
+                    seen.insert(mapping.generation),
+                    "generation {} twice",
+                    mapping.generation
+                );
+            }
+        }
+        assert_eq!(seen.len(), 4);
+        live.shutdown(Duration::from_secs(1)).await;
+        other.shutdown(Duration::from_secs(1)).await;
+    }
+}

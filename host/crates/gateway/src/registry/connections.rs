@@ -719,3 +719,216 @@ impl Live {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use airlock_fixture_notes::ServeOptions;
+
+    use super::*;
+    use crate::registry::events;
+    use crate::registry::testkit::{self, Notes};
+
+    fn revision() -> ConnectionRevision {
+        ConnectionRevision {
+            connection_id: "conn-000000000001".into(),
+            name: "notes".into(),
+            revision: 1,
+            config_digest: "d".repeat(64),
+            created: true,
+        }
+    }
+
+    /// The traced names, and the reason shown beside a state that is not ready.
+    #[test]
+    fn a_status_says_its_name_and_why_it_does_not_serve() {
+        let all = [
+            (ConnectionStatus::Connecting, "connecting"),
+            (ConnectionStatus::Ready, "ready"),
+            (
+                ConnectionStatus::Disconnected("gone".into()),
+                "disconnected (gone)",
+            ),
+            (
+                ConnectionStatus::Degraded("bad frame".into()),
+                "degraded (bad frame)",
+            ),
+            (ConnectionStatus::Stopped, "stopped"),
+        ];
+        for (status, shown) in all {
+            assert_eq!(status.to_string(), shown);
+            assert!(shown.starts_with(status.as_str()));
+            assert_eq!(status.reason().is_some(), shown.contains('('));
+        }
+    }
+
+    /// A connection being started is `connecting` with nothing discovered, refused (its
+    /// client is not open) but not stale (the first start discovers anyway), and carries
+    /// its mappings' message budget.
+    #[test]
+    fn a_starting_connection_is_refused_but_not_stale() {
+        let state = ConnectionState::new("notes", revision(), 4096);
+        assert_eq!(*state.status(), ConnectionStatus::Connecting);
+        assert!(state.snapshot_digest().is_empty());
+        assert!(state.catalogue().tools.is_empty());
+        assert_eq!(state.catalogue().connection_id, "conn-000000000001");
+        assert!(!state.is_healthy(), "not open until its first start");
+        assert!(!state.is_stale());
+        assert!(
+            state.connection().has_exited(),
+            "the watcher would start it"
+        );
+        assert_eq!(state.connection().message_budget(), 4096);
+        assert!(Arc::ptr_eq(
+            &state.connection(),
+            &state.connection_cell().load_full()
+        ));
+    }
+
+    /// The host does not wait for a straggler: once one start is done, at most
+    /// `START_WAIT_FACTOR` times its time and at least `START_WAIT_MIN`, even with a
+    /// long `start_timeout`; with none done, `start_timeout` bounds the wait.
+    #[tokio::test]
+    async fn the_start_does_not_wait_for_a_straggler() {
+        let never = || tokio::spawn(std::future::pending::<()>());
+        let quick = tokio::spawn(async {});
+        let waited = tokio::time::timeout(
+            Duration::from_secs(600),
+            await_first_starts(vec![quick, never()], Duration::from_secs(3600)),
+        )
+        .await;
+        assert!(
+            waited.is_ok(),
+            "the straggler held the start for ten minutes"
+        );
+        let none = tokio::time::timeout(
+            Duration::from_secs(600),
+            await_first_starts(vec![never()], Duration::from_millis(10)),
+        )
+        .await;
+        assert!(none.is_ok(), "start_timeout bounds the wait");
+        await_first_starts(vec![], Duration::from_secs(3600)).await;
+    }
+
+    /// Connecting → ready only once started, snapshotted (recorded in the store) and its
+    /// mappings judged; every transition traced. A re-discovery happens when stale or
+    /// forced; shutdown stops the connection (refused, `stopped`, never restarted).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_serves_once_started_snapshotted_and_judged() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = testkit::start(&notes, "", vec![testkit::source_library(|t| t)]).await;
+        let state = live.connections().await["notes"].clone();
+        testkit::until("the connection is ready", || {
+            *state.status() == ConnectionStatus::Ready
+        })
+        .await;
+        assert!(state.is_healthy());
+        assert!(!state.is_stale());
+        let digest = state.snapshot_digest();
+        let stored = live.registry().store().snapshot(&digest).unwrap().unwrap();
+        assert_eq!(stored.connection_id, state.revision.connection_id);
+        assert!(state.catalogue().tool("read_note").is_some());
+        let mapping = &live.catalog().mappings["source-library"];
+        assert!(Arc::ptr_eq(&mapping.connection, &state));
+        assert_eq!(
+            *mapping.grant.snapshot.load_full(),
+            *digest,
+            "the grant sees the snapshot"
+        );
+
+        let states: Vec<_> = live
+            .registry()
+            .store()
+            .trace(0, 100_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == events::CONNECTION_STATE)
+            .map(|e| (e.payload["from"].clone(), e.payload["to"].clone()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (Value::Null, json!("connecting")),
+                (json!("connecting"), json!("ready"))
+            ]
+        );
+
+        let sent = state.connection().requests_sent();
+        live.refresh(&state, false).await.unwrap();
+        assert_eq!(
+            state.connection().requests_sent(),
+            sent,
+            "not stale: nothing sent"
+        );
+        live.refresh(&state, true).await.unwrap();
+        assert!(
+            state.connection().requests_sent() > sent,
+            "forced: re-discovered"
+        );
+        assert_eq!(
+            state.snapshot_digest(),
+            digest,
+            "the same catalogue, the same snapshot"
+        );
+
+        live.shutdown(Duration::from_secs(5)).await;
+        assert_eq!(*state.status(), ConnectionStatus::Stopped);
+        assert!(!state.is_healthy());
+        assert!(live.is_closing());
+        let e = live.restart_connection(&state).await.unwrap_err();
+        assert_eq!(e.to_string(), "the host is shutting down");
+    }
+
+    /// A connection that cannot start leaves the host serving: `disconnected` with its
+    /// reason, its mapping loaded but not offered; once its server is there, the
+    /// background restart brings it to `ready` (traced as restarted).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_that_cannot_start_is_retried_until_it_serves() {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        let dir = tempfile::tempdir().unwrap();
+        let config = testkit::config(&url, dir.path(), "start_timeout = \"2s\"");
+        let live = Live::start_with(&config, vec![testkit::source_library(|t| t)])
+            .await
+            .unwrap();
+        let state = live.connections().await["notes"].clone();
+        testkit::until("the failed start is recorded", || {
+            matches!(*state.status(), ConnectionStatus::Disconnected(_))
+        })
+        .await;
+        assert!(!state.is_healthy());
+        assert!(live.catalog().mappings.contains_key("source-library"));
+        assert_eq!(live.catalog().offered().count(), 0);
+        let why = state.status().reason().unwrap().to_string();
+        assert!(!why.is_empty());
+
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let server = tokio::spawn(airlock_fixture_notes::serve_http_on(
+            ServeOptions::default(),
+            listener,
+        ));
+        // The backoff waits up to MAX_RESTART_BACKOFF between tries: two of them at most.
+        testkit::until_within(
+            "the restarted connection is ready",
+            MAX_RESTART_BACKOFF * 4,
+            || *state.status() == ConnectionStatus::Ready,
+        )
+        .await;
+        assert!(state.is_healthy());
+        assert!(!state.snapshot_digest().is_empty());
+        let kinds = testkit::trace_kinds(&live);
+        assert!(
+            kinds.contains(&(
+                events::CONNECTION_RESTARTED.to_string(),
+                "notes".to_string()
+            )),
+            "{kinds:?}"
+        );
+        live.shutdown(Duration::from_secs(5)).await;
+        server.abort();
+    }
+}

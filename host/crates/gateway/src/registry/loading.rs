@@ -507,3 +507,253 @@ pub fn check_contract(m: &MappingManifest) -> Result<contract::Contract> {
     }
     Ok(contract)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use crate::registry::testkit::{self, Notes};
+    use airlock_fixture_notes::ServeOptions;
+
+    fn bundled(name: &str) -> MappingManifest {
+        let path = testkit::bundled_manifest(name);
+        MappingSource::from_file(&path).unwrap().manifest
+    }
+
+    fn with_text(text: &str) -> MappingManifest {
+        MappingManifest::parse(text, "<test>").unwrap()
+    }
+
+    /// Every bundled mapping passes the contract check; a capability naming a function
+    /// the contract lacks, or a host-only one, is refused with the mapping, capability
+    /// and function named.
+    #[test]
+    fn the_contract_check_refuses_unknown_and_host_only_functions() {
+        for name in ["source-library", "outbox-delivery"] {
+            check_contract(&bundled(name)).unwrap();
+        }
+        let source = std::fs::read_to_string(testkit::bundled_manifest("source-library")).unwrap();
+        let unknown = with_text(&source.replace("function = \"retrieve\"", "function = \"fetch\""));
+        let e = check_contract(&unknown).unwrap_err().to_string();
+        assert!(
+            e.contains("`retrieve_source` names function `fetch`, which contract"),
+            "{e}"
+        );
+        let outbox = std::fs::read_to_string(testkit::bundled_manifest("outbox-delivery")).unwrap();
+        let host_only = with_text(
+            &outbox
+                .replace("function = \"deliver\"", "function = \"query\"")
+                .replace("effect = \"external-effect\"", "effect = \"read\""),
+        );
+        let e = check_contract(&host_only).unwrap_err().to_string();
+        assert!(
+            e.contains("#query is called by the host only (reconciliation)"),
+            "{e}"
+        );
+    }
+
+    /// A watched folder lists `<dir>/<name>/mapping.toml`, sorted; a folder without a
+    /// manifest and a loose file are not mappings.
+    #[test]
+    fn a_mappings_folder_lists_each_sub_folder_with_a_manifest_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for folder in ["zeta", "alpha", "empty"] {
+            std::fs::create_dir(dir.path().join(folder)).unwrap();
+        }
+        std::fs::write(dir.path().join("zeta/mapping.toml"), "").unwrap();
+        std::fs::write(dir.path().join("alpha/mapping.toml"), "").unwrap();
+        std::fs::write(dir.path().join("mapping.toml"), "").unwrap();
+        assert_eq!(
+            mapping_dir_manifests(dir.path()).unwrap(),
+            vec![
+                dir.path().join("alpha/mapping.toml"),
+                dir.path().join("zeta/mapping.toml")
+            ]
+        );
+        let e = mapping_dir_manifests(&dir.path().join("absent")).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("reading the mappings folder"),
+            "{e:#}"
+        );
+    }
+
+    /// A component that does not match its pin, a connection the configuration does not
+    /// define and a secret it does not hold are each refused before any upstream
+    /// process starts: with every mapping refused the host does not start, and the
+    /// upstream server received nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_mapping_causes_no_upstream_traffic() {
+        let calls = tempfile::tempdir().unwrap();
+        let log = calls.path().join("calls.jsonl");
+        let notes = Notes::serve(ServeOptions {
+            call_log: Some(log.clone()),
+            ..ServeOptions::default()
+        })
+        .await;
+        let mut tampered = testkit::source_library(|t| t);
+        let last = tampered.component.len() - 1;
+        tampered.component[last] ^= 0xff;
+        let elsewhere = testkit::source_library(|t| {
+            t.replace("name = \"source-library\"", "name = \"elsewhere\"")
+                .replace("connection = \"notes\"", "connection = \"absent\"")
+        });
+        let secret = testkit::source_library(|t| {
+            t.replace("name = \"source-library\"", "name = \"secretive\"")
+                .replace(
+                    "[grants]",
+                    "[grants]\nenv = { TOKEN = { secret = \"missing\" } }",
+                )
+        });
+        let state = tempfile::tempdir().unwrap();
+        let config = testkit::config(&notes.url, state.path(), "");
+        let e = match Live::start_with(&config, vec![tampered, elsewhere, secret]).await {
+            Ok(_) => panic!("every mapping is refused: the host must not start"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.contains("no mapping could be loaded"), "{e}");
+        assert!(e.contains("mapping `source-library` refused"), "{e}");
+        assert!(
+            e.contains("uses connection `absent`, which the serve configuration does not define"),
+            "{e}"
+        );
+        assert!(e.contains("names secret `missing`"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            "",
+            "nothing reached the upstream server"
+        );
+    }
+
+    /// One refused mapping (here: a second mapping of the same name) is refused alone and
+    /// traced; the others load.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_mapping_is_refused_alone() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let first = testkit::source_library(|t| t);
+        let second = testkit::source_library(|t| t.replace("Search the technical", "Search the"));
+        let (live, _state) = testkit::start(&notes, "", vec![first, second]).await;
+        let catalog = live.catalog();
+        assert_eq!(catalog.mappings.len(), 1);
+        let loaded = &catalog.mappings["source-library"];
+        assert!(
+            catalog.capabilities[0]
+                .description
+                .starts_with("Search the technical"),
+            "the first of the two loads"
+        );
+        assert_eq!(loaded.contract, "airlock:contracts/source-retrieval@0.1.0");
+        let kinds = testkit::trace_kinds(&live);
+        assert!(
+            kinds.contains(&(
+                crate::registry::events::MAPPING_LOAD_FAILED.to_string(),
+                "source-library".to_string()
+            )),
+            "{kinds:?}"
+        );
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A capability's input schema is derived from its contract function's record
+    /// parameter (closed: no field beyond the contract's), never taken from upstream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_capability_schema_is_the_contract_functions_record() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = testkit::start(&notes, "", vec![testkit::source_library(|t| t)]).await;
+        let catalog = live.catalog();
+        let search = catalog.capability("search_sources").unwrap();
+        assert_eq!(search.function.name, "search");
+        let [(_, shape)] = search.function.params.as_slice() else {
+            panic!("one parameter")
+        };
+        let derived = contract::json_schema(shape);
+        assert_eq!(Value::Object((*search.input_schema).clone()), derived);
+        assert_eq!(derived["additionalProperties"], json!(false));
+        assert!(
+            catalog.capability("search_notes").is_none(),
+            "the upstream name is never offered"
+        );
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// While a reviewed revision serves, a changed manifest is staged (the reviewed one
+    /// keeps serving); a manifest that does not load leaves the serving revision alone
+    /// and is traced; an unchanged file is not reloaded; unloading takes the capabilities
+    /// out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_never_replaces_a_reviewed_revision_with_an_unreviewed_one() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = testkit::write_source_library(dir.path(), "source-library", |t| t);
+        let (live, _state) =
+            testkit::start(&notes, "", vec![MappingSource::from_file(&path).unwrap()]).await;
+        testkit::until("the connection is ready", || {
+            live.catalog().mappings["source-library"]
+                .connection
+                .status()
+                .as_ref()
+                == &super::super::connections::ConnectionStatus::Ready
+        })
+        .await;
+        testkit::approve(&live, "source-library");
+        assert!(live.sync_with_store().await.unwrap());
+        let serving = live.catalog().mappings["source-library"].clone();
+        assert!(serving.serves());
+
+        // Unchanged: nothing happens.
+        assert_eq!(
+            live.load_mapping_file(&path).await.unwrap(),
+            "source-library"
+        );
+        assert!(Arc::ptr_eq(
+            &live.catalog().mappings["source-library"],
+            &serving
+        ));
+
+        // Changed: staged, not swapped in.
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("Search the technical", "Search the")).unwrap();
+        live.load_mapping_file(&path).await.unwrap();
+        let now = live.catalog();
+        assert!(
+            Arc::ptr_eq(&now.mappings["source-library"], &serving),
+            "the reviewed revision serves on"
+        );
+        assert!(
+            now.capability("search_sources")
+                .unwrap()
+                .description
+                .starts_with("Search the technical")
+        );
+        {
+            let staged = live.staged.lock().unwrap();
+            let (staged, _) = staged.get("source-library").expect("staged");
+            assert!(!staged.serves());
+            let reason = staged.record().reason.clone();
+            assert!(reason.starts_with("staged, not reviewed"), "{reason}");
+        }
+
+        // Broken: refused, traced, the reviewed revision serves on.
+        std::fs::write(&path, "[mapping]\nname = ").unwrap();
+        assert!(live.load_mapping_file(&path).await.is_err());
+        assert!(live.catalog().mappings["source-library"].serves());
+        let kinds = testkit::trace_kinds(&live);
+        assert!(
+            kinds.contains(&(
+                crate::registry::events::MAPPING_LOAD_FAILED.to_string(),
+                path.display().to_string()
+            )),
+            "{kinds:?}"
+        );
+
+        assert!(live.unload_mapping("source-library").await);
+        assert!(live.catalog().mappings.is_empty());
+        assert_eq!(live.catalog().offered().count(), 0);
+        assert!(
+            live.staged.lock().unwrap().is_empty(),
+            "its staged change goes too"
+        );
+        assert!(!live.unload_mapping("source-library").await);
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+}

@@ -41,6 +41,8 @@ pub mod loading;
 pub use airlock_runtime::manifest;
 pub mod reload;
 pub mod sync;
+#[cfg(test)]
+mod testkit;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;

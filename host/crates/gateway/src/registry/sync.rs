@@ -136,3 +136,133 @@ impl Live {
             .judge(record, tools, &state.catalogue(), &snapshot)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use airlock_fixture_notes::ServeOptions;
+
+    use super::*;
+    use crate::registry::connections::ConnectionStatus;
+    use crate::registry::live::MappingSource;
+    use crate::registry::testkit::{self, Notes};
+    use crate::store::MappingState;
+
+    /// A host over the notes fixture with `source-library` loaded from a file in `dir`,
+    /// its connection ready (nothing approved yet).
+    async fn started(notes: &Notes, dir: &std::path::Path) -> (Arc<Live>, tempfile::TempDir) {
+        let path = testkit::write_source_library(dir, "source-library", |t| t);
+        let (live, state) =
+            testkit::start(notes, "", vec![MappingSource::from_file(&path).unwrap()]).await;
+        let connection = live.catalog().mappings["source-library"].connection.clone();
+        testkit::until("the connection is ready", || {
+            *connection.status() == ConnectionStatus::Ready
+        })
+        .await;
+        (live, state)
+    }
+
+    /// An approval recorded in the store by someone else makes the loaded revision serve
+    /// once the host syncs; a second sync changes nothing; a retirement stops it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_stores_latest_revision_decides_whether_the_loaded_manifest_serves() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (live, _state) = started(&notes, dir.path()).await;
+        let mut changes = live.changes();
+        assert_eq!(live.catalog().offered().count(), 0, "nothing is approved");
+        assert!(
+            !live.sync_with_store().await.unwrap(),
+            "nothing changed yet"
+        );
+
+        testkit::approve(&live, "source-library");
+        assert_eq!(live.catalog().offered().count(), 0, "not before the sync");
+        changes.borrow_and_update();
+        assert!(live.sync_with_store().await.unwrap());
+        assert!(changes.has_changed().unwrap(), "the fronts are told");
+        let record = live.catalog().mappings["source-library"].record();
+        assert_eq!(record.state, MappingState::Active);
+        assert_eq!(live.catalog().offered().count(), 2);
+        assert!(!live.sync_with_store().await.unwrap(), "judged as before");
+
+        live.registry().retire("source-library", "tests").unwrap();
+        assert!(live.sync_with_store().await.unwrap());
+        assert_eq!(live.catalog().offered().count(), 0);
+        assert_eq!(
+            live.catalog().mappings["source-library"].record().state,
+            MappingState::Retiring
+        );
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// An approval of the staged manifest swaps the staged mapping in (a new load, with
+    /// its own generation), and it serves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_approved_staged_manifest_is_swapped_in() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (live, _state) = started(&notes, dir.path()).await;
+        testkit::approve(&live, "source-library");
+        live.sync_with_store().await.unwrap();
+        let reviewed = live.catalog().mappings["source-library"].clone();
+        let path = reviewed.manifest_path.clone().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let changed = text.replace("Search the technical", "Search the");
+        std::fs::write(&path, &changed).unwrap();
+        live.load_mapping_file(&path).await.unwrap();
+        let digest = crate::registry::manifest_digest(&changed);
+        assert_ne!(digest, reviewed.manifest_digest);
+
+        testkit::approve_manifest(&live, &reviewed, &digest, Some(&changed));
+        assert!(live.sync_with_store().await.unwrap());
+        let catalog = live.catalog();
+        let now = &catalog.mappings["source-library"];
+        assert_eq!(now.manifest_digest, digest);
+        assert!(now.serves());
+        assert_ne!(now.generation, reviewed.generation);
+        assert!(!Arc::ptr_eq(now, &reviewed));
+        let description = &catalog.capability("search_sources").unwrap().description;
+        assert!(
+            description.starts_with("Search the notes library"),
+            "{description}"
+        );
+        assert!(live.staged.lock().unwrap().is_empty(), "no longer staged");
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A revision approved for a manifest this host has not loaded (approved ahead of
+    /// deployment) leaves the loaded revision serving; once that later revision stops
+    /// serving, the loaded one stops too, saying which revision superseded it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_approval_ahead_of_deployment_waits_for_its_manifest() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (live, _state) = started(&notes, dir.path()).await;
+        testkit::approve(&live, "source-library");
+        live.sync_with_store().await.unwrap();
+        let loaded = live.catalog().mappings["source-library"].clone();
+        let ahead = "a".repeat(64);
+        testkit::approve_manifest(&live, &loaded, &ahead, None);
+        assert!(!live.sync_with_store().await.unwrap());
+        assert!(
+            loaded.serves(),
+            "serves on until the approved manifest arrives"
+        );
+
+        let retired = live.registry().retire("source-library", "tests").unwrap();
+        assert_eq!(retired.manifest_digest, ahead);
+        assert!(live.sync_with_store().await.unwrap());
+        assert!(!loaded.serves());
+        let reason = loaded.record().reason.clone();
+        assert!(
+            reason.starts_with(&format!(
+                "revision {} (retiring) superseded this one",
+                retired.revision
+            )),
+            "{reason}"
+        );
+        live.shutdown(Duration::from_secs(1)).await;
+    }
+}
