@@ -52,7 +52,7 @@ pub struct ActiveMapping {
     /// The reviewed data class (`[mapping] data_class`).
     pub data_class: String,
     /// The contract's host-only query function, when a capability of this mapping is
-    /// reconciled through one ([`contract::query_function`]).
+    /// reconciled through one ([`crate::contract::query_function`]).
     pub query: Option<ContractFunction>,
     /// Set once the intents this mapping's calls left open (unknown, or prepared by a
     /// host that stopped) were reconciled: no call of the mapping runs before.

@@ -5,7 +5,7 @@
 //! - **Verified before anything runs upstream**: a mapping is checked against its
 //!   contract ([`check_contract`]), its env grants resolved against the serve
 //!   configuration's secrets, and its component verified against its pin, compiled and
-//!   linked ([`prepare`]) before any upstream process starts, so a refused component
+//!   linked (`prepare`) before any upstream process starts, so a refused component
 //!   never causes upstream traffic.
 //! - **A mapping serves only under its recorded revision and pins** (see
 //!   [`crate::registry`]): binding registers the revision, proves a serving record by the
