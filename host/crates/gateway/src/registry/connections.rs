@@ -878,6 +878,99 @@ mod tests {
         assert_eq!(e.to_string(), "the host is shutting down");
     }
 
+    /// A host over the notes fixture (served with `options`) with `source-library`
+    /// approved and serving, and its connection.
+    async fn serving(notes: &Notes) -> (Arc<Live>, tempfile::TempDir, Arc<ConnectionState>) {
+        let (live, state_dir) =
+            testkit::start(notes, "", vec![testkit::source_library(|t| t)]).await;
+        let state = live.connections().await["notes"].clone();
+        testkit::until("the connection is ready", || {
+            *state.status() == ConnectionStatus::Ready
+        })
+        .await;
+        testkit::approve(&live, "source-library");
+        live.sync_with_store().await.unwrap();
+        assert!(live.catalog().mappings["source-library"].serves());
+        (live, state_dir, state)
+    }
+
+    /// Calls `read_note` on the connection directly (the fixture drifts after it).
+    async fn read_a_note(state: &ConnectionState) {
+        let mut args = rmcp::model::JsonObject::new();
+        args.insert("id".into(), json!("wal-checkpoints"));
+        state
+            .connection()
+            .call_tool("read_note", args, Duration::from_secs(60), None)
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+
+    /// A server that announces a change makes its connection stale; the re-discovery
+    /// judges every serving mapping against its pins before the connection counts as
+    /// current again: a broken pin moves the mapping to `review-required`, and the
+    /// clients are told.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drifted_server_sends_its_mappings_to_review_before_it_is_current() {
+        let notes = Notes::serve(ServeOptions {
+            drift_on_call: Some(airlock_fixture_notes::DriftKind::Schema),
+            // With sessions (2025-11-25), so the server that drifts is the one asked next.
+            legacy_only: true,
+            ..ServeOptions::default()
+        })
+        .await;
+        let (live, _state_dir, state) = serving(&notes).await;
+        let mut changes = live.changes();
+        changes.borrow_and_update();
+        let before = state.snapshot_digest();
+        read_a_note(&state).await;
+        // The watcher may re-discover first; either way the change is then covered.
+        testkit::until("the announced change is seen", || {
+            state.is_stale() || *state.snapshot_digest() != *before
+        })
+        .await;
+        live.refresh(&state, false).await.unwrap();
+        assert!(!state.is_stale());
+        assert!(state.is_healthy());
+        assert_ne!(*state.snapshot_digest(), *before, "a new snapshot");
+        let mapping = live.catalog().mappings["source-library"].clone();
+        let record = mapping.record();
+        assert_eq!(record.state, crate::store::MappingState::ReviewRequired);
+        assert!(!mapping.serves());
+        assert_eq!(live.catalog().offered().count(), 0);
+        assert!(changes.has_changed().unwrap(), "the fronts are told");
+        live.shutdown(Duration::from_secs(5)).await;
+    }
+
+    /// A re-discovery that fails leaves the connection unhealthy (calls refused) and
+    /// stale, traced as `snapshot-failed`; the mappings keep their records.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_re_discovery_refuses_until_one_succeeds() {
+        let notes = Notes::serve(ServeOptions {
+            drift_on_call: Some(airlock_fixture_notes::DriftKind::Unlistable),
+            // With sessions (2025-11-25), so the server that drifts is the one asked next.
+            legacy_only: true,
+            ..ServeOptions::default()
+        })
+        .await;
+        let (live, _state_dir, state) = serving(&notes).await;
+        read_a_note(&state).await;
+        testkit::until("the announced change is seen", || state.is_stale()).await;
+        assert!(live.refresh(&state, true).await.is_err());
+        assert!(!state.is_healthy());
+        assert!(state.is_stale(), "the next call re-discovers first");
+        assert_eq!(*state.status(), ConnectionStatus::Ready, "still connected");
+        let kinds = testkit::trace_kinds(&live);
+        assert!(
+            kinds.contains(&(events::SNAPSHOT_FAILED.to_string(), "notes".to_string())),
+            "{kinds:?}"
+        );
+        assert!(live.catalog().mappings["source-library"].serves());
+        assert!(live.call_started().is_some(), "the host is not stopping");
+        live.shutdown(Duration::from_secs(5)).await;
+        assert!(live.call_started().is_none(), "stopping: no call starts");
+    }
+
     /// A connection that cannot start leaves the host serving: `disconnected` with its
     /// reason, its mapping loaded but not offered; once its server is there, the
     /// background restart brings it to `ready` (traced as restarted).
