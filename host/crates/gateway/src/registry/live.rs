@@ -278,3 +278,89 @@ impl Live {
         &self.config
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use airlock_fixture_notes::ServeOptions;
+
+    use super::*;
+    use crate::registry::testkit::{self, Notes};
+
+    /// The start does not wait for a straggler: with one connection ready and another
+    /// that never answers (its `start_timeout` ten minutes), the host serves with the
+    /// straggler still `connecting`, its mapping loaded and not offered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_host_serves_without_waiting_for_a_straggler() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        // Accepts connections and never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_url = format!("http://{}/mcp", silent.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((stream, _)) = silent.accept().await {
+                open.push(stream);
+            }
+        });
+        let state = tempfile::tempdir().unwrap();
+        let more = format!(
+            "start_timeout = \"10m\"\n[[connection]]\nname = \"silent\"\nurl = {silent_url:?}\n"
+        );
+        let config = testkit::config(&notes.url, state.path(), &more);
+        let straggling = testkit::source_library(|t| {
+            t.replace("name = \"source-library\"", "name = \"straggling\"")
+                .replace("connection = \"notes\"", "connection = \"silent\"")
+                .replace("name = \"search_sources\"", "name = \"search_silent\"")
+                .replace("name = \"retrieve_source\"", "name = \"retrieve_silent\"")
+        });
+        let live = tokio::time::timeout(
+            Duration::from_secs(300),
+            Live::start_with(&config, vec![testkit::source_library(|t| t), straggling]),
+        )
+        .await
+        .expect("the start waited for the straggler")
+        .unwrap();
+        let connections = live.connections().await;
+        assert_eq!(
+            *connections["silent"].status(),
+            ConnectionStatus::Connecting
+        );
+        assert_eq!(*connections["notes"].status(), ConnectionStatus::Ready);
+        let catalog = live.catalog();
+        assert_eq!(catalog.mappings.len(), 2, "both loaded");
+        assert!(
+            catalog.mappings["straggling"]
+                .connection
+                .snapshot_digest()
+                .is_empty()
+        );
+        live.shutdown(Duration::from_secs(5)).await;
+        held.abort();
+    }
+
+    /// A host with no mapping at all starts (and offers nothing); the host refuses to
+    /// start only when there were mappings and every one was refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_mapping_is_not_every_mapping_refused() {
+        let notes = Notes::serve(ServeOptions::default()).await;
+        let (live, _state) = testkit::start(&notes, "", vec![]).await;
+        assert!(live.catalog().mappings.is_empty());
+        assert!(
+            live.connections().await.is_empty(),
+            "no mapping uses a connection"
+        );
+        let state = tempfile::tempdir().unwrap();
+        let config = testkit::config(&notes.url, state.path(), "");
+        let unknown = testkit::source_library(|t| {
+            t.replace("connection = \"notes\"", "connection = \"unknown\"")
+        });
+        let Err(e) = Live::start_with(&config, vec![unknown]).await else {
+            panic!("every mapping refused: the host must not start")
+        };
+        assert!(
+            e.to_string().starts_with("no mapping could be loaded"),
+            "{e}"
+        );
+    }
+}
