@@ -724,6 +724,105 @@ pub const MAX_DISCOVERY_PAGES: usize = 1000;
 /// See [`MAX_DISCOVERY_PAGES`].
 pub const MAX_DISCOVERY_ITEMS: usize = 20_000;
 
+/// What a connection shares with its transport's tasks, made before the transport starts
+/// (the budget filter and the tap need it first): the message budget, the count of
+/// discarded messages, the tap, and the closed flag with its wake-up. Fresh: budget
+/// `max_message_bytes`, nothing discarded, tap unarmed, not closed.
+struct Shared {
+    limit: Arc<std::sync::atomic::AtomicUsize>,
+    discarded: Arc<AtomicU64>,
+    tap: Arc<Tap>,
+    closed: Arc<std::sync::atomic::AtomicBool>,
+    gone: Arc<tokio::sync::Notify>,
+}
+
+impl Shared {
+    /// Fresh parts for connection `name` with a message budget of `max_message_bytes`
+    /// (saturating at `usize::MAX`).
+    fn new(name: &str, max_message_bytes: u64) -> Self {
+        Self {
+            limit: Arc::new(std::sync::atomic::AtomicUsize::new(
+                usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
+            )),
+            discarded: Arc::default(),
+            tap: Arc::new(Tap {
+                label: name.to_string(),
+                ..Tap::default()
+            }),
+            closed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            gone: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// The budget filter in front of `reader` (the server's output): over-budget
+    /// messages are discarded and counted, every message passes the tap, and the end of
+    /// the stream marks the connection closed.
+    fn filter<R>(&self, reader: R) -> Filtered<R> {
+        Filtered::new(
+            reader,
+            &self.limit,
+            &self.discarded,
+            Some(&self.tap),
+            Some((&self.closed, &self.gone)),
+        )
+    }
+}
+
+/// How a connection reaches its server, or why it never did.
+enum Link {
+    /// A child process over stdio; the hot path writes to it directly ([`direct`]).
+    Stdio {
+        client: RunningService<RoleClient, ()>,
+        process: Arc<Process>,
+        outbound: Arc<direct::Outbound>,
+    },
+    /// A task in between: the HTTP bridge, or the replay server.
+    Bridged {
+        client: RunningService<RoleClient, ()>,
+        parts: HttpParts,
+    },
+    /// The server could not be started (the host's words): the connection is closed
+    /// from the start.
+    Unstarted(String),
+}
+
+impl Connection {
+    /// The one constructor: connection `name` over `link`, with the parts its transport
+    /// already shares. No request sent yet, direct ids from [`direct::FIRST_ID`], no
+    /// initialize answer recorded; an unstarted link is closed.
+    fn new(name: &str, shared: Shared, link: Link) -> Self {
+        let (client, process, outbound, http, unstarted) = match link {
+            Link::Stdio {
+                client,
+                process,
+                outbound,
+            } => (Some(client), Some(process), Some(outbound), None, None),
+            Link::Bridged { client, parts } => (Some(client), None, None, Some(parts), None),
+            Link::Unstarted(why) => {
+                shared.closed.store(true, Ordering::Release);
+                (None, None, None, None, Some(why))
+            }
+        };
+        Self {
+            name: name.to_string(),
+            max_message_bytes: shared.limit,
+            client,
+            process,
+            unstarted,
+            closed: shared.closed,
+            gone: shared.gone,
+            requests: AtomicU64::new(0),
+            discarded: shared.discarded,
+            tap: shared.tap,
+            discovery: tokio::sync::Mutex::new(()),
+            first_initialize: std::sync::Mutex::new(None),
+            http,
+            outbound,
+            next_direct: AtomicU64::new(direct::FIRST_ID),
+        }
+    }
+}
+
 impl Connection {
     /// Starts `server`, performs the MCP initialize handshake (waiting at most
     /// `initialize_timeout` for its answer), and returns the connection. Messages from the
@@ -770,30 +869,19 @@ impl Connection {
                 }
             });
         }
-        let discarded = Arc::new(AtomicU64::new(0));
-        let tap = Arc::new(Tap {
-            label: name.to_string(),
-            ..Tap::default()
-        });
+        let shared = Shared::new(name, max_message_bytes);
         // Armed from the start: the initialize answer is part of the first snapshot.
-        tap.armed.store(true, Ordering::Release);
-        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
-            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
-        ));
-        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let gone = Arc::new(tokio::sync::Notify::new());
+        shared.tap.armed.store(true, Ordering::Release);
         // When the server closes its stdout (it exited), nothing more will be answered.
-        let filtered = Filtered::new(
-            stdout,
-            &limit,
-            &discarded,
-            Some(&tap),
-            Some((&closed, &gone)),
-        );
+        let filtered = shared.filter(stdout);
         {
             // The server exited (reaped): even if a descendant still holds its stdout open,
             // nothing more will be answered.
-            let (mut exit, closed, gone) = (child.exit_watch(), closed.clone(), gone.clone());
+            let (mut exit, closed, gone) = (
+                child.exit_watch(),
+                shared.closed.clone(),
+                shared.gone.clone(),
+            );
             tokio::spawn(async move {
                 let _ = exit.wait_for(Option::is_some).await;
                 closed.store(true, Ordering::Release);
@@ -801,7 +889,7 @@ impl Connection {
             });
         }
         let outbound = direct::Outbound::start(stdin);
-        let stdin = direct::RmcpLines::new(outbound.clone(), tap.clone());
+        let stdin = direct::RmcpLines::new(outbound.clone(), shared.tap.clone());
         let handshake = tokio::time::timeout(initialize_timeout, ().serve((filtered, stdin))).await;
         let client = match handshake.map_err(|_| {
             format!(
@@ -825,23 +913,15 @@ impl Connection {
             .peer()
             .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
             .await;
-        Ok(Self {
-            name: name.to_string(),
-            max_message_bytes: limit,
-            client: Some(client),
-            process: Some(child),
-            unstarted: None,
-            requests: AtomicU64::new(0),
-            discarded,
-            tap,
-            discovery: tokio::sync::Mutex::new(()),
-            first_initialize: std::sync::Mutex::new(None),
-            closed,
-            gone,
-            http: None,
-            outbound: Some(outbound),
-            next_direct: AtomicU64::new(direct::FIRST_ID),
-        })
+        Ok(Self::new(
+            name,
+            shared,
+            Link::Stdio {
+                client,
+                process: child,
+                outbound,
+            },
+        ))
     }
 
     /// Starts `server` (either transport; see [`Connection::start_stdio`] and
@@ -922,17 +1002,8 @@ impl Connection {
         initialize_timeout: Duration,
         lifecycle: rmcp::ClientLifecycleMode,
     ) -> Result<Self, (anyhow::Error, bool)> {
-        let discarded = Arc::new(AtomicU64::new(0));
-        let tap = Arc::new(Tap {
-            label: name.to_string(),
-            ..Tap::default()
-        });
-        tap.armed.store(true, Ordering::Release);
-        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
-            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
-        ));
-        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let gone = Arc::new(tokio::sync::Notify::new());
+        let shared = Shared::new(name, max_message_bytes);
+        shared.tap.armed.store(true, Ordering::Release);
         // rmcp's client writes lines into `to_bridge`; the bridge writes the server's
         // messages into `from_bridge`, which the budget filter reads like a stdout.
         let (to_bridge, bridge_in) = tokio::io::duplex(64 * 1024);
@@ -952,16 +1023,10 @@ impl Connection {
             reason.clone(),
         )
         .map_err(|e| (e, false))?;
-        let filtered = Filtered::new(
-            from_bridge,
-            &limit,
-            &discarded,
-            Some(&tap),
-            Some((&closed, &gone)),
-        );
+        let filtered = shared.filter(from_bridge);
         let writer = TapWriter {
             inner: to_bridge,
-            tap: tap.clone(),
+            tap: shared.tap.clone(),
             partial: Vec::new(),
         };
         let handshake = tokio::time::timeout(
@@ -1003,23 +1068,14 @@ impl Connection {
             .peer()
             .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
             .await;
-        Ok(Self {
-            name: name.to_string(),
-            max_message_bytes: limit,
-            client: Some(client),
-            process: None,
-            unstarted: None,
-            requests: AtomicU64::new(0),
-            discarded,
-            tap,
-            discovery: tokio::sync::Mutex::new(()),
-            first_initialize: std::sync::Mutex::new(None),
-            closed,
-            gone,
-            http: Some(HttpParts { bridge, reason }),
-            outbound: None,
-            next_direct: AtomicU64::new(direct::FIRST_ID),
-        })
+        Ok(Self::new(
+            name,
+            shared,
+            Link::Bridged {
+                client,
+                parts: HttpParts { bridge, reason },
+            },
+        ))
     }
 
     /// A connection whose server is [`replay::serve`] answering from `replay`, in this
@@ -1033,29 +1089,14 @@ impl Connection {
         replay: Arc<replay::Replay>,
         max_message_bytes: u64,
     ) -> Result<Self> {
-        let discarded = Arc::new(AtomicU64::new(0));
-        let tap = Arc::new(Tap {
-            label: name.to_string(),
-            ..Tap::default()
-        });
-        let limit = Arc::new(std::sync::atomic::AtomicUsize::new(
-            usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
-        ));
-        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let gone = Arc::new(tokio::sync::Notify::new());
+        let shared = Shared::new(name, max_message_bytes);
         let (to_server, server_in) = tokio::io::duplex(64 * 1024);
         let (server_out, from_server) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(replay::serve(replay, server_in, server_out));
-        let filtered = Filtered::new(
-            from_server,
-            &limit,
-            &discarded,
-            Some(&tap),
-            Some((&closed, &gone)),
-        );
+        let filtered = shared.filter(from_server);
         let writer = TapWriter {
             inner: to_server,
-            tap: tap.clone(),
+            tap: shared.tap.clone(),
             partial: Vec::new(),
         };
         let client =
@@ -1074,26 +1115,17 @@ impl Connection {
             .peer()
             .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
             .await;
-        Ok(Self {
-            name: name.to_string(),
-            max_message_bytes: limit,
-            client: Some(client),
-            process: None,
-            unstarted: None,
-            requests: AtomicU64::new(0),
-            discarded,
-            tap,
-            discovery: tokio::sync::Mutex::new(()),
-            first_initialize: std::sync::Mutex::new(None),
-            closed,
-            gone,
-            http: Some(HttpParts {
-                bridge: server,
-                reason: http::CloseReason::default(),
-            }),
-            outbound: None,
-            next_direct: AtomicU64::new(direct::FIRST_ID),
-        })
+        Ok(Self::new(
+            name,
+            shared,
+            Link::Bridged {
+                client,
+                parts: HttpParts {
+                    bridge: server,
+                    reason: http::CloseReason::default(),
+                },
+            },
+        ))
     }
 
     /// The protocol version negotiated with the server (`None` before a handshake).
@@ -1108,28 +1140,11 @@ impl Connection {
     /// [exited](Connection::has_exited), so the host's watcher starts it again; every
     /// request fails at once as unavailable.
     pub fn unstarted(name: &str, why: String, max_message_bytes: u64) -> Self {
-        Self {
-            name: name.to_string(),
-            max_message_bytes: Arc::new(std::sync::atomic::AtomicUsize::new(
-                usize::try_from(max_message_bytes).unwrap_or(usize::MAX),
-            )),
-            client: None,
-            process: None,
-            unstarted: Some(why),
-            requests: AtomicU64::new(0),
-            discarded: Arc::default(),
-            tap: Arc::new(Tap {
-                label: name.to_string(),
-                ..Tap::default()
-            }),
-            discovery: tokio::sync::Mutex::new(()),
-            first_initialize: std::sync::Mutex::new(None),
-            closed: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            gone: Arc::new(tokio::sync::Notify::new()),
-            http: None,
-            outbound: None,
-            next_direct: AtomicU64::new(direct::FIRST_ID),
-        }
+        Self::new(
+            name,
+            Shared::new(name, max_message_bytes),
+            Link::Unstarted(why),
+        )
     }
 
     /// The server's process id (its process group id too); `None` if it never started.
@@ -2567,5 +2582,33 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), woken)
             .await
             .expect("a waiter learns it at once");
+    }
+
+    /// The one constructor: an unstarted link is closed from the start (so the host's
+    /// watcher restarts it) and says why in the host's words; a bridged one (here a
+    /// replay) is open, keeps the budget it was given, and its budget only rises.
+    #[tokio::test]
+    async fn every_link_is_built_by_the_one_constructor() {
+        let down = Connection::unstarted("c", "it is starting".into(), 1024);
+        assert!(down.has_exited() && !down.is_open());
+        assert_eq!(down.down_reason().as_deref(), Some("it is starting"));
+        assert_eq!((down.name(), down.message_budget()), ("c", 1024));
+        assert_eq!(down.pid(), None);
+
+        let up = Connection::start_replay("r", Arc::new(replay::Replay::default()), 2048)
+            .await
+            .expect("the replayed upstream initializes");
+        assert!(up.is_open() && !up.has_exited());
+        assert_eq!(up.down_reason(), None);
+        assert_eq!(up.message_budget(), 2048);
+        up.raise_message_budget(1);
+        assert_eq!(up.message_budget(), 2048, "never lowered");
+        up.raise_message_budget(4096);
+        assert_eq!(up.message_budget(), 4096);
+        assert_eq!(
+            up.terminate(Duration::from_secs(1)).await.as_deref(),
+            Some("the HTTP connection was closed")
+        );
+        assert!(up.has_exited());
     }
 }

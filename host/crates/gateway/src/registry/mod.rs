@@ -32,10 +32,17 @@
 //!   `review show` ([`Registry::prove`]).
 
 pub mod anchor;
+pub mod catalog;
+pub mod connections;
+pub mod drain;
 pub mod drift;
 pub mod live;
+pub mod loading;
 pub use airlock_runtime::manifest;
 pub mod reload;
+pub mod sync;
+#[cfg(test)]
+mod testkit;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
