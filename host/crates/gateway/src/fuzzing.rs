@@ -1,6 +1,7 @@
-//! Entry points for the fuzz targets in `fuzz/` (hidden; not an API, and nothing in Airlock
-//! calls them). Each one hands its input, unchanged, to a private function of a front, so
-//! the fuzzers drive the code that serves requests rather than a copy of it.
+//! Entry points for the fuzz targets in `host/crates/gateway/fuzz/` (hidden; not an API,
+//! and nothing in Airlock calls them). Each one hands its input, unchanged, to a private
+//! function of a front, so the fuzzers drive the code that serves requests rather than a
+//! copy of it.
 
 use serde_json::Value;
 

@@ -1081,7 +1081,7 @@ mod tests {
             one(r#"{"jsonrpc":"2.0","id":3,"a":1,"a":2}"#),
             (json!(3), -32600)
         );
-        // Found by fuzz/front_line: another key repeated first, and the id said twice too.
+        // Found by the front_line fuzz target: another key repeated first, and the id said twice too.
         // Which id was meant is ambiguous (the lenient parse would keep the last), so the
         // answer carries null.
         assert_eq!(

@@ -24,15 +24,15 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use airlock::front::auth::{AuthSettings, Verified, Verifier, check_principal};
-use airlock::fuzzing::{http_authority, http_origin_allowed, http_origin_entry};
+use airlock_gateway::front::auth::{AuthSettings, Verified, Verifier, check_principal};
+use airlock_gateway::fuzzing::{http_authority, http_origin_allowed, http_origin_entry};
 use jsonwebtoken::{Algorithm, EncodingKey};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value, json};
 
-const JWKS: &str = include_str!("../../fixtures/jwt/jwks.json");
-const KEY: &[u8] = include_bytes!("../../fixtures/jwt/issuer.pk8.der");
-const OTHER_KEY: &[u8] = include_bytes!("../../fixtures/jwt/other.pk8.der");
+const JWKS: &str = include_str!("../../../../../fixtures/jwt/jwks.json");
+const KEY: &[u8] = include_bytes!("../../../../../fixtures/jwt/issuer.pk8.der");
+const OTHER_KEY: &[u8] = include_bytes!("../../../../../fixtures/jwt/other.pk8.der");
 const ISSUER: &str = "https://issuer.test";
 const AUDIENCE: &str = "http://127.0.0.1:8787/mcp";
 const LEEWAY: u64 = 60;
@@ -106,10 +106,10 @@ fn b64(bytes: &[u8]) -> String {
     out
 }
 
-fn verify(text: &str) -> Result<Verified, airlock::front::auth::Rejection> {
+fn verify(text: &str) -> Result<Verified, airlock_gateway::front::auth::Rejection> {
     match http::HeaderValue::from_str(text) {
         Ok(h) => fixed().verifier.verify(Some(&h)),
-        Err(_) => Err(airlock::front::auth::Rejection::Missing),
+        Err(_) => Err(airlock_gateway::front::auth::Rejection::Missing),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use airlock::contract::{self, Shape};
+use airlock_runtime::contract::{self, Shape};
 use libfuzzer_sys::fuzz_target;
 
 fn shapes() -> &'static Vec<Shape> {

@@ -7,6 +7,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = airlock::registry::manifest::MappingManifest::parse(text, "fuzz.toml");
+        let _ = airlock_runtime::manifest::MappingManifest::parse(text, "fuzz.toml");
     }
 });

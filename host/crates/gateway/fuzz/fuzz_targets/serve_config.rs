@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = airlock::config::ServeConfig::parse(text, std::path::Path::new("/tmp"));
+        let _ = airlock_gateway::config::ServeConfig::parse(text, std::path::Path::new("/tmp"));
     }
 });

@@ -16,8 +16,8 @@
 //!   response, or error — the one shape whose id may be absent).
 #![no_main]
 
-use airlock::fuzzing::{StdioVerdict, stdio_line};
-use airlock::jsonrpc::IdScanner;
+use airlock_gateway::fuzzing::{StdioVerdict, stdio_line};
+use airlock_gateway::jsonrpc::IdScanner;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
