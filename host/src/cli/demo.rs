@@ -97,7 +97,7 @@ pub fn embedded_mapping() -> Result<MappingSource> {
 /// benchmarks, which start from an empty store; an operator runs `airlock review approve`.
 ///
 /// # Errors
-/// A mapping cannot be approved (see [`crate::registry::Registry::approve`]).
+/// A mapping cannot be approved (see [`crate::registry::Registry::approve_tools`]).
 pub async fn approve_all(host: &Host, reviewer: &str) -> Result<()> {
     let catalog = host.catalog();
     for mapping in catalog.mappings.values() {

@@ -720,7 +720,7 @@ fn init_logging(default: &str) {
 /// Runs the command line; returns the process exit status.
 ///
 /// `grants` and `test` run without an async runtime and choose their own exit statuses;
-/// every other command runs through [`run`].
+/// every other command runs through `run`.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let state_dir = cli.state_dir;

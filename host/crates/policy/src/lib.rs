@@ -562,7 +562,7 @@ pub struct CallFacts<'a> {
 /// Rule: a decision is a function of what Cedar is given — the policy, the principal, the
 /// action, the capability's facts (its entities) and the call's facts (its context) —
 /// because Cedar's evaluation reads nothing else (no clock, no randomness, no I/O). So
-/// decisions are kept by all of those (at most [`DECISION_CACHE`], least recently used
+/// decisions are kept by all of those (at most `DECISION_CACHE`, least recently used
 /// first out) and an equal question is answered without asking Cedar again. The policy
 /// is named by its load (`Policy::serial`), so a replaced policy, a new mapping revision
 /// or state, another destination or artifact size is a new question; evaluation errors

@@ -15,7 +15,7 @@
 //! same transaction, so MACing adds no database round trip. An append refuses to extend a
 //! chain whose head was MACed with another key. Events from before schema 7 keep their
 //! unkeyed hash, hex sha256 of the RFC 8785 canonical JSON of
-//! `{"seq","at_ms","kind","subject","payload","prev_hash"}`, which [`chained_hash`]
+//! `{"seq","at_ms","kind","subject","payload","prev_hash"}`, which `chained_hash`
 //! recomputes for verification without a second serialization (a unit test holds it
 //! equal to the re-parsing form).
 

@@ -9,7 +9,7 @@
 //! queued for the connection's pump task, which writes as the pipe drains. A line is
 //! never split by another.
 //!
-//! Every rule of the reader still holds for the answers ([`super::Filtered`], [`super::Tap`]):
+//! Every rule of the reader still holds for the answers (`Filtered`, `Tap`):
 //! a direct request's id is registered as open *before* its bytes are written, its answer
 //! is held to the output budget while it is read, checked to be JSON-RPC, and handed to
 //! its waiter by the reader itself — parsed once, never shown to rmcp. Direct ids are

@@ -18,7 +18,7 @@
 //!   and the secret *names*, never their values. The model-facing client's own token is
 //!   never forwarded (the front drops it before any of this runs).
 //! - The client negotiates either protocol generation with rmcp's
-//!   [`ClientLifecycleMode::Auto`]: `server/discover` (2026-07-28) first, `initialize`
+//!   [`rmcp::service::ClientLifecycleMode::Auto`]: `server/discover` (2026-07-28) first, `initialize`
 //!   (2025-11-25) when the server turns out to be older.
 //! - The rest of the upstream layer treats the connection like a stdio one: messages cross
 //!   a line bridge ([`bridge`]) into the same budget filter and JSON-RPC checks, so the
@@ -309,7 +309,7 @@ pub type CloseReason = Arc<Mutex<Option<String>>>;
 /// says why.
 ///
 /// # Errors
-/// The transport cannot be built (see [`transport`]); nothing was started.
+/// The transport cannot be built (see `transport`); nothing was started.
 pub fn bridge(
     name: &str,
     server: &HttpServer,

@@ -186,7 +186,7 @@ impl HttpSettings {
     /// The `Origin` values accepted when a request carries one: as configured, else
     /// `http://` and `https://` for `localhost`, `127.0.0.1` and `[::1]` on any port,
     /// and the origin (`scheme://host[:port]`) of the audience. Each entry is lower-cased
-    /// and its scheme's default port dropped, as [`normalize_origin`] does.
+    /// and its scheme's default port dropped, as `normalize_origin` does.
     pub fn effective_allowed_origins(&self) -> Vec<String> {
         if let Some(origins) = &self.allowed_origins {
             return origins.iter().map(|o| normalize_origin(o)).collect();

@@ -455,7 +455,7 @@ impl Registry {
         self.store.as_ref()
     }
 
-    /// The store, when several hosts may share it ([`Hosts::is_shared`]).
+    /// The store, when several hosts may share it ([`crate::store::Hosts::is_shared`]).
     pub fn store_if_shared(&self) -> Option<Arc<dyn Store>> {
         self.store.is_shared().then(|| self.store.clone())
     }
