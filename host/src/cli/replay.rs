@@ -216,12 +216,12 @@ fn open_store(options: &TestOptions<'_>) -> Result<Option<Registry>> {
         return crate::registry::live::open_registry(&config).map(Some);
     }
     if crate::cli::shared_store().is_some() {
+        // The shared store needs no folder when AIRLOCK_TRACE_KEY holds the key.
         let dir = options
             .state_dir
             .clone()
-            .or_else(crate::config::default_state_dir)
-            .unwrap_or_default();
-        return crate::cli::operate::registry_at(Some(&dir)).map(Some);
+            .or_else(crate::config::default_state_dir);
+        return crate::cli::operate::registry_at(dir.as_deref()).map(Some);
     }
     let Some(dir) = options.state_dir.clone() else {
         return match crate::config::default_state_dir() {
