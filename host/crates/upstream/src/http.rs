@@ -363,31 +363,8 @@ pub fn bridge(
                     if line.trim().is_empty() {
                         continue;
                     }
-                    let mut message: ClientJsonRpcMessage = match serde_json::from_str(&line) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            tracing::warn!(connection = %name, "HTTP bridge: an outgoing message rmcp's types do not read: {e}");
-                            continue;
-                        }
-                    };
-                    // `initialize` exists up to 2025-11-25 only; rmcp's default client
-                    // info names the newest version, which has none (seen with
-                    // `initialize` alone, after a failed probe).
-                    if let JsonRpcMessage::Request(r) = &mut message
-                        && let rmcp::model::ClientRequest::InitializeRequest(init) = &mut r.request
-                        && !init.params.protocol_version.has_initialize()
-                    {
-                        init.params.protocol_version =
-                            rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE;
-                    }
-                    let (id, method) = match &message {
-                        JsonRpcMessage::Request(r) => (
-                            serde_json::to_value(&r.id).ok(),
-                            serde_json::to_value(&r.request)
-                                .ok()
-                                .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string)),
-                        ),
-                        _ => (None, None),
+                    let Some((message, id, method)) = outgoing(&name, &line) else {
+                        continue;
                     };
                     let send = transport.send(message);
                     sends.push(Box::pin(async move {
@@ -439,16 +416,7 @@ pub fn bridge(
                         (Some(id), _) => {
                             // Answered at once (unavailable), then the connection closes:
                             // the host restarts it with backoff and re-snapshots it.
-                            let answer = json!({
-                                "jsonrpc": "2.0",
-                                "id": id,
-                                "error": {
-                                    "code": HTTP_TRANSPORT_ERROR_CODE,
-                                    "message": format!("the HTTP request to {url} failed: {error}"),
-                                },
-                            });
-                            let mut text = answer.to_string().into_bytes();
-                            text.push(b'\n');
+                            let text = unavailable(id, &url, &error);
                             let _ = to_client.write_all(&text).await;
                             break why;
                         }
@@ -461,6 +429,56 @@ pub fn bridge(
         let _ = to_client.shutdown().await;
         let _ = transport.close().await;
     }))
+}
+
+/// One line rmcp's client wrote, read for sending: the message, and the id and method of
+/// a request (to answer it if its send fails). `initialize` exists up to 2025-11-25 only,
+/// and rmcp's default client info names the newest version, which has none (seen with
+/// `initialize` alone, after a failed probe): such an `initialize` names the newest
+/// version that has it. `None` for a line rmcp's types do not read (logged).
+fn outgoing(
+    name: &str,
+    line: &str,
+) -> Option<(ClientJsonRpcMessage, Option<Value>, Option<String>)> {
+    let mut message: ClientJsonRpcMessage = match serde_json::from_str(line) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(connection = %name, "HTTP bridge: an outgoing message rmcp's types do not read: {e}");
+            return None;
+        }
+    };
+    if let JsonRpcMessage::Request(r) = &mut message
+        && let rmcp::model::ClientRequest::InitializeRequest(init) = &mut r.request
+        && !init.params.protocol_version.has_initialize()
+    {
+        init.params.protocol_version = rmcp::model::ProtocolVersion::LATEST_WITH_INITIALIZE;
+    }
+    let (id, method) = match &message {
+        JsonRpcMessage::Request(r) => (
+            serde_json::to_value(&r.id).ok(),
+            serde_json::to_value(&r.request)
+                .ok()
+                .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string)),
+        ),
+        _ => (None, None),
+    };
+    Some((message, id, method))
+}
+
+/// The line answering request `id` whose send to `url` failed with `error`: a JSON-RPC
+/// error ([`HTTP_TRANSPORT_ERROR_CODE`]) naming the failure, newline-terminated.
+fn unavailable(id: Value, url: &str, error: &str) -> Vec<u8> {
+    let answer = json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": HTTP_TRANSPORT_ERROR_CODE,
+            "message": format!("the HTTP request to {url} failed: {error}"),
+        },
+    });
+    let mut text = answer.to_string().into_bytes();
+    text.push(b'\n');
+    text
 }
 
 /// An error's text, bounded. Errors from rmcp and reqwest name the status and the URL

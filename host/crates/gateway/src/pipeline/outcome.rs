@@ -186,52 +186,7 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
     };
     let mapping = &parts.capability.mapping;
     let connection_id = &mapping.connection.revision.connection_id;
-    for o in &parts.result.observations {
-        let ids = observe(call, connection_id, o);
-        call.event(
-            events::UPSTREAM_REQUEST,
-            json!({
-                "connection_id": connection_id,
-                "connection": o.connection,
-                "snapshot": o.snapshot_digest,
-                "method": o.method,
-                "target": o.target.chars().take(256).collect::<String>(),
-                "request_id": o.request_id,
-                "result_sha256": o.result_sha256,
-                "bytes": o.result_bytes,
-                "at": o.retrieved_at,
-                "observations": ids,
-            }),
-        );
-    }
-    for r in &parts.result.refused {
-        let mut payload = json!({
-            "connection_id": connection_id,
-            "connection": r.connection,
-            "method": r.method,
-            "target": r.target.chars().take(256).collect::<String>(),
-            "request_id": r.request_id,
-        });
-        if let Some(o) = payload.as_object_mut() {
-            match &r.why {
-                Refused::Budget(budget) => {
-                    o.insert("refused".into(), json!(budget.kind()));
-                    o.insert("budget".into(), json!(budget));
-                }
-                Refused::Degraded(_) => {
-                    o.insert("refused".into(), json!("degraded-connection"));
-                }
-            }
-        }
-        call.event(events::UPSTREAM_REFUSED, payload);
-    }
-    for line in &parts.result.logs {
-        tracing::debug!(mapping = %mapping.name, "adapter log: {line}");
-    }
-    if !parts.result.stderr.is_empty() {
-        let shown = &parts.result.stderr[..parts.result.stderr.len().min(2000)];
-        tracing::debug!(mapping = %mapping.name, bytes = parts.result.stderr.len(), "adapter stderr: {}", String::from_utf8_lossy(shown));
-    }
+    record_upstream(call, connection_id, &mapping.name, &parts.result);
     // An effect whose attempt never sent anything certainly did not happen.
     let effectful = parts.capability.semantics.class.has_effect() && may_have_acted;
     if let Some(first) = parts.result.refused.first() {
@@ -326,6 +281,63 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         content_sha256,
         reconciled: None,
     }))
+}
+
+/// Traces what the adapter's upstream requests did (one `upstream-request` event per
+/// answered request, with the observations it made, one `upstream-refused` per request the
+/// host refused) and logs the adapter's own log lines and stderr at DEBUG.
+fn record_upstream(
+    call: &mut Call,
+    connection_id: &str,
+    mapping: &str,
+    result: &crate::runtime::CallOutcome,
+) {
+    for o in &result.observations {
+        let ids = observe(call, connection_id, o);
+        call.event(
+            events::UPSTREAM_REQUEST,
+            json!({
+                "connection_id": connection_id,
+                "connection": o.connection,
+                "snapshot": o.snapshot_digest,
+                "method": o.method,
+                "target": o.target.chars().take(256).collect::<String>(),
+                "request_id": o.request_id,
+                "result_sha256": o.result_sha256,
+                "bytes": o.result_bytes,
+                "at": o.retrieved_at,
+                "observations": ids,
+            }),
+        );
+    }
+    for r in &result.refused {
+        let mut payload = json!({
+            "connection_id": connection_id,
+            "connection": r.connection,
+            "method": r.method,
+            "target": r.target.chars().take(256).collect::<String>(),
+            "request_id": r.request_id,
+        });
+        if let Some(o) = payload.as_object_mut() {
+            match &r.why {
+                Refused::Budget(budget) => {
+                    o.insert("refused".into(), json!(budget.kind()));
+                    o.insert("budget".into(), json!(budget));
+                }
+                Refused::Degraded(_) => {
+                    o.insert("refused".into(), json!("degraded-connection"));
+                }
+            }
+        }
+        call.event(events::UPSTREAM_REFUSED, payload);
+    }
+    for line in &result.logs {
+        tracing::debug!(mapping = %mapping, "adapter log: {line}");
+    }
+    if !result.stderr.is_empty() {
+        let shown = &result.stderr[..result.stderr.len().min(2000)];
+        tracing::debug!(mapping = %mapping, bytes = result.stderr.len(), "adapter stderr: {}", String::from_utf8_lossy(shown));
+    }
 }
 
 /// The outcome of a call whose answer was lost and whose effect reconciliation decided:
