@@ -8,8 +8,12 @@ use serde_json::Value;
 
 /// Finds the top-level `"id"` member of a JSON object streamed through [`IdScanner::feed`],
 /// without buffering the object. Nested `id` keys and `id` text inside strings are ignored.
+/// By default the scan stops at the first id; [`IdScanner::whole`] reads on to the end and
+/// counts the top-level `id` keys, so an id written twice (ambiguous) is found as none.
 #[derive(Default)]
 pub struct IdScanner {
+    whole: bool,
+    id_keys: u32,
     depth: u32,
     in_string: bool,
     escape: bool,
@@ -25,9 +29,26 @@ pub struct IdScanner {
 impl IdScanner {
     const MAX_ID_BYTES: usize = 128;
 
+    /// A scanner that reads the whole message, counting its top-level `id` keys
+    /// ([`IdScanner::id_keys`]); its [`IdScanner::id`] is `None` when there is more than
+    /// one, since which was meant is ambiguous. For a message held whole (a line being
+    /// answered); a message streamed past unbuffered uses the default, which stops early.
+    pub fn whole() -> Self {
+        Self {
+            whole: true,
+            ..Self::default()
+        }
+    }
+
+    /// How many top-level `id` keys were seen (with [`IdScanner::whole`]; otherwise at most
+    /// the first).
+    pub fn id_keys(&self) -> u32 {
+        self.id_keys
+    }
+
     /// Scans `bytes`, the next part of the message.
     pub fn feed(&mut self, bytes: &[u8]) {
-        if self.found.is_some() {
+        if self.found.is_some() && !self.whole {
             // Nothing after the id matters: the rest is skipped, not scanned.
             return;
         }
@@ -56,6 +77,7 @@ impl IdScanner {
                     if self.in_key {
                         self.in_key = false;
                         self.key_is_id = self.key == b"id\"";
+                        self.id_keys += u32::from(self.key_is_id);
                     }
                 }
                 continue;
@@ -89,8 +111,12 @@ impl IdScanner {
         }
     }
 
-    /// The id, when it was a JSON number or string.
+    /// The id, when it was a JSON number or string (and, with [`IdScanner::whole`], the
+    /// only top-level `id`).
     pub fn id(&self) -> Option<Value> {
+        if self.whole && self.id_keys > 1 {
+            return None;
+        }
         let v: Value = serde_json::from_slice(self.found.as_deref()?).ok()?;
         (v.is_number() || v.is_string()).then_some(v)
     }
@@ -130,5 +156,31 @@ mod tests {
         assert_eq!(scan(r#"{"i\u0064":4}"#), None);
         assert_eq!(scan(r#"{"id":{"nested":1}}"#), None);
         assert_eq!(scan(r#"[{"id":1}]"#), None);
+    }
+
+    #[test]
+    fn a_whole_scan_finds_an_id_written_twice_ambiguous() {
+        let whole = |text: &[u8]| {
+            let mut s = IdScanner::whole();
+            for chunk in text.chunks(3) {
+                s.feed(chunk);
+            }
+            (s.id(), s.id_keys())
+        };
+        // The default scan stops at the first id; the whole scan sees both.
+        assert_eq!(scan(r#"{"id":4,"x":1,"id":5}"#), Some(json!(4)));
+        assert_eq!(whole(br#"{"id":4,"x":1,"id":5}"#), (None, 2));
+        // Found by the front_line fuzz target: the same id twice, and bytes that are not
+        // UTF-8 further on (a line no parser reads).
+        assert_eq!(
+            whole(b"{\"jsonrpc\":\"2.0\",\"id\":4,\"e\":1,\"id\":4,\"error\":{\"m\":\"\xc8\xbf\xff\"}}"),
+            (None, 2)
+        );
+        // One id, nested ids and id text in strings do not count.
+        assert_eq!(
+            whole(br#"{"id":7,"p":{"id":1},"s":"\"id\":2"}"#),
+            (Some(json!(7)), 1)
+        );
+        assert_eq!(whole(br#"[{"id":1},{"id":2}]"#), (None, 0));
     }
 }

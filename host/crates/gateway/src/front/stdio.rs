@@ -483,9 +483,11 @@ pub(crate) fn judge(line: &[u8]) -> Verdict {
     }
 }
 
-/// The answer to a line that is not JSON: `-32700`, with the id found in its raw bytes.
+/// The answer to a line that is not JSON: `-32700`, with the id found in its raw bytes
+/// (`null` when none is, or when the top-level `id` key is written more than once: which
+/// was meant is ambiguous, as for a line that parses).
 fn parse_error(line: &[u8], e: &serde_json::Error) -> Verdict {
-    let mut scan = IdScanner::default();
+    let mut scan = IdScanner::whole();
     scan.feed(line);
     let id = scan.id();
     let message = if std::str::from_utf8(line).is_err() {
@@ -1092,6 +1094,27 @@ mod tests {
             one(r#"{"jsonrpc":"2.0","id":13,"method":"ping","p":{"id":1,"id":2}}"#),
             (json!(13), -32600),
             "a nested id is not the request's"
+        );
+        // Found by the front_line fuzz target: the id said twice in a line that is not
+        // JSON further on (bytes that are not UTF-8, a lone surrogate). Ambiguous in the
+        // raw bytes as in a line that parses: null, whichever id came first.
+        assert_eq!(
+            answer_bytes(
+                b"{\"jsonrpc\":\"2.0\",\"id\":4,\"erpc\":\"2.0\",\"id\":4,\"error\":{\"m\":\"\xc8\xbf\xff\"}}"
+            )
+            .iter()
+            .map(|a| (a["id"].clone(), a["error"]["code"].as_i64().unwrap()))
+            .collect::<Vec<_>>(),
+            vec![(Value::Null, -32700)]
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":4,"method":"x","id":5,"p":"\ud800"}"#),
+            (Value::Null, -32700)
+        );
+        // One id in a line that is not JSON is still answered with it.
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":4,"method":"x","p":"\ud800"}"#),
+            (json!(4), -32700)
         );
         // A response or notification with a duplicate key is still dropped.
         assert!(answer(r#"{"jsonrpc":"2.0","id":4,"result":{"a":1,"a":2}}"#).is_empty());
