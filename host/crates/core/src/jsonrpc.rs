@@ -28,6 +28,9 @@ pub struct IdScanner {
 
 impl IdScanner {
     const MAX_ID_BYTES: usize = 128;
+    /// The longest key kept to compare with `id`: enough for every escaped spelling of it
+    /// (`"\u0069\u0064"` is 12 bytes).
+    const MAX_KEY_BYTES: usize = 32;
 
     /// A scanner that reads the whole message, counting its top-level `id` keys
     /// ([`IdScanner::id_keys`]); its [`IdScanner::id`] is `None` when there is more than
@@ -65,7 +68,7 @@ impl IdScanner {
                 }
             }
             if self.in_string {
-                if self.in_key && self.key.len() <= 2 {
+                if self.in_key && self.key.len() <= Self::MAX_KEY_BYTES {
                     self.key.push(b);
                 }
                 if self.escape {
@@ -76,7 +79,7 @@ impl IdScanner {
                     self.in_string = false;
                     if self.in_key {
                         self.in_key = false;
-                        self.key_is_id = self.key == b"id\"";
+                        self.key_is_id = is_id_key(&self.key);
                         self.id_keys += u32::from(self.key_is_id);
                     }
                 }
@@ -122,6 +125,21 @@ impl IdScanner {
     }
 }
 
+/// Whether a key's raw bytes (up to and including its closing quote) spell `id`, escapes
+/// decoded as JSON decodes them (`"i\u0064"` is the key `id` too).
+fn is_id_key(raw: &[u8]) -> bool {
+    if raw == b"id\"" {
+        return true;
+    }
+    if !raw.contains(&b'\\') || !raw.ends_with(b"\"") {
+        return false;
+    }
+    let mut quoted = Vec::with_capacity(raw.len() + 1);
+    quoted.push(b'"');
+    quoted.extend_from_slice(raw);
+    serde_json::from_slice::<String>(&quoted).is_ok_and(|key| key == "id")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,7 +171,11 @@ mod tests {
             scan(r#"{"method":"notifications/x","params":{"id":5}}"#),
             None
         );
-        assert_eq!(scan(r#"{"i\u0064":4}"#), None);
+        // An escaped spelling is the same key (found by the front_line fuzz target).
+        assert_eq!(scan(r#"{"i\u0064":4}"#), Some(json!(4)));
+        assert_eq!(scan(r#"{"\u0069\u0064":5}"#), Some(json!(5)));
+        assert_eq!(scan(r#"{"i\u0064x":4}"#), None);
+        assert_eq!(scan(r#"{"i\u00":4}"#), None);
         assert_eq!(scan(r#"{"id":{"nested":1}}"#), None);
         assert_eq!(scan(r#"[{"id":1}]"#), None);
     }
@@ -182,5 +204,6 @@ mod tests {
             (Some(json!(7)), 1)
         );
         assert_eq!(whole(br#"[{"id":1},{"id":2}]"#), (None, 0));
+        assert_eq!(whole(br#"{"id":1,"i\u0064":2}"#), (None, 2));
     }
 }

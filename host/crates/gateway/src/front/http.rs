@@ -820,9 +820,20 @@ pub(crate) fn normalize_origin(origin: &str) -> String {
     } else {
         return o;
     };
+    // Only a port that is the authority's one: `http://localhost:5:80` keeps its `:80`
+    // (found by the jwt fuzz target: dropped, it read as `http://localhost:5`).
     match o.strip_suffix(default_port) {
-        Some(rest) if !rest.ends_with(':') && rest.contains("://") => rest.to_string(),
+        Some(rest) if rest.split_once("://").is_some_and(|(_, a)| !has_port(a)) => rest.to_string(),
         _ => o,
+    }
+}
+
+/// Whether an authority (`host`, `host:port`, `[v6]`, `[v6]:port`) writes a port, or
+/// anything after a colon.
+fn has_port(authority: &str) -> bool {
+    match authority.rsplit_once(']') {
+        Some((_, after)) => after.contains(':'),
+        None => authority.contains(':'),
     }
 }
 
@@ -832,10 +843,7 @@ fn with_default_port(entry: &str) -> String {
     let Some((scheme, authority)) = entry.split_once("://") else {
         return entry.to_string();
     };
-    let has_port = match authority.rsplit_once(']') {
-        Some((_, after)) => after.starts_with(':'),
-        None => authority.contains(':'),
-    };
+    let has_port = has_port(authority);
     match scheme {
         "http" if !has_port => format!("{entry}:80"),
         "https" if !has_port => format!("{entry}:443"),
@@ -906,7 +914,23 @@ mod tests {
         ] {
             assert!(origin_allowed(&normalize_origin(good), &allowed), "{good}");
         }
-        for bad in ["https://app.test:8443", "http://app.test", "http://[::1]:"] {
+        // Found by the jwt fuzz target: a default port after another one is not dropped.
+        assert_eq!(
+            normalize_origin("http://localhost:5:80"),
+            "http://localhost:5:80"
+        );
+        assert!(!origin_allowed(
+            &normalize_origin("http://localhost:5:80"),
+            &["http://localhost:*".to_string()]
+        ));
+        assert_eq!(normalize_origin("http://[::1]:80"), "http://[::1]");
+        for bad in [
+            "https://app.test:8443",
+            "http://app.test",
+            "http://[::1]:",
+            "http://[::1]:5173:80",
+            "https://app.test:1:443",
+        ] {
             assert!(!origin_allowed(&normalize_origin(bad), &allowed), "{bad}");
         }
         assert_eq!(

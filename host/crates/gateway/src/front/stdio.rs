@@ -1111,6 +1111,15 @@ mod tests {
             one(r#"{"jsonrpc":"2.0","id":4,"method":"x","id":5,"p":"\ud800"}"#),
             (Value::Null, -32700)
         );
+        // Found by the front_line fuzz target: the second id spelled with an escape.
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":"a","i\u0064":2,"method":"x","p":{}}"#),
+            (Value::Null, -32600)
+        );
+        assert_eq!(
+            one(r#"{"jsonrpc":"2.0","id":1,"i\u0064":2,"method":"x","p":"\ud800"}"#),
+            (Value::Null, -32700)
+        );
         // One id in a line that is not JSON is still answered with it.
         assert_eq!(
             one(r#"{"jsonrpc":"2.0","id":4,"method":"x","p":"\ud800"}"#),

@@ -1013,14 +1013,15 @@ mod tests {
         .await;
         assert!(state.is_healthy());
         assert!(!state.snapshot_digest().is_empty());
-        let kinds = testkit::trace_kinds(&live);
-        assert!(
-            kinds.contains(&(
-                events::CONNECTION_RESTARTED.to_string(),
-                "notes".to_string()
-            )),
-            "{kinds:?}"
+        // Traced once the restarted connection is installed, just after it turns ready.
+        let restarted = (
+            events::CONNECTION_RESTARTED.to_string(),
+            "notes".to_string(),
         );
+        testkit::until("the restart is traced", || {
+            testkit::trace_kinds(&live).contains(&restarted)
+        })
+        .await;
         live.shutdown(Duration::from_secs(5)).await;
         server.abort();
     }
