@@ -795,6 +795,9 @@ pub(crate) fn parse_authority(text: &str) -> Result<(String, Option<u16>)> {
 
 /// Checks an `allowed_origins` entry.
 pub(crate) fn parse_origin(text: &str) -> Result<()> {
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        bail!("an origin has no spaces or control characters");
+    }
     let (scheme, rest) = text.split_once("://").context("no scheme")?;
     if scheme.is_empty() || rest.contains('/') {
         bail!("not an origin");
@@ -810,9 +813,12 @@ pub(crate) fn parse_origin(text: &str) -> Result<()> {
 
 /// An origin as compared: lower-cased (scheme and host are case-insensitive, RFC 6454
 /// §4), with the scheme's default port (`:80` for `http`, `:443` for `https`) dropped,
-/// so `https://app.test:443` and `https://app.test` are one origin.
+/// so `https://app.test:443` and `https://app.test` are one origin. Nothing is trimmed:
+/// the HTTP parser already dropped the header value's surrounding spaces, and an origin
+/// with a control character in it is no origin an entry names (found by the jwt fuzz
+/// target: `"\rhttp://localhost:5173"`, trimmed, passed `http://localhost:*`).
 pub(crate) fn normalize_origin(origin: &str) -> String {
-    let o = origin.trim().to_ascii_lowercase();
+    let o = origin.to_ascii_lowercase();
     let default_port = if o.starts_with("http://") {
         ":80"
     } else if o.starts_with("https://") {
@@ -924,6 +930,20 @@ mod tests {
             &["http://localhost:*".to_string()]
         ));
         assert_eq!(normalize_origin("http://[::1]:80"), "http://[::1]");
+        // Found by the jwt fuzz target: surrounding control characters are not trimmed
+        // into a passing origin, and an entry cannot hold them.
+        for bad in [
+            "\rhttp://localhost:5173",
+            "http://localhost:5173\n",
+            " http://localhost",
+        ] {
+            assert!(
+                !origin_allowed(&normalize_origin(bad), &["http://localhost:*".to_string()]),
+                "{bad:?}"
+            );
+        }
+        assert!(parse_origin(" http://localhost:*").is_err());
+        assert!(parse_origin("http://localhost:*\t").is_err());
         for bad in [
             "https://app.test:8443",
             "http://app.test",
