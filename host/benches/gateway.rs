@@ -13,6 +13,8 @@
 //!    failed meanwhile.
 //! 5. Snapshot and diff of a 500-tool server: discovery, catalogue + digests, drift diff,
 //!    and the store write.
+//! 6. Spawn to ready (initialize and `tools/list`) of an upstream stdio server, confined
+//!    by the kernel and not, interleaved (`AIRLOCK_BENCH_SPAWNS`, default 20 each).
 //!
 //! Prints p50 / p99 / mean per measurement and the added latency and ratio.
 //! `AIRLOCK_BENCH_ITERS` sets the sample count (default 2000); `AIRLOCK_BENCH_SWAPS` the
@@ -250,6 +252,75 @@ async fn main() {
 
     // 5. Snapshot and diff of a 500-tool server.
     snapshot_and_diff(env_count("AIRLOCK_BENCH_SNAPSHOTS", 20)).await;
+
+    // 6. Spawn to ready, confined against unconfined.
+    spawn_to_ready(env_count("AIRLOCK_BENCH_SPAWNS", 20)).await;
+}
+
+/// Section 6: from spawn to an answered `initialize` and a `tools/list`, `n` times each,
+/// confined and unconfined interleaved: the notes fixture server, and the reference
+/// filesystem server under Node when `fixtures/npm` is installed.
+async fn spawn_to_ready(n: usize) {
+    use airlock::upstream::confine::{Access, Confinement, PathGrant};
+    println!(
+        "\nspawn to ready (initialize + tools/list), confined and not, interleaved ({n} each)"
+    );
+    airlock::upstream::confine::use_helper(airlock_bin());
+    let notes = airlock::cli::demo::notes_config(airlock_bin()).connections["notes"]
+        .as_stdio()
+        .unwrap()
+        .clone();
+    let mut servers = vec![("notes fixture server", notes)];
+    let npm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/npm");
+    let script = npm.join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/documents");
+    if script.is_file() && Path::new("/usr/bin/node").is_file() {
+        servers.push((
+            "reference filesystem server (node)",
+            StdioServer {
+                command: "/usr/bin/node".into(),
+                args: vec![script.display().to_string(), docs.display().to_string()],
+                cwd: npm.canonicalize().unwrap(),
+                env: Default::default(),
+                owner: None,
+                credential_scope: None,
+                identity_files: vec![],
+                confine: None,
+            },
+        ));
+    } else {
+        println!("  (the filesystem server is not installed: npm ci --prefix fixtures/npm)");
+    }
+    for (name, plain) in servers {
+        let mut confined = plain.clone();
+        confined.confine = Some(Confinement {
+            paths: vec![PathGrant {
+                path: docs.canonicalize().unwrap(),
+                access: Access::ReadOnly,
+            }],
+            ..Confinement::deny_by_default()
+        });
+        let (mut open, mut shut) = (Vec::new(), Vec::new());
+        for i in 0..n * 2 {
+            let server = if i % 2 == 0 { &confined } else { &plain };
+            let start = Instant::now();
+            let conn = Connection::start_stdio(
+                "bench",
+                server,
+                8 << 20,
+                airlock::upstream::INITIALIZE_TIMEOUT,
+            )
+            .await
+            .unwrap();
+            conn.discover(DISCOVERY_TIMEOUT).await.unwrap();
+            let took = start.elapsed();
+            let samples = if i % 2 == 0 { &mut shut } else { &mut open };
+            samples.push(took);
+            conn.terminate(Duration::from_secs(2)).await;
+        }
+        print_ms(&format!("  {name}, unconfined"), &stats(open));
+        print_ms(&format!("  {name}, confined"), &stats(shut));
+    }
 }
 
 fn ms(d: Duration) -> f64 {

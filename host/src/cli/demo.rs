@@ -56,8 +56,10 @@ pub fn embedded_config() -> Result<ServeConfig> {
 }
 
 /// A serve configuration with one connection, `notes`, running `airlock_exe fixture
-/// notes-server` with an empty environment, in the temporary directory; no compiled cache.
+/// notes-server` confined (deny by default; `airlock_exe` is also the confinement
+/// helper), with an empty environment, in the temporary directory; no compiled cache.
 pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
+    crate::upstream::confine::use_helper(airlock_exe.clone());
     let exe = airlock_exe;
     let cwd = std::env::temp_dir();
     let mut connections = BTreeMap::new();
@@ -71,6 +73,7 @@ pub fn notes_config(airlock_exe: std::path::PathBuf) -> ServeConfig {
             owner: None,
             credential_scope: None,
             identity_files: vec![],
+            confine: Some(crate::upstream::confine::Confinement::deny_by_default()),
         }
         .into(),
     );
@@ -607,6 +610,12 @@ fn delivery_config(
     std::fs::create_dir_all(&dir)?;
     let outbox = dir.join("outbox");
     let log = dir.join("outbox-calls.jsonl");
+    // Both exist before the server starts: they are its grants.
+    std::fs::create_dir_all(&outbox)?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
     let policy = dir.join("airlock.cedar");
     std::fs::write(&policy, EXAMPLE_POLICY)?;
     let mut args = vec![
@@ -629,6 +638,17 @@ fn delivery_config(
             owner: None,
             credential_scope: None,
             identity_files: vec![],
+            // Confined: it may write its outbox and its call log, nothing else.
+            confine: Some(crate::upstream::confine::Confinement {
+                paths: [&outbox, &log]
+                    .into_iter()
+                    .map(|p| crate::upstream::confine::PathGrant {
+                        path: p.clone(),
+                        access: crate::upstream::confine::Access::ReadWrite,
+                    })
+                    .collect(),
+                ..crate::upstream::confine::Confinement::deny_by_default()
+            }),
         }
         .into(),
     );
@@ -771,6 +791,14 @@ async fn drift_scene<W: std::io::Write>(p: &mut Printer<W>, state: &std::path::P
             "--call-log".to_string(),
             call_log.display().to_string(),
         ]);
+        // Confined: the call log is the one file it may write.
+        std::fs::write(&call_log, "")?;
+        if let Some(confine) = server.confine.as_mut() {
+            confine.paths.push(crate::upstream::confine::PathGrant {
+                path: call_log.clone(),
+                access: crate::upstream::confine::Access::ReadWrite,
+            });
+        }
     }
     let tool_calls = || {
         std::fs::read_to_string(&call_log)

@@ -88,6 +88,7 @@ pub struct MappingCheck {
 /// # Errors
 /// Unknown connection; the server fails to start or to answer discovery; the store fails.
 pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport> {
+    config.check_confinement()?;
     let server = config.connections.get(name).with_context(|| {
         format!(
             "the configuration has no connection named `{name}` (it has: {})",

@@ -128,6 +128,56 @@ pub struct ConnectionView {
     pub unreachable_tools: Vec<String>,
     /// Tools the mapping lists that the snapshot does not offer (a call would fail).
     pub missing_tools: Vec<String>,
+    /// How the kernel confines the server process (stdio), one line per kind —
+    /// filesystem, network, processes, limits — with "none (deny by default)" for an
+    /// empty kind; one `UNCONFINED` line for a server that runs with the host's
+    /// filesystem, network and processes.
+    pub confinement: Vec<String>,
+}
+
+/// The review lines of a stdio server's confinement ([`ConnectionView::confinement`]).
+fn confinement_lines(s: &crate::upstream::StdioServer) -> Vec<String> {
+    use crate::upstream::confine;
+    let Some(c) = &s.confine else {
+        return vec![
+            "UNCONFINED: the server runs with the host's filesystem, network, processes and user (`confine` is off for this connection)".to_string(),
+        ];
+    };
+    let mut lines = vec![format!(
+        "filesystem: system folders and the command's install folder read-only, a private TMPDIR{}",
+        if c.paths.is_empty() {
+            "; granted: none (deny by default)".to_string()
+        } else {
+            format!(
+                "; granted: {}",
+                c.paths
+                    .iter()
+                    .map(|p| format!("{} ({})", p.path.display(), p.access))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    )];
+    lines.push(if c.tcp_connect.is_empty() {
+        "network: none (deny by default)".to_string()
+    } else {
+        format!("network: tcp_connect {}", c.tcp_connect.join(", "))
+    });
+    lines.push(if c.namespaces {
+        "processes: own user, mount, PID, network, IPC and UTS namespaces; Landlock keeps it out of other processes".to_string()
+    } else {
+        "processes: the host's PID and network namespaces (namespaces = false); Landlock keeps it out of other processes".to_string()
+    });
+    let l = c.limits;
+    lines.push(format!(
+        "limits: processes {}, open files {}, address space {}; seccomp refuses {} calls (e.g. ptrace, mount, bpf, unshare)",
+        l.processes,
+        l.open_files,
+        l.address_space
+            .map_or("unlimited".to_string(), |b| format!("{b} bytes")),
+        confine::seccomp::DENIED.len()
+    ));
+    lines
 }
 
 /// `[mapping]` of the reviewed manifest.
@@ -524,6 +574,7 @@ pub fn add_config(
         snapshot: None,
         unreachable_tools: Vec::new(),
         missing_tools: Vec::new(),
+        confinement: Vec::new(),
     };
     match server {
         UpstreamServer::Stdio(s) => {
@@ -531,6 +582,7 @@ pub fn add_config(
             view.args = s.args.iter().map(|a| safe(a)).collect();
             view.cwd = Some(safe(&s.cwd.display().to_string()));
             view.env = s.env.keys().map(|k| safe(k)).collect();
+            view.confinement = confinement_lines(s).iter().map(|l| safe(l)).collect();
         }
         UpstreamServer::Http(h) => {
             view.transport = "streamable-http";
@@ -1312,6 +1364,10 @@ impl Review {
             if let Some(value) = value {
                 let _ = writeln!(w, "    {key:<21}{value}");
             }
+        }
+        for (i, line) in c.confinement.iter().enumerate() {
+            let key = if i == 0 { "confinement" } else { "" };
+            let _ = writeln!(w, "    {key:<21}{line}");
         }
         match &c.snapshot {
             None => {

@@ -68,6 +68,7 @@ impl Delivery {
                 owner: None,
                 credential_scope: None,
                 identity_files: vec![],
+                confine: None,
             }
             .into(),
         );

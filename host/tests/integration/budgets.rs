@@ -580,6 +580,7 @@ async fn the_adapter_gets_an_upstream_error_never_the_refused_answer() {
             owner: None,
             credential_scope: None,
             identity_files: vec![],
+            confine: None,
         };
         let connection = Connection::start_stdio(
             "hostile",

@@ -69,12 +69,26 @@ async fn until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     cond()
 }
 
-/// The single child of `airlock` whose command line contains `what`.
+/// Every descendant of `parent`, nearest first.
+fn descendants(parent: u32) -> Vec<(u32, char, String)> {
+    let mut found = children(parent);
+    let mut i = 0;
+    while i < found.len() {
+        let next = children(found[i].0);
+        found.extend(next);
+        i += 1;
+    }
+    found
+}
+
+/// The single upstream server process of `airlock` whose command line contains `what`:
+/// a child, or a confined server (the child of the confinement helper, `airlock
+/// __airlock-confine`, which is airlock's child).
 async fn upstream_child(airlock: u32, what: &str) -> u32 {
     let mut found = None;
     assert!(
         until(20, || {
-            found = children(airlock)
+            found = descendants(airlock)
                 .into_iter()
                 .find(|c| c.2.contains(what) && c.1 != 'Z')
                 .map(|c| c.0);

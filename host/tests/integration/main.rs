@@ -14,6 +14,7 @@ mod approvals;
 mod approvals_hostile;
 mod author_kit;
 mod budgets;
+mod confine;
 mod conformance;
 mod demo;
 mod effects;

@@ -19,6 +19,16 @@
 //! credential_scope = "notes-ro"  # optional reference (never a secret); part of the digest
 //! identity_files = ["lib/server-helpers.js"]  # optional: more files whose contents are
 //!                                # part of the connection's identity (see registry)
+//! confine = true                 # the kernel confines the server (crate::upstream::confine):
+//!                                # deny by default; false (the default for now) = unconfined
+//! namespaces = true              # own user, mount, PID, network namespaces (default true)
+//! [[connection.grants.filesystem]]   # beyond the defaults (system folders, the command's
+//! path = "docs"                  # install folder, the script's package, a private TMPDIR);
+//! access = "read-only"           # relative to this file; or "read-write"
+//! [connection.limits]            # of a confined server
+//! processes = 256                # at once in its PID namespace (default 256)
+//! open_files = 1024              # RLIMIT_NOFILE (default 1024)
+//! address_space = 8589934592     # RLIMIT_AS in bytes (default unlimited)
 //!
 //! [[connection]]                 # an HTTP upstream: `url` instead of `command`
 //! name = "notes-remote"          # (args, cwd, env, identity_files are refused with url)
@@ -85,6 +95,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
+use crate::upstream::confine::{Confinement, PathGrant};
 use crate::upstream::http::{HeaderValueSource, HttpHeader, HttpServer};
 use crate::upstream::{StdioServer, UpstreamServer};
 
@@ -273,6 +284,44 @@ impl Default for ApprovalSettings {
 }
 
 impl ServeConfig {
+    /// Refuses a confined connection whose grants would expose what no server may reach:
+    /// the state folder (which holds the store and, by default, the trace key), the
+    /// checkpoint file (crate::upstream::confine::check_protected). Checked when a host
+    /// starts, with the state folder it will use.
+    ///
+    /// # Errors
+    /// Names the connection, the grant and what it would expose.
+    pub fn check_confinement(&self) -> Result<()> {
+        let mut protected: Vec<PathBuf> = Vec::new();
+        if let Some(dir) = self.state_dir.clone().or_else(default_state_dir) {
+            protected.push(dir);
+        }
+        if let Some(file) = crate::registry::anchor::checkpoint_path(self) {
+            protected.push(file);
+        }
+        // Compare canonical paths where they exist (grants are canonical).
+        let protected: Vec<PathBuf> = protected
+            .into_iter()
+            .map(|p| p.canonicalize().unwrap_or(p))
+            .collect();
+        for (name, server) in &self.connections {
+            let Some(server) = connection_confined(server) else {
+                continue;
+            };
+            let (server, confine) = server;
+            crate::upstream::confine::check_protected(&confine.paths, &protected)
+                .with_context(|| format!("connection `{name}`"))?;
+            let defaults =
+                crate::upstream::confine::default_paths(&server.command, &server.args, &server.cwd);
+            crate::upstream::confine::check_protected(&defaults, &protected).with_context(|| {
+                format!(
+                    "connection `{name}`: a path every confined server reads (the command's install folder, or its script's package) holds the state; move the state folder (state_dir) or the server"
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// The secret values of this configuration (what a recorder redaction must remove,
     /// [`crate::record::Redaction::new`]): every `[secrets]` value, every header value of an
     /// HTTP connection (a secret one with its prefix, and bare), the query of an HTTP
@@ -470,6 +519,46 @@ struct RawConnection {
     url: Option<String>,
     allow_insecure_http: Option<bool>,
     headers: Option<BTreeMap<String, RawHeader>>,
+    confine: Option<bool>,
+    namespaces: Option<bool>,
+    grants: Option<RawProcessGrants>,
+    limits: Option<RawProcessLimits>,
+}
+
+/// `[connection.grants]` of a stdio connection: what its confined server may reach
+/// beyond the defaults (crate::upstream::confine).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProcessGrants {
+    #[serde(default)]
+    filesystem: Vec<RawPathGrant>,
+    #[serde(default)]
+    network: RawProcessNetwork,
+}
+
+/// One `[[connection.grants.filesystem]]` entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPathGrant {
+    path: PathBuf,
+    access: crate::upstream::confine::Access,
+}
+
+/// `[connection.grants.network]`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawProcessNetwork {
+    #[serde(default)]
+    tcp_connect: Vec<String>,
+}
+
+/// `[connection.limits]` of a confined stdio connection.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProcessLimits {
+    processes: Option<u64>,
+    open_files: Option<u64>,
+    address_space: Option<u64>,
 }
 
 /// One header of an HTTP connection: exactly one of `secret` (with an optional `prefix`)
@@ -791,6 +880,7 @@ fn trace(
 
 /// A `[[connection]]` with `command`: a child process over stdio.
 fn stdio_connection(c: RawConnection, command: &str, base: &Path) -> Result<StdioServer> {
+    let confine = confinement(&c, base)?;
     if c.allow_insecure_http.is_some() || c.headers.is_some() {
         bail!(
             "connection `{}`: `allow_insecure_http` and `headers` apply only to a connection with `url`",
@@ -821,6 +911,7 @@ fn stdio_connection(c: RawConnection, command: &str, base: &Path) -> Result<Stdi
         args: c.args.unwrap_or_default(),
         cwd,
         env,
+        confine,
         owner: c.owner,
         credential_scope: c.credential_scope,
         identity_files: c
@@ -830,6 +921,88 @@ fn stdio_connection(c: RawConnection, command: &str, base: &Path) -> Result<Stdi
             .map(|f| base.join(f))
             .collect(),
     })
+}
+
+/// A confined stdio connection's server and confinement; `None` for any other.
+fn connection_confined(server: &UpstreamServer) -> Option<(&StdioServer, &Confinement)> {
+    let server = server.as_stdio()?;
+    Some((server, server.confine.as_ref()?))
+}
+
+/// Whether a stdio connection is confined when its configuration does not say
+/// (`confine`).
+pub const CONFINED_BY_DEFAULT: bool = false;
+
+/// The confinement of a stdio connection from `confine`, `namespaces`, `grants` and
+/// `limits`: `None` when unconfined (then the other three are refused: they would mean
+/// nothing). Granted paths resolve against the configuration's folder and must exist.
+fn confinement(c: &RawConnection, base: &Path) -> Result<Option<Confinement>> {
+    let name = &c.name;
+    if !c.confine.unwrap_or(CONFINED_BY_DEFAULT) {
+        for (key, given) in [
+            ("namespaces", c.namespaces.is_some()),
+            ("grants", c.grants.is_some()),
+            ("limits", c.limits.is_some()),
+        ] {
+            if given {
+                bail!(
+                    "connection `{name}`: `{key}` applies only to a confined server; this connection is unconfined (set `confine = true`)"
+                );
+            }
+        }
+        return Ok(None);
+    }
+    let mut confinement = Confinement::deny_by_default();
+    if let Some(namespaces) = c.namespaces {
+        confinement.namespaces = namespaces;
+    }
+    if let Some(grants) = &c.grants {
+        for grant in &grants.filesystem {
+            let path = base.join(&grant.path);
+            let path = path.canonicalize().with_context(|| {
+                format!(
+                    "connection `{name}`: granted path {} does not exist",
+                    path.display()
+                )
+            })?;
+            confinement.paths.push(PathGrant {
+                path,
+                access: grant.access,
+            });
+        }
+        confinement
+            .tcp_connect
+            .clone_from(&grants.network.tcp_connect);
+        if !confinement.tcp_connect.is_empty() {
+            bail!(
+                "connection `{name}`: `grants.network.tcp_connect` is not supported yet for a confined server (it has no network); set `confine = false` to give it the host's network (flagged in review)"
+            );
+        }
+    }
+    crate::upstream::confine::check_protected(&confinement.paths, &[])
+        .with_context(|| format!("connection `{name}`"))?;
+    if let Some(limits) = &c.limits {
+        let defaults = crate::upstream::confine::Limits::DEFAULT;
+        confinement.limits = crate::upstream::confine::Limits {
+            processes: limits.processes.unwrap_or(defaults.processes),
+            open_files: limits.open_files.unwrap_or(defaults.open_files),
+            address_space: limits.address_space.or(defaults.address_space),
+        };
+        for (key, value, least) in [
+            ("processes", confinement.limits.processes, 1),
+            ("open_files", confinement.limits.open_files, 16),
+            (
+                "address_space",
+                confinement.limits.address_space.unwrap_or(u64::MAX),
+                16 << 20,
+            ),
+        ] {
+            if value < least {
+                bail!("connection `{name}`: limits.{key} = {value} is below {least}");
+            }
+        }
+    }
+    Ok(Some(confinement))
 }
 
 /// A `[[connection]]` with `url`: Streamable HTTP (rules: [`crate::upstream::http`]).
@@ -844,6 +1017,10 @@ fn http_connection(
         ("cwd", c.cwd.is_some()),
         ("env", c.env.is_some()),
         ("identity_files", c.identity_files.is_some()),
+        ("confine", c.confine.is_some()),
+        ("namespaces", c.namespaces.is_some()),
+        ("grants", c.grants.is_some()),
+        ("limits", c.limits.is_some()),
     ] {
         if given {
             bail!(
@@ -1253,6 +1430,102 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
             !format!("{cfg:?}").contains("v4lue"),
             "Debug shows the secret"
         );
+    }
+
+    #[test]
+    fn a_confined_connection_reads_its_grants_and_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("docs")).unwrap();
+        let cfg = ServeConfig::parse(
+            &format!(
+                "[[connection]]\nname = \"n\"\ncommand = \"@airlock\"\nconfine = true\nnamespaces = false\n[[connection.grants.filesystem]]\npath = \"docs\"\naccess = \"read-write\"\n[connection.limits]\nprocesses = 32\naddress_space = 1073741824\n{MAPPING}"
+            ),
+            dir.path(),
+        )
+        .unwrap();
+        let s = cfg.connections["n"].as_stdio().unwrap();
+        let c = s.confine.as_ref().expect("confined");
+        assert!(!c.namespaces);
+        assert_eq!(c.paths.len(), 1);
+        assert_eq!(
+            c.paths[0].path,
+            dir.path().join("docs").canonicalize().unwrap()
+        );
+        assert_eq!(
+            c.paths[0].access,
+            crate::upstream::confine::Access::ReadWrite
+        );
+        assert_eq!(c.limits.processes, 32);
+        assert_eq!(c.limits.open_files, 1024);
+        assert_eq!(c.limits.address_space, Some(1 << 30));
+        // Unset: as CONFINED_BY_DEFAULT says.
+        let cfg = ServeConfig::parse(
+            &format!("[[connection]]\nname = \"n\"\ncommand = \"@airlock\"\n{MAPPING}"),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.connections["n"].as_stdio().unwrap().confine.is_some(),
+            CONFINED_BY_DEFAULT
+        );
+    }
+
+    #[test]
+    fn hostile_confinement_settings_fail_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let cmd = "command = \"@airlock\"\n";
+        let cases: Vec<(String, &str)> = vec![
+            (
+                format!("{cmd}confine = false\nnamespaces = true\n"),
+                "`namespaces` applies only to a confined server",
+            ),
+            (
+                format!("{cmd}confine = false\n[connection.limits]\nprocesses = 3\n"),
+                "`limits` applies only to a confined server",
+            ),
+            (
+                format!(
+                    "{cmd}confine = true\n[[connection.grants.filesystem]]\npath = \"nowhere\"\naccess = \"read-only\"\n"
+                ),
+                "does not exist",
+            ),
+            (
+                format!(
+                    "{cmd}confine = true\n[[connection.grants.filesystem]]\npath = \"/\"\naccess = \"read-only\"\n"
+                ),
+                "the whole filesystem",
+            ),
+            (
+                format!(
+                    "{cmd}confine = true\n[[connection.grants.filesystem]]\npath = \".\"\naccess = \"everything\"\n"
+                ),
+                "unknown variant",
+            ),
+            (
+                format!(
+                    "{cmd}confine = true\n[connection.grants.network]\ntcp_connect = [\"api.example.com:443\"]\n"
+                ),
+                "not supported yet",
+            ),
+            (
+                format!("{cmd}confine = true\n[connection.limits]\nopen_files = 3\n"),
+                "limits.open_files = 3 is below 16",
+            ),
+            (
+                format!("{cmd}confine = true\n[connection.limits]\nthreads = 3\n"),
+                "unknown field",
+            ),
+            (
+                "url = \"https://a.example/mcp\"\nconfine = true\n".into(),
+                "`confine` applies only",
+            ),
+        ];
+        for (body, expected) in cases {
+            let text = format!("[[connection]]\nname = \"n\"\n{body}{MAPPING}");
+            let e = ServeConfig::parse(&text, dir.path()).unwrap_err();
+            let chain = format!("{e:#}");
+            assert!(chain.contains(expected), "{body}: {chain}");
+        }
     }
 
     #[test]

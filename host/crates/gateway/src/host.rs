@@ -54,6 +54,7 @@ impl Host {
     /// # Errors
     /// The policy does not load or validate; a connection or mapping fails to start.
     pub async fn start(config: &ServeConfig) -> Result<Arc<Self>> {
+        config.check_confinement()?;
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start(config).await?;
         Ok(Self::assemble(live, policy))
@@ -67,6 +68,7 @@ impl Host {
         config: &ServeConfig,
         sources: Vec<MappingSource>,
     ) -> Result<Arc<Self>> {
+        config.check_confinement()?;
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start_with(config, sources).await?;
         Ok(Self::assemble(live, policy))
@@ -81,6 +83,7 @@ impl Host {
         sources: Vec<MappingSource>,
         registry: Registry,
     ) -> Result<Arc<Self>> {
+        config.check_confinement()?;
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start_with_registry(config, sources, registry).await?;
         Ok(Self::assemble(live, policy))

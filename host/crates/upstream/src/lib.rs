@@ -33,6 +33,7 @@
 //! policy, no store); the runtime, the registry and everything above use it (as
 //! `airlock::upstream` and `airlock::record`).
 
+pub mod confine;
 pub mod direct;
 pub mod http;
 pub mod process;
@@ -126,6 +127,9 @@ pub struct StdioServer {
     /// More files whose contents are part of the connection's identity (the modules an
     /// interpreter loads besides its script, a configuration file the server reads).
     pub identity_files: Vec<PathBuf>,
+    /// How the kernel confines the server ([`confine`]); `None` = unconfined (the host's
+    /// filesystem, network and processes; flagged in review).
+    pub confine: Option<confine::Confinement>,
 }
 
 /// How to reach one configured upstream server: a child process over stdio, or a URL
@@ -837,19 +841,38 @@ impl Connection {
         max_message_bytes: u64,
         initialize_timeout: Duration,
     ) -> Result<Self> {
-        let mut cmd = Command::new(&server.command);
-        // Cleared environment: only what the connection declares.
-        cmd.args(&server.args)
-            .env_clear()
-            .envs(&server.env)
-            .current_dir(&server.cwd);
-        let (child, pipes) = Process::spawn(cmd).with_context(|| {
+        let (cmd, scratch) = match &server.confine {
+            Some(confinement) => {
+                let (cmd, scratch) = confine::command(
+                    &server.command,
+                    &server.args,
+                    &server.cwd,
+                    &server.env,
+                    confinement,
+                )
+                .with_context(|| format!("confining the server of connection `{name}`"))?;
+                (cmd, Some(scratch))
+            }
+            None => {
+                let mut cmd = Command::new(&server.command);
+                // Cleared environment: only what the connection declares.
+                cmd.args(&server.args)
+                    .env_clear()
+                    .envs(&server.env)
+                    .current_dir(&server.cwd);
+                (cmd, None)
+            }
+        };
+        let (mut child, pipes) = Process::spawn(cmd).with_context(|| {
             format!(
                 "starting upstream server for connection `{name}`: {} (cwd {})",
                 server.command.display(),
                 server.cwd.display()
             )
         })?;
+        if let Some(scratch) = scratch {
+            child.keep(scratch);
+        }
         let child = Arc::new(child);
         let (stdout, stdin) = (pipes.stdout, pipes.stdin);
         // The last few stderr lines are kept to explain a server that dies at start.

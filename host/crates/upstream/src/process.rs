@@ -27,6 +27,8 @@ pub struct Process {
     /// `None` while the server runs; then how it ended, in words ("exit status: 1",
     /// "signal: 9 (SIGKILL)").
     exit: tokio::sync::watch::Receiver<Option<String>>,
+    /// A confined server's private temporary folder, removed when this is dropped.
+    scratch: Option<tempfile::TempDir>,
 }
 
 /// The pipes of a freshly started server.
@@ -101,13 +103,23 @@ impl Process {
             let _ = tx.send(Some(how));
         });
         Ok((
-            Self { pid, exit },
+            Self {
+                pid,
+                exit,
+                scratch: None,
+            },
             Pipes {
                 stdin,
                 stdout,
                 stderr,
             },
         ))
+    }
+
+    /// Keeps `folder` (a confined server's private temporary folder) until this process
+    /// is dropped.
+    pub fn keep(&mut self, folder: tempfile::TempDir) {
+        self.scratch = Some(folder);
     }
 
     /// The server's process id (also its process group id).

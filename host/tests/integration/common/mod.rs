@@ -116,6 +116,20 @@ pub fn python_site() -> PathBuf {
     site
 }
 
+/// The keys that confine a connection's server (crate docs: airlock::upstream::confine)
+/// with `grants` (path, access) beyond the defaults: appended to a `[[connection]]` block
+/// (its sub-tables must come last).
+pub fn confined(grants: &[(&Path, &str)]) -> String {
+    let mut toml = "confine = true\n".to_string();
+    for (path, access) in grants {
+        toml.push_str(&format!(
+            "[[connection.grants.filesystem]]\npath = {:?}\naccess = {access:?}\n",
+            path.display().to_string()
+        ));
+    }
+    toml
+}
+
 /// A temporary deployment: mappings copied out of the bundle (optionally edited), a
 /// serve configuration, and the notes server's call log.
 pub struct Deployment {
@@ -165,8 +179,10 @@ impl Deployment {
             log.display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
+        std::fs::create_dir_all(&outbox).unwrap();
         self.connection(&format!(
-            "[[connection]]\nname = \"outbox\"\ncommand = \"@airlock\"\nargs = {args:?}\n"
+            "[[connection]]\nname = \"outbox\"\ncommand = \"@airlock\"\nargs = {args:?}\n{}",
+            confined(&[(&outbox, "read-write"), (&log, "read-write")])
         ))
         .mapping_edited("outbox-delivery", edit)
     }
@@ -264,8 +280,10 @@ impl Deployment {
             log.display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        let connection =
-            format!("[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = {args:?}\n");
+        let connection = format!(
+            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = {args:?}\n{}",
+            confined(&[(&log, "read-write")])
+        );
         self.replace_connections(&connection)
     }
 
@@ -501,7 +519,10 @@ impl Deployment {
             log.display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        format!("[[connection]]\nname = \"{name}\"\ncommand = \"@airlock\"\nargs = {args:?}\n")
+        format!(
+            "[[connection]]\nname = \"{name}\"\ncommand = \"@airlock\"\nargs = {args:?}\n{}",
+            confined(&[(&log, "read-write")])
+        )
     }
 
     /// Every request logged to `log` (a file name in the deployment's folder).

@@ -205,7 +205,7 @@ pub fn stdio_identity(server: &StdioServer) -> Result<(String, Value)> {
             )
         })
         .collect();
-    let summary = json!({
+    let mut summary = json!({
         "transport": "stdio",
         "command": server.command.display().to_string(),
         "command_sha256": file_sha256(&server.command)?,
@@ -218,6 +218,11 @@ pub fn stdio_identity(server: &StdioServer) -> Result<(String, Value)> {
         "credential_scope": server.credential_scope,
         "owner": server.owner,
     });
+    // A confined server's grants are part of its identity: widening them is drift. (An
+    // unconfined connection's summary has no such key, as before confinement existed.)
+    if let Some(confine) = &server.confine {
+        summary["confinement"] = confine.summary();
+    }
     Ok((drift::canonical_digest(&summary), summary))
 }
 

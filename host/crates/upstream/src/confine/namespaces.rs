@@ -1,0 +1,193 @@
+//! New namespaces for a confined server: user, mount, PID, network, IPC, UTS.
+//!
+//! Rule: the server is the first process of a PID namespace of its own, with a `/proc`
+//! that shows only that namespace, no network interface but its own loopback, and the
+//! same uid and gid it would have had (mapped one to one, `setgroups` denied). A kernel
+//! or container that refuses any of it is an error naming the setting that lowers the
+//! requirement (`namespaces = false`).
+
+use std::ffi::CString;
+
+use anyhow::{Context as _, Result, bail};
+
+/// The namespaces entered, as `unshare(2)` flags.
+const FLAGS: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// The lowest `pid_max` the kernel accepts.
+const PID_MAX_FLOOR: u64 = 301;
+
+/// What to do when the kernel refuses: the setting that lowers the requirement.
+const LOWER: &str = "set `namespaces = false` on the connection to confine it with Landlock, seccomp and rlimits alone (it then shares the host's process and network namespaces), or `confine = false` to run it unconfined (flagged in review)";
+
+/// Enters the namespaces and returns in their first process (a child of the helper; the
+/// helper waits for it and exits with its status, never returning). Then mounts a fresh
+/// `/proc`, bounds the PID namespace to `processes` (`pid_max`, where the kernel keeps
+/// one per namespace: Linux ≥ 6.14) and brings loopback up.
+///
+/// # Errors
+/// The kernel refused a namespace, the uid/gid map, the fork or a mount.
+pub fn enter(processes: u64) -> Result<()> {
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    // SAFETY: unshare with flags only; this process is single-threaded (the helper).
+    if unsafe { libc::unshare(FLAGS) } != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!(
+            "entering new user, mount, PID and network namespaces failed ({e}): this kernel or container does not allow them to this user; {LOWER}"
+        );
+    }
+    match std::fs::write("/proc/self/setgroups", "deny") {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).context("denying setgroups in the new user namespace");
+        }
+        _ => {}
+    }
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
+        .context("mapping the uid into the new user namespace")?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+        .context("mapping the gid into the new user namespace")?;
+    // SAFETY: single-threaded process; the child continues with a copy of it.
+    match unsafe { libc::fork() } {
+        -1 => {
+            return Err(std::io::Error::last_os_error())
+                .context("starting the PID namespace's first process");
+        }
+        0 => {}
+        child => wait_and_exit(child),
+    }
+    // SAFETY: prctl with integer arguments. The helper is this process's parent; if it
+    // is killed (the host died, or killed the group), so is the server.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+    }
+    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
+        .context("making the mounts private to the new mount namespace")?;
+    mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+    )
+    .with_context(|| {
+        format!("mounting a /proc of the new PID namespace (the container may mask /proc); {LOWER}")
+    })?;
+    let pid_max = processes.saturating_add(1).max(PID_MAX_FLOOR);
+    if let Err(e) = std::fs::write("/proc/sys/kernel/pid_max", pid_max.to_string()) {
+        // Kernels before 6.14 have one pid_max for the machine: RLIMIT_NPROC still bounds
+        // the server's processes (but not for uid 0).
+        eprintln!(
+            "airlock-confine: the PID namespace cannot be bounded by pid_max ({e}); processes are bounded by RLIMIT_NPROC only"
+        );
+    }
+    loopback_up()
+}
+
+/// Waits for the namespaces' first process and exits as it did (a signal as 128 + its
+/// number). Never returns.
+fn wait_and_exit(child: libc::pid_t) -> ! {
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is valid for the call.
+        let got = unsafe { libc::waitpid(child, &mut status, 0) };
+        if got == child {
+            break;
+        }
+        if got == -1 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            std::process::exit(super::helper::FAILED);
+        }
+    }
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    };
+    std::process::exit(code);
+}
+
+fn mount(
+    source: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+) -> Result<()> {
+    let source = source.map(CString::new).transpose()?;
+    let target = CString::new(target)?;
+    let fstype = fstype.map(CString::new).transpose()?;
+    // SAFETY: every pointer is a valid NUL-terminated string or null for the call.
+    let done = unsafe {
+        libc::mount(
+            source.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            target.as_ptr(),
+            fstype.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if done != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// Brings `lo` of the new network namespace up (a server may talk to itself).
+fn loopback_up() -> Result<()> {
+    // SAFETY: socket with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("bringing loopback up");
+    }
+    // SAFETY: an all-zero ifreq is valid; the name is copied within its bounds.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as libc::c_char;
+    }
+    // SAFETY: fd is an open socket and `request` a valid ifreq for both calls.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &raw mut request) == 0 {
+            request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &raw const request)
+        } else {
+            -1
+        }
+    };
+    let error = std::io::Error::last_os_error();
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    if result != 0 {
+        return Err(error).context("bringing loopback up in the new network namespace");
+    }
+    Ok(())
+}
+
+/// Whether a child of this process can enter the namespaces (forks a child that tries
+/// and exits).
+#[must_use]
+pub fn probe() -> bool {
+    // SAFETY: the child calls only unshare and _exit (async-signal-safe) before exiting.
+    unsafe {
+        match libc::fork() {
+            -1 => false,
+            0 => libc::_exit(i32::from(libc::unshare(FLAGS) != 0)),
+            child => {
+                let mut status = 0;
+                while libc::waitpid(child, &mut status, 0) == -1 {
+                    if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                        return false;
+                    }
+                }
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+            }
+        }
+    }
+}

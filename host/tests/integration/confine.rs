@@ -1,0 +1,498 @@
+//! Confined upstream servers: the hostile fixture server tries every reach the issue
+//! names before it serves (`--reach`, fixtures/hostile-server/src/reach.rs), through a
+//! real `airlock serve` whose configuration confines it. Each test asserts each reach
+//! BLOCKED, with what the kernel said, and that the host still serves through that very
+//! server. The unconfined control run makes the same reaches succeed, so a reach that
+//! is blocked for another reason (a missing file, a closed port) fails the control.
+//!
+//! The machine must offer Landlock ABI 6 and (for the namespace tests) user namespaces;
+//! a test that cannot run says so and fails, never passes quietly.
+
+use std::collections::BTreeMap;
+use std::os::linux::net::SocketAddrExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::*;
+use airlock::upstream::confine;
+use serde_json::json;
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the test host offers the hostile server to reach.
+struct Targets {
+    /// A TCP port the test listens on (never granted).
+    listener: std::net::TcpListener,
+    /// An abstract Unix socket the test listens on.
+    abstract_name: String,
+    _abstract: std::os::unix::net::UnixListener,
+}
+
+impl Targets {
+    fn new() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let abstract_name = format!(
+            "airlock-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+        let abstract_listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+        Self {
+            listener,
+            abstract_name,
+            _abstract: abstract_listener,
+        }
+    }
+}
+
+/// The reaches, by name, with their targets in deployment `d`.
+fn reaches(d: &Deployment, t: &Targets, fork: bool) -> Vec<(&'static str, String)> {
+    let state = d.state_dir();
+    let out = d.dir.path().join("out");
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let mut reaches = vec![
+        ("key", format!("read:{}", state.join("trace.key").display())),
+        (
+            "store",
+            format!("read:{}", state.join("airlock.db").display()),
+        ),
+        (
+            "write-state",
+            format!("write:{}", state.join("planted").display()),
+        ),
+        (
+            "write-outside",
+            format!("write:{}", d.dir.path().join("planted").display()),
+        ),
+        ("home", format!("list:{home}")),
+        ("environ", "read:/proc/{ppid}/environ".to_string()),
+        ("mem", "open:/proc/{ppid}/mem".to_string()),
+        (
+            "symlink",
+            format!(
+                "symlink:{}={}",
+                out.join("key-link").display(),
+                state.join("trace.key").display()
+            ),
+        ),
+        (
+            "hardlink",
+            format!(
+                "hardlink:{}={}",
+                out.join("key-hard").display(),
+                state.join("trace.key").display()
+            ),
+        ),
+        (
+            "connect",
+            format!("connect:{}", t.listener.local_addr().unwrap()),
+        ),
+        ("ptrace", "ptrace:{ppid}".to_string()),
+        ("signal", "signal:{ppid}".to_string()),
+        ("userns", "userns:-".to_string()),
+        ("abstract", format!("abstract:{}", t.abstract_name)),
+    ];
+    if fork {
+        reaches.push(("fork", "fork:400".to_string()));
+    }
+    reaches
+}
+
+/// A deployment of `source-library` over the hostile server as `notes`, trying
+/// `reaches` and reporting to `out/report.txt`, logging to `calls.jsonl`;
+/// `confinement` is the connection's confinement keys (`{out}` and `{log}` stand for the
+/// report folder and the call log).
+fn deployment(confinement: &str, reach: impl Fn(&Deployment) -> Vec<String>) -> Deployment {
+    let d = Deployment::with_notes();
+    let out = d.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let log = d.dir.path().join("calls.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let mut args = vec![
+        "fixture".to_string(),
+        "hostile-server".to_string(),
+        "--call-log".to_string(),
+        log.display().to_string(),
+        "--report".to_string(),
+        out.join("report.txt").display().to_string(),
+    ];
+    for r in reach(&d) {
+        args.push("--reach".into());
+        args.push(r);
+    }
+    let confinement = confinement
+        .replace("{out}", &out.display().to_string())
+        .replace("{log}", &log.display().to_string());
+    let connection = format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = {args:?}\n{confinement}"
+    );
+    d.replace_connections(&connection).mapping("source-library")
+}
+
+/// The grants every confined run here gives: the report folder and the call log.
+const GRANTS: &str = "confine = true\n[[connection.grants.filesystem]]\npath = \"{out}\"\naccess = \"read-write\"\n[[connection.grants.filesystem]]\npath = \"{log}\"\naccess = \"read-write\"\n";
+
+/// Serves `d`, checks that a search through the (hostile) notes server answers, and
+/// returns the reach report by name.
+async fn run(d: &Deployment, names: &[&str]) -> BTreeMap<String, String> {
+    let client = d.serve().await;
+    let result = tokio::time::timeout(
+        CALL_TIMEOUT,
+        call(&client, "search_sources", json!({"query": "checkpoint"})),
+    )
+    .await
+    .expect("the host answers")
+    .expect("no protocol error");
+    assert_ne!(
+        result.is_error,
+        Some(true),
+        "the host still serves: {}",
+        text_of(&result)
+    );
+    client.cancel().await.unwrap();
+    let report = std::fs::read_to_string(d.dir.path().join("out/report.txt"))
+        .expect("the hostile server wrote its report");
+    eprintln!("{report}");
+    let lines: Vec<&str> = report.lines().collect();
+    assert_eq!(lines.len(), names.len(), "{report}");
+    names
+        .iter()
+        .zip(lines)
+        .map(|(name, line)| ((*name).to_string(), line.to_string()))
+        .collect()
+}
+
+fn assert_machine_can_confine(namespaces: bool) {
+    let support = confine::support();
+    assert!(
+        support.landlock_abi >= 6,
+        "this machine offers Landlock ABI {} (6 is needed): confinement cannot be tested here",
+        support.landlock_abi
+    );
+    assert!(
+        !namespaces || support.namespaces,
+        "this machine does not allow user namespaces: confinement with namespaces cannot be tested here"
+    );
+}
+
+fn assert_all_blocked(report: &BTreeMap<String, String>) {
+    for (name, line) in report {
+        assert!(
+            line.contains(" BLOCKED "),
+            "reach `{name}` was not blocked: {line}\nwhole report: {report:#?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unconfined_the_hostile_server_reaches_everything() {
+    // The control: every reach of the confined tests succeeds without confinement (as
+    // main did before confinement existed), so a blocked reach below is the sandbox's.
+    let t = Targets::new();
+    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true)
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let d = deployment("confine = false\n", |d| {
+        reaches(d, &t, true).into_iter().map(|(_, r)| r).collect()
+    });
+    let report = run(&d, &names).await;
+    // A user namespace and ptrace need privileges an ordinary user may lack; the others
+    // are open to any process of the host's user.
+    let root = unsafe { libc::geteuid() } == 0;
+    for (name, line) in &report {
+        if !root && ["userns", "ptrace", "mem"].contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            line.contains(" OK "),
+            "unconfined, `{name}` should succeed: {line}"
+        );
+    }
+    drop(t);
+}
+
+#[tokio::test]
+async fn confined_in_namespaces_every_reach_is_blocked_and_the_host_serves() {
+    assert_machine_can_confine(true);
+    let t = Targets::new();
+    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true)
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let d = deployment(
+        &format!("{GRANTS}[connection.limits]\nprocesses = 64\n"),
+        |d| reaches(d, &t, true).into_iter().map(|(_, r)| r).collect(),
+    );
+    let report = run(&d, &names).await;
+    assert_all_blocked(&report);
+    // The fork bomb was stopped by the bound, not by a refusal to fork at all.
+    assert!(
+        report["fork"].contains("fork failed after"),
+        "{}",
+        report["fork"]
+    );
+    // The planted symbolic link exists in the granted folder, and led nowhere.
+    assert!(d.dir.path().join("out/key-link").is_symlink());
+    assert!(!d.state_dir().join("planted").exists());
+    assert!(!d.dir.path().join("planted").exists());
+}
+
+#[tokio::test]
+async fn confined_without_namespaces_landlock_and_seccomp_still_block() {
+    assert_machine_can_confine(false);
+    let t = Targets::new();
+    // Without a PID namespace the host is the server's visible parent: /proc/PPID,
+    // ptrace and signals are Landlock's to refuse. (No fork bound for uid 0 here: the
+    // kernel exempts root from RLIMIT_NPROC, and only the PID namespace bounds it.)
+    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, false)
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let d = deployment(&format!("namespaces = false\n{GRANTS}"), |d| {
+        reaches(d, &t, false).into_iter().map(|(_, r)| r).collect()
+    });
+    let report = run(&d, &names).await;
+    assert_all_blocked(&report);
+    // The host was visible, and still refused.
+    assert!(
+        !report["environ"].contains("/proc/0/"),
+        "{}",
+        report["environ"]
+    );
+}
+
+#[test]
+fn a_grant_that_holds_the_state_folder_is_refused_at_start() {
+    let d = Deployment::with_notes();
+    let connection = format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nconfine = true\n[[connection.grants.filesystem]]\npath = {:?}\naccess = \"read-only\"\n",
+        d.dir.path().display().to_string()
+    );
+    let d = d.replace_connections(&connection).mapping("source-library");
+    let config = d.write_config();
+    let out = d.airlock(&["serve", "--config", config.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("must never reach"), "{stderr}");
+}
+
+#[test]
+fn grants_with_config_shows_the_confinement_beside_the_mapping_and_drift_follows_it() {
+    let d = Deployment::with_notes().mapping("source-library");
+    let docs = d.dir.path().join("docs");
+    std::fs::create_dir_all(&docs).unwrap();
+    let confined = |extra: &str| {
+        format!(
+            "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nconfine = true\n{extra}"
+        )
+    };
+    let d = d.replace_connections(&confined(""));
+    let config = d.write_config();
+    let manifest = d.manifests()[0].display().to_string();
+    let args = |json: bool| {
+        let mut a = vec![
+            "grants",
+            manifest.as_str(),
+            "--config",
+            config.to_str().unwrap(),
+        ];
+        if json {
+            a.push("--json");
+        }
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    // `grants --config` without a state folder: the review of a configuration.
+    let review = |args: &[&str]| {
+        std::process::Command::new(airlock_bin())
+            .args(args)
+            .env_remove("AIRLOCK_STATE_DIR")
+            .env_remove("AIRLOCK_LOG")
+            .output()
+            .unwrap()
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        review(&args)
+    };
+    // The connection's first revision (and the store the review reads).
+    let before = d.airlock_json(&["discover", "notes", "--config", config.to_str().unwrap()]);
+    let out = run(args(false));
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("confinement          filesystem: system folders"),
+        "{text}"
+    );
+    assert!(text.contains("granted: none (deny by default)"), "{text}");
+    assert!(text.contains("network: none (deny by default)"), "{text}");
+    assert!(
+        text.contains("limits: processes 256, open files 1024"),
+        "{text}"
+    );
+    // The configuration digest covers the confinement: widening it is drift.
+    let d = d.replace_connections(&confined(&format!(
+        "[[connection.grants.filesystem]]\npath = {:?}\naccess = \"read-write\"\n",
+        docs.display().to_string()
+    )));
+    let config = d.write_config();
+    let out = review(&[
+        "grants",
+        &manifest,
+        "--config",
+        config.to_str().unwrap(),
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let lines = v["connection"]["confinement"].to_string();
+    assert!(lines.contains("(read-write)"), "{lines}");
+    let after = d.airlock_json(&["discover", "notes", "--config", config.to_str().unwrap()]);
+    assert_eq!(
+        after["new_revision"], true,
+        "a widened grant must change the connection's identity: {before} {after}"
+    );
+    assert_ne!(before["config_revision"], after["config_revision"]);
+    // Unconfined: said so.
+    let d = d.replace_connections(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nconfine = false\n",
+    );
+    let config = d.write_config();
+    let out = review(&["grants", &manifest, "--config", config.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("UNCONFINED"));
+}
+
+/// The helper and the kernel as an ordinary user (`nobody`, by `setpriv`), when the tests
+/// run as root (CI): the hostile server, confined and not, tries what `nobody` may
+/// otherwise do — read and list a world-readable folder, write a world-writable one,
+/// connect to a listening port and an abstract socket, enter a user namespace, fork 400
+/// processes — and stops at end of input.
+#[test]
+fn as_an_ordinary_user_the_same_reaches_are_blocked() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if unsafe { libc::geteuid() } != 0 {
+        // An ordinary user already runs every other test here.
+        eprintln!("not root: the other tests of this module ran as an ordinary user");
+        return;
+    }
+    assert_machine_can_confine(true);
+    let t = Targets::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let open = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    open(root, 0o755);
+    std::fs::create_dir(root.join("public")).unwrap();
+    std::fs::write(root.join("public/secret.txt"), "s3cret").unwrap();
+    open(&root.join("public/secret.txt"), 0o644);
+    std::fs::create_dir(root.join("drop")).unwrap();
+    open(&root.join("drop"), 0o777);
+    std::fs::create_dir(root.join("out")).unwrap();
+    open(&root.join("out"), 0o777);
+    // The binary must be reachable by nobody: say so plainly where it is not.
+    let bin = airlock_bin();
+    let reachable = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        reachable,
+        "nobody cannot execute {} (a folder above it is not searchable by others): this machine cannot run this test",
+        bin.display()
+    );
+    let reaches = vec![
+        format!("read:{}", root.join("public/secret.txt").display()),
+        format!("list:{}", root.join("public").display()),
+        format!("write:{}", root.join("drop/planted").display()),
+        format!("connect:{}", t.listener.local_addr().unwrap()),
+        format!("abstract:{}", t.abstract_name),
+        "userns:-".to_string(),
+        "fork:400".to_string(),
+    ];
+    let run = |confined: bool| -> Vec<String> {
+        let report = root
+            .join("out")
+            .join(if confined { "confined.txt" } else { "open.txt" });
+        let mut args = vec![
+            "fixture".to_string(),
+            "hostile-server".to_string(),
+            "--report".to_string(),
+            report.display().to_string(),
+        ];
+        for r in &reaches {
+            args.extend(["--reach".to_string(), r.clone()]);
+        }
+        let mut cmd = std::process::Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        let _scratch;
+        if confined {
+            confine::use_helper(airlock_bin());
+            let confinement = confine::Confinement {
+                paths: vec![confine::PathGrant {
+                    path: root.join("out"),
+                    access: confine::Access::ReadWrite,
+                }],
+                limits: confine::Limits {
+                    processes: 64,
+                    ..confine::Limits::DEFAULT
+                },
+                ..confine::Confinement::deny_by_default()
+            };
+            let (helper, scratch) =
+                confine::command(&bin, &args, root, &BTreeMap::new(), &confinement).unwrap();
+            open(scratch.path(), 0o777);
+            let helper = helper.as_std();
+            cmd.arg(helper.get_program())
+                .args(helper.get_args())
+                .env_clear();
+            for (k, v) in helper.get_envs() {
+                if let Some(v) = v {
+                    cmd.env(k, v);
+                }
+            }
+            _scratch = scratch;
+        } else {
+            cmd.arg(&bin).args(&args).env_clear();
+        }
+        let out = cmd
+            .current_dir(root)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+            panic!(
+                "no report ({e}); stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        text.lines().map(String::from).collect()
+    };
+    let open_report = run(false);
+    assert_eq!(open_report.len(), reaches.len(), "{open_report:?}");
+    for line in &open_report {
+        // nobody may create a user namespace where the kernel lets unprivileged users.
+        if line.contains("userns:") && !confine::support().namespaces {
+            continue;
+        }
+        assert!(
+            line.contains(" OK "),
+            "unconfined nobody should reach: {line}"
+        );
+    }
+    eprintln!("{}", open_report.join("\n"));
+    let confined_report = run(true);
+    eprintln!("{}", confined_report.join("\n"));
+    assert_eq!(confined_report.len(), reaches.len(), "{confined_report:?}");
+    for line in &confined_report {
+        assert!(
+            line.contains(" BLOCKED "),
+            "confined nobody reached: {line}"
+        );
+    }
+}
