@@ -26,6 +26,10 @@
 //! database after the run (p50 and p99 per stage, of the calls of the latency rounds: a
 //! whole-pipeline p99 well under the end-to-end p99 places the tail outside the pipeline).
 //!
+//! The notes server behind `airlock serve` is confined (the default);
+//! `AIRLOCK_BENCH_UNCONFINED=1` adds the same host with it unconfined as one more
+//! interleaved stdio path.
+//!
 //! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
 //! HTTP) as two more interleaved paths: a before/after comparison in one run.
 //! `AIRLOCK_BENCH_HTTP_WORKERS=N` starts every `serve --http` (both binaries) with
@@ -437,6 +441,30 @@ async fn bench() {
         )
         .await,
     );
+    // AIRLOCK_BENCH_UNCONFINED=1: the same host with its notes server unconfined
+    // (`confine = false`), interleaved with the confined one: what confinement costs a call.
+    if std::env::var_os("AIRLOCK_BENCH_UNCONFINED").is_some() {
+        let open_config = dir.path().join("airlock-unconfined.toml");
+        std::fs::write(
+            &open_config,
+            std::fs::read_to_string(&config).unwrap().replacen(
+                "[[mapping]]",
+                "confine = false\n[[mapping]]",
+                1,
+            ),
+        )
+        .unwrap();
+        stdio.push(
+            airlock_stdio(
+                "airlock serve (stdio), server unconfined",
+                &bin,
+                &open_config,
+                &dir.path().join("state-unconfined"),
+                &cache_dir,
+            )
+            .await,
+        );
+    }
     // AIRLOCK_BENCH_STDIO_ONLY=1: no HTTP paths (a quicker before/after of the stdio path).
     let with_http = std::env::var_os("AIRLOCK_BENCH_STDIO_ONLY").is_none();
     let mut http = Vec::new();

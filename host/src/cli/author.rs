@@ -674,6 +674,11 @@ command = "your-mcp-server"   # a path or a name on PATH; "@airlock" runs this a
 args = []
 # env = {{ KEY = "value" }}   # the server's whole environment (default: empty)
 # url = "https://mcp.example.com/mcp"   # instead of command/args
+# The server runs confined by the kernel: it reads the system folders and its own install
+# folder, writes a private TMPDIR, has no network. Grant what else it needs:
+# [[connection.grants.filesystem]]
+# path = "/path/to/its/data"
+# access = "read-only"          # or "read-write"
 
 [[mapping]]
 manifest = "mapping.toml"

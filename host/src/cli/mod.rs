@@ -1375,10 +1375,15 @@ fn grants(
     }
     if review.has_flagged() && !allow_flagged {
         eprintln!(
-            "airlock: {} flagged import(s) and {} reason(s) the host would refuse to load mapping `{}`; exiting with status 2 (--allow-flagged to exit 0)",
+            "airlock: {} flagged import(s), {} reason(s) the host would refuse to load mapping `{}`{}; exiting with status 2 (--allow-flagged to exit 0)",
             review.flagged,
             review.refusals.len(),
-            review.mapping.name
+            review.mapping.name,
+            if review.unconfined() {
+                ", and its connection's server runs unconfined"
+            } else {
+                ""
+            }
         );
         return ExitCode::from(2);
     }

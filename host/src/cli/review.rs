@@ -133,6 +133,8 @@ pub struct ConnectionView {
     /// empty kind; one `UNCONFINED` line for a server that runs with the host's
     /// filesystem, network and processes.
     pub confinement: Vec<String>,
+    /// Whether the server runs unconfined (`confine = false`): FLAGGED (exit status 2).
+    pub unconfined: bool,
 }
 
 /// The review lines of a stdio server's confinement ([`ConnectionView::confinement`]).
@@ -575,6 +577,7 @@ pub fn add_config(
         unreachable_tools: Vec::new(),
         missing_tools: Vec::new(),
         confinement: Vec::new(),
+        unconfined: false,
     };
     match server {
         UpstreamServer::Stdio(s) => {
@@ -583,6 +586,7 @@ pub fn add_config(
             view.cwd = Some(safe(&s.cwd.display().to_string()));
             view.env = s.env.keys().map(|k| safe(k)).collect();
             view.confinement = confinement_lines(s).iter().map(|l| safe(l)).collect();
+            view.unconfined = s.confine.is_none();
         }
         UpstreamServer::Http(h) => {
             view.transport = "streamable-http";
@@ -1164,7 +1168,12 @@ impl RegistryView {
 impl Review {
     /// Whether any import is flagged.
     pub fn has_flagged(&self) -> bool {
-        self.flagged > 0 || !self.refusals.is_empty()
+        self.flagged > 0 || !self.refusals.is_empty() || self.unconfined()
+    }
+
+    /// Whether `--config` showed a connection whose server runs unconfined.
+    pub fn unconfined(&self) -> bool {
+        self.connection.as_ref().is_some_and(|c| c.unconfined)
     }
 
     /// The review as pretty-printed JSON.
@@ -1276,6 +1285,12 @@ impl Review {
         }
         for r in &self.refusals {
             let _ = writeln!(w, "  FLAGGED   the host would refuse to load it: {r}");
+        }
+        if self.unconfined() {
+            let _ = writeln!(
+                w,
+                "  FLAGGED   the connection's server runs UNCONFINED (`confine = false`): it can read and write whatever the host's user can, reach any network and see every process"
+            );
         }
     }
 
@@ -1412,6 +1427,11 @@ impl Review {
                 plural(self.flagged, "import", "imports"),
                 if self.flagged == 1 { "it" } else { "them" }
             )
+        };
+        let imports = if self.unconfined() {
+            format!("{imports}; FLAGGED: the connection's server runs unconfined")
+        } else {
+            imports
         };
         if self.refusals.is_empty() {
             imports

@@ -362,7 +362,25 @@ fn grants_with_config_shows_the_confinement_beside_the_mapping_and_drift_follows
     );
     let config = d.write_config();
     let out = review(&["grants", &manifest, "--config", config.to_str().unwrap()]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("UNCONFINED"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("UNCONFINED"), "{text}");
+    assert!(
+        text.contains("FLAGGED   the connection's server runs UNCONFINED"),
+        "{text}"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unconfined server is FLAGGED"
+    );
+    let out = review(&[
+        "grants",
+        &manifest,
+        "--config",
+        config.to_str().unwrap(),
+        "--allow-flagged",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
 }
 
 /// The helper and the kernel as an ordinary user (`nobody`, by `setpriv`), when the tests

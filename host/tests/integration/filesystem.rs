@@ -9,9 +9,10 @@ fn deployment() -> Deployment {
     let documents = workspace().join("fixtures/documents");
     Deployment::with_notes()
         .connection(&format!(
-            "[[connection]]\nname = \"documents\"\ncommand = \"node\"\nargs = [{:?}, {:?}]\n",
+            "[[connection]]\nname = \"documents\"\ncommand = \"node\"\nargs = [{:?}, {:?}]\n{}",
             server.display().to_string(),
-            documents.display().to_string()
+            documents.display().to_string(),
+            confined(&[(&documents, "read-only")])
         ))
         .mapping("fs-documents")
 }

@@ -147,7 +147,7 @@ fn with_switchable_outbox() -> (Deployment, std::path::PathBuf) {
     );
     let d = d
         .connection(&format!(
-            "[[connection]]\nname = \"outbox\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ PATH = \"/usr/bin:/bin\" }}\n"
+            "[[connection]]\nname = \"outbox\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ PATH = \"/usr/bin:/bin\" }}\nconfine = false\n"
         ))
         .mapping("outbox-delivery");
     (d, mode)
@@ -238,7 +238,7 @@ async fn an_upstream_that_cannot_be_executed_does_not_stop_the_others() {
     std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap(); // mode 0644: not executable
     let d = d
         .connection(&format!(
-            "[[connection]]\nname = \"outbox\"\ncommand = {:?}\n",
+            "[[connection]]\nname = \"outbox\"\ncommand = {:?}\nconfine = false\n",
             program.display().to_string()
         ))
         .mapping("outbox-delivery");
@@ -398,7 +398,7 @@ fn notes_with_a_grandchild(d: Deployment) -> Deployment {
         log.display()
     );
     d.replace_connections(&format!(
-        "[[connection]]\nname = \"notes\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ PATH = \"/usr/bin:/bin\" }}\n"
+        "[[connection]]\nname = \"notes\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ PATH = \"/usr/bin:/bin\" }}\nconfine = false\n"
     ))
 }
 

@@ -44,9 +44,10 @@ fn deployment_edited(edit: impl FnOnce(String) -> String) -> Deployment {
     let graph = d.dir.path().join("memory.jsonl");
     std::fs::write(&graph, seed()).unwrap();
     d.connection(&format!(
-        "[[connection]]\nname = \"memory\"\ncommand = \"node\"\nargs = [{:?}]\nenv = {{ MEMORY_FILE_PATH = {:?} }}\n",
+        "[[connection]]\nname = \"memory\"\ncommand = \"node\"\nargs = [{:?}]\nenv = {{ MEMORY_FILE_PATH = {:?} }}\n{}",
         server.display().to_string(),
-        graph.display().to_string()
+        graph.display().to_string(),
+        confined(&[(&graph, "read-write")])
     ))
     .mapping_edited("memory-graph", edit)
 }

@@ -253,7 +253,9 @@ async fn a_server_with_the_same_display_name_inherits_nothing() {
 #[tokio::test]
 async fn changing_the_connection_executable_requires_review() {
     let d = Deployment::with_notes();
-    let bin = d.dir.path().join("bin");
+    // Installed under app/ (a confined server reads its install folder, the one above
+    // `bin`: never the deployment folder, which holds the state).
+    let bin = d.dir.path().join("app/bin");
     std::fs::create_dir_all(&bin).unwrap();
     let exe = bin.join("notes-server");
     std::fs::copy(airlock_bin(), &exe).unwrap();
@@ -629,7 +631,7 @@ fn an_interpreter_script_or_an_env_value_change_is_a_new_revision() {
     std::fs::write(&script, &body).unwrap();
     let connection = |value: &str| {
         format!(
-            "[[connection]]\nname = \"notes\"\ncommand = \"sh\"\nargs = [{:?}]\nenv = {{ MODE = {value:?} }}\n",
+            "[[connection]]\nname = \"notes\"\ncommand = \"sh\"\nargs = [{:?}]\nenv = {{ MODE = {value:?} }}\nconfine = false\n",
             script.display().to_string()
         )
     };

@@ -8,7 +8,7 @@ use rmcp::ServiceExt as _;
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 
-use crate::common::{Deployment, call, references};
+use crate::common::{Deployment, call, confined, references};
 
 /// A secret in the notes connection's environment (and, by the model's query, in what the
 /// adapter sends upstream): it must appear in no fixture.
@@ -18,8 +18,9 @@ const SECRET: &str = "tok-5ecret-4242-zz";
 fn notes_with_secret(d: &Deployment) -> String {
     let log = d.dir.path().join("calls.jsonl");
     format!(
-        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}]\nenv = {{ NOTES_TOKEN = {SECRET:?} }}\n",
-        log.display().to_string()
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--call-log\", {:?}]\nenv = {{ NOTES_TOKEN = {SECRET:?} }}\n{}",
+        log.display().to_string(),
+        confined(&[(&log, "read-write")])
     )
 }
 
@@ -37,7 +38,7 @@ fn marker_connection(d: &Deployment, marker: &Path) -> String {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     format!(
-        "[[connection]]\nname = \"notes\"\ncommand = {:?}\n",
+        "[[connection]]\nname = \"notes\"\ncommand = {:?}\nconfine = false\n",
         script.display().to_string()
     )
 }

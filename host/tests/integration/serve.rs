@@ -501,9 +501,11 @@ async fn upstream_servers_start_with_only_their_declared_environment() {
     let d = Deployment::with_notes().mapping("source-library");
     let env_log = d.dir.path().join("env.txt");
     // A second connection to the notes server that records its environment.
+    std::fs::write(&env_log, "").unwrap();
     let d = d.connection(&format!(
-        "[[connection]]\nname = \"probe\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--env-log\", {:?}]\nenv = {{ DECLARED = \"yes\" }}\n",
-        env_log.display().to_string()
+        "[[connection]]\nname = \"probe\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\", \"--env-log\", {:?}]\nenv = {{ DECLARED = \"yes\" }}\n{}",
+        env_log.display().to_string(),
+        confined(&[(&env_log, "read-write")])
     ));
     let manifest = d.mapping_dir("source-library").join("mapping.toml");
     let probe = d.dir.path().join("mappings/probe");
@@ -537,9 +539,10 @@ async fn upstream_servers_start_with_only_their_declared_environment() {
         .unwrap();
     let names = std::fs::read_to_string(&env_log).unwrap();
     let names: Vec<&str> = names.lines().collect();
+    // TMPDIR: the confined server's private temporary folder (upstream::confine).
     assert_eq!(
         names,
-        ["DECLARED"],
+        ["DECLARED", "TMPDIR"],
         "the upstream saw more than its declared environment"
     );
     client.cancel().await.unwrap();

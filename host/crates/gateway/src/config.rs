@@ -20,11 +20,13 @@
 //! identity_files = ["lib/server-helpers.js"]  # optional: more files whose contents are
 //!                                # part of the connection's identity (see registry)
 //! confine = true                 # the kernel confines the server (crate::upstream::confine):
-//!                                # deny by default; false (the default for now) = unconfined
+//!                                # deny by default (the default); false = unconfined: a WARN
+//!                                # at start, FLAGGED in `airlock grants --config`
 //! namespaces = true              # own user, mount, PID, network namespaces (default true)
 //! [[connection.grants.filesystem]]   # beyond the defaults (system folders, the command's
 //! path = "docs"                  # install folder, the script's package, a private TMPDIR);
-//! access = "read-only"           # relative to this file; or "read-write"
+//! access = "read-only"           # relative to this file; must exist; or "read-write"
+//!                                # (a missing read-write folder is made, owner-only)
 //! [connection.limits]            # of a confined server
 //! processes = 256                # at once in its PID namespace (default 256)
 //! open_files = 1024              # RLIMIT_NOFILE (default 1024)
@@ -287,7 +289,8 @@ impl ServeConfig {
     /// Refuses a confined connection whose grants would expose what no server may reach:
     /// the state folder (which holds the store and, by default, the trace key), the
     /// checkpoint file (crate::upstream::confine::check_protected). Checked when a host
-    /// starts, with the state folder it will use.
+    /// starts, with the state folder it will use; an unconfined stdio connection
+    /// (`confine = false`) is logged there as a WARN.
     ///
     /// # Errors
     /// Names the connection, the grant and what it would expose.
@@ -305,6 +308,12 @@ impl ServeConfig {
             .map(|p| p.canonicalize().unwrap_or(p))
             .collect();
         for (name, server) in &self.connections {
+            if server.as_stdio().is_some_and(|s| s.confine.is_none()) {
+                tracing::warn!(
+                    connection = %name,
+                    "upstream server runs UNCONFINED (confine = false): it can read and write whatever this user can, reach any network and see every process"
+                );
+            }
             let Some(server) = connection_confined(server) else {
                 continue;
             };
@@ -931,11 +940,13 @@ fn connection_confined(server: &UpstreamServer) -> Option<(&StdioServer, &Confin
 
 /// Whether a stdio connection is confined when its configuration does not say
 /// (`confine`).
-pub const CONFINED_BY_DEFAULT: bool = false;
+pub const CONFINED_BY_DEFAULT: bool = true;
 
 /// The confinement of a stdio connection from `confine`, `namespaces`, `grants` and
 /// `limits`: `None` when unconfined (then the other three are refused: they would mean
-/// nothing). Granted paths resolve against the configuration's folder and must exist.
+/// nothing). Granted paths resolve against the configuration's folder; a read-only one
+/// must exist, a read-write folder that does not is made (owner-only) when the server
+/// starts.
 fn confinement(c: &RawConnection, base: &Path) -> Result<Option<Confinement>> {
     let name = &c.name;
     if !c.confine.unwrap_or(CONFINED_BY_DEFAULT) {
@@ -959,6 +970,20 @@ fn confinement(c: &RawConnection, base: &Path) -> Result<Option<Confinement>> {
     if let Some(grants) = &c.grants {
         for grant in &grants.filesystem {
             let path = base.join(&grant.path);
+            if grant.access == crate::upstream::confine::Access::ReadWrite && !path.exists() {
+                // A server's own data folder: made (owner-only) when the server starts.
+                if !path.is_absolute() || path.components().any(|c| c.as_os_str() == "..") {
+                    bail!(
+                        "connection `{name}`: granted path {} does not exist and is not absolute without `..`",
+                        path.display()
+                    );
+                }
+                confinement.paths.push(PathGrant {
+                    path,
+                    access: grant.access,
+                });
+                continue;
+            }
             let path = path.canonicalize().with_context(|| {
                 format!(
                     "connection `{name}`: granted path {} does not exist",
@@ -1458,6 +1483,22 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
         assert_eq!(c.limits.processes, 32);
         assert_eq!(c.limits.open_files, 1024);
         assert_eq!(c.limits.address_space, Some(1 << 30));
+        // A read-write folder that does not exist yet is accepted, and not made by reading.
+        let cfg = ServeConfig::parse(
+            &format!(
+                "[[connection]]\nname = \"n\"\ncommand = \"@airlock\"\n[[connection.grants.filesystem]]\npath = \"new/data\"\naccess = \"read-write\"\n{MAPPING}"
+            ),
+            dir.path(),
+        )
+        .unwrap();
+        let c = cfg.connections["n"]
+            .as_stdio()
+            .unwrap()
+            .confine
+            .clone()
+            .unwrap();
+        assert_eq!(c.paths[0].path, dir.path().join("new/data"));
+        assert!(!dir.path().join("new").exists());
         // Unset: as CONFINED_BY_DEFAULT says.
         let cfg = ServeConfig::parse(
             &format!("[[connection]]\nname = \"n\"\ncommand = \"@airlock\"\n{MAPPING}"),

@@ -336,8 +336,9 @@ pub fn check_protected(grants: &[PathGrant], protected: &[PathBuf]) -> Result<()
         if grant.path == Path::new("/") {
             bail!("the whole filesystem (`/`) cannot be granted to a confined server");
         }
+        let path = resolved(&grant.path);
         for p in protected {
-            if p.starts_with(&grant.path) {
+            if p.starts_with(&path) {
                 bail!(
                     "the grant of {} ({}) would expose {}, which a server must never reach; grant a folder that does not hold it",
                     grant.path.display(),
@@ -350,13 +351,27 @@ pub fn check_protected(grants: &[PathGrant], protected: &[PathBuf]) -> Result<()
     Ok(())
 }
 
+/// `path` with its deepest existing ancestor canonicalized (symbolic links resolved) and
+/// the rest appended: a folder not made yet compares as where it will be.
+fn resolved(path: &Path) -> PathBuf {
+    for ancestor in path.ancestors() {
+        if let Ok(real) = ancestor.canonicalize() {
+            let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
+            return real.join(rest);
+        }
+    }
+    path.to_path_buf()
+}
+
 /// A confined server's command: the helper with its [`Spec`], and the private temporary
 /// folder (the caller keeps it while the server runs; dropping it removes it). `TMPDIR`
 /// names that folder unless the connection's environment sets it.
 ///
+/// A read-write grant that does not exist yet is made as a folder (owner-only).
+///
 /// # Errors
 /// The helper cannot be located, a granted `tcp_connect` asks for egress (not offered
-/// yet), or the temporary folder cannot be made.
+/// yet), or a granted folder or the temporary folder cannot be made.
 pub fn command(
     command: &Path,
     args: &[String],
@@ -368,6 +383,22 @@ pub fn command(
         bail!(
             "`tcp_connect` grants for a confined server are not supported yet: a confined server has no network; set `confine = false` on this connection to give it the host's network (flagged in review)"
         );
+    }
+    for grant in &confinement.paths {
+        if grant.access == Access::ReadWrite && !grant.path.exists() {
+            // A server's own data folder, named in its grants: made, owner-only.
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&grant.path)
+                .with_context(|| {
+                    format!(
+                        "making the granted read-write folder {}",
+                        grant.path.display()
+                    )
+                })?;
+        }
     }
     let tmp = tempfile::Builder::new()
         .prefix("airlock-upstream-")
@@ -464,6 +495,22 @@ mod tests {
         assert!(e.to_string().contains("must never reach"), "{e}");
         let e = check_protected(&[grant("/keys/trace.key")], &protected).unwrap_err();
         assert!(e.to_string().contains("trace.key"), "{e}");
+        // A folder that does not exist yet, reached through a symbolic link, compares
+        // as where it will be.
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        let state = real.join("data/state");
+        let e = check_protected(
+            &[PathGrant {
+                path: dir.path().join("link/data"),
+                access: Access::ReadWrite,
+            }],
+            std::slice::from_ref(&state),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("must never reach"), "{e}");
         assert!(check_protected(&[grant("/")], &[]).is_err());
     }
 
@@ -510,6 +557,48 @@ mod tests {
                 .all(|g| g.path.starts_with("/dev")),
             "{paths:?}"
         );
+    }
+
+    #[test]
+    fn a_missing_read_write_folder_is_made_owner_only_at_start() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data/new");
+        let c = Confinement {
+            paths: vec![PathGrant {
+                path: data.clone(),
+                access: Access::ReadWrite,
+            }],
+            ..Confinement::deny_by_default()
+        };
+        use_helper("/bin/true");
+        let (cmd, tmp) = command(
+            Path::new("/bin/true"),
+            &[],
+            Path::new("/"),
+            &BTreeMap::new(),
+            &c,
+        )
+        .unwrap();
+        assert!(data.is_dir());
+        assert_eq!(data.metadata().unwrap().permissions().mode() & 0o777, 0o700);
+        // The spec the helper gets holds the folder read-write and the private TMPDIR.
+        let spec = cmd
+            .as_std()
+            .get_envs()
+            .find(|(k, _)| *k == SPEC_VAR)
+            .and_then(|(_, v)| v)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let spec: Spec = serde_json::from_str(&spec).unwrap();
+        assert!(
+            spec.paths
+                .iter()
+                .any(|g| g.path == data && g.access == Access::ReadWrite)
+        );
+        assert_eq!(spec.env["TMPDIR"], tmp.path().display().to_string());
     }
 
     #[test]
