@@ -411,8 +411,14 @@ fn as_an_ordinary_user_the_same_reaches_are_blocked() {
     open(&root.join("drop"), 0o777);
     std::fs::create_dir(root.join("out")).unwrap();
     open(&root.join("out"), 0o777);
-    // The binary must be reachable by nobody: say so plainly where it is not.
-    let bin = airlock_bin();
+    // A copy of the binary nobody can reach (the checkout may sit in a folder only root
+    // may enter, such as /root): the fixture server and the helper need nothing beside it.
+    // In its own folder: a confined server reads its install folder.
+    std::fs::create_dir(root.join("app")).unwrap();
+    open(&root.join("app"), 0o755);
+    let bin = root.join("app/airlock");
+    std::fs::copy(airlock_bin(), &bin).unwrap();
+    open(&bin, 0o755);
     let reachable = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(&bin)
@@ -450,7 +456,6 @@ fn as_an_ordinary_user_the_same_reaches_are_blocked() {
         cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
         let _scratch;
         if confined {
-            confine::use_helper(airlock_bin());
             let confinement = confine::Confinement {
                 paths: vec![confine::PathGrant {
                     path: root.join("out"),
@@ -466,9 +471,8 @@ fn as_an_ordinary_user_the_same_reaches_are_blocked() {
                 confine::command(&bin, &args, root, &BTreeMap::new(), &confinement).unwrap();
             open(scratch.path(), 0o777);
             let helper = helper.as_std();
-            cmd.arg(helper.get_program())
-                .args(helper.get_args())
-                .env_clear();
+            // The helper is the copy nobody can execute, whatever this process named.
+            cmd.arg(&bin).args(helper.get_args()).env_clear();
             for (k, v) in helper.get_envs() {
                 if let Some(v) = v {
                     cmd.env(k, v);
