@@ -1458,6 +1458,39 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
     }
 
     #[test]
+    fn a_confined_server_beside_the_state_is_refused_at_start_and_an_unconfined_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        // The command sits in the folder that holds the state: its install folder, read
+        // by default, would expose the store.
+        std::fs::write(root.join("server"), "#!/bin/sh\n").unwrap();
+        let text = |confine: bool| {
+            format!(
+                "state_dir = \"state\"\n[[connection]]\nname = \"n\"\ncommand = \"./server\"\nconfine = {confine}\n{MAPPING}"
+            )
+        };
+        let cfg = ServeConfig::parse(&text(true), &root).unwrap();
+        let e = cfg.check_confinement().unwrap_err();
+        let chain = format!("{e:#}");
+        assert!(chain.contains("install folder"), "{chain}");
+        assert!(chain.contains("must never reach"), "{chain}");
+        let cfg = ServeConfig::parse(&text(false), &root).unwrap();
+        cfg.check_confinement().unwrap();
+        // A declared grant that holds the checkpoint file, elsewhere than the state.
+        std::fs::create_dir_all(root.join("app")).unwrap();
+        std::fs::rename(root.join("server"), root.join("app/server")).unwrap();
+        let cfg = ServeConfig::parse(
+            &format!(
+                "state_dir = \"state\"\n[trace]\ncheckpoint_file = \"anchor/c.jsonl\"\n[[connection]]\nname = \"n\"\ncommand = \"app/server\"\n[[connection.grants.filesystem]]\npath = \"anchor\"\naccess = \"read-write\"\n{MAPPING}"
+            ),
+            &root,
+        )
+        .unwrap();
+        let e = cfg.check_confinement().unwrap_err();
+        assert!(format!("{e:#}").contains("c.jsonl"), "{e:#}");
+    }
+
+    #[test]
     fn a_confined_connection_reads_its_grants_and_limits() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("docs")).unwrap();
