@@ -23,6 +23,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 struct Targets {
     /// A TCP port the test listens on (never granted).
     listener: std::net::TcpListener,
+    /// A UDP socket of the test's.
+    udp: std::net::UdpSocket,
     /// An abstract Unix socket the test listens on.
     abstract_name: String,
     _abstract: std::os::unix::net::UnixListener,
@@ -42,14 +44,22 @@ impl Targets {
         let abstract_listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
         Self {
             listener,
+            udp: std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
             abstract_name,
             _abstract: abstract_listener,
         }
     }
 }
 
-/// The reaches, by name, with their targets in deployment `d`.
-fn reaches(d: &Deployment, t: &Targets, fork: bool) -> Vec<(&'static str, String)> {
+/// The reaches, by name, with their targets in deployment `d`. `fork` adds the fork
+/// bomb; `host_network` (a server that shares the host's network namespace) adds a UDP
+/// datagram to the test's socket, which only seccomp refuses there.
+fn reaches(
+    d: &Deployment,
+    t: &Targets,
+    fork: bool,
+    host_network: bool,
+) -> Vec<(&'static str, String)> {
     let state = d.state_dir();
     let out = d.dir.path().join("out");
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
@@ -94,7 +104,17 @@ fn reaches(d: &Deployment, t: &Targets, fork: bool) -> Vec<(&'static str, String
         ("signal", "signal:{ppid}".to_string()),
         ("userns", "userns:-".to_string()),
         ("abstract", format!("abstract:{}", t.abstract_name)),
+        // Only Landlock's TCP rules refuse a bind in the server's own network namespace.
+        ("bind", "bind:127.0.0.1:0".to_string()),
+        // This test's own process: visible only through the host's /proc.
+        (
+            "test-environ",
+            format!("read:/proc/{}/environ", std::process::id()),
+        ),
     ];
+    if host_network {
+        reaches.push(("udp", format!("udp:{}", t.udp.local_addr().unwrap())));
+    }
     if fork {
         reaches.push(("fork", "fork:400".to_string()));
     }
@@ -192,12 +212,15 @@ async fn unconfined_the_hostile_server_reaches_everything() {
     // The control: every reach of the confined tests succeeds without confinement (as
     // main did before confinement existed), so a blocked reach below is the sandbox's.
     let t = Targets::new();
-    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true)
+    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true, true)
         .iter()
         .map(|(n, _)| *n)
         .collect();
     let d = deployment("confine = false\n", |d| {
-        reaches(d, &t, true).into_iter().map(|(_, r)| r).collect()
+        reaches(d, &t, true, true)
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
     });
     let report = run(&d, &names).await;
     // A user namespace and ptrace need privileges an ordinary user may lack; the others
@@ -219,13 +242,18 @@ async fn unconfined_the_hostile_server_reaches_everything() {
 async fn confined_in_namespaces_every_reach_is_blocked_and_the_host_serves() {
     assert_machine_can_confine(true);
     let t = Targets::new();
-    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true)
+    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true, false)
         .iter()
         .map(|(n, _)| *n)
         .collect();
     let d = deployment(
         &format!("{GRANTS}[connection.limits]\nprocesses = 64\n"),
-        |d| reaches(d, &t, true).into_iter().map(|(_, r)| r).collect(),
+        |d| {
+            reaches(d, &t, true, false)
+                .into_iter()
+                .map(|(_, r)| r)
+                .collect()
+        },
     );
     let report = run(&d, &names).await;
     assert_all_blocked(&report);
@@ -234,6 +262,19 @@ async fn confined_in_namespaces_every_reach_is_blocked_and_the_host_serves() {
         report["fork"].contains("fork failed after"),
         "{}",
         report["fork"]
+    );
+    // Its /proc is its own namespace's: the test's process is not there at all (not
+    // merely refused, as without the namespaces).
+    assert!(
+        report["test-environ"].contains("No such file or directory"),
+        "{}",
+        report["test-environ"]
+    );
+    // Bound by Landlock's TCP rules, even in its own network namespace.
+    assert!(
+        report["bind"].contains("Permission denied"),
+        "{}",
+        report["bind"]
     );
     // The planted symbolic link exists in the granted folder, and led nowhere.
     assert!(d.dir.path().join("out/key-link").is_symlink());
@@ -248,15 +289,24 @@ async fn confined_without_namespaces_landlock_and_seccomp_still_block() {
     // Without a PID namespace the host is the server's visible parent: /proc/PPID,
     // ptrace and signals are Landlock's to refuse. (No fork bound for uid 0 here: the
     // kernel exempts root from RLIMIT_NPROC, and only the PID namespace bounds it.)
-    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, false)
+    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, false, true)
         .iter()
         .map(|(n, _)| *n)
         .collect();
     let d = deployment(&format!("namespaces = false\n{GRANTS}"), |d| {
-        reaches(d, &t, false).into_iter().map(|(_, r)| r).collect()
+        reaches(d, &t, false, true)
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
     });
     let report = run(&d, &names).await;
     assert_all_blocked(&report);
+    // UDP is refused by seccomp alone here (Landlock's rules are TCP only).
+    assert!(
+        report["udp"].contains("Operation not permitted"),
+        "{}",
+        report["udp"]
+    );
     // The host was visible, and still refused.
     assert!(
         !report["environ"].contains("/proc/0/"),
