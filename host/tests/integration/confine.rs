@@ -185,6 +185,28 @@ async fn run(d: &Deployment, names: &[&str]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Serves a deployment whose hostile server tries [`reaches`] (`fork`, `host_network`)
+/// under `confinement`; returns it with the report by reach name.
+async fn attempt(
+    confinement: &str,
+    t: &Targets,
+    fork: bool,
+    host_network: bool,
+) -> (Deployment, BTreeMap<String, String>) {
+    let d = deployment(confinement, |d| {
+        reaches(d, t, fork, host_network)
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
+    });
+    let names: Vec<&str> = reaches(&d, t, fork, host_network)
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let report = run(&d, &names).await;
+    (d, report)
+}
+
 fn assert_machine_can_confine(namespaces: bool) {
     let support = confine::support();
     assert!(
@@ -212,17 +234,7 @@ async fn unconfined_the_hostile_server_reaches_everything() {
     // The control: every reach of the confined tests succeeds without confinement (as
     // main did before confinement existed), so a blocked reach below is the sandbox's.
     let t = Targets::new();
-    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true, true)
-        .iter()
-        .map(|(n, _)| *n)
-        .collect();
-    let d = deployment("confine = false\n", |d| {
-        reaches(d, &t, true, true)
-            .into_iter()
-            .map(|(_, r)| r)
-            .collect()
-    });
-    let report = run(&d, &names).await;
+    let (_d, report) = attempt("confine = false\n", &t, true, true).await;
     // A user namespace and ptrace need privileges an ordinary user may lack; the others
     // are open to any process of the host's user.
     let root = unsafe { libc::geteuid() } == 0;
@@ -242,20 +254,13 @@ async fn unconfined_the_hostile_server_reaches_everything() {
 async fn confined_in_namespaces_every_reach_is_blocked_and_the_host_serves() {
     assert_machine_can_confine(true);
     let t = Targets::new();
-    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, true, false)
-        .iter()
-        .map(|(n, _)| *n)
-        .collect();
-    let d = deployment(
+    let (d, report) = attempt(
         &format!("{GRANTS}[connection.limits]\nprocesses = 64\n"),
-        |d| {
-            reaches(d, &t, true, false)
-                .into_iter()
-                .map(|(_, r)| r)
-                .collect()
-        },
-    );
-    let report = run(&d, &names).await;
+        &t,
+        true,
+        false,
+    )
+    .await;
     assert_all_blocked(&report);
     // The fork bomb was stopped by the bound, not by a refusal to fork at all.
     assert!(
@@ -289,17 +294,7 @@ async fn confined_without_namespaces_landlock_and_seccomp_still_block() {
     // Without a PID namespace the host is the server's visible parent: /proc/PPID,
     // ptrace and signals are Landlock's to refuse. (No fork bound for uid 0 here: the
     // kernel exempts root from RLIMIT_NPROC, and only the PID namespace bounds it.)
-    let names: Vec<&str> = reaches(&Deployment::with_notes(), &t, false, true)
-        .iter()
-        .map(|(n, _)| *n)
-        .collect();
-    let d = deployment(&format!("namespaces = false\n{GRANTS}"), |d| {
-        reaches(d, &t, false, true)
-            .into_iter()
-            .map(|(_, r)| r)
-            .collect()
-    });
-    let report = run(&d, &names).await;
+    let (_d, report) = attempt(&format!("namespaces = false\n{GRANTS}"), &t, false, true).await;
     assert_all_blocked(&report);
     // UDP is refused by seccomp alone here (Landlock's rules are TCP only).
     assert!(
