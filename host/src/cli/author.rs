@@ -679,6 +679,8 @@ args = []
 # [[connection.grants.filesystem]]
 # path = "/path/to/its/data"
 # access = "read-only"          # or "read-write"
+# [connection.grants.network]
+# tcp_connect = ["api.example.com:443"]   # through the host's egress proxy (HTTPS_PROXY)
 
 [[mapping]]
 manifest = "mapping.toml"

@@ -17,6 +17,7 @@ pub mod approvals;
 pub mod author;
 pub mod demo;
 pub mod intents;
+pub mod learn;
 pub mod operate;
 pub mod output;
 pub mod policy;
@@ -155,6 +156,7 @@ See README.md (\"Reviewing an adapter: `airlock grants`\").")]
     #[command(after_help = "\
 Example:
   airlock discover notes --config airlock.example.toml
+  airlock discover docs --config airlock.toml --learn
 The connection may be a command (stdio) or a url (Streamable HTTP; both protocol
 generations, the negotiated one is printed). Lines marked `!` are meaning-bearing drift;
 `·` is informational.")]
@@ -165,6 +167,12 @@ generations, the negotiated one is printed). Lines marked `!` are meaning-bearin
         /// Serve configuration (TOML).
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Also report what the confined server was refused while it started and answered
+        /// discovery — each destination its egress proxy refused, each path its stderr
+        /// says it was denied — and the grants that would allow it (printed, never
+        /// applied; the state folder is never suggested).
+        #[arg(long)]
+        learn: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -834,8 +842,9 @@ async fn dispatch(
         Command::Discover {
             connection,
             config,
+            learn,
             json,
-        } => discover(&connection, &config, json, state_dir).await,
+        } => discover(&connection, &config, learn, json, state_dir).await,
         Command::Snapshots { action } => snapshots(action, state_dir),
         Command::Review { action } => review(action, state_dir),
         Command::Trace { action } => trace(action, state_dir),
@@ -915,12 +924,13 @@ async fn serve(
 async fn discover(
     connection: &str,
     config: &std::path::Path,
+    learn: bool,
     json: bool,
     state_dir: Option<PathBuf>,
 ) -> Result<()> {
     init_logging("warn,rmcp=error");
     let config = load_config(config, state_dir)?;
-    let report = crate::cli::operate::discover(&config, connection).await?;
+    let report = crate::cli::operate::discover(&config, connection, learn).await?;
     output::emit(json, &report, operate::DiscoverReport::to_text)
 }
 
@@ -1379,10 +1389,12 @@ fn grants(
             review.flagged,
             review.refusals.len(),
             review.mapping.name,
-            if review.unconfined() {
-                ", and its connection's server runs unconfined"
-            } else {
-                ""
+            match (review.unconfined(), review.insecure_http()) {
+                (true, _) => ", and its connection's server runs unconfined",
+                (false, true) => {
+                    ", and the host reaches its connection's server unencrypted (allow_insecure_http)"
+                }
+                (false, false) => "",
             }
         );
         return ExitCode::from(2);

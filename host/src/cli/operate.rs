@@ -63,6 +63,10 @@ pub struct DiscoverReport {
     pub drift: Vec<Drift>,
     /// Per mapping bound to this connection: its verdict against this snapshot.
     pub mappings: Vec<MappingCheck>,
+    /// With `--learn`: what the confined server was refused, and the grants that would
+    /// allow it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learned: Option<crate::cli::learn::Learned>,
 }
 
 /// One mapping's standing against a snapshot.
@@ -83,11 +87,15 @@ pub struct MappingCheck {
 }
 
 /// `airlock discover CONNECTION`: starts the connection, takes a snapshot now, and
-/// classifies the drift against the previous snapshot and each mapping's pins.
+/// classifies the drift against the previous snapshot and each mapping's pins. With
+/// `learn`, also reports what the confined server was refused meanwhile and the grants
+/// that would allow it ([`crate::cli::learn`]).
 ///
 /// # Errors
-/// Unknown connection; the server fails to start or to answer discovery; the store fails.
-pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport> {
+/// Unknown connection; `learn` on a connection that is not a confined stdio server; the
+/// server fails to start or to answer discovery (with `learn`, the error says what it was
+/// refused, as far as its last stderr lines tell); the store fails.
+pub async fn discover(config: &ServeConfig, name: &str, learn: bool) -> Result<DiscoverReport> {
     config.check_confinement()?;
     let server = config.connections.get(name).with_context(|| {
         format!(
@@ -100,16 +108,37 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
                 .join(", ")
         )
     })?;
+    let granted = if learn {
+        let Some(stdio) = server.as_stdio() else {
+            bail!("--learn applies to a stdio connection; `{name}` is reached over HTTP");
+        };
+        let Some(confinement) = &stdio.confine else {
+            bail!(
+                "--learn runs a confined server; connection `{name}` is unconfined (confine = false)"
+            );
+        };
+        let mut granted =
+            crate::upstream::confine::default_paths(&stdio.command, &stdio.args, &stdio.cwd);
+        granted.extend(confinement.paths.iter().cloned());
+        Some(granted)
+    } else {
+        None
+    };
     let registry = open_registry(config)?;
     let rev = registry.identify(name, server)?;
     let previous = registry.store().latest_snapshot(&rev.connection_id)?;
     // Start and discovery together are bounded by `start_timeout`; on any failure the
     // server's whole process group is stopped (nothing is left running).
     let limit = config.start_timeout;
+    // Learning, the egress proxy runs even without grants: what it refuses is reported.
+    let mut server = server.clone();
+    if learn && let Some(c) = server.as_stdio_mut().and_then(|s| s.confine.as_mut()) {
+        c.report_egress = true;
+    }
     let started = tokio::time::timeout(limit, async {
         let conn = Connection::start(
             name,
-            server,
+            &server,
             crate::registry::manifest::MAX_OUTPUT_BYTES,
             limit,
         )
@@ -118,12 +147,37 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
             .discover(limit)
             .await
             .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
+        let learned = granted.as_ref().map(|granted| {
+            let mut refused = Vec::new();
+            if let Some(mut rx) = conn.take_egress_refusals() {
+                while let Ok(r) = rx.try_recv() {
+                    refused.push(r);
+                }
+            }
+            crate::cli::learn::learn(
+                &refused,
+                &conn.stderr_tail(),
+                granted,
+                &config.protected_paths(),
+            )
+        });
         conn.terminate(crate::shutdown::STOP_GRACE).await;
-        anyhow::Ok(raw)
+        anyhow::Ok((raw, learned))
     })
     .await;
-    let raw = match started {
-        Ok(result) => result?,
+    let (raw, learned) = match started {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => match &granted {
+            // What the server said before it failed is in the error: learn from it.
+            Some(granted) => {
+                let text = format!("{e:#}");
+                let lines: Vec<String> = text.lines().map(str::to_string).collect();
+                let learned =
+                    crate::cli::learn::learn(&[], &lines, granted, &config.protected_paths());
+                bail!("{text}\n{}", learned.to_text().trim_end());
+            }
+            None => return Err(e),
+        },
         Err(_) => anyhow::bail!(
             "connection `{name}` did not start and answer discovery within {} ms (start_timeout); its server was stopped",
             limit.as_millis()
@@ -163,6 +217,7 @@ pub async fn discover(config: &ServeConfig, name: &str) -> Result<DiscoverReport
         previous: previous.map(|p| p.digest),
         drift,
         mappings,
+        learned,
     })
 }
 
@@ -304,6 +359,9 @@ impl DiscoverReport {
                     }
                 }
             }
+        }
+        if let Some(learned) = &self.learned {
+            o.push_str(&learned.to_text());
         }
         o
     }

@@ -135,6 +135,13 @@ pub struct ConnectionView {
     pub confinement: Vec<String>,
     /// Whether the server runs unconfined (`confine = false`): FLAGGED (exit status 2).
     pub unconfined: bool,
+    /// What the host's own outbound connection to the server may reach (Streamable HTTP),
+    /// one line per kind — network, credentials — as [`host_connection_lines`] words it;
+    /// secret names only, never a value.
+    pub host_connection: Vec<String>,
+    /// Whether the host sends requests, credential headers included, as plain `http://` to
+    /// a host that is not loopback (`allow_insecure_http = true`): FLAGGED (exit status 2).
+    pub insecure_http: bool,
 }
 
 /// The review lines of a stdio server's confinement ([`ConnectionView::confinement`]).
@@ -163,7 +170,10 @@ fn confinement_lines(s: &crate::upstream::StdioServer) -> Vec<String> {
     lines.push(if c.tcp_connect.is_empty() {
         "network: none (deny by default)".to_string()
     } else {
-        format!("network: tcp_connect {}", c.tcp_connect.join(", "))
+        format!(
+            "network: tcp_connect {} (through the host's egress proxy; a name reaches its public addresses only)",
+            c.tcp_connect.join(", ")
+        )
     });
     lines.push(if c.namespaces {
         "processes: own user, mount, PID, network, IPC and UTS namespaces; Landlock keeps it out of other processes".to_string()
@@ -180,6 +190,67 @@ fn confinement_lines(s: &crate::upstream::StdioServer) -> Vec<String> {
         confine::seccomp::DENIED.len()
     ));
     lines
+}
+
+/// The review lines of what the host's own connection to an HTTP server may reach
+/// ([`ConnectionView::host_connection`]), and whether it goes as plain `http://` to a host
+/// that is not loopback. What holds (`crate::upstream::http`): the host connects to the
+/// URL's host and port only, follows no redirect and uses no proxy, and sends the headers
+/// from secrets on those requests only.
+fn host_connection_lines(h: &crate::upstream::http::HttpServer) -> (Vec<String>, bool) {
+    use crate::upstream::http::HeaderValueSource;
+    let safe = |t: &str| crate::cli::operate::safe(t, 400);
+    // The configuration checked the URL when it loaded; an unparsable one reads as itself.
+    let parsed: Option<http::Uri> = h.url.parse().ok();
+    let scheme = parsed
+        .as_ref()
+        .and_then(http::Uri::scheme_str)
+        .unwrap_or("https")
+        .to_ascii_lowercase();
+    let (origin, host) = match parsed.as_ref().and_then(http::Uri::authority) {
+        Some(a) => {
+            let port = a
+                .port_u16()
+                .unwrap_or(if scheme == "http" { 80 } else { 443 });
+            (
+                safe(&format!("{scheme}://{}:{port}", a.host())),
+                a.host().to_string(),
+            )
+        }
+        None => (safe(&h.url), String::new()),
+    };
+    let loopback = crate::upstream::http::is_loopback_host(&host);
+    let insecure = scheme == "http" && !loopback;
+    let transport = if scheme != "http" {
+        ""
+    } else if insecure {
+        ", UNENCRYPTED: plain http:// to a host that is not loopback (`allow_insecure_http = true`)"
+    } else {
+        ", plain http:// to loopback"
+    };
+    let mut lines = vec![format!(
+        "network: {origin} only (the URL's host and port; a name reaches any address it resolves to){transport}; redirects refused (a 3xx is a failure); no proxy, not even one from the environment"
+    )];
+    let secrets: Vec<String> = h
+        .headers
+        .iter()
+        .filter_map(|header| match &header.value {
+            HeaderValueSource::Secret { name, .. } => {
+                Some(format!("{} (secret `{}`)", safe(&header.name), safe(name)))
+            }
+            HeaderValueSource::Literal(_) => None,
+        })
+        .collect();
+    lines.push(if secrets.is_empty() {
+        "credentials: none (no header from a secret)".to_string()
+    } else {
+        format!(
+            "credentials: {} sent only to {origin}{}; values never shown",
+            secrets.join(", "),
+            if insecure { ", UNENCRYPTED" } else { "" }
+        )
+    });
+    (lines, insecure)
 }
 
 /// `[mapping]` of the reviewed manifest.
@@ -578,6 +649,8 @@ pub fn add_config(
         missing_tools: Vec::new(),
         confinement: Vec::new(),
         unconfined: false,
+        host_connection: Vec::new(),
+        insecure_http: false,
     };
     match server {
         UpstreamServer::Stdio(s) => {
@@ -601,6 +674,9 @@ pub fn add_config(
                     _ => format!("{} (literal)", safe(&header.name)),
                 })
                 .collect();
+            let (lines, insecure) = host_connection_lines(h);
+            view.host_connection = lines;
+            view.insecure_http = insecure;
         }
     }
     if let Some(registry) = registry
@@ -1166,14 +1242,21 @@ impl RegistryView {
 }
 
 impl Review {
-    /// Whether any import is flagged.
+    /// Whether anything is flagged: an import, a reason the host would refuse to load the
+    /// mapping, an unconfined server or an unencrypted HTTP connection (exit status 2).
     pub fn has_flagged(&self) -> bool {
-        self.flagged > 0 || !self.refusals.is_empty() || self.unconfined()
+        self.flagged > 0 || !self.refusals.is_empty() || self.unconfined() || self.insecure_http()
     }
 
     /// Whether `--config` showed a connection whose server runs unconfined.
     pub fn unconfined(&self) -> bool {
         self.connection.as_ref().is_some_and(|c| c.unconfined)
+    }
+
+    /// Whether `--config` showed an HTTP connection the host reaches as plain `http://` to
+    /// a host that is not loopback.
+    pub fn insecure_http(&self) -> bool {
+        self.connection.as_ref().is_some_and(|c| c.insecure_http)
     }
 
     /// The review as pretty-printed JSON.
@@ -1276,8 +1359,8 @@ impl Review {
         }
     }
 
-    /// Section 4: the verdict, then each flagged import and each reason the host would
-    /// refuse to load the mapping.
+    /// Section 4: the verdict, then each flagged import, each reason the host would
+    /// refuse to load the mapping, and a connection flagged with `--config`.
     fn write_verdict(&self, w: &mut String) {
         let _ = writeln!(w, "4. Verdict: {}", self.verdict());
         for i in self.imports.iter().filter(|i| i.status == Status::Flagged) {
@@ -1290,6 +1373,12 @@ impl Review {
             let _ = writeln!(
                 w,
                 "  FLAGGED   the connection's server runs UNCONFINED (`confine = false`): it can read and write whatever the host's user can, reach any network and see every process"
+            );
+        }
+        if self.insecure_http() {
+            let _ = writeln!(
+                w,
+                "  FLAGGED   the host reaches the connection's server UNENCRYPTED (`allow_insecure_http = true`, plain http:// to a host that is not loopback): anyone on the path can read and alter its requests, credential headers included, and its answers"
             );
         }
     }
@@ -1347,7 +1436,8 @@ impl Review {
     }
 
     /// The rest of section 5 with `--config`: the configured connection `c` (transport,
-    /// what it runs or where it connects, variable and header names), then the tools its
+    /// what it runs or where it connects, variable and header names, how its server is
+    /// confined or what the host's own connection to it may reach), then the tools its
     /// latest snapshot offers that the mapping does not list, and the reverse.
     fn write_connection(&self, w: &mut String, c: &ConnectionView) {
         let _ = writeln!(
@@ -1382,6 +1472,10 @@ impl Review {
         }
         for (i, line) in c.confinement.iter().enumerate() {
             let key = if i == 0 { "confinement" } else { "" };
+            let _ = writeln!(w, "    {key:<21}{line}");
+        }
+        for (i, line) in c.host_connection.iter().enumerate() {
+            let key = if i == 0 { "host's connection" } else { "" };
             let _ = writeln!(w, "    {key:<21}{line}");
         }
         match &c.snapshot {
@@ -1430,6 +1524,11 @@ impl Review {
         };
         let imports = if self.unconfined() {
             format!("{imports}; FLAGGED: the connection's server runs unconfined")
+        } else {
+            imports
+        };
+        let imports = if self.insecure_http() {
+            format!("{imports}; FLAGGED: the host reaches the connection's server unencrypted")
         } else {
             imports
         };
@@ -1854,6 +1953,90 @@ mod tests {
             classify("wasi:cli/environment@0.2.6", &env).1,
             "baseline: sees only granted variables (2 granted)"
         );
+    }
+
+    fn http_server(url: &str, insecure: bool) -> crate::upstream::http::HttpServer {
+        use crate::upstream::http::{HeaderValueSource, HttpHeader, HttpServer};
+        HttpServer {
+            url: url.into(),
+            headers: vec![
+                HttpHeader {
+                    name: "Authorization".into(),
+                    value: HeaderValueSource::Secret {
+                        name: "notes-token".into(),
+                        prefix: "Bearer ".into(),
+                        value: airlock_core::Secret("hunter2-value".into()),
+                    },
+                },
+                HttpHeader {
+                    name: "X-Tenant".into(),
+                    value: HeaderValueSource::Literal("acme".into()),
+                },
+            ],
+            allow_insecure_http: insecure,
+            owner: None,
+            credential_scope: None,
+        }
+    }
+
+    #[test]
+    fn an_http_connection_shows_what_the_hosts_connection_reaches_and_flags_plain_http() {
+        let tail =
+            "redirects refused (a 3xx is a failure); no proxy, not even one from the environment";
+        let (lines, insecure) =
+            host_connection_lines(&http_server("https://mcp.example.com/mcp", false));
+        assert!(!insecure);
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "network: https://mcp.example.com:443 only (the URL's host and port; a name reaches any address it resolves to); {tail}"
+                ),
+                "credentials: Authorization (secret `notes-token`) sent only to https://mcp.example.com:443; values never shown".to_string(),
+            ]
+        );
+
+        // Plain http:// to loopback is the default's exception, not flagged (nor is
+        // allow_insecure_http when the URL does not use it).
+        for url in [
+            "http://127.0.0.1:8080/mcp",
+            "http://[::1]:9/mcp",
+            "http://localhost/mcp",
+        ] {
+            let (lines, insecure) = host_connection_lines(&http_server(url, true));
+            assert!(!insecure, "{url}");
+            assert!(
+                lines[0].contains(", plain http:// to loopback;"),
+                "{url}: {lines:?}"
+            );
+        }
+        let (lines, _) = host_connection_lines(&http_server("http://[::1]:9/mcp", false));
+        assert!(
+            lines[0].starts_with("network: http://[::1]:9 only ("),
+            "{lines:?}"
+        );
+        let (_, insecure) = host_connection_lines(&http_server("https://10.1.2.3/mcp", true));
+        assert!(!insecure);
+
+        let (lines, insecure) =
+            host_connection_lines(&http_server("http://10.1.2.3:8080/mcp", true));
+        assert!(insecure);
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    "network: http://10.1.2.3:8080 only (the URL's host and port; a name reaches any address it resolves to), UNENCRYPTED: plain http:// to a host that is not loopback (`allow_insecure_http = true`); {tail}"
+                ),
+                "credentials: Authorization (secret `notes-token`) sent only to http://10.1.2.3:8080, UNENCRYPTED; values never shown".to_string(),
+            ]
+        );
+        assert!(!format!("{lines:?}").contains("hunter2"));
+
+        let mut bare = http_server("https://mcp.example.com:8443/mcp", false);
+        bare.headers.clear();
+        let (lines, _) = host_connection_lines(&bare);
+        assert_eq!(lines[1], "credentials: none (no header from a secret)");
+        assert!(lines[0].starts_with("network: https://mcp.example.com:8443 only ("));
     }
 
     #[test]

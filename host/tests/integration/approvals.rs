@@ -770,13 +770,18 @@ async fn an_expired_request_state_fails_closed() {
 fn changing(kind: &str) -> (Deployment, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let trigger = dir.path().join("change-now");
-    std::mem::forget(dir);
     let t = trigger.display().to_string();
+    // The confined server sees the trigger's folder because it is granted (read-only).
     let d = Deployment::with_notes()
         .mapping("source-library")
-        .with_outbox(&["--change-when", &t, kind])
+        .with_outbox_granted(
+            &["--change-when", &t, kind],
+            &[(dir.path(), "read-only")],
+            |m| m,
+        )
         .policy(POLICY)
         .tables(PROFILES);
+    std::mem::forget(dir);
     (d, trigger)
 }
 

@@ -28,6 +28,9 @@ struct Targets {
     /// An abstract Unix socket the test listens on.
     abstract_name: String,
     _abstract: std::os::unix::net::UnixListener,
+    /// A Unix socket by path, in a folder of the test's (never granted).
+    unix: std::path::PathBuf,
+    _unix: (tempfile::TempDir, std::os::unix::net::UnixListener),
 }
 
 impl Targets {
@@ -42,7 +45,12 @@ impl Targets {
         let addr =
             std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
         let abstract_listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+        let folder = tempfile::tempdir().unwrap();
+        let unix = folder.path().join("service.sock");
+        let unix_listener = std::os::unix::net::UnixListener::bind(&unix).unwrap();
         Self {
+            unix,
+            _unix: (folder, unix_listener),
             listener,
             udp: std::net::UdpSocket::bind("127.0.0.1:0").unwrap(),
             abstract_name,
@@ -104,6 +112,8 @@ fn reaches(
         ("signal", "signal:{ppid}".to_string()),
         ("userns", "userns:-".to_string()),
         ("abstract", format!("abstract:{}", t.abstract_name)),
+        // A service's Unix socket by path (a database's, a container runtime's).
+        ("unix", format!("unix:{}", t.unix.display())),
         // Only Landlock's TCP rules refuse a bind in the server's own network namespace.
         ("bind", "bind:127.0.0.1:0".to_string()),
         // This test's own process: visible only through the host's /proc.
@@ -275,6 +285,12 @@ async fn confined_in_namespaces_every_reach_is_blocked_and_the_host_serves() {
         "{}",
         report["test-environ"]
     );
+    // Absent from its filesystem view, not merely refused.
+    assert!(
+        report["unix"].contains("No such file or directory"),
+        "{}",
+        report["unix"]
+    );
     // Bound by Landlock's TCP rules, even in its own network namespace.
     assert!(
         report["bind"].contains("Permission denied"),
@@ -294,7 +310,11 @@ async fn confined_without_namespaces_landlock_and_seccomp_still_block() {
     // Without a PID namespace the host is the server's visible parent: /proc/PPID,
     // ptrace and signals are Landlock's to refuse. (No fork bound for uid 0 here: the
     // kernel exempts root from RLIMIT_NPROC, and only the PID namespace bounds it.)
-    let (_d, report) = attempt(&format!("namespaces = false\n{GRANTS}"), &t, false, true).await;
+    let (_d, mut report) = attempt(&format!("namespaces = false\n{GRANTS}"), &t, false, true).await;
+    // Not covered without namespaces (README): Landlock ABI 6 does not mediate a Unix
+    // socket reached by its path; only the server's own filesystem view hides it.
+    let unix = report.remove("unix").unwrap();
+    assert!(unix.contains(" OK "), "{unix}");
     assert_all_blocked(&report);
     // UDP is refused by seccomp alone here (Landlock's rules are TCP only).
     assert!(
@@ -307,6 +327,205 @@ async fn confined_without_namespaces_landlock_and_seccomp_still_block() {
         !report["environ"].contains("/proc/0/"),
         "{}",
         report["environ"]
+    );
+}
+
+#[tokio::test]
+async fn egress_reaches_granted_destinations_through_the_proxy_and_nothing_else() {
+    assert_machine_can_confine(true);
+    // The granted destination echoes what it gets: bytes cross the relay and the proxy.
+    // (The server starts more than once: discovery, then serving.)
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let granted = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read as _, Write as _};
+        for mut s in echo.incoming().flatten() {
+            let mut buf = [0u8; 5];
+            if s.read_exact(&mut buf).is_ok() {
+                let _ = s.write_all(&buf);
+            }
+        }
+    });
+    let ungranted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ungranted = ungranted.local_addr().unwrap().port();
+    // `localhost` is granted by name: it resolves to loopback, which a name never grants.
+    let names = [
+        "granted",
+        "ungranted-port",
+        "ungranted-name",
+        "loopback-name",
+        "direct",
+    ];
+    let d = deployment(
+        &format!(
+            "{GRANTS}[connection.grants.network]\ntcp_connect = [\"127.0.0.1:{granted}\", \"localhost:{ungranted}\"]\n"
+        ),
+        |_| {
+            vec![
+                format!("proxy:127.0.0.1:{granted}"),
+                format!("proxy:127.0.0.1:{ungranted}"),
+                "proxy:exfiltrate.example:443".into(),
+                format!("proxy:localhost:{ungranted}"),
+                // Around the proxy: Landlock allows the relay's port only.
+                format!("connect:127.0.0.1:{granted}"),
+            ]
+        },
+    );
+    let report = run(&d, &names).await;
+    assert!(
+        report["granted"].contains(" OK ") && report["granted"].contains("got back \"hello\""),
+        "{}",
+        report["granted"]
+    );
+    for name in &names[1..] {
+        assert!(report[*name].contains(" BLOCKED "), "{}", report[*name]);
+    }
+    assert!(
+        report["ungranted-port"].contains("403 Forbidden"),
+        "{}",
+        report["ungranted-port"]
+    );
+    assert!(
+        report["ungranted-name"].contains("the name was not resolved"),
+        "{}",
+        report["ungranted-name"]
+    );
+    assert!(
+        report["loopback-name"].contains("need a grant by address"),
+        "{}",
+        report["loopback-name"]
+    );
+    assert!(
+        report["direct"].contains("Permission denied"),
+        "{}",
+        report["direct"]
+    );
+    // Each refusal is in the trace with what was refused; the granted one is not.
+    let refused: Vec<(String, u64)> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "upstream-egress-refused")
+        .map(|e| {
+            assert_eq!(e["subject"], "notes", "{e}");
+            (
+                e["payload"]["host"].as_str().unwrap().to_string(),
+                e["payload"]["port"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        vec![
+            ("127.0.0.1".to_string(), u64::from(ungranted)),
+            ("exfiltrate.example".to_string(), 443),
+            ("localhost".to_string(), u64::from(ungranted)),
+        ]
+    );
+    // The review shows the egress grant beside the mapping's grants.
+    let config = d.write_config();
+    let manifest = d.manifests()[0].display().to_string();
+    let out = d.airlock(&["grants", &manifest, "--config", config.to_str().unwrap()]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains(&format!(
+            "network: tcp_connect 127.0.0.1:{granted}, localhost:{ungranted} (through the host's egress proxy"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
+    assert_machine_can_confine(true);
+    let d = deployment(GRANTS, |d| {
+        let docs = d.dir.path().join("docs");
+        let logs = d.dir.path().join("logs");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::write(docs.join("guide.md"), "# guide\n").unwrap();
+        vec![
+            format!("read:{}", docs.join("guide.md").display()),
+            format!("write:{}", logs.join("server.log").display()),
+            format!("read:{}", d.state_dir().join("trace.key").display()),
+            "proxy:api.example.test:443".into(),
+        ]
+    });
+    let config = d.write_config();
+    // The store (and its key) exists before the run, as on a host that served already.
+    d.airlock_ok(&["discover", "notes", "--config", config.to_str().unwrap()]);
+    let v = d.airlock_json(&[
+        "discover",
+        "notes",
+        "--config",
+        config.to_str().unwrap(),
+        "--learn",
+    ]);
+    let learned = &v["learned"];
+    let root = d.dir.path().canonicalize().unwrap();
+    let docs = root.join("docs/guide.md").display().to_string();
+    let logs = root.join("logs").display().to_string();
+    let paths: BTreeMap<String, serde_json::Value> = learned["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["path"].as_str().unwrap().to_string(), p.clone()))
+        .collect();
+    assert_eq!(paths[&docs]["access"], "read-only", "{learned:#}");
+    assert_eq!(paths[&logs]["access"], "read-write", "{learned:#}");
+    let key = d
+        .state_dir()
+        .join("trace.key")
+        .canonicalize()
+        .unwrap()
+        .display()
+        .to_string();
+    assert!(
+        paths[&key]["never"]
+            .as_str()
+            .unwrap()
+            .contains("must never reach"),
+        "{learned:#}"
+    );
+    assert_eq!(learned["egress"][0]["grant"], "api.example.test:443");
+    let toml = learned["toml"].as_str().unwrap();
+    assert!(
+        toml.contains("tcp_connect = [\"api.example.test:443\"]"),
+        "{toml}"
+    );
+    assert!(toml.contains(&format!("path = {docs:?}")), "{toml}");
+    assert!(!toml.contains("trace.key"), "{toml}");
+    // The text form says the same for a person.
+    let out = d.airlock(&[
+        "discover",
+        "notes",
+        "--config",
+        config.to_str().unwrap(),
+        "--learn",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("learned: the confined server was refused"),
+        "{text}"
+    );
+    assert!(text.contains("NEVER GRANTED"), "{text}");
+    // An unconfined connection has nothing to learn.
+    let d = d.replace_connections(
+        "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nconfine = false\n",
+    );
+    let config = d.write_config();
+    let out = d.airlock(&[
+        "discover",
+        "notes",
+        "--config",
+        config.to_str().unwrap(),
+        "--learn",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is unconfined"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -512,9 +731,9 @@ fn as_an_ordinary_user_the_same_reaches_are_blocked() {
                 },
                 ..confine::Confinement::deny_by_default()
             };
-            let (helper, scratch) =
+            let (helper, confined) =
                 confine::command(&bin, &args, root, &BTreeMap::new(), &confinement).unwrap();
-            open(scratch.path(), 0o777);
+            open(confined.scratch.path(), 0o777);
             let helper = helper.as_std();
             // The helper is the copy nobody can execute, whatever this process named.
             cmd.arg(&bin).args(helper.get_args()).env_clear();
@@ -523,7 +742,7 @@ fn as_an_ordinary_user_the_same_reaches_are_blocked() {
                     cmd.env(k, v);
                 }
             }
-            _scratch = scratch;
+            _scratch = confined;
         } else {
             cmd.arg(&bin).args(&args).env_clear();
         }

@@ -516,6 +516,128 @@ async fn identity_is_url_and_credential_scope_never_the_secret_value() {
     assert_eq!(revisions.len(), 3, "{revisions:?}");
 }
 
+/// `airlock grants MANIFEST --config FILE` for an HTTP connection shows what the host's own
+/// connection may reach (the URL's host and port, no redirect, no proxy, the secret
+/// headers only there), never a secret's value; plain http:// to a host that is not
+/// loopback is FLAGGED (exit status 2), https is not. No server runs: review reads only.
+#[test]
+fn grants_with_config_shows_what_the_hosts_connection_to_an_http_server_reaches() {
+    // Review reads the configuration (its secret resolves); no state folder.
+    let review = |args: &[&str]| {
+        std::process::Command::new(airlock_bin())
+            .env_remove("AIRLOCK_STATE_DIR")
+            .env_remove("AIRLOCK_LOG")
+            .env(SECRET_ENV, SECRET)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let grants = |d: &Deployment, json: bool| {
+        let config = d.write_config();
+        let manifest = d.manifests()[0].display().to_string();
+        let mut args = vec!["grants", &manifest, "--config", config.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        let out = review(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stdout.contains(SECRET), "a secret value leaked: {stdout}");
+        assert!(!stderr.contains(SECRET), "a secret value leaked: {stderr}");
+        (out.status.code(), stdout, stderr)
+    };
+    let tail =
+        "redirects refused (a 3xx is a failure); no proxy, not even one from the environment";
+
+    let d = deployment(Deployment::with_notes(), "https://mcp.example.com/mcp", "");
+    let (code, text, stderr) = grants(&d, false);
+    assert_eq!(code, Some(0), "{text}{stderr}");
+    assert!(
+        text.contains(&format!(
+            "    host's connection    network: https://mcp.example.com:443 only (the URL's host and port; a name reaches any address it resolves to); {tail}\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "                         credentials: Authorization (secret `notes-token`) sent only to https://mcp.example.com:443; values never shown\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("FLAGGED"), "{text}");
+    let (code, json, _) = grants(&d, true);
+    assert_eq!(code, Some(0));
+    let v: Value = serde_json::from_str(&json).unwrap();
+    let c = &v["connection"];
+    assert_eq!(c["transport"], "streamable-http");
+    assert_eq!(c["insecure_http"], false);
+    assert_eq!(c["confinement"], json!([]));
+    assert_eq!(
+        c["host_connection"],
+        json!([
+            format!(
+                "network: https://mcp.example.com:443 only (the URL's host and port; a name reaches any address it resolves to); {tail}"
+            ),
+            "credentials: Authorization (secret `notes-token`) sent only to https://mcp.example.com:443; values never shown",
+        ])
+    );
+
+    // Plain http:// to a host that is not loopback: allowed by the configuration, FLAGGED
+    // in review.
+    let d = deployment(
+        Deployment::with_notes(),
+        "http://10.1.2.3:8080/mcp",
+        "allow_insecure_http = true\n",
+    );
+    let (code, text, stderr) = grants(&d, false);
+    assert_eq!(code, Some(2), "{text}{stderr}");
+    assert!(
+        text.contains(&format!(
+            "    host's connection    network: http://10.1.2.3:8080 only (the URL's host and port; a name reaches any address it resolves to), UNENCRYPTED: plain http:// to a host that is not loopback (`allow_insecure_http = true`); {tail}\n"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "credentials: Authorization (secret `notes-token`) sent only to http://10.1.2.3:8080, UNENCRYPTED; values never shown\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "  FLAGGED   the host reaches the connection's server UNENCRYPTED (`allow_insecure_http = true`, plain http:// to a host that is not loopback)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("FLAGGED: the host reaches the connection's server unencrypted"),
+        "{text}"
+    );
+    assert!(
+        stderr.contains("unencrypted (allow_insecure_http)"),
+        "{stderr}"
+    );
+    let (code, json, _) = grants(&d, true);
+    assert_eq!(code, Some(2));
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["connection"]["insecure_http"], true);
+    assert_eq!(
+        v["connection"]["host_connection"][1],
+        "credentials: Authorization (secret `notes-token`) sent only to http://10.1.2.3:8080, UNENCRYPTED; values never shown"
+    );
+    let config = d.write_config();
+    let manifest = d.manifests()[0].display().to_string();
+    let out = review(&[
+        "grants",
+        &manifest,
+        "--config",
+        config.to_str().unwrap(),
+        "--allow-flagged",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+}
+
 #[test]
 fn hostile_http_connections_are_refused_at_load_with_the_connection_named() {
     let cases = [

@@ -30,6 +30,7 @@ mod lifecycle;
 mod memory_graph;
 mod multi_host;
 mod python_client;
+mod python_server;
 mod registry;
 mod reload;
 mod replay;

@@ -3,6 +3,8 @@
 //!
 //! - [`canonical`]: RFC 8785 canonical JSON, written directly on the hot path (digests of
 //!   arguments, trace payloads, policy versions).
+//! - [`destination`]: network destinations as grants name them, and the address ranges a
+//!   named host may not resolve to without an explicit grant.
 //! - [`random`]: random bytes for ids, tokens and nonces, each byte from the OS source and
 //!   handed out once.
 //! - [`private_fs`]: the owner, mode and no-symlink rules of private folders and files
@@ -16,6 +18,7 @@
 //! speaks MCP, evaluates policy or opens a database. Every other crate may use it.
 
 pub mod canonical;
+pub mod destination;
 pub mod jsonrpc;
 pub mod private_fs;
 pub mod random;

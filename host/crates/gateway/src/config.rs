@@ -295,18 +295,7 @@ impl ServeConfig {
     /// # Errors
     /// Names the connection, the grant and what it would expose.
     pub fn check_confinement(&self) -> Result<()> {
-        let mut protected: Vec<PathBuf> = Vec::new();
-        if let Some(dir) = self.state_dir.clone().or_else(default_state_dir) {
-            protected.push(dir);
-        }
-        if let Some(file) = crate::registry::anchor::checkpoint_path(self) {
-            protected.push(file);
-        }
-        // Compare canonical paths where they exist (grants are canonical).
-        let protected: Vec<PathBuf> = protected
-            .into_iter()
-            .map(|p| p.canonicalize().unwrap_or(p))
-            .collect();
+        let protected = self.protected_paths();
         for (name, server) in &self.connections {
             if server.as_stdio().is_some_and(|s| s.confine.is_none()) {
                 tracing::warn!(
@@ -329,6 +318,25 @@ impl ServeConfig {
             })?;
         }
         Ok(())
+    }
+
+    /// What no confined server may ever be granted: the state folder (which holds the
+    /// store and, by default, the trace key) and the checkpoint file, canonical where they
+    /// exist.
+    #[must_use]
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        let mut protected: Vec<PathBuf> = Vec::new();
+        if let Some(dir) = self.state_dir.clone().or_else(default_state_dir) {
+            protected.push(dir);
+        }
+        if let Some(file) = crate::registry::anchor::checkpoint_path(self) {
+            protected.push(file);
+        }
+        // Compare canonical paths where they exist (grants are canonical).
+        protected
+            .into_iter()
+            .map(|p| p.canonicalize().unwrap_or(p))
+            .collect()
     }
 
     /// The secret values of this configuration (what a recorder redaction must remove,
@@ -998,12 +1006,9 @@ fn confinement(c: &RawConnection, base: &Path) -> Result<Option<Confinement>> {
         confinement
             .tcp_connect
             .clone_from(&grants.network.tcp_connect);
-        if !confinement.tcp_connect.is_empty() {
-            bail!(
-                "connection `{name}`: `grants.network.tcp_connect` is not supported yet for a confined server (it has no network); set `confine = false` to give it the host's network (flagged in review)"
-            );
-        }
     }
+    crate::upstream::confine::check_network(&confinement)
+        .with_context(|| format!("connection `{name}`"))?;
     crate::upstream::confine::check_protected(&confinement.paths, &[])
         .with_context(|| format!("connection `{name}`"))?;
     if let Some(limits) = &c.limits {
@@ -1577,9 +1582,21 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
             ),
             (
                 format!(
-                    "{cmd}confine = true\n[connection.grants.network]\ntcp_connect = [\"api.example.com:443\"]\n"
+                    "{cmd}confine = true\nnamespaces = false\n[connection.grants.network]\ntcp_connect = [\"api.example.com:443\"]\n"
                 ),
-                "not supported yet",
+                "needs `namespaces = true`",
+            ),
+            (
+                format!(
+                    "{cmd}confine = true\n[connection.grants.network]\ntcp_connect = [\"api.example.com\"]\n"
+                ),
+                "has no port",
+            ),
+            (
+                format!(
+                    "{cmd}confine = true\n[connection.grants.network]\ntcp_connect = [\"bad host:443\"]\n"
+                ),
+                "not an IP address, CIDR network or DNS name",
             ),
             (
                 format!("{cmd}confine = true\n[connection.limits]\nopen_files = 3\n"),

@@ -174,8 +174,10 @@ pub fn check_url(name: &str, url: &str, allow_insecure_http: bool) -> Result<()>
     Ok(())
 }
 
-/// True for `localhost`, `127.0.0.0/8` and `::1` (brackets allowed).
-fn is_loopback_host(host: &str) -> bool {
+/// True for `localhost`, `127.0.0.0/8` and `::1` (brackets allowed): the hosts `http://`
+/// may reach without `allow_insecure_http` ([`check_url`]).
+#[must_use]
+pub fn is_loopback_host(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     if bare.eq_ignore_ascii_case("localhost") {
         return true;

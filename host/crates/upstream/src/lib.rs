@@ -66,6 +66,13 @@ use tokio_util::sync::CancellationToken;
 use self::process::Process;
 use airlock_core::jsonrpc::IdScanner;
 
+/// Lines of a stdio server's stderr a connection keeps (the last ones; each cut at 400
+/// characters): what `airlock discover --learn` reads.
+pub const STDERR_KEPT: usize = 64;
+
+/// Of those, the lines a failed start's error shows.
+const STDERR_SHOWN: usize = 16;
+
 /// How long an upstream server has to answer `initialize` when the caller sets no bound.
 pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -84,12 +91,14 @@ async fn startup_failure(
         Some(status) => format!("the server exited ({status})"),
         None => "the server is still running (it is stopped now)".to_string(),
     };
-    let last: Vec<String> = recent
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .cloned()
-        .collect();
+    let last: Vec<String> = {
+        let recent = recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent
+            .iter()
+            .skip(recent.len().saturating_sub(STDERR_SHOWN))
+            .cloned()
+            .collect()
+    };
     let said = if last.is_empty() {
         "it wrote nothing to stderr".to_string()
     } else {
@@ -222,6 +231,8 @@ pub struct Connection {
     client: Option<RunningService<RoleClient, ()>>,
     /// The server process (`None` when it never started).
     process: Option<Arc<Process>>,
+    /// A stdio server's last stderr lines ([`STDERR_KEPT`]).
+    stderr: Option<Arc<std::sync::Mutex<std::collections::VecDeque<String>>>>,
     /// Why a connection that never started did not (the host's words).
     unstarted: Option<String>,
     /// Set when the server's stdout ended, the server exited, or a request found the
@@ -812,6 +823,7 @@ impl Connection {
             max_message_bytes: shared.limit,
             client,
             process,
+            stderr: None,
             unstarted,
             closed: shared.closed,
             gone: shared.gone,
@@ -841,9 +853,9 @@ impl Connection {
         max_message_bytes: u64,
         initialize_timeout: Duration,
     ) -> Result<Self> {
-        let (cmd, scratch) = match &server.confine {
+        let (cmd, confined) = match &server.confine {
             Some(confinement) => {
-                let (cmd, scratch) = confine::command(
+                let (cmd, confined) = confine::command(
                     &server.command,
                     &server.args,
                     &server.cwd,
@@ -851,7 +863,7 @@ impl Connection {
                     confinement,
                 )
                 .with_context(|| format!("confining the server of connection `{name}`"))?;
-                (cmd, Some(scratch))
+                (cmd, Some(confined))
             }
             None => {
                 let mut cmd = Command::new(&server.command);
@@ -870,12 +882,13 @@ impl Connection {
                 server.cwd.display()
             )
         })?;
-        if let Some(scratch) = scratch {
-            child.keep(scratch);
+        if let Some(confined) = confined {
+            child.keep(confined);
         }
         let child = Arc::new(child);
         let (stdout, stdin) = (pipes.stdout, pipes.stdin);
-        // The last few stderr lines are kept to explain a server that dies at start.
+        // The last stderr lines are kept to explain a server that dies at start (and for
+        // `discover --learn`).
         let recent: Arc<std::sync::Mutex<std::collections::VecDeque<String>>> = Arc::default();
         if let Some(stderr) = pipes.stderr {
             let (conn, recent) = (name.to_string(), recent.clone());
@@ -885,7 +898,7 @@ impl Connection {
                     let shown: String = line.chars().take(400).collect();
                     tracing::debug!(connection = %conn, "upstream stderr: {shown}");
                     let mut recent = recent.lock().unwrap_or_else(|e| e.into_inner());
-                    if recent.len() == 16 {
+                    if recent.len() == STDERR_KEPT {
                         recent.pop_front();
                     }
                     recent.push_back(shown);
@@ -936,7 +949,7 @@ impl Connection {
             .peer()
             .set_response_cache_config(rmcp::service::ClientCacheConfig::disabled())
             .await;
-        Ok(Self::new(
+        let mut connection = Self::new(
             name,
             shared,
             Link::Stdio {
@@ -944,7 +957,9 @@ impl Connection {
                 process: child,
                 outbound,
             },
-        ))
+        );
+        connection.stderr = Some(recent);
+        Ok(connection)
     }
 
     /// Starts `server` (either transport; see [`Connection::start_stdio`] and
@@ -1168,6 +1183,38 @@ impl Connection {
             Shared::new(name, max_message_bytes),
             Link::Unstarted(why),
         )
+    }
+
+    /// The destinations a confined server's egress proxy refused
+    /// ([`confine::proxy::Refused`]), for the one reader that traces them: `None` for a
+    /// server without a proxy, and once taken. Refusals are counted even when not read
+    /// ([`Connection::egress_refused`]).
+    pub fn take_egress_refusals(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<confine::proxy::Refused>> {
+        self.process.as_ref()?.egress()?.take_refusals()
+    }
+
+    /// How many destinations the egress proxy of this connection's server refused since
+    /// it started (0 without a proxy).
+    pub fn egress_refused(&self) -> u64 {
+        self.process
+            .as_ref()
+            .and_then(|p| p.egress())
+            .map_or(0, confine::proxy::Egress::refused)
+    }
+
+    /// The last lines the stdio server wrote to stderr (at most [`STDERR_KEPT`], oldest
+    /// first); empty for an HTTP or replayed connection.
+    pub fn stderr_tail(&self) -> Vec<String> {
+        self.stderr.as_ref().map_or_else(Vec::new, |lines| {
+            lines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned()
+                .collect()
+        })
     }
 
     /// The server's process id (its process group id too); `None` if it never started.

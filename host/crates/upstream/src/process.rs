@@ -27,8 +27,9 @@ pub struct Process {
     /// `None` while the server runs; then how it ended, in words ("exit status: 1",
     /// "signal: 9 (SIGKILL)").
     exit: tokio::sync::watch::Receiver<Option<String>>,
-    /// A confined server's private temporary folder, removed when this is dropped.
-    scratch: Option<tempfile::TempDir>,
+    /// What a confined server needs from the host while it runs (its private temporary
+    /// folder, its egress proxy), released when this is dropped.
+    confined: Option<crate::confine::Confined>,
 }
 
 /// The pipes of a freshly started server.
@@ -106,7 +107,7 @@ impl Process {
             Self {
                 pid,
                 exit,
-                scratch: None,
+                confined: None,
             },
             Pipes {
                 stdin,
@@ -116,10 +117,16 @@ impl Process {
         ))
     }
 
-    /// Keeps `folder` (a confined server's private temporary folder) until this process
-    /// is dropped.
-    pub fn keep(&mut self, folder: tempfile::TempDir) {
-        self.scratch = Some(folder);
+    /// Keeps what a confined server needs from the host (its private temporary folder,
+    /// its egress proxy) until this process is dropped.
+    pub fn keep(&mut self, confined: crate::confine::Confined) {
+        self.confined = Some(confined);
+    }
+
+    /// A confined server's egress proxy, when its connection grants destinations.
+    #[must_use]
+    pub fn egress(&self) -> Option<&crate::confine::proxy::Egress> {
+        self.confined.as_ref()?.egress.as_ref()
     }
 
     /// The server's process id (also its process group id).

@@ -167,6 +167,17 @@ impl Deployment {
 
     /// Like [`Deployment::with_outbox`], passing the mapping's manifest through `edit`.
     pub fn with_outbox_edited(self, extra: &[&str], edit: impl FnOnce(String) -> String) -> Self {
+        self.with_outbox_granted(extra, &[], edit)
+    }
+
+    /// Like [`Deployment::with_outbox_edited`], the server granted `grants` (path,
+    /// access) besides its outbox and call log: a confined server sees nothing else.
+    pub fn with_outbox_granted(
+        self,
+        extra: &[&str],
+        grants: &[(&Path, &str)],
+        edit: impl FnOnce(String) -> String,
+    ) -> Self {
         let outbox = self.dir.path().join("outbox");
         let log = self.dir.path().join("outbox-calls.jsonl");
         std::fs::write(&log, "").unwrap();
@@ -182,7 +193,15 @@ impl Deployment {
         std::fs::create_dir_all(&outbox).unwrap();
         self.connection(&format!(
             "[[connection]]\nname = \"outbox\"\ncommand = \"@airlock\"\nargs = {args:?}\n{}",
-            confined(&[(&outbox, "read-write"), (&log, "read-write")])
+            confined(
+                &[
+                    (outbox.as_path(), "read-write"),
+                    (log.as_path(), "read-write")
+                ]
+                .into_iter()
+                .chain(grants.iter().copied())
+                .collect::<Vec<_>>()
+            )
         ))
         .mapping_edited("outbox-delivery", edit)
     }

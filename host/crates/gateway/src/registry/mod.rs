@@ -135,6 +135,11 @@ pub mod events {
     /// (`bytes`, `items`, `media-type`, `malformed-media-type`, `malformed`) or
     /// `degraded-connection`; never its content.
     pub const UPSTREAM_REFUSED: &str = "upstream-refused";
+    /// A confined upstream server's egress proxy refused a destination (its connection
+    /// does not grant it): connection id, host and port as the server asked, the reason,
+    /// and how many the proxy has refused since that server started. Once per destination
+    /// per start.
+    pub const UPSTREAM_EGRESS_REFUSED: &str = "upstream-egress-refused";
     /// How the call ended: completed, failed(category), unknown, refused, approval
     /// required, input required (stage `executed` when it ran).
     pub const CALL_OUTCOME: &str = "call-outcome";

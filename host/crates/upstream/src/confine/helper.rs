@@ -6,9 +6,9 @@
 //! stderr (which the host shows in the connection's start error) and exits with
 //! [`FAILED`]. The server runs nothing unconfined.
 //!
-//! Order: namespaces (user, mount, PID, network, IPC, UTS; then a fork so that the server
-//! is the PID namespace's first process, a fresh `/proc`, the PID namespace's `pid_max`,
-//! loopback up) → rlimits → working directory → capabilities dropped and locked (root's
+//! Order: namespaces (user, mount, PID, network, IPC, UTS; loopback up and, for egress, the
+//! relay's listener on `127.0.0.1`; then a fork so that the server is the PID namespace's
+//! first process, a fresh `/proc`, the PID namespace's `pid_max`) → rlimits → working directory → capabilities dropped and locked (root's
 //! too: `SECBIT_NOROOT`) → `no_new_privs` → Landlock (filesystem, TCP, scopes) → seccomp
 //! (last: the steps before need the calls it refuses) → `execve`.
 
@@ -40,11 +40,15 @@ pub fn run() -> ! {
 /// Confines and `exec`s; returns only the error that stopped it.
 fn confine_and_exec(spec: &Spec) -> anyhow::Error {
     match confine(spec) {
-        Ok(()) => {
+        Ok(proxy_port) => {
+            let mut env = spec.env.clone();
+            if let Some(port) = proxy_port {
+                proxy_env(&mut env, port);
+            }
             let error = std::process::Command::new(&spec.command)
                 .args(&spec.args)
                 .env_clear()
-                .envs(&spec.env)
+                .envs(&env)
                 .exec();
             anyhow::anyhow!(
                 "starting {} confined: {error} (a confined server can execute only what is beneath its read-only grants)",
@@ -55,12 +59,35 @@ fn confine_and_exec(spec: &Spec) -> anyhow::Error {
     }
 }
 
-/// Every restriction, in order; on return this process is the confined server-to-be.
-fn confine(spec: &Spec) -> Result<()> {
-    if spec.namespaces {
-        // Returns in the namespaces' first process; the helper itself waits there.
-        super::namespaces::enter(spec.limits.processes)?;
+/// The variables that send a server's HTTP clients through the egress relay at
+/// `127.0.0.1:port`, each unless the connection's environment sets it:
+/// `HTTP_PROXY`/`HTTPS_PROXY` (and their lower-case forms, which curl and Python read) and
+/// `NODE_USE_ENV_PROXY=1` (Node's own `fetch` and `http` read the others only then).
+pub fn proxy_env(env: &mut std::collections::BTreeMap<String, String>, port: u16) {
+    let url = format!("http://127.0.0.1:{port}");
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+        env.entry(name.into()).or_insert_with(|| url.clone());
     }
+    env.entry("NODE_USE_ENV_PROXY".into())
+        .or_insert_with(|| "1".into());
+}
+
+/// Every restriction, in order; on return this process is the confined server-to-be.
+/// Returns the port of the egress relay in its network namespace, when it has one.
+fn confine(spec: &Spec) -> Result<Option<u16>> {
+    let proxy_port = if spec.namespaces {
+        // Returns in the namespaces' first process; the helper itself waits there (and
+        // relays egress).
+        let port = super::namespaces::enter(spec.limits.processes, spec.egress.as_deref())?;
+        if let Some(scratch) = &spec.scratch {
+            super::view::enter(&spec.paths, &spec.cwd, scratch)?;
+        }
+        port
+    } else if spec.egress.is_some() {
+        anyhow::bail!("egress through the host's proxy needs the server's own network namespace");
+    } else {
+        None
+    };
     set_limits(spec)?;
     std::env::set_current_dir(&spec.cwd).with_context(|| {
         format!(
@@ -74,9 +101,9 @@ fn confine(spec: &Spec) -> Result<()> {
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) } != 0 {
         return Err(std::io::Error::last_os_error()).context("setting no_new_privs");
     }
-    super::landlock::restrict(&spec.paths)?;
+    super::landlock::restrict(&spec.paths, proxy_port)?;
     super::seccomp::apply(!spec.namespaces)?;
-    Ok(())
+    Ok(proxy_port)
 }
 
 /// `RLIMIT_NOFILE`, `RLIMIT_AS` from the spec, `RLIMIT_CORE` 0 (a core file would hold

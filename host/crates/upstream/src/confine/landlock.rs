@@ -3,15 +3,15 @@
 //! Rule: every filesystem access right, TCP bind and connect, abstract Unix sockets and
 //! signals are handled (denied unless a rule allows them); the rules allow exactly the
 //! spec's paths — read-only as read, list and execute; read-write as every right — and no
-//! TCP port at all. Landlock ABI 6 (Linux 6.12) is required, as a hard requirement: a
+//! TCP port but the egress relay's, for connect only. Landlock ABI 6 (Linux 6.12) is required, as a hard requirement: a
 //! kernel that cannot enforce every one of these is an error, never a partial sandbox.
 //! Landlock also keeps the server from `ptrace` and from the `/proc/PID/{environ,mem}` of
 //! every process outside its domain (the host among them), whatever its uid.
 
 use anyhow::{Context as _, Result, bail};
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible as _, PathBeneath, PathFd,
-    Ruleset, RulesetAttr as _, RulesetCreatedAttr as _, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible as _, NetPort, PathBeneath,
+    PathFd, Ruleset, RulesetAttr as _, RulesetCreatedAttr as _, RulesetStatus, Scope,
 };
 
 use super::{Access as Grant, PathGrant};
@@ -35,12 +35,13 @@ pub fn kernel_abi() -> i64 {
     abi.max(0)
 }
 
-/// Restricts this process (and what it `exec`s) to `paths`, no TCP, scoped.
+/// Restricts this process (and what it `exec`s) to `paths`, TCP connect to `proxy_port`
+/// only (none without it), no TCP bind, scoped.
 ///
 /// # Errors
 /// The kernel's Landlock is absent or older than [`REQUIRED_ABI`], a path cannot be
 /// opened, or the ruleset was not fully enforced.
-pub fn restrict(paths: &[PathGrant]) -> Result<()> {
+pub fn restrict(paths: &[PathGrant], proxy_port: Option<u16>) -> Result<()> {
     let have = kernel_abi();
     if have < REQUIRED_ABI {
         bail!(
@@ -63,6 +64,11 @@ pub fn restrict(paths: &[PathGrant]) -> Result<()> {
         .scope(Scope::from_all(abi))?
         .create()?;
     for grant in paths {
+        if !grant.path.exists() {
+            // Nothing there to grant (a default path this machine lacks, a symbolic link
+            // whose target is outside the server's view).
+            continue;
+        }
         let fd = PathFd::new(&grant.path)
             .with_context(|| format!("opening granted path {}", grant.path.display()))?;
         let wanted = match grant.access {
@@ -76,6 +82,9 @@ pub fn restrict(paths: &[PathGrant]) -> Result<()> {
             wanted & AccessFs::from_file(abi)
         };
         ruleset = ruleset.add_rule(PathBeneath::new(fd, access))?;
+    }
+    if let Some(port) = proxy_port {
+        ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
     }
     let status = ruleset.restrict_self()?;
     if status.ruleset != RulesetStatus::FullyEnforced {

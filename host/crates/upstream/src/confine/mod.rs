@@ -3,18 +3,20 @@
 //! Rule: a confined server gets, from the kernel, only what its connection grants — the
 //! same deny-by-default grammar as a mapping's grants (`../shared/DESIGN.md` §6, §8).
 //! Nothing is inherited from the host but the protocol pipes:
-//! - **filesystem** (Landlock): read-only the system folders a runtime needs
-//!   ([`SYSTEM_READ_ONLY`], [`SYSTEM_DEVICES`]) and the command's own install folder, the
-//!   script's package folder for an interpreter, a private writable temporary folder
-//!   (`TMPDIR`), and the paths the connection grants; nothing else — no state folder, no
-//!   key, no home folder;
+//! - **filesystem** (Landlock, and with namespaces a view of its own, `view`): read-only
+//!   the system folders a runtime needs ([`SYSTEM_READ_ONLY`], [`SYSTEM_DEVICES`]) and the
+//!   command's own install folder, the script's package folder for an interpreter, a
+//!   private writable temporary folder (`TMPDIR`), and the paths the connection grants;
+//!   nothing else — no state folder, no key, no home folder, and with namespaces nothing
+//!   else even exists for it (a Unix socket by path included);
 //! - **processes** (new user, mount, PID, IPC and UTS namespaces): the server sees a fresh
 //!   `/proc` with only its own processes; Landlock's ptrace rule keeps it out of every
 //!   process outside its domain (`/proc/PID/environ`, `/proc/PID/mem`, `ptrace`) and its
 //!   scopes out of the host's abstract Unix sockets and signals;
-//! - **network** (a new network namespace, Landlock TCP rules, seccomp): none — no
-//!   interface but its own loopback, no TCP connect or bind, no other socket family but
-//!   Unix;
+//! - **network** (a new network namespace, Landlock TCP rules, seccomp): no interface
+//!   but its own loopback, no TCP bind, no other socket family but Unix, and TCP connect
+//!   only to its egress proxy ([`proxy`]) when its connection grants `tcp_connect`
+//!   destinations — the proxy, on the host, reaches those and nothing else;
 //! - **system calls** (seccomp): a deny list of what a server never needs
 //!   ([`seccomp::DENIED`]), new namespaces from inside, `clone3` (so that `clone`'s flags
 //!   can be checked);
@@ -36,11 +38,13 @@ mod landlock;
 mod namespaces;
 pub mod proxy;
 pub mod seccomp;
+mod view;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use airlock_core::destination::Destination;
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
@@ -156,8 +160,9 @@ impl Default for Limits {
 pub struct Confinement {
     /// Paths granted beyond the defaults.
     pub paths: Vec<PathGrant>,
-    /// `tcp_connect` destinations (`host:port`, `address:port`, `network/prefix:port`).
-    /// Must be empty until egress through the host's proxy exists; none = no network.
+    /// `tcp_connect` destinations (`host:port`, `address:port`, `network/prefix:port`;
+    /// [`airlock_core::destination`]), reached through the host's egress proxy
+    /// ([`proxy`]); none = no network. Needs [`namespaces`](Self::namespaces).
     pub tcp_connect: Vec<String>,
     /// rlimits.
     pub limits: Limits,
@@ -167,6 +172,11 @@ pub struct Confinement {
     /// (Landlock still keeps it out of other processes, TCP and the filesystem; seccomp
     /// out of other socket families).
     pub namespaces: bool,
+    /// Start the egress proxy even without `tcp_connect` grants, so that every
+    /// destination the server asks for is refused *and reported* (`airlock discover
+    /// --learn`). Not configurable and not part of the summary: it grants nothing.
+    #[serde(default, skip_serializing)]
+    pub report_egress: bool,
 }
 
 impl Confinement {
@@ -218,6 +228,44 @@ pub struct Spec {
     pub limits: Limits,
     /// Whether to enter new namespaces.
     pub namespaces: bool,
+    /// The egress proxy's Unix socket, when the server may reach granted destinations:
+    /// the helper relays `127.0.0.1:PORT` of the server's network namespace to it and
+    /// names it in `HTTP_PROXY`/`HTTPS_PROXY`.
+    #[serde(default)]
+    pub egress: Option<PathBuf>,
+    /// The server's private temporary folder: with namespaces, its filesystem view is
+    /// built there (`view`).
+    #[serde(default)]
+    pub scratch: Option<PathBuf>,
+}
+
+/// What a confined server needs from the host while it runs: its private temporary
+/// folder (removed when this is dropped) and its egress proxy (stopped when this is
+/// dropped).
+pub struct Confined {
+    /// The private temporary folder (`TMPDIR`).
+    pub scratch: tempfile::TempDir,
+    /// The egress proxy, when the connection grants `tcp_connect` destinations.
+    pub egress: Option<proxy::Egress>,
+}
+
+/// Checks `tcp_connect` grants: each parses ([`Destination::parse`]), and egress needs
+/// the server's own network namespace (the proxy is reached from inside it).
+///
+/// # Errors
+/// Names the entry that does not parse, or the setting that conflicts.
+pub fn check_network(confinement: &Confinement) -> Result<Vec<Destination>> {
+    let grants = confinement
+        .tcp_connect
+        .iter()
+        .map(|entry| Destination::parse(entry).context("`grants.network.tcp_connect`"))
+        .collect::<Result<Vec<_>>>()?;
+    if !grants.is_empty() && !confinement.namespaces {
+        bail!(
+            "`grants.network.tcp_connect` needs `namespaces = true`: a confined server reaches granted destinations through the host's egress proxy from its own network namespace (without one it would share the host's network)"
+        );
+    }
+    Ok(grants)
 }
 
 static HELPER: OnceLock<PathBuf> = OnceLock::new();
@@ -326,8 +374,8 @@ fn merged(rules: impl IntoIterator<Item = PathGrant>) -> Vec<PathGrant> {
 }
 
 /// Refuses grants that would reach what a server must never reach: a granted path that
-/// is, or holds, one of `protected` (the state folder, the trace key file, the checkpoint
-/// file). `/` itself is never granted.
+/// is, holds, or lies inside one of `protected` (the state folder, the trace key file, the
+/// checkpoint file). `/` itself is never granted.
 ///
 /// # Errors
 /// Names the grant and what it would expose.
@@ -338,9 +386,10 @@ pub fn check_protected(grants: &[PathGrant], protected: &[PathBuf]) -> Result<()
         }
         let path = resolved(&grant.path);
         for p in protected {
-            if p.starts_with(&path) {
+            let p = resolved(p);
+            if p.starts_with(&path) || path.starts_with(&p) {
                 bail!(
-                    "the grant of {} ({}) would expose {}, which a server must never reach; grant a folder that does not hold it",
+                    "the grant of {} ({}) would expose {}, which a server must never reach; grant a path that neither holds it nor lies inside it",
                     grant.path.display(),
                     grant.access,
                     p.display()
@@ -363,27 +412,25 @@ fn resolved(path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
-/// A confined server's command: the helper with its [`Spec`], and the private temporary
-/// folder (the caller keeps it while the server runs; dropping it removes it). `TMPDIR`
-/// names that folder unless the connection's environment sets it.
+/// A confined server's command: the helper with its [`Spec`], and what the host keeps
+/// while the server runs ([`Confined`]: the private temporary folder, the egress proxy).
+/// `TMPDIR` names that folder unless the connection's environment sets it. Call it on a
+/// tokio runtime (the egress proxy is started on it).
 ///
 /// A read-write grant that does not exist yet is made as a folder (owner-only).
 ///
 /// # Errors
-/// The helper cannot be located, a granted `tcp_connect` asks for egress (not offered
-/// yet), or a granted folder or the temporary folder cannot be made.
+/// The helper cannot be located, a `tcp_connect` grant is malformed or lacks namespaces,
+/// the egress proxy cannot start, or a granted folder or the temporary folder cannot be
+/// made.
 pub fn command(
     command: &Path,
     args: &[String],
     cwd: &Path,
     env: &BTreeMap<String, String>,
     confinement: &Confinement,
-) -> Result<(tokio::process::Command, tempfile::TempDir)> {
-    if !confinement.tcp_connect.is_empty() {
-        bail!(
-            "`tcp_connect` grants for a confined server are not supported yet: a confined server has no network; set `confine = false` on this connection to give it the host's network (flagged in review)"
-        );
-    }
+) -> Result<(tokio::process::Command, Confined)> {
+    let network = check_network(confinement)?;
     for grant in &confinement.paths {
         if grant.access == Access::ReadWrite && !grant.path.exists() {
             // A server's own data folder, named in its grants: made, owner-only.
@@ -421,13 +468,30 @@ pub fn command(
         paths: merged(paths),
         limits: confinement.limits,
         namespaces: confinement.namespaces,
+        egress: None,
+        scratch: Some(tmp.path().to_path_buf()),
+    };
+    let egress = if network.is_empty() && !(confinement.report_egress && confinement.namespaces) {
+        None
+    } else {
+        Some(proxy::Egress::start(network)?)
+    };
+    let spec = Spec {
+        egress: egress.as_ref().map(|e| e.socket().to_path_buf()),
+        ..spec
     };
     let mut cmd = tokio::process::Command::new(helper_path()?);
     cmd.arg(HELPER_ARG)
         .env_clear()
         .env(SPEC_VAR, serde_json::to_string(&spec)?)
         .current_dir(cwd);
-    Ok((cmd, tmp))
+    Ok((
+        cmd,
+        Confined {
+            scratch: tmp,
+            egress,
+        },
+    ))
 }
 
 /// What this kernel offers for confinement, for `airlock` to report (and tests to skip
@@ -495,6 +559,9 @@ mod tests {
         assert!(e.to_string().contains("must never reach"), "{e}");
         let e = check_protected(&[grant("/keys/trace.key")], &protected).unwrap_err();
         assert!(e.to_string().contains("trace.key"), "{e}");
+        // Inside the state folder: the store itself, or the key file in it.
+        let e = check_protected(&[grant("/srv/airlock/state/airlock.db")], &protected).unwrap_err();
+        assert!(e.to_string().contains("must never reach"), "{e}");
         // A folder that does not exist yet, reached through a symbolic link, compares
         // as where it will be.
         let dir = tempfile::tempdir().unwrap();
@@ -572,7 +639,7 @@ mod tests {
             ..Confinement::deny_by_default()
         };
         use_helper("/bin/true");
-        let (cmd, tmp) = command(
+        let (cmd, confined) = command(
             Path::new("/bin/true"),
             &[],
             Path::new("/"),
@@ -598,23 +665,56 @@ mod tests {
                 .iter()
                 .any(|g| g.path == data && g.access == Access::ReadWrite)
         );
-        assert_eq!(spec.env["TMPDIR"], tmp.path().display().to_string());
+        assert_eq!(
+            spec.env["TMPDIR"],
+            confined.scratch.path().display().to_string()
+        );
+        assert!(spec.egress.is_none() && confined.egress.is_none());
     }
 
-    #[test]
-    fn egress_grants_are_refused_until_the_proxy_exists() {
-        let c = Confinement {
+    #[tokio::test]
+    async fn egress_grants_start_a_proxy_and_need_namespaces() {
+        let granted = Confinement {
             tcp_connect: vec!["api.example.com:443".into()],
             ..Confinement::deny_by_default()
         };
-        let e = command(
-            Path::new("/bin/true"),
-            &[],
-            Path::new("/"),
-            &BTreeMap::new(),
-            &c,
+        use_helper("/bin/true");
+        let start = |c: &Confinement| {
+            command(
+                Path::new("/bin/true"),
+                &[],
+                Path::new("/"),
+                &BTreeMap::new(),
+                c,
+            )
+        };
+        let (cmd, confined) = start(&granted).unwrap();
+        let egress = confined.egress.as_ref().expect("a proxy runs");
+        let spec: Spec = serde_json::from_str(
+            cmd.as_std()
+                .get_envs()
+                .find(|(k, _)| *k == SPEC_VAR)
+                .and_then(|(_, v)| v)
+                .unwrap()
+                .to_str()
+                .unwrap(),
         )
-        .unwrap_err();
-        assert!(e.to_string().contains("not supported yet"), "{e}");
+        .unwrap();
+        assert_eq!(spec.egress.as_deref(), Some(egress.socket()));
+        assert!(std::os::unix::net::UnixStream::connect(egress.socket()).is_ok());
+        let e = start(&Confinement {
+            namespaces: false,
+            ..granted.clone()
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("needs `namespaces = true`"), "{e}");
+        let e = start(&Confinement {
+            tcp_connect: vec!["api.example.com".into()],
+            ..granted
+        })
+        .err()
+        .unwrap();
+        assert!(format!("{e:#}").contains("has no port"), "{e:#}");
     }
 }

@@ -7,6 +7,7 @@
 //! requirement (`namespaces = false`).
 
 use std::ffi::CString;
+use std::path::Path;
 
 use anyhow::{Context as _, Result, bail};
 
@@ -25,13 +26,16 @@ const PID_MAX_FLOOR: u64 = 301;
 const LOWER: &str = "set `namespaces = false` on the connection to confine it with Landlock, seccomp and rlimits alone (it then shares the host's process and network namespaces), or `confine = false` to run it unconfined (flagged in review)";
 
 /// Enters the namespaces and returns in their first process (a child of the helper; the
-/// helper waits for it and exits with its status, never returning). Then mounts a fresh
-/// `/proc`, bounds the PID namespace to `processes` (`pid_max`, where the kernel keeps
-/// one per namespace: Linux ≥ 6.14) and brings loopback up.
+/// helper waits for it and exits with its status, never returning). Loopback is brought
+/// up first; with `egress` (the host's egress proxy socket), the helper listens on
+/// `127.0.0.1:PORT` of the new network namespace and relays each connection to it
+/// ([`relay_until_exit`]), and the port is returned. Then the first process mounts a fresh `/proc`
+/// and bounds the PID namespace to `processes` (`pid_max`, where the kernel keeps one per
+/// namespace: Linux ≥ 6.14).
 ///
 /// # Errors
-/// The kernel refused a namespace, the uid/gid map, the fork or a mount.
-pub fn enter(processes: u64) -> Result<()> {
+/// The kernel refused a namespace, the uid/gid map, the listener, the fork or a mount.
+pub fn enter(processes: u64, egress: Option<&Path>) -> Result<Option<u16>> {
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     // SAFETY: unshare with flags only; this process is single-threaded (the helper).
@@ -51,14 +55,28 @@ pub fn enter(processes: u64) -> Result<()> {
         .context("mapping the uid into the new user namespace")?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
         .context("mapping the gid into the new user namespace")?;
+    loopback_up()?;
+    let listener = egress
+        .map(|_| {
+            std::net::TcpListener::bind(("127.0.0.1", 0))
+                .context("listening for the server's egress in its network namespace")
+        })
+        .transpose()?;
+    let port = listener
+        .as_ref()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .transpose()?;
     // SAFETY: single-threaded process; the child continues with a copy of it.
     match unsafe { libc::fork() } {
         -1 => {
             return Err(std::io::Error::last_os_error())
                 .context("starting the PID namespace's first process");
         }
-        0 => {}
-        child => wait_and_exit(child),
+        0 => drop(listener),
+        child => match (listener, egress) {
+            (Some(listener), Some(socket)) => relay_until_exit(listener, socket, child),
+            _ => wait_and_exit(child),
+        },
     }
     // SAFETY: prctl with integer arguments. The helper is this process's parent; if it
     // is killed (the host died, or killed the group), so is the server.
@@ -90,7 +108,74 @@ pub fn enter(processes: u64) -> Result<()> {
             "airlock-confine: the PID namespace cannot be bounded by pid_max ({e}); processes are bounded by RLIMIT_NPROC only"
         );
     }
-    loopback_up()
+    Ok(port)
+}
+
+/// Relays each connection the server opens to `listener` (in its network namespace) to
+/// the host's egress proxy at `socket` (a Unix socket reached by path, which crosses
+/// network namespaces), byte for byte in both directions, at most
+/// [`MAX_TUNNELS`](super::proxy::MAX_TUNNELS) at once (more are closed at once); when the
+/// namespaces' first process exits, exits as it did. Runs in the helper, outside the
+/// server's PID namespace and Landlock domain, on a single thread: a process that
+/// entered a new PID namespace by `unshare` may not start threads (`clone(2)`,
+/// `CLONE_THREAD`). Never returns.
+fn relay_until_exit(listener: std::net::TcpListener, socket: &Path, child: libc::pid_t) -> ! {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build();
+    let relayed = runtime.map_err(anyhow::Error::from).and_then(|runtime| {
+        runtime.block_on(async {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            // SAFETY: pidfd_open with a pid and no flags; the fd is owned below.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) };
+            let fd = i32::try_from(fd).unwrap_or(-1);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error())
+                    .context("watching the server (pidfd_open)");
+            }
+            // SAFETY: `fd` is a new descriptor nothing else owns; the OwnedFd keeps it
+            // open, and refers to it, for as long as the AsyncFd holds it.
+            let exited = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd),
+                    tokio::io::Interest::READABLE,
+                )
+            }
+            .map_err(|e| anyhow::anyhow!("watching the server: {e}"))?;
+            let permits =
+                std::sync::Arc::new(tokio::sync::Semaphore::new(super::proxy::MAX_TUNNELS));
+            let accept = async {
+                loop {
+                    let Ok((mut tcp, _)) = listener.accept().await else {
+                        // Out of descriptors, most likely: wait for tunnels to close.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let Ok(permit) = permits.clone().try_acquire_owned() else {
+                        continue;
+                    };
+                    let socket = socket.to_path_buf();
+                    tokio::spawn(async move {
+                        if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
+                            let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                        }
+                        drop(permit);
+                    });
+                }
+            };
+            tokio::select! {
+                _ = exited.readable() => {}
+                () = accept => {}
+            }
+            anyhow::Ok(())
+        })
+    });
+    if let Err(e) = relayed {
+        eprintln!("airlock-confine: the egress relay stopped: {e:#}");
+    }
+    wait_and_exit(child)
 }
 
 /// Waits for the namespaces' first process and exits as it did (a signal as 128 + its

@@ -1,17 +1,31 @@
-//! The egress proxy of a confined server (not wired yet: issue 36, item 3).
+//! The egress proxy of a confined server.
 //!
 //! Rule: a confined server reaches the network only through this proxy, and the proxy
-//! reaches only destinations its check allows — the same check as an adapter's sockets
-//! (a named host resolved, each address checked again; loopback, link-local, metadata and
-//! private ranges refused unless granted explicitly). It speaks HTTP/1.1 `CONNECT
+//! reaches only destinations its connection grants (`[connection.grants.network]
+//! tcp_connect`), checked with the grammar and the ranges of the adapters' socket checks
+//! ([`airlock_core::destination`]): a granted address or network is reached as granted; a
+//! granted name is resolved here, on the host, and only its public addresses are reached
+//! (loopback, private, link-local and metadata addresses need an explicit grant by
+//! address); a name that is not granted is never resolved. It speaks HTTP/1.1 `CONNECT
 //! host:port` (for TLS) and absolute-form requests (`GET http://host/…`, rewritten to
-//! origin-form). Every refused destination is answered `403` with the reason and reported
-//! as a [`Refused`]; nothing is sent toward a refused destination.
+//! origin-form). Every refused destination is answered `403` with the reason, counted and
+//! reported as a [`Refused`]; nothing is sent toward a refused destination.
+//!
+//! The server reaches the proxy at `127.0.0.1:PORT` of its own network namespace
+//! (`HTTP_PROXY`/`HTTPS_PROXY`), where the confinement helper relays each connection to
+//! this proxy's Unix socket ([`Egress::socket`]); Landlock lets the server connect to that
+//! one TCP port and no other.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use airlock_core::destination::{Destination, is_special};
+use anyhow::{Context as _, Result};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::mpsc;
 
 /// Resolves and checks one destination: the addresses that may be connected to, or why
 /// not. Blocking (name resolution); called on a blocking thread.
@@ -31,19 +45,168 @@ pub struct Refused {
 /// Largest request head read (bytes).
 const MAX_HEAD: usize = 16 * 1024;
 
-/// Serves proxy connections from `listener` until it fails.
-pub async fn serve(
-    listener: tokio::net::UnixListener,
-    check: EgressCheck,
-    refusals: tokio::sync::mpsc::UnboundedSender<Refused>,
-) {
-    while let Ok((stream, _)) = listener.accept().await {
-        let (check, refusals) = (check.clone(), refusals.clone());
+/// Longest wait for a request head, once a connection is open.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Proxy connections served at once for one server; more are answered `503`.
+pub const MAX_TUNNELS: usize = 64;
+
+/// Refusals held for the host to read before it reads them (more are counted, not held).
+const HELD_REFUSALS: usize = 256;
+
+/// Where refusals go: counted always, held for the host while there is room.
+#[derive(Clone)]
+pub struct Reporter {
+    held: mpsc::Sender<Refused>,
+    count: Arc<AtomicU64>,
+}
+
+impl Reporter {
+    /// A reporter and the receiving end of its refusals.
+    #[must_use]
+    pub fn new() -> (Self, mpsc::Receiver<Refused>) {
+        let (held, rx) = mpsc::channel(HELD_REFUSALS);
+        (
+            Self {
+                held,
+                count: Arc::default(),
+            },
+            rx,
+        )
+    }
+
+    fn refused(&self, refused: Refused) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let _ = self.held.try_send(refused);
+    }
+}
+
+/// Serves proxy connections from `listener` until it fails, at most [`MAX_TUNNELS`] at
+/// once.
+pub async fn serve(listener: tokio::net::UnixListener, check: EgressCheck, report: Reporter) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_TUNNELS));
+    while let Ok((mut stream, _)) = listener.accept().await {
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tokio::spawn(async move {
+                let busy = format!("airlock: at most {MAX_TUNNELS} proxy connections at once");
+                let _ = answer(&mut stream, "503 Service Unavailable", &busy).await;
+            });
+            continue;
+        };
+        let (check, report) = (check.clone(), report.clone());
         tokio::spawn(async move {
-            if let Err(e) = one(stream, check, refusals).await {
+            if let Err(e) = one(stream, check, report).await {
                 tracing::debug!("egress proxy connection ended: {e}");
             }
+            drop(permit);
         });
+    }
+}
+
+/// The check of a confined server's `tcp_connect` grants (see the module's rule):
+/// an IP literal is allowed when a granted address or network holds it; a name when it is
+/// granted with that port, and then only its addresses that are public or granted by
+/// address. Resolution runs on the calling (blocking) thread.
+#[must_use]
+pub fn check_for(grants: Vec<Destination>) -> EgressCheck {
+    Arc::new(move |host: &str, port: u16| {
+        let by_address = |addr: SocketAddr| grants.iter().any(|d| d.contains(addr));
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            let addr = SocketAddr::new(ip, port);
+            return if by_address(addr) {
+                Ok(vec![addr])
+            } else {
+                Err(format!("{host}:{port} is not granted (tcp_connect)"))
+            };
+        }
+        let named = grants.iter().any(
+            |d| matches!(d, Destination::Named { host: h, port: p } if h == host && *p == port),
+        );
+        if !named {
+            return Err(format!(
+                "{host}:{port} is not granted (tcp_connect); the name was not resolved"
+            ));
+        }
+        let all: Vec<SocketAddr> = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{host} does not resolve: {e}"))?
+            .collect();
+        let allowed: Vec<SocketAddr> = all
+            .iter()
+            .copied()
+            .filter(|a| !is_special(a.ip()) || by_address(*a))
+            .collect();
+        if allowed.is_empty() {
+            let shown: Vec<String> = all.iter().map(|a| a.ip().to_string()).collect();
+            return Err(format!(
+                "{host} resolves only to addresses a name does not grant ({}): loopback, private, link-local and metadata addresses need a grant by address",
+                shown.join(", ")
+            ));
+        }
+        Ok(allowed)
+    })
+}
+
+/// A running egress proxy of one confined server: a Unix socket in a folder only the
+/// host's user can enter, the task serving it (stopped when this is dropped), and what it
+/// refused.
+pub struct Egress {
+    socket: PathBuf,
+    _folder: tempfile::TempDir,
+    task: tokio::task::AbortHandle,
+    refusals: std::sync::Mutex<Option<mpsc::Receiver<Refused>>>,
+    count: Arc<AtomicU64>,
+}
+
+impl Egress {
+    /// Starts a proxy for `grants` on the current tokio runtime.
+    ///
+    /// # Errors
+    /// The folder or the socket cannot be made.
+    pub fn start(grants: Vec<Destination>) -> Result<Self> {
+        let folder = tempfile::Builder::new()
+            .prefix("airlock-egress-")
+            .tempdir()
+            .context("making the egress proxy's folder")?;
+        let socket = folder.path().join("proxy.sock");
+        let listener = tokio::net::UnixListener::bind(&socket)
+            .with_context(|| format!("listening on {}", socket.display()))?;
+        let (report, refusals) = Reporter::new();
+        let count = report.count.clone();
+        let task = tokio::spawn(serve(listener, check_for(grants), report)).abort_handle();
+        Ok(Self {
+            socket,
+            _folder: folder,
+            task,
+            refusals: std::sync::Mutex::new(Some(refusals)),
+            count,
+        })
+    }
+
+    /// The proxy's Unix socket (the helper relays the server's connections to it).
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The refusals, for the one reader that traces them (`None` once taken).
+    pub fn take_refusals(&self) -> Option<mpsc::Receiver<Refused>> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    /// How many destinations were refused since the proxy started.
+    #[must_use]
+    pub fn refused(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Egress {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -143,12 +306,15 @@ fn authority(text: &str, default: Option<u16>) -> Result<(String, u16), String> 
 async fn one(
     mut stream: tokio::net::UnixStream,
     check: EgressCheck,
-    refusals: tokio::sync::mpsc::UnboundedSender<Refused>,
+    report: Reporter,
 ) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut buf = [0u8; 2048];
     let end = loop {
-        let n = stream.read(&mut buf).await?;
+        let Ok(n) = tokio::time::timeout(HEAD_TIMEOUT, stream.read(&mut buf)).await else {
+            return answer(&mut stream, "408 Request Timeout", "").await;
+        };
+        let n = n?;
         if n == 0 {
             return Ok(());
         }
@@ -178,7 +344,7 @@ async fn one(
         Ok(addrs) if !addrs.is_empty() => addrs,
         Ok(_) | Err(_) => {
             let reason = addrs.err().unwrap_or_else(|| "no address".into());
-            let _ = refusals.send(Refused {
+            report.refused(Refused {
                 host: host.clone(),
                 port,
                 reason: reason.clone(),
@@ -238,8 +404,9 @@ mod tests {
                 Err("not granted".to_string())
             }
         });
-        let (tx, mut refusals) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(serve(listener, check, tx));
+        let (report, mut refusals) = Reporter::new();
+        let count = report.count.clone();
+        tokio::spawn(serve(listener, check, report));
         tokio::spawn(async move {
             let (mut s, _) = target.accept().await.unwrap();
             let mut buf = [0u8; 5];
@@ -280,6 +447,43 @@ mod tests {
                 port: 443,
                 reason: "not granted".into()
             }
+        );
+        assert_eq!(count.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_check_honours_addresses_names_and_the_special_ranges() {
+        let grants = |list: &[&str]| {
+            check_for(
+                list.iter()
+                    .map(|g| Destination::parse(g).unwrap())
+                    .collect(),
+            )
+        };
+        let check = grants(&["127.0.0.1:8080", "10.0.0.0/8:443", "localhost:9000"]);
+        assert_eq!(
+            check("127.0.0.1", 8080).unwrap(),
+            vec!["127.0.0.1:8080".parse().unwrap()]
+        );
+        assert_eq!(check("10.1.2.3", 443).unwrap().len(), 1);
+        assert!(
+            check("127.0.0.1", 8081)
+                .unwrap_err()
+                .contains("not granted")
+        );
+        assert!(check("::1", 8080).unwrap_err().contains("not granted"));
+        // A name not granted is not even resolved.
+        let e = check("localhost", 8080).unwrap_err();
+        assert!(e.contains("not resolved"), "{e}");
+        // A granted name that resolves to loopback only grants nothing...
+        let e = check("localhost", 9000).unwrap_err();
+        assert!(e.contains("need a grant by address"), "{e}");
+        // ...unless the address is granted too.
+        let check = grants(&["localhost:9000", "127.0.0.1:9000"]);
+        assert!(
+            check("localhost", 9000)
+                .unwrap()
+                .contains(&"127.0.0.1:9000".parse().unwrap())
         );
     }
 
