@@ -529,6 +529,46 @@ fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
     );
 }
 
+#[tokio::test]
+async fn a_confined_server_that_handles_sigterm_finishes_its_work_when_the_host_stops() {
+    assert_machine_can_confine(true);
+    let d = Deployment::with_notes();
+    let out = d.dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let bin = airlock_bin().canonicalize().unwrap();
+    // A shell is the server's first process (PID 1 of its namespace) with a SIGTERM trap
+    // that takes a moment, then writes a file: what a server that flushes on SIGTERM does.
+    let script = format!(
+        "trap 'sleep 0.5; echo flushed > {out}/term.txt; exit 0' TERM; exec 3<&0; {bin} fixture notes-server <&3 & wait $!",
+        out = out.display(),
+        bin = bin.display()
+    );
+    let connection = format!(
+        "[[connection]]\nname = \"notes\"\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ PATH = \"/usr/bin:/bin\" }}\n{}",
+        confined(&[(bin.as_path(), "read-only"), (out.as_path(), "read-write")])
+    );
+    let d = d.replace_connections(&connection).mapping("source-library");
+    let client = d.serve().await;
+    let r = call(&client, "search_sources", json!({"query": "checkpoint"}))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    client.cancel().await.unwrap();
+    // The host stops its servers with SIGTERM and a grace period (2 s) before SIGKILL.
+    let file = out.join("term.txt");
+    for _ in 0..100 {
+        if file.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(&file).ok().as_deref(),
+        Some("flushed\n"),
+        "the server's SIGTERM handler ran before it was killed"
+    );
+}
+
 #[test]
 fn a_grant_that_holds_the_state_folder_is_refused_at_start() {
     let d = Deployment::with_notes();

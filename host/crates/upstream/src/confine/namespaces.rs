@@ -73,10 +73,13 @@ pub fn enter(processes: u64, egress: Option<&Path>) -> Result<Option<u16>> {
                 .context("starting the PID namespace's first process");
         }
         0 => drop(listener),
-        child => match (listener, egress) {
-            (Some(listener), Some(socket)) => relay_until_exit(listener, socket, child),
-            _ => wait_and_exit(child),
-        },
+        child => {
+            forward_sigterm(child)?;
+            match (listener, egress) {
+                (Some(listener), Some(socket)) => relay_until_exit(listener, socket, child),
+                _ => wait_and_exit(child),
+            }
+        }
     }
     // SAFETY: prctl with integer arguments. The helper is this process's parent; if it
     // is killed (the host died, or killed the group), so is the server.
@@ -178,6 +181,86 @@ fn relay_until_exit(listener: std::net::TcpListener, socket: &Path, child: libc:
     wait_and_exit(child)
 }
 
+/// The namespaces' first process, for [`on_sigterm`].
+static FIRST: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes a `SIGTERM` to the helper (the host stops a server by `SIGTERM` to its process
+/// group, then `SIGKILL` after a grace period) mean for the server what it would mean
+/// outside a PID namespace: the server is the namespace's first process, which the kernel
+/// gives only the signals it installed a handler for, so the helper — instead of dying,
+/// which would `SIGKILL` the server at once (`PR_SET_PDEATHSIG`) — stays, and kills the
+/// server only when it has no `SIGTERM` handler (the default action); a server that has
+/// one got the group's `SIGTERM` itself and may finish its work, within the host's grace
+/// period.
+fn forward_sigterm(child: libc::pid_t) -> Result<()> {
+    FIRST.store(child, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: an all-zero sigaction is valid; the handler is async-signal-safe (it calls
+    // open, read, close and kill only, on stack buffers).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigterm as *const () as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        if libc::sigaction(libc::SIGTERM, &raw const action, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error()).context("handling SIGTERM in the helper");
+        }
+    }
+    Ok(())
+}
+
+/// `SIGTERM` in the helper: `SIGKILL` to the server unless it catches `SIGTERM`.
+extern "C" fn on_sigterm(_: libc::c_int) {
+    let child = FIRST.load(std::sync::atomic::Ordering::SeqCst);
+    if child > 0 && !catches_sigterm() {
+        // SAFETY: kill is async-signal-safe.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+        }
+    }
+}
+
+/// Whether the server has a `SIGTERM` handler: signal 15's bit (`0x4000`) of `SigCgt` in
+/// `/proc/1/status` —
+/// the helper's `/proc` is the one its first process mounted for the new PID namespace,
+/// where the server is process 1. Async-signal-safe: no allocation, raw system calls.
+fn catches_sigterm() -> bool {
+    let mut buf = [0u8; 4096];
+    // SAFETY: a NUL-terminated path; `buf` is valid for `len` bytes; the fd is closed.
+    let n = unsafe {
+        let fd = libc::open(c"/proc/1/status".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let Ok(n) = usize::try_from(n) else {
+        return false;
+    };
+    sigcgt_has(&buf[..n], libc::SIGTERM)
+}
+
+/// Whether the `SigCgt:` line of a `/proc/PID/status` text has `signal`'s bit.
+fn sigcgt_has(status: &[u8], signal: libc::c_int) -> bool {
+    const KEY: &[u8] = b"SigCgt:";
+    let Some(at) = status.windows(KEY.len()).position(|w| w == KEY) else {
+        return false;
+    };
+    let mut mask: u64 = 0;
+    for &b in status[at + KEY.len()..]
+        .iter()
+        .skip_while(|b| b.is_ascii_whitespace())
+    {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => break,
+        };
+        mask = (mask << 4) | u64::from(digit);
+    }
+    u32::try_from(signal - 1).is_ok_and(|bit| mask & (1 << bit) != 0)
+}
+
 /// Waits for the namespaces' first process and exits as it did (a signal as 128 + its
 /// number). Never returns.
 fn wait_and_exit(child: libc::pid_t) -> ! {
@@ -274,5 +357,30 @@ pub fn probe() -> bool {
                 libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sigcgt_is_read_from_a_status_text() {
+        let status = b"Name:\tnode\nSigBlk:\t0000000000000000\nSigIgn:\t0000000001001000\nSigCgt:\t0000000180004002\nCapInh:\t0\n";
+        assert!(
+            sigcgt_has(status, libc::SIGTERM),
+            "signal 15's bit (0x4000)"
+        );
+        assert!(sigcgt_has(status, libc::SIGINT), "bit 2 (0x2)");
+        assert!(!sigcgt_has(status, libc::SIGHUP));
+        assert!(!sigcgt_has(b"SigCgt:\t0000000000000000\n", libc::SIGTERM));
+        assert!(!sigcgt_has(b"no such line", libc::SIGTERM));
+    }
+
+    #[test]
+    fn this_process_reads_its_own_handlers() {
+        // This test process has no SIGTERM handler of its own.
+        let status = std::fs::read("/proc/self/status").unwrap();
+        assert!(!sigcgt_has(&status, libc::SIGTERM));
     }
 }
