@@ -777,6 +777,10 @@ pub fn pack(manifest: &Path) -> Result<PackReport> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    // Absolute: cargo runs in the manifest's folder, where a relative path would not hold.
+    let dir = &dir
+        .canonicalize()
+        .with_context(|| format!("locating the folder of {}", manifest.display()))?;
     let cargo_toml = dir.join("Cargo.toml");
     if !cargo_toml.is_file() {
         bail!(

@@ -352,7 +352,8 @@ async fn new_then_pack_then_review_approve_then_serve_answers_a_search() {
         pinned.replace("tools = []", r#"tools = ["search_notes", "read_note"]"#),
     )
     .unwrap();
-    let out = author_airlock(&dir, &["pack", manifest_arg]);
+    // From the crate's parent folder, with a relative path (cargo runs in the crate).
+    let out = author_airlock(temp.path(), &["pack", "my-notes/mapping.toml"]);
     assert!(
         out.status.success(),
         "{}",
