@@ -34,7 +34,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::{Config, Engine};
@@ -766,8 +766,12 @@ fn load_refusals(
 /// digests of each upstream tool with the server's own hints from the pinned snapshot,
 /// the contract's effect class, and (with `diff_from`) the changes since that revision.
 ///
+/// A mapping the store has not recorded yet (no host has loaded it: the review of a
+/// manifest before its first approval) adds nothing; asked for a diff, it is an error.
+///
 /// # Errors
-/// The mapping is not recorded; `diff_from` names no revision of it; the store fails.
+/// `diff_from` given and the mapping is not recorded, or names no revision of it; the
+/// store fails.
 pub fn add_registry(
     review: &mut Review,
     manifest_path: &Path,
@@ -776,9 +780,14 @@ pub fn add_registry(
 ) -> Result<()> {
     let name = &review.mapping.name;
     let store = registry.store();
-    let record = store.mapping(name)?.with_context(|| {
-        format!("the store has no record of mapping `{name}`; a host records it when it first loads the manifest")
-    })?;
+    let Some(record) = store.mapping(name)? else {
+        if diff_from.is_some() {
+            bail!(
+                "the store has no record of mapping `{name}` to diff against; a host records it when it first loads the manifest"
+            );
+        }
+        return Ok(());
+    };
     let text = std::fs::read_to_string(manifest_path)?;
     let digest = crate::registry::manifest_digest(&text);
     let pins = crate::registry::Pins::from_value(&record.pins);

@@ -528,6 +528,37 @@ fn grants(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
+fn grants_with_config_before_the_first_approval_reviews_the_manifest() {
+    // README's order: discover (the store exists, the connection is recorded), then
+    // `grants --config`, then `review approve`. The mapping is not recorded yet.
+    let d = Deployment::with_notes().mapping("source-library");
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let manifest = d.manifests()[0].to_str().unwrap().to_string();
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+    let out = d.airlock(&["grants", &manifest, "--config", config]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("connection             notes (stdio"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Asked for a diff against a revision that cannot exist, it says why.
+    let out = d.airlock(&["grants", &manifest, "--diff", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no record of mapping"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn grants_with_config_shows_the_launch_and_the_tools_the_mapping_leaves_unreachable() {
     let d = Deployment::with_notes().mapping("source-library").replace_connections(
         "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nenv = { NOTES_TOKEN = \"hunter2-value\" }\n",
