@@ -1564,10 +1564,23 @@ async fn serve_stdio(
     let (transport, fast) =
         crate::front::stdio::StdioFront::new(input, write).with_fast_calls(front.clone());
     crate::shutdown::run(host.live(), async move {
-        let running = front
-            .serve(transport)
-            .await
-            .context("MCP initialize with the client on stdio")?;
+        let running = match front.serve(transport).await {
+            Ok(running) => running,
+            // Input that ends before a session begins (`serve </dev/null`, a client that
+            // connected and left): the host started, loaded and recorded its mappings,
+            // and has nothing to serve. Not an error (README: recording a candidate).
+            Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
+                tracing::info!(
+                    "the client's input ended before a session began: nothing to serve; stopping"
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(
+                    anyhow::Error::new(e).context("MCP initialize with the client on stdio")
+                );
+            }
+        };
         fast.ready(running.peer().clone());
         running.waiting().await.context("MCP session")?;
         Ok(())

@@ -559,6 +559,28 @@ fn grants_with_config_before_the_first_approval_reviews_the_manifest() {
 }
 
 #[test]
+fn serve_with_no_client_records_the_candidate_and_exits_cleanly() {
+    // README: `airlock serve --config F </dev/null` records the candidate revision.
+    let d = Deployment::with_notes().mapping("source-library");
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+    let out = d.airlock(&["serve", "--config", config]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = d.airlock_ok(&["review", "list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.contains("source-library") && l.contains("candidate")),
+        "{list}"
+    );
+}
+
+#[test]
 fn grants_with_config_shows_the_launch_and_the_tools_the_mapping_leaves_unreachable() {
     let d = Deployment::with_notes().mapping("source-library").replace_connections(
         "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nenv = { NOTES_TOKEN = \"hunter2-value\" }\n",
