@@ -134,7 +134,7 @@ fn reaches(
 /// A deployment of `source-library` over the hostile server as `notes`, trying
 /// `reaches` and reporting to `out/report.txt`, logging to `calls.jsonl`;
 /// `confinement` is the connection's confinement keys (`{out}` and `{log}` stand for the
-/// report folder and the call log).
+/// report folder and the call log, `{dir}` for the deployment's folder).
 fn deployment(confinement: &str, reach: impl Fn(&Deployment) -> Vec<String>) -> Deployment {
     let d = Deployment::with_notes();
     let out = d.dir.path().join("out");
@@ -155,7 +155,8 @@ fn deployment(confinement: &str, reach: impl Fn(&Deployment) -> Vec<String>) -> 
     }
     let confinement = confinement
         .replace("{out}", &out.display().to_string())
-        .replace("{log}", &log.display().to_string());
+        .replace("{log}", &log.display().to_string())
+        .replace("{dir}", &d.dir.path().display().to_string());
     let connection = format!(
         "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = {args:?}\n{confinement}"
     );
@@ -432,6 +433,89 @@ async fn egress_reaches_granted_destinations_through_the_proxy_and_nothing_else(
             "network: tcp_connect 127.0.0.1:{granted}, localhost:{ungranted} (through the host's egress proxy"
         )),
         "{text}"
+    );
+}
+
+#[tokio::test]
+async fn read_only_grants_and_the_root_are_read_only_mounts_not_only_landlock_rules() {
+    assert_machine_can_confine(true);
+    // Landlock ABI 6 does not mediate a change of metadata (chmod, chown, utime, xattrs):
+    // only a read-only mount keeps a server from changing its read-only grants, and its
+    // root. Each `chmod` sets the mode it found (the unconfined control changes nothing).
+    let reaches = |d: &Deployment, root: bool| {
+        let docs = d.dir.path().join("docs");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::write(docs.join("guide.md"), "# guide\n").unwrap();
+        let mut r = vec![
+            format!("read:{}", docs.join("guide.md").display()),
+            format!("chmod:{}", docs.join("guide.md").display()),
+            format!("chmod:{}", docs.display()),
+        ];
+        if root {
+            r.push("chmod:/".to_string());
+        }
+        r
+    };
+    let control = deployment("confine = false\n", |d| reaches(d, false));
+    let report = run(&control, &["read", "chmod-file", "chmod-folder"]).await;
+    for (name, line) in &report {
+        assert!(
+            line.contains(" OK "),
+            "unconfined, `{name}` should succeed: {line}"
+        );
+    }
+    let d = deployment(
+        &format!(
+            "{GRANTS}[[connection.grants.filesystem]]\npath = \"{{dir}}/docs\"\naccess = \"read-only\"\n"
+        ),
+        |d| reaches(d, true),
+    );
+    let report = run(&d, &["read", "chmod-file", "chmod-folder", "chmod-root"]).await;
+    assert!(report["read"].contains(" OK "), "{}", report["read"]);
+    for name in ["chmod-file", "chmod-folder", "chmod-root"] {
+        assert!(
+            report[name].contains(" BLOCKED ") && report[name].contains("Read-only file system"),
+            "`{name}` must meet a read-only mount: {}",
+            report[name]
+        );
+    }
+}
+
+#[tokio::test]
+async fn egress_refusals_are_traced_once_per_destination_and_at_most_64_per_start() {
+    use airlock::registry::connections::EGRESS_TRACED;
+    assert_machine_can_confine(true);
+    // A server that asks for one destination again and again, then for destination after
+    // destination, cannot grow the trace without bound.
+    let mut asks = vec!["proxy:again.example:443".to_string(); 3];
+    asks.extend((0..EGRESS_TRACED + 6).map(|i| format!("proxy:n{i}.example:443")));
+    let names: Vec<String> = (0..asks.len()).map(|i| format!("ask-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let d = deployment(
+        &format!("{GRANTS}[connection.grants.network]\ntcp_connect = [\"203.0.113.7:443\"]\n"),
+        |_| asks.clone(),
+    );
+    let report = run(&d, &names).await;
+    for line in report.values() {
+        assert!(line.contains(" BLOCKED HTTP/1.1 403 Forbidden"), "{line}");
+    }
+    let traced: Vec<(String, u64)> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "upstream-egress-refused")
+        .map(|e| {
+            (
+                e["payload"]["host"].as_str().unwrap().to_string(),
+                e["payload"]["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let mut want = vec![("again.example".to_string(), 1)];
+    // The three asks for `again.example` are counted, not traced again.
+    want.extend((0..EGRESS_TRACED - 1).map(|i| (format!("n{i}.example"), i as u64 + 4)));
+    assert_eq!(
+        traced, want,
+        "one event per destination, the first {EGRESS_TRACED}"
     );
 }
 

@@ -451,6 +451,70 @@ mod tests {
         assert_eq!(count.load(Ordering::Relaxed), 1);
     }
 
+    /// What the proxy answers on `c` within 5 s (a proxy that keeps waiting fails here),
+    /// and how the reading ended when not at end of stream.
+    async fn answer_within(c: &mut tokio::net::UnixStream) -> String {
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut got))
+            .await
+            .expect("the proxy answers within 5 s instead of waiting for more");
+        let mut answer = String::from_utf8_lossy(&got).into_owned();
+        if let Err(e) = read {
+            answer.push_str(&format!(" (then: {e})"));
+        }
+        answer
+    }
+
+    #[tokio::test]
+    async fn a_head_without_end_and_one_connection_too_many_are_answered_not_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let check: EgressCheck = Arc::new(|_: &str, _: u16| Err("not granted".to_string()));
+        let (report, _refusals) = Reporter::new();
+        tokio::spawn(serve(listener, check, report));
+        // A head that never ends is cut at MAX_HEAD: the host's memory is not the server's.
+        let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let mut endless = b"CONNECT api.example.com:443 HTTP/1.1\r\nX-Pad: ".to_vec();
+        // One byte more than MAX_HEAD: all of it is read before the answer (unread bytes
+        // would turn the close into a reset).
+        endless.resize(MAX_HEAD + 1, b'a');
+        c.write_all(&endless).await.unwrap();
+        let answer = answer_within(&mut c).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large"),
+            "{answer:?}"
+        );
+        // MAX_TUNNELS connections held open (no head yet): one more is turned away at once.
+        let mut held = Vec::new();
+        for _ in 0..MAX_TUNNELS {
+            held.push(tokio::net::UnixStream::connect(&path).await.unwrap());
+        }
+        let mut extra = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let answer = answer_within(&mut extra).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 503 Service Unavailable")
+                && answer.contains(&format!("at most {MAX_TUNNELS} proxy connections")),
+            "{answer:?}"
+        );
+        // A connection that ends frees its place (once the proxy has seen it end).
+        drop(held.pop());
+        let mut answer = String::new();
+        for _ in 0..50 {
+            let mut next = tokio::net::UnixStream::connect(&path).await.unwrap();
+            // A connection turned away may be closed before its head is written.
+            let _ = next
+                .write_all(b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+                .await;
+            answer = answer_within(&mut next).await;
+            if !answer.starts_with("HTTP/1.1 503") && !answer.contains("(then: ") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden"), "{answer:?}");
+    }
+
     #[test]
     fn the_check_honours_addresses_names_and_the_special_ranges() {
         let grants = |list: &[&str]| {
