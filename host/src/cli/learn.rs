@@ -21,9 +21,22 @@ use serde::Serialize;
 
 use crate::upstream::confine::{Access, PathGrant, check_protected, proxy::Refused};
 
+/// The connection's network side, as a learning run sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Network {
+    /// Its `tcp_connect` grants as configured (suggestions add to them).
+    pub granted: Vec<String>,
+    /// Whether its egress went through a proxy that reports (namespaces on): without
+    /// one, nothing about egress can be learned.
+    pub observed: bool,
+}
+
 /// What a learning run found.
 #[derive(Debug, Default, Serialize)]
 pub struct Learned {
+    /// Whether egress was observed (the server ran in its own network namespace, behind
+    /// the egress proxy); when false, `egress` is empty for want of a way to see it.
+    pub egress_observed: bool,
     /// Destinations the egress proxy refused.
     pub egress: Vec<EgressDenial>,
     /// Paths the server reported it was refused.
@@ -40,6 +53,8 @@ pub struct EgressDenial {
     pub grant: String,
     /// Why the proxy refused it.
     pub reason: String,
+    /// Why it cannot be granted, when it cannot (not a destination a grant can name).
+    pub never: Option<String>,
 }
 
 /// One refused path.
@@ -87,6 +102,7 @@ pub fn learn(
     refused: &[Refused],
     stderr: &[String],
     granted: &[PathGrant],
+    network: &Network,
     protected: &[PathBuf],
 ) -> Learned {
     let mut egress: BTreeMap<String, String> = BTreeMap::new();
@@ -138,11 +154,21 @@ pub fn learn(
     }
     let egress: Vec<EgressDenial> = egress
         .into_iter()
-        .map(|(grant, reason)| EgressDenial { grant, reason })
+        .map(|(grant, reason)| {
+            let never = airlock_core::destination::Destination::parse(&grant)
+                .err()
+                .map(|e| format!("not a destination a grant can name: {e:#}"));
+            EgressDenial {
+                grant,
+                reason,
+                never,
+            }
+        })
         .collect();
     let paths: Vec<PathDenial> = paths.into_values().collect();
-    let toml = toml(&egress, &paths);
+    let toml = toml(&network.granted, &egress, &paths);
     Learned {
+        egress_observed: network.observed,
         egress,
         paths,
         toml,
@@ -151,8 +177,14 @@ pub fn learn(
 
 /// Why `path` must never be granted, if it must not.
 fn never(path: &Path, access: Access, protected: &[PathBuf]) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt as _;
     if path.starts_with("/proc") {
         return Some("a /proc entry is never granted (the server has its own /proc)".into());
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        return Some(
+            "a Unix socket: a grant would let the server talk to whatever listens there (a container runtime, a database); not suggested — grant it by hand only after checking what it is".into(),
+        );
     }
     let grant = PathGrant {
         path: path.to_path_buf(),
@@ -197,11 +229,25 @@ fn absolute_paths(line: &str) -> Vec<PathBuf> {
     found
 }
 
-/// The grants to add, as TOML (empty when none).
-fn toml(egress: &[EgressDenial], paths: &[PathDenial]) -> String {
+/// The grants to add, as TOML (empty when none): the connection's `tcp_connect` with the
+/// new destinations added (the whole list: it replaces the configured one), then one
+/// filesystem grant per path. Strings are written by the `toml` crate (escaped as TOML
+/// requires).
+fn toml(configured: &[String], egress: &[EgressDenial], paths: &[PathDenial]) -> String {
+    let string = |s: &str| toml::Value::String(s.to_string()).to_string();
     let mut out = String::new();
-    if !egress.is_empty() {
-        let list: Vec<String> = egress.iter().map(|e| format!("{:?}", e.grant)).collect();
+    let added: Vec<&str> = egress
+        .iter()
+        .filter(|e| e.never.is_none() && !configured.contains(&e.grant))
+        .map(|e| e.grant.as_str())
+        .collect();
+    if !added.is_empty() {
+        let list: Vec<String> = configured
+            .iter()
+            .map(String::as_str)
+            .chain(added)
+            .map(string)
+            .collect();
         out.push_str(&format!(
             "[connection.grants.network]\ntcp_connect = [{}]\n",
             list.join(", ")
@@ -209,8 +255,8 @@ fn toml(egress: &[EgressDenial], paths: &[PathDenial]) -> String {
     }
     for p in paths.iter().filter(|p| p.never.is_none()) {
         out.push_str(&format!(
-            "[[connection.grants.filesystem]]\npath = {:?}\naccess = \"{}\"\n",
-            p.path.display().to_string(),
+            "[[connection.grants.filesystem]]\npath = {}\naccess = \"{}\"\n",
+            string(&p.path.display().to_string()),
             p.access
         ));
     }
@@ -223,25 +269,44 @@ impl Learned {
     pub fn to_text(&self) -> String {
         use std::fmt::Write as _;
         let mut o = String::new();
+        let safe = |s: &str| crate::cli::operate::safe(s, 400);
+        let egress_note = if self.egress_observed {
+            "egress is exact"
+        } else {
+            "egress was not observed: without namespaces there is no proxy to report it"
+        };
         if self.egress.is_empty() && self.paths.is_empty() {
-            o.push_str(
-                "learned: nothing was refused that the server reported (egress is exact; files only as far as the server's stderr names them)\n",
+            let _ = writeln!(
+                o,
+                "learned: nothing was refused that the server reported ({egress_note}; files only as far as the server's stderr names them)"
             );
             return o;
         }
-        o.push_str("learned: the confined server was refused\n");
+        let _ = writeln!(
+            o,
+            "learned: the confined server was refused ({egress_note})"
+        );
         for e in &self.egress {
-            let _ = writeln!(o, "  egress {}: {}", e.grant, e.reason);
+            let _ = writeln!(
+                o,
+                "  egress {}: {}{}",
+                safe(&e.grant),
+                safe(&e.reason),
+                e.never
+                    .as_ref()
+                    .map(|why| format!(" — NEVER GRANTED: {}", safe(why)))
+                    .unwrap_or_default()
+            );
         }
         for p in &self.paths {
             let _ = writeln!(
                 o,
                 "  {} ({}){}\n      said: {}",
-                p.path.display(),
+                safe(&p.path.display().to_string()),
                 p.access,
                 p.never
                     .as_ref()
-                    .map(|why| format!(" — NEVER GRANTED: {why}"))
+                    .map(|why| format!(" — NEVER GRANTED: {}", safe(why)))
                     .unwrap_or_default(),
                 crate::cli::operate::safe(&p.evidence, 400)
             );
@@ -303,12 +368,31 @@ mod tests {
                 logs.display()
             ),
         ];
-        let refused = [Refused {
-            host: "api.example.com".into(),
-            port: 443,
-            reason: "not granted".into(),
-        }];
-        let learned = learn(&refused, &lines, &[], std::slice::from_ref(&state));
+        let refused = [
+            Refused {
+                host: "api.example.com".into(),
+                port: 443,
+                reason: "not granted".into(),
+                count: 1,
+            },
+            Refused {
+                host: "zero\u{200b}width.example".into(),
+                port: 443,
+                reason: "not granted".into(),
+                count: 2,
+            },
+        ];
+        let network = Network {
+            granted: vec!["db.example.com:5432".into()],
+            observed: true,
+        };
+        let learned = learn(
+            &refused,
+            &lines,
+            &[],
+            &network,
+            std::slice::from_ref(&state),
+        );
         let by_path: BTreeMap<&Path, &PathDenial> = learned
             .paths
             .iter()
@@ -331,11 +415,19 @@ mod tests {
             "not on the host"
         );
         assert_eq!(learned.egress[0].grant, "api.example.com:443");
+        // The configured list with the new destination; a host no grant can name is
+        // reported, never suggested.
         assert!(
             learned
                 .toml
-                .contains("tcp_connect = [\"api.example.com:443\"]")
+                .contains("tcp_connect = [\"db.example.com:5432\", \"api.example.com:443\"]"),
+            "{}",
+            learned.toml
         );
+        assert!(learned.egress[1].never.is_some(), "{:?}", learned.egress);
+        // What it suggests parses as TOML.
+        let parsed: toml::Table = toml::from_str(&learned.toml).unwrap();
+        assert!(parsed.contains_key("connection"));
         assert!(
             learned
                 .toml
@@ -348,7 +440,7 @@ mod tests {
             path: data.clone(),
             access: Access::ReadWrite,
         }];
-        let again = learn(&[], &lines, &granted, &[]);
+        let again = learn(&[], &lines, &granted, &Network::default(), &[]);
         assert!(again.paths.iter().all(|p| p.path != data));
     }
 }

@@ -120,7 +120,11 @@ pub async fn discover(config: &ServeConfig, name: &str, learn: bool) -> Result<D
         let mut granted =
             crate::upstream::confine::default_paths(&stdio.command, &stdio.args, &stdio.cwd);
         granted.extend(confinement.paths.iter().cloned());
-        Some(granted)
+        let network = crate::cli::learn::Network {
+            granted: confinement.tcp_connect.clone(),
+            observed: confinement.namespaces,
+        };
+        Some((granted, network))
     } else {
         None
     };
@@ -135,49 +139,55 @@ pub async fn discover(config: &ServeConfig, name: &str, learn: bool) -> Result<D
     if learn && let Some(c) = server.as_stdio_mut().and_then(|s| s.confine.as_mut()) {
         c.report_egress = true;
     }
+    // Refusals are heard from before the server starts: a start that fails still teaches.
+    let (report, mut refusals) = crate::upstream::confine::proxy::Reporter::new();
+    let mut refused = move || {
+        let mut all = Vec::new();
+        while let Ok(r) = refusals.try_recv() {
+            all.push(r);
+        }
+        all
+    };
     let started = tokio::time::timeout(limit, async {
-        let conn = Connection::start(
+        let conn = Connection::start_reporting(
             name,
             &server,
             crate::registry::manifest::MAX_OUTPUT_BYTES,
             limit,
+            Some(report),
         )
         .await?;
         let raw = conn
             .discover(limit)
             .await
             .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
-        let learned = granted.as_ref().map(|granted| {
-            let mut refused = Vec::new();
-            if let Some(mut rx) = conn.take_egress_refusals() {
-                while let Ok(r) = rx.try_recv() {
-                    refused.push(r);
-                }
-            }
-            crate::cli::learn::learn(
-                &refused,
-                &conn.stderr_tail(),
-                granted,
-                &config.protected_paths(),
-            )
-        });
+        let stderr = conn.stderr_tail();
         conn.terminate(crate::shutdown::STOP_GRACE).await;
-        anyhow::Ok((raw, learned))
+        anyhow::Ok((raw, stderr))
     })
     .await;
+    let mut learn_from = |stderr: &[String]| {
+        granted.as_ref().map(|(granted, network)| {
+            crate::cli::learn::learn(
+                &refused(),
+                stderr,
+                granted,
+                network,
+                &config.protected_paths(),
+            )
+        })
+    };
     let (raw, learned) = match started {
-        Ok(Ok(result)) => result,
-        Ok(Err(e)) => match &granted {
-            // What the server said before it failed is in the error: learn from it.
-            Some(granted) => {
-                let text = format!("{e:#}");
-                let lines: Vec<String> = text.lines().map(str::to_string).collect();
-                let learned =
-                    crate::cli::learn::learn(&[], &lines, granted, &config.protected_paths());
-                bail!("{text}\n{}", learned.to_text().trim_end());
+        Ok(Ok((raw, stderr))) => (raw, learn_from(&stderr)),
+        // What the server said before it failed is in the error: learn from it.
+        Ok(Err(e)) => {
+            let text = format!("{e:#}");
+            let lines: Vec<String> = text.lines().map(str::to_string).collect();
+            match learn_from(&lines) {
+                Some(learned) => bail!("{text}\n{}", learned.to_text().trim_end()),
+                None => return Err(e),
             }
-            None => return Err(e),
-        },
+        }
         Err(_) => anyhow::bail!(
             "connection `{name}` did not start and answer discovery within {} ms (start_timeout); its server was stopped",
             limit.as_millis()

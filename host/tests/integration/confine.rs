@@ -231,6 +231,15 @@ fn assert_machine_can_confine(namespaces: bool) {
     );
 }
 
+/// Asserts that the reach `name` of `report` says `text`.
+fn says(report: &BTreeMap<String, String>, name: &str, text: &str) {
+    assert!(
+        report[name].contains(text),
+        "reach `{name}` should say {text:?}: {}",
+        report[name]
+    );
+}
+
 fn assert_all_blocked(report: &BTreeMap<String, String>) {
     for (name, line) in report {
         assert!(
@@ -274,30 +283,14 @@ async fn confined_in_namespaces_every_reach_is_blocked_and_the_host_serves() {
     .await;
     assert_all_blocked(&report);
     // The fork bomb was stopped by the bound, not by a refusal to fork at all.
-    assert!(
-        report["fork"].contains("fork failed after"),
-        "{}",
-        report["fork"]
-    );
+    says(&report, "fork", "fork failed after");
     // Its /proc is its own namespace's: the test's process is not there at all (not
     // merely refused, as without the namespaces).
-    assert!(
-        report["test-environ"].contains("No such file or directory"),
-        "{}",
-        report["test-environ"]
-    );
+    says(&report, "test-environ", "No such file or directory");
     // Absent from its filesystem view, not merely refused.
-    assert!(
-        report["unix"].contains("No such file or directory"),
-        "{}",
-        report["unix"]
-    );
+    says(&report, "unix", "No such file or directory");
     // Bound by Landlock's TCP rules, even in its own network namespace.
-    assert!(
-        report["bind"].contains("Permission denied"),
-        "{}",
-        report["bind"]
-    );
+    says(&report, "bind", "Permission denied");
     // The planted symbolic link exists in the granted folder, and led nowhere.
     assert!(d.dir.path().join("out/key-link").is_symlink());
     assert!(!d.state_dir().join("planted").exists());
@@ -318,11 +311,7 @@ async fn confined_without_namespaces_landlock_and_seccomp_still_block() {
     assert!(unix.contains(" OK "), "{unix}");
     assert_all_blocked(&report);
     // UDP is refused by seccomp alone here (Landlock's rules are TCP only).
-    assert!(
-        report["udp"].contains("Operation not permitted"),
-        "{}",
-        report["udp"]
-    );
+    says(&report, "udp", "Operation not permitted");
     // The host was visible, and still refused.
     assert!(
         !report["environ"].contains("/proc/0/"),
@@ -381,26 +370,10 @@ async fn egress_reaches_granted_destinations_through_the_proxy_and_nothing_else(
     for name in &names[1..] {
         assert!(report[*name].contains(" BLOCKED "), "{}", report[*name]);
     }
-    assert!(
-        report["ungranted-port"].contains("403 Forbidden"),
-        "{}",
-        report["ungranted-port"]
-    );
-    assert!(
-        report["ungranted-name"].contains("the name was not resolved"),
-        "{}",
-        report["ungranted-name"]
-    );
-    assert!(
-        report["loopback-name"].contains("need a grant by address"),
-        "{}",
-        report["loopback-name"]
-    );
-    assert!(
-        report["direct"].contains("Permission denied"),
-        "{}",
-        report["direct"]
-    );
+    says(&report, "ungranted-port", "403 Forbidden");
+    says(&report, "ungranted-name", "the name was not resolved");
+    says(&report, "loopback-name", "need a grant by address");
+    says(&report, "direct", "Permission denied");
     // Each refusal is in the trace with what was refused; the granted one is not.
     let refused: Vec<(String, u64)> = d
         .trace()
@@ -453,6 +426,8 @@ async fn read_only_grants_and_the_root_are_read_only_mounts_not_only_landlock_ru
         ];
         if root {
             r.push("chmod:/".to_string());
+            // A device every server may write: the host's own inode, on a read-only mount.
+            r.push("chmod:/dev/null".to_string());
         }
         r
     };
@@ -470,9 +445,19 @@ async fn read_only_grants_and_the_root_are_read_only_mounts_not_only_landlock_ru
         ),
         |d| reaches(d, true),
     );
-    let report = run(&d, &["read", "chmod-file", "chmod-folder", "chmod-root"]).await;
+    let report = run(
+        &d,
+        &[
+            "read",
+            "chmod-file",
+            "chmod-folder",
+            "chmod-root",
+            "chmod-null",
+        ],
+    )
+    .await;
     assert!(report["read"].contains(" OK "), "{}", report["read"]);
-    for name in ["chmod-file", "chmod-folder", "chmod-root"] {
+    for name in ["chmod-file", "chmod-folder", "chmod-root", "chmod-null"] {
         assert!(
             report[name].contains(" BLOCKED ") && report[name].contains("Read-only file system"),
             "`{name}` must meet a read-only mount: {}",
@@ -483,7 +468,7 @@ async fn read_only_grants_and_the_root_are_read_only_mounts_not_only_landlock_ru
 
 #[tokio::test]
 async fn egress_refusals_are_traced_once_per_destination_and_at_most_64_per_start() {
-    use airlock::registry::connections::EGRESS_TRACED;
+    use airlock::upstream::confine::proxy::MAX_REPORTED as EGRESS_TRACED;
     assert_machine_can_confine(true);
     // A server that asks for one destination again and again, then for destination after
     // destination, cannot grow the trace without bound.
@@ -593,6 +578,29 @@ fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
         "{text}"
     );
     assert!(text.contains("NEVER GRANTED"), "{text}");
+    // A server that fails its start still teaches what its proxy refused.
+    let d = deployment(GRANTS, |_| {
+        vec!["proxy:api.example.test:443".into(), "exit:3".into()]
+    });
+    let config = d.write_config();
+    let out = d.airlock(&[
+        "discover",
+        "notes",
+        "--config",
+        config.to_str().unwrap(),
+        "--learn",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("exit status: 3"), "{stderr}");
+    assert!(
+        stderr.contains("egress api.example.test:443: api.example.test:443 is not granted"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("tcp_connect = [\"api.example.test:443\"]"),
+        "{stderr}"
+    );
     // An unconfined connection has nothing to learn.
     let d = d.replace_connections(
         "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nconfine = false\n",
@@ -856,7 +864,7 @@ fn as_an_ordinary_user_the_same_reaches_are_blocked() {
                 ..confine::Confinement::deny_by_default()
             };
             let (helper, confined) =
-                confine::command(&bin, &args, root, &BTreeMap::new(), &confinement).unwrap();
+                confine::command(&bin, &args, root, &BTreeMap::new(), &confinement, None).unwrap();
             open(confined.scratch.path(), 0o777);
             let helper = helper.as_std();
             // The helper is the copy nobody can execute, whatever this process named.

@@ -160,8 +160,9 @@ fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
 /// Whether `ip` is an address a named host may not resolve to without an explicit grant:
 /// loopback, unspecified, private (RFC 1918), carrier-grade NAT (RFC 6598), link-local
 /// (RFC 3927, which holds the 169.254.169.254 metadata service), unique-local (RFC 4193),
-/// IPv6 link-local, multicast, broadcast, documentation and benchmarking ranges, and
-/// IPv4-mapped forms of all of these.
+/// IPv6 link-local and site-local, multicast, broadcast, documentation and benchmarking
+/// ranges, IPv4-mapped and NAT64 (`64:ff9b::/96`) forms of all of these, and the local-use
+/// NAT64 prefix `64:ff9b:1::/48`.
 pub fn is_special(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(a) => {
@@ -183,11 +184,24 @@ pub fn is_special(ip: IpAddr) -> bool {
                 return is_special(IpAddr::V4(v4));
             }
             let s = a.segments();
+            // NAT64 (RFC 6052 well-known 64:ff9b::/96; RFC 8215 local-use 64:ff9b:1::/48):
+            // a translator would reach the IPv4 address inside; the local-use prefix is
+            // special whatever it embeds.
+            if s[0] == 0x64 && s[1] == 0xff9b {
+                if s[2..6] == [0, 0, 0, 0] {
+                    let o = a.octets();
+                    return is_special(IpAddr::V4([o[12], o[13], o[14], o[15]].into()));
+                }
+                if s[2] == 1 {
+                    return true;
+                }
+            }
             a.is_loopback()
                 || a.is_unspecified()
                 || a.is_multicast()
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0
                 || (s[0] == 0x2001 && s[1] == 0x0db8)
         }
     }
@@ -248,10 +262,19 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "224.0.0.1",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::808:808",
+            "fec0::1",
         ] {
             assert!(is_special(ip.parse().unwrap()), "{ip}");
         }
-        for ip in ["93.184.216.34", "2606:4700::1111", "8.8.8.8"] {
+        for ip in [
+            "93.184.216.34",
+            "2606:4700::1111",
+            "8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
             assert!(!is_special(ip.parse().unwrap()), "{ip}");
         }
     }

@@ -986,8 +986,10 @@ fn confinement(c: &RawConnection, base: &Path) -> Result<Option<Confinement>> {
                         path.display()
                     );
                 }
+                // Where it will be: its deepest existing folder canonical (the identity
+                // does not change once it is made; no symbolic link in what is mounted).
                 confinement.paths.push(PathGrant {
-                    path,
+                    path: crate::upstream::confine::resolved(&path),
                     access: grant.access,
                 });
                 continue;

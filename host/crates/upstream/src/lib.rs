@@ -853,6 +853,16 @@ impl Connection {
         max_message_bytes: u64,
         initialize_timeout: Duration,
     ) -> Result<Self> {
+        Self::start_stdio_reporting(name, server, max_message_bytes, initialize_timeout, None).await
+    }
+
+    async fn start_stdio_reporting(
+        name: &str,
+        server: &StdioServer,
+        max_message_bytes: u64,
+        initialize_timeout: Duration,
+        report: Option<confine::proxy::Reporter>,
+    ) -> Result<Self> {
         let (cmd, confined) = match &server.confine {
             Some(confinement) => {
                 let (cmd, confined) = confine::command(
@@ -861,6 +871,7 @@ impl Connection {
                     &server.cwd,
                     &server.env,
                     confinement,
+                    report,
                 )
                 .with_context(|| format!("confining the server of connection `{name}`"))?;
                 (cmd, Some(confined))
@@ -973,9 +984,25 @@ impl Connection {
         max_message_bytes: u64,
         initialize_timeout: Duration,
     ) -> Result<Self> {
+        Self::start_reporting(name, server, max_message_bytes, initialize_timeout, None).await
+    }
+
+    /// [`Connection::start`], a confined server's egress refusals going to `report`
+    /// (made by the caller, which then hears them even when the start fails).
+    ///
+    /// # Errors
+    /// As [`Connection::start`].
+    pub async fn start_reporting(
+        name: &str,
+        server: &UpstreamServer,
+        max_message_bytes: u64,
+        initialize_timeout: Duration,
+        report: Option<confine::proxy::Reporter>,
+    ) -> Result<Self> {
         match server {
             UpstreamServer::Stdio(s) => {
-                Self::start_stdio(name, s, max_message_bytes, initialize_timeout).await
+                Self::start_stdio_reporting(name, s, max_message_bytes, initialize_timeout, report)
+                    .await
             }
             UpstreamServer::Http(h) => {
                 Self::start_http(name, h, max_message_bytes, initialize_timeout).await
@@ -1183,16 +1210,6 @@ impl Connection {
             Shared::new(name, max_message_bytes),
             Link::Unstarted(why),
         )
-    }
-
-    /// The destinations a confined server's egress proxy refused
-    /// ([`confine::proxy::Refused`]), for the one reader that traces them: `None` for a
-    /// server without a proxy, and once taken. Refusals are counted even when not read
-    /// ([`Connection::egress_refused`]).
-    pub fn take_egress_refusals(
-        &self,
-    ) -> Option<tokio::sync::mpsc::Receiver<confine::proxy::Refused>> {
-        self.process.as_ref()?.egress()?.take_refusals()
     }
 
     /// How many destinations the egress proxy of this connection's server refused since

@@ -187,10 +187,6 @@ pub const START_WAIT_MIN: Duration = Duration::from_secs(2);
 /// See [`START_WAIT_MIN`].
 pub const START_WAIT_FACTOR: u32 = 3;
 
-/// Distinct destinations traced per start of a confined server, when its egress proxy
-/// refuses them (more are counted and logged at debug).
-pub const EGRESS_TRACED: usize = 64;
-
 /// Least time between two restarts of one connection.
 pub const MIN_RESTART_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 /// Longest wait between two restart attempts of a connection that keeps failing.
@@ -347,10 +343,11 @@ impl Live {
         let name = state.name.as_str();
         let limit = self.config.start_timeout;
         let started = tokio::time::timeout(limit, async {
-            let connection = Connection::start(name, server, budget, limit).await?;
-            if let Some(refusals) = connection.take_egress_refusals() {
-                self.trace_egress_refusals(state, refusals);
-            }
+            // Heard from before the server starts: a start that fails traces them too.
+            let (report, refusals) = crate::upstream::confine::proxy::Reporter::new();
+            self.trace_egress_refusals(state, refusals);
+            let connection =
+                Connection::start_reporting(name, server, budget, limit, Some(report)).await?;
             if let Some((sname, sversion)) = connection.server_info() {
                 tracing::info!(connection = %name, server = %sname, version = %sversion, "upstream connected (reported name: an observation, not an identity)");
             }
@@ -420,10 +417,10 @@ impl Live {
 
     /// Traces what the egress proxy of `state`'s server refused (`upstream-egress-refused`:
     /// connection id, host, port, reason, and how many it has refused so far) and logs
-    /// each at WARN, until that server's proxy stops. Each destination is traced once per
-    /// start, at most [`EGRESS_TRACED`] of them: a server that tries destination after
-    /// destination cannot grow the trace without bound (the count in the last event, and
-    /// the connection's own count, go on).
+    /// each at WARN, until that server's proxy stops. The proxy reports each destination
+    /// once per start, at most [`MAX_REPORTED`](crate::upstream::confine::proxy::MAX_REPORTED)
+    /// of them ([`Reporter`](crate::upstream::confine::proxy::Reporter)): a server that
+    /// tries destination after destination cannot grow the trace without bound.
     fn trace_egress_refusals(
         &self,
         state: &ConnectionState,
@@ -435,15 +432,8 @@ impl Live {
             state.revision.connection_id.clone(),
         );
         tokio::spawn(async move {
-            let mut seen = std::collections::BTreeSet::new();
-            let mut count = 0u64;
             while let Some(r) = refusals.recv().await {
-                count += 1;
-                if seen.len() >= EGRESS_TRACED || !seen.insert((r.host.clone(), r.port)) {
-                    tracing::debug!(connection = %name, host = %r.host, port = r.port, "egress refused again: {}", r.reason);
-                    continue;
-                }
-                tracing::warn!(connection = %name, host = %r.host, port = r.port, "the upstream server's egress was refused: {}", r.reason);
+                tracing::warn!(connection = %name, host = %airlock_core::text::safe(&r.host, 256), port = r.port, "the upstream server's egress was refused: {}", airlock_core::text::safe(&r.reason, 512));
                 registry.trace(
                     crate::registry::events::UPSTREAM_EGRESS_REFUSED,
                     &name,
@@ -452,7 +442,7 @@ impl Live {
                         "host": r.host,
                         "port": r.port,
                         "reason": r.reason,
-                        "count": count,
+                        "count": r.count,
                     }),
                 );
             }

@@ -402,7 +402,8 @@ pub fn check_protected(grants: &[PathGrant], protected: &[PathBuf]) -> Result<()
 
 /// `path` with its deepest existing ancestor canonicalized (symbolic links resolved) and
 /// the rest appended: a folder not made yet compares as where it will be.
-fn resolved(path: &Path) -> PathBuf {
+#[must_use]
+pub fn resolved(path: &Path) -> PathBuf {
     for ancestor in path.ancestors() {
         if let Ok(real) = ancestor.canonicalize() {
             let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
@@ -413,7 +414,9 @@ fn resolved(path: &Path) -> PathBuf {
 }
 
 /// A confined server's command: the helper with its [`Spec`], and what the host keeps
-/// while the server runs ([`Confined`]: the private temporary folder, the egress proxy).
+/// while the server runs ([`Confined`]: the private temporary folder, the egress proxy,
+/// which reports its refusals to `report` — made by the caller so that it hears them even
+/// when the server fails to start — or to a reporter nobody reads).
 /// `TMPDIR` names that folder unless the connection's environment sets it. Call it on a
 /// tokio runtime (the egress proxy is started on it).
 ///
@@ -429,6 +432,7 @@ pub fn command(
     cwd: &Path,
     env: &BTreeMap<String, String>,
     confinement: &Confinement,
+    report: Option<proxy::Reporter>,
 ) -> Result<(tokio::process::Command, Confined)> {
     let network = check_network(confinement)?;
     for grant in &confinement.paths {
@@ -445,6 +449,22 @@ pub fn command(
                         grant.path.display()
                     )
                 })?;
+        }
+    }
+    for grant in &confinement.paths {
+        // Canonical when the configuration was loaded: a symbolic link that stands in the
+        // path now (planted since, by a server that may write beside it) would be followed
+        // by the mount and the folder making alike.
+        let now = grant
+            .path
+            .canonicalize()
+            .with_context(|| format!("granted path {} is gone", grant.path.display()))?;
+        if now != grant.path {
+            bail!(
+                "granted path {} now leads to {} (a symbolic link stands in it): the server is not started; remove the link",
+                grant.path.display(),
+                now.display()
+            );
         }
     }
     let tmp = tempfile::Builder::new()
@@ -474,7 +494,8 @@ pub fn command(
     let egress = if network.is_empty() && !(confinement.report_egress && confinement.namespaces) {
         None
     } else {
-        Some(proxy::Egress::start(network)?)
+        let report = report.unwrap_or_else(|| proxy::Reporter::new().0);
+        Some(proxy::Egress::start(network, report)?)
     };
     let spec = Spec {
         egress: egress.as_ref().map(|e| e.socket().to_path_buf()),
@@ -645,6 +666,7 @@ mod tests {
             Path::new("/"),
             &BTreeMap::new(),
             &c,
+            None,
         )
         .unwrap();
         assert!(data.is_dir());
@@ -672,6 +694,41 @@ mod tests {
         assert!(spec.egress.is_none() && confined.egress.is_none());
     }
 
+    #[test]
+    fn a_symbolic_link_planted_in_a_granted_path_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let (shared, elsewhere) = (root.join("shared"), root.join("elsewhere"));
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        // Granted (not yet made) beneath a folder a server may write, where a link is
+        // then planted in its way.
+        let grant = shared.join("link/data");
+        std::os::unix::fs::symlink(&elsewhere, shared.join("link")).unwrap();
+        let c = Confinement {
+            paths: vec![PathGrant {
+                path: grant,
+                access: Access::ReadWrite,
+            }],
+            ..Confinement::deny_by_default()
+        };
+        use_helper("/bin/true");
+        let e = command(
+            Path::new("/bin/true"),
+            &[],
+            Path::new("/"),
+            &BTreeMap::new(),
+            &c,
+            None,
+        )
+        .err()
+        .unwrap();
+        assert!(
+            e.to_string().contains("a symbolic link stands in it"),
+            "{e}"
+        );
+    }
+
     #[tokio::test]
     async fn egress_grants_start_a_proxy_and_need_namespaces() {
         let granted = Confinement {
@@ -686,6 +743,7 @@ mod tests {
                 Path::new("/"),
                 &BTreeMap::new(),
                 c,
+                None,
             )
         };
         let (cmd, confined) = start(&granted).unwrap();

@@ -6,8 +6,9 @@
 //! or container that refuses any of it is an error naming the setting that lowers the
 //! requirement (`namespaces = false`).
 
-use std::ffi::CString;
 use std::path::Path;
+
+use super::view::mount;
 
 use anyhow::{Context as _, Result, bail};
 
@@ -92,13 +93,20 @@ pub fn enter(processes: u64, egress: Option<&Path>) -> Result<Option<u16>> {
             0,
         );
     }
-    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE)
-        .context("making the mounts private to the new mount namespace")?;
     mount(
-        Some("proc"),
-        "/proc",
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+    .context("making the mounts private to the new mount namespace")?;
+    mount(
+        Some(Path::new("proc")),
+        Path::new("/proc"),
         Some("proc"),
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
     )
     .with_context(|| {
         format!("mounting a /proc of the new PID namespace (the container may mask /proc); {LOWER}")
@@ -281,31 +289,6 @@ fn wait_and_exit(child: libc::pid_t) -> ! {
         128 + libc::WTERMSIG(status)
     };
     std::process::exit(code);
-}
-
-fn mount(
-    source: Option<&str>,
-    target: &str,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-) -> Result<()> {
-    let source = source.map(CString::new).transpose()?;
-    let target = CString::new(target)?;
-    let fstype = fstype.map(CString::new).transpose()?;
-    // SAFETY: every pointer is a valid NUL-terminated string or null for the call.
-    let done = unsafe {
-        libc::mount(
-            source.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
-            target.as_ptr(),
-            fstype.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
-            flags,
-            std::ptr::null(),
-        )
-    };
-    if done != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(())
 }
 
 /// Brings `lo` of the new network namespace up (a server may talk to itself).

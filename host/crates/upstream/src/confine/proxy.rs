@@ -40,6 +40,8 @@ pub struct Refused {
     pub port: u16,
     /// Why, in words.
     pub reason: String,
+    /// How many destinations the proxy has refused since it started, this one included.
+    pub count: u64,
 }
 
 /// Largest request head read (bytes).
@@ -51,50 +53,91 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proxy connections served at once for one server; more are answered `503`.
 pub const MAX_TUNNELS: usize = 64;
 
-/// Refusals held for the host to read before it reads them (more are counted, not held).
-const HELD_REFUSALS: usize = 256;
+/// Distinct destinations reported per proxy (more are counted only): a server that asks
+/// for destination after destination cannot grow the trace without bound.
+pub const MAX_REPORTED: usize = 64;
 
-/// Where refusals go: counted always, held for the host while there is room.
+/// Where refusals go: each counted; the first refusal of each destination (at most
+/// [`MAX_REPORTED`] of them) sent to the receiver, which holds them all until read — so a
+/// server that repeats one destination cannot crowd out another, whenever the receiver
+/// starts reading.
 #[derive(Clone)]
 pub struct Reporter {
     held: mpsc::Sender<Refused>,
     count: Arc<AtomicU64>,
+    seen: Arc<std::sync::Mutex<std::collections::BTreeSet<(String, u16)>>>,
 }
 
 impl Reporter {
     /// A reporter and the receiving end of its refusals.
     #[must_use]
     pub fn new() -> (Self, mpsc::Receiver<Refused>) {
-        let (held, rx) = mpsc::channel(HELD_REFUSALS);
+        let (held, rx) = mpsc::channel(MAX_REPORTED);
         (
             Self {
                 held,
                 count: Arc::default(),
+                seen: Arc::default(),
             },
             rx,
         )
     }
 
-    fn refused(&self, refused: Refused) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let _ = self.held.try_send(refused);
+    /// How many destinations were refused so far.
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn refused(&self, host: String, port: u16, reason: String) {
+        let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        let first = {
+            let mut seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.len() < MAX_REPORTED && seen.insert((host.clone(), port))
+        };
+        if first {
+            // Never full: at most MAX_REPORTED are ever sent.
+            let _ = self.held.try_send(Refused {
+                host,
+                port,
+                reason,
+                count,
+            });
+        }
     }
 }
 
 /// Serves proxy connections from `listener` until it fails, at most [`MAX_TUNNELS`] at
 /// once.
+///
+/// Every connection is a task of this future's own set, so stopping the future (dropping
+/// or aborting it) ends every tunnel too. An `accept` that fails (out of descriptors) is
+/// logged and tried again after a pause, never the end of the proxy.
 pub async fn serve(listener: tokio::net::UnixListener, check: EgressCheck, report: Reporter) {
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_TUNNELS));
-    while let Ok((mut stream, _)) = listener.accept().await {
+    let mut tunnels = tokio::task::JoinSet::new();
+    loop {
+        while tunnels.try_join_next().is_some() {}
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!("the egress proxy could not accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tokio::spawn(async move {
+            tunnels.spawn(async move {
                 let busy = format!("airlock: at most {MAX_TUNNELS} proxy connections at once");
                 let _ = answer(&mut stream, "503 Service Unavailable", &busy).await;
             });
             continue;
         };
         let (check, report) = (check.clone(), report.clone());
-        tokio::spawn(async move {
+        tunnels.spawn(async move {
             if let Err(e) = one(stream, check, report).await {
                 tracing::debug!("egress proxy connection ended: {e}");
             }
@@ -148,22 +191,21 @@ pub fn check_for(grants: Vec<Destination>) -> EgressCheck {
 }
 
 /// A running egress proxy of one confined server: a Unix socket in a folder only the
-/// host's user can enter, the task serving it (stopped when this is dropped), and what it
-/// refused.
+/// host's user can enter, the task serving it (stopped, with every tunnel, when this is
+/// dropped), and its [`Reporter`].
 pub struct Egress {
     socket: PathBuf,
     _folder: tempfile::TempDir,
     task: tokio::task::AbortHandle,
-    refusals: std::sync::Mutex<Option<mpsc::Receiver<Refused>>>,
-    count: Arc<AtomicU64>,
+    report: Reporter,
 }
 
 impl Egress {
-    /// Starts a proxy for `grants` on the current tokio runtime.
+    /// Starts a proxy for `grants` on the current tokio runtime, reporting to `report`.
     ///
     /// # Errors
     /// The folder or the socket cannot be made.
-    pub fn start(grants: Vec<Destination>) -> Result<Self> {
+    pub fn start(grants: Vec<Destination>, report: Reporter) -> Result<Self> {
         let folder = tempfile::Builder::new()
             .prefix("airlock-egress-")
             .tempdir()
@@ -171,15 +213,12 @@ impl Egress {
         let socket = folder.path().join("proxy.sock");
         let listener = tokio::net::UnixListener::bind(&socket)
             .with_context(|| format!("listening on {}", socket.display()))?;
-        let (report, refusals) = Reporter::new();
-        let count = report.count.clone();
-        let task = tokio::spawn(serve(listener, check_for(grants), report)).abort_handle();
+        let task = tokio::spawn(serve(listener, check_for(grants), report.clone())).abort_handle();
         Ok(Self {
             socket,
             _folder: folder,
             task,
-            refusals: std::sync::Mutex::new(Some(refusals)),
-            count,
+            report,
         })
     }
 
@@ -189,18 +228,10 @@ impl Egress {
         &self.socket
     }
 
-    /// The refusals, for the one reader that traces them (`None` once taken).
-    pub fn take_refusals(&self) -> Option<mpsc::Receiver<Refused>> {
-        self.refusals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-    }
-
     /// How many destinations were refused since the proxy started.
     #[must_use]
     pub fn refused(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
+        self.report.count()
     }
 }
 
@@ -344,11 +375,7 @@ async fn one(
         Ok(addrs) if !addrs.is_empty() => addrs,
         Ok(_) | Err(_) => {
             let reason = addrs.err().unwrap_or_else(|| "no address".into());
-            report.refused(Refused {
-                host: host.clone(),
-                port,
-                reason: reason.clone(),
-            });
+            report.refused(host.clone(), port, reason.clone());
             return answer(
                 &mut stream,
                 "403 Forbidden",
@@ -445,7 +472,8 @@ mod tests {
             Refused {
                 host: "other.test".into(),
                 port: 443,
-                reason: "not granted".into()
+                reason: "not granted".into(),
+                count: 1,
             }
         );
         assert_eq!(count.load(Ordering::Relaxed), 1);
@@ -513,6 +541,26 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(answer.starts_with("HTTP/1.1 403 Forbidden"), "{answer:?}");
+    }
+
+    #[test]
+    fn a_repeated_destination_cannot_crowd_out_another() {
+        let (report, mut refusals) = Reporter::new();
+        for _ in 0..1000 {
+            report.refused("decoy.example".into(), 1, "not granted".into());
+        }
+        report.refused("hidden.example".into(), 443, "not granted".into());
+        for i in 0..100 {
+            report.refused(format!("n{i}.example"), 443, "not granted".into());
+        }
+        let mut got = Vec::new();
+        while let Ok(r) = refusals.try_recv() {
+            got.push((r.host, r.count));
+        }
+        assert_eq!(got.len(), MAX_REPORTED);
+        assert_eq!(got[0], ("decoy.example".to_string(), 1));
+        assert_eq!(got[1], ("hidden.example".to_string(), 1001));
+        assert_eq!(report.count(), 1101);
     }
 
     #[test]

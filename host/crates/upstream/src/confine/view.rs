@@ -137,7 +137,13 @@ fn place(root: &Path, grant: &PathGrant) -> Result<()> {
         libc::MS_BIND,
         None,
     )?;
-    if grant.access == Access::ReadOnly {
+    // A device node works on a read-only mount (writing to /dev/null still does), and
+    // there its mode, owner and times — the host's own inode — cannot be changed.
+    let device = {
+        use std::os::unix::fs::FileTypeExt as _;
+        meta.file_type().is_char_device() || meta.file_type().is_block_device()
+    };
+    if grant.access == Access::ReadOnly || device {
         // A remount in a user namespace must keep the flags the mount came with.
         let kept = kept_flags(&target)?;
         mount(
@@ -176,7 +182,8 @@ fn kept_flags(path: &Path) -> Result<libc::c_ulong> {
     Ok(flags)
 }
 
-fn mount(
+/// `mount(2)`; the error names the target.
+pub(super) fn mount(
     source: Option<&Path>,
     target: &Path,
     fstype: Option<&str>,
