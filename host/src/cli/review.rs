@@ -136,7 +136,7 @@ pub struct ConnectionView {
     /// Whether the server runs unconfined (`confine = false`): FLAGGED (exit status 2).
     pub unconfined: bool,
     /// What the host's own outbound connection to the server may reach (Streamable HTTP),
-    /// one line per kind — network, credentials — as [`host_connection_lines`] words it;
+    /// one line per kind — network, credentials — as `host_connection_lines` words it;
     /// secret names only, never a value.
     pub host_connection: Vec<String>,
     /// Whether the host sends requests, credential headers included, as plain `http://` to
