@@ -161,8 +161,12 @@ pub async fn discover(config: &ServeConfig, name: &str, learn: bool) -> Result<D
             .discover(limit)
             .await
             .map_err(|e| anyhow::anyhow!("discovery on connection `{name}` failed: {e}"))?;
-        let stderr = conn.stderr_tail();
         conn.terminate(crate::shutdown::STOP_GRACE).await;
+        // Every line it wrote, read: what it said just before discovery may still be in
+        // the pipe.
+        let stderr = conn
+            .stderr_tail_at_end(std::time::Duration::from_secs(2))
+            .await;
         anyhow::Ok((raw, stderr))
     })
     .await;

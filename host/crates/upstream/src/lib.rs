@@ -84,9 +84,15 @@ async fn startup_failure(
     error: String,
     child: &Process,
     recent: &std::sync::Mutex<std::collections::VecDeque<String>>,
+    mut stderr_ended: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Error {
-    // Give the process a moment to exit and flush its last words.
+    // Give the process a moment to exit and its last words a moment to be read.
     let _ = tokio::time::timeout(Duration::from_millis(200), child.exited()).await;
+    let _ = tokio::time::timeout(
+        Duration::from_millis(200),
+        stderr_ended.wait_for(|ended| *ended),
+    )
+    .await;
     let status = match child.exit_status() {
         Some(status) => format!("the server exited ({status})"),
         None => "the server is still running (it is stopped now)".to_string(),
@@ -231,8 +237,12 @@ pub struct Connection {
     client: Option<RunningService<RoleClient, ()>>,
     /// The server process (`None` when it never started).
     process: Option<Arc<Process>>,
-    /// A stdio server's last stderr lines ([`STDERR_KEPT`]).
-    stderr: Option<Arc<std::sync::Mutex<std::collections::VecDeque<String>>>>,
+    /// A stdio server's last stderr lines ([`STDERR_KEPT`]), and whether its stderr ended.
+    #[allow(clippy::type_complexity)]
+    stderr: Option<(
+        Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+        tokio::sync::watch::Receiver<bool>,
+    )>,
     /// Why a connection that never started did not (the host's words).
     unstarted: Option<String>,
     /// Set when the server's stdout ended, the server exited, or a request found the
@@ -901,6 +911,8 @@ impl Connection {
         // The last stderr lines are kept to explain a server that dies at start (and for
         // `discover --learn`).
         let recent: Arc<std::sync::Mutex<std::collections::VecDeque<String>>> = Arc::default();
+        // True once the server's stderr ended (everything that held it exited).
+        let (ended, stderr_ended) = tokio::sync::watch::channel(false);
         if let Some(stderr) = pipes.stderr {
             let (conn, recent) = (name.to_string(), recent.clone());
             tokio::spawn(async move {
@@ -914,7 +926,10 @@ impl Connection {
                     }
                     recent.push_back(shown);
                 }
+                let _ = ended.send(true);
             });
+        } else {
+            let _ = ended.send(true);
         }
         let shared = Shared::new(name, max_message_bytes);
         // Armed from the start: the initialize answer is part of the first snapshot.
@@ -947,11 +962,27 @@ impl Connection {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
                 outbound.close();
-                return Err(startup_failure(name, server, e.to_string(), &child, &recent).await);
+                return Err(startup_failure(
+                    name,
+                    server,
+                    e.to_string(),
+                    &child,
+                    &recent,
+                    stderr_ended.clone(),
+                )
+                .await);
             }
             Err(e) => {
                 outbound.close();
-                return Err(startup_failure(name, server, e, &child, &recent).await);
+                return Err(startup_failure(
+                    name,
+                    server,
+                    e,
+                    &child,
+                    &recent,
+                    stderr_ended.clone(),
+                )
+                .await);
             }
         };
         // Never answer from a cache: a stale tools/list or resources/read would hide drift
@@ -969,7 +1000,7 @@ impl Connection {
                 outbound,
             },
         );
-        connection.stderr = Some(recent);
+        connection.stderr = Some((recent, stderr_ended));
         Ok(connection)
     }
 
@@ -1224,7 +1255,7 @@ impl Connection {
     /// The last lines the stdio server wrote to stderr (at most [`STDERR_KEPT`], oldest
     /// first); empty for an HTTP or replayed connection.
     pub fn stderr_tail(&self) -> Vec<String> {
-        self.stderr.as_ref().map_or_else(Vec::new, |lines| {
+        self.stderr.as_ref().map_or_else(Vec::new, |(lines, _)| {
             lines
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1232,6 +1263,18 @@ impl Connection {
                 .cloned()
                 .collect()
         })
+    }
+
+    /// [`Connection::stderr_tail`] once the server's stderr has ended — everything that
+    /// held it exited, and every line was read — waiting at most `within`. Call it after
+    /// [`Connection::terminate`]: until then, lines written a moment ago may not be read
+    /// yet.
+    pub async fn stderr_tail_at_end(&self, within: Duration) -> Vec<String> {
+        if let Some((_, ended)) = &self.stderr {
+            let mut ended = ended.clone();
+            let _ = tokio::time::timeout(within, ended.wait_for(|ended| *ended)).await;
+        }
+        self.stderr_tail()
     }
 
     /// The server's process id (its process group id too); `None` if it never started.
