@@ -504,6 +504,18 @@ async fn egress_refusals_are_traced_once_per_destination_and_at_most_64_per_star
     );
 }
 
+/// `airlock discover notes --learn` on `d`'s configuration.
+fn learn(d: &Deployment) -> std::process::Output {
+    let config = d.write_config();
+    d.airlock(&[
+        "discover",
+        "notes",
+        "--config",
+        config.to_str().unwrap(),
+        "--learn",
+    ])
+}
+
 #[test]
 fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
     assert_machine_can_confine(true);
@@ -565,13 +577,7 @@ fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
     assert!(toml.contains(&format!("path = {docs:?}")), "{toml}");
     assert!(!toml.contains("trace.key"), "{toml}");
     // The text form says the same for a person.
-    let out = d.airlock(&[
-        "discover",
-        "notes",
-        "--config",
-        config.to_str().unwrap(),
-        "--learn",
-    ]);
+    let out = learn(&d);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("learned: the confined server was refused"),
@@ -582,14 +588,7 @@ fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
     let d = deployment(GRANTS, |_| {
         vec!["proxy:api.example.test:443".into(), "exit:3".into()]
     });
-    let config = d.write_config();
-    let out = d.airlock(&[
-        "discover",
-        "notes",
-        "--config",
-        config.to_str().unwrap(),
-        "--learn",
-    ]);
+    let out = learn(&d);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("exit status: 3"), "{stderr}");
@@ -605,14 +604,7 @@ fn discover_learn_reports_each_refusal_with_the_grant_that_allows_it() {
     let d = d.replace_connections(
         "[[connection]]\nname = \"notes\"\ncommand = \"@airlock\"\nargs = [\"fixture\", \"notes-server\"]\nconfine = false\n",
     );
-    let config = d.write_config();
-    let out = d.airlock(&[
-        "discover",
-        "notes",
-        "--config",
-        config.to_str().unwrap(),
-        "--learn",
-    ]);
+    let out = learn(&d);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("is unconfined"),

@@ -295,25 +295,17 @@ fn helper_path() -> Result<PathBuf> {
 /// against `cwd`.
 #[must_use]
 pub fn default_paths(command: &Path, args: &[String], cwd: &Path) -> Vec<PathGrant> {
-    let mut paths: Vec<PathGrant> = SYSTEM_READ_ONLY
-        .iter()
-        .map(Path::new)
-        .filter(|p| p.exists())
-        .map(|p| PathGrant {
-            path: p.to_path_buf(),
-            access: Access::ReadOnly,
-        })
-        .collect();
-    paths.extend(
-        SYSTEM_DEVICES
-            .iter()
+    let existing = |list: &'static [&'static str], access: Access| {
+        list.iter()
             .map(Path::new)
             .filter(|p| p.exists())
-            .map(|p| PathGrant {
+            .map(move |p| PathGrant {
                 path: p.to_path_buf(),
-                access: Access::ReadWrite,
-            }),
-    );
+                access,
+            })
+    };
+    let mut paths: Vec<PathGrant> = existing(SYSTEM_READ_ONLY, Access::ReadOnly).collect();
+    paths.extend(existing(SYSTEM_DEVICES, Access::ReadWrite));
     let command = command
         .canonicalize()
         .unwrap_or_else(|_| command.to_path_buf());

@@ -93,14 +93,7 @@ pub fn enter(processes: u64, egress: Option<&Path>) -> Result<Option<u16>> {
             0,
         );
     }
-    mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )
-    .context("making the mounts private to the new mount namespace")?;
+    super::view::make_private().context("making the mounts private to the new mount namespace")?;
     mount(
         Some(Path::new("proc")),
         Path::new("/proc"),

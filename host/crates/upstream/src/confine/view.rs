@@ -34,14 +34,7 @@ pub fn enter(paths: &[PathGrant], cwd: &Path, staging_parent: &Path) -> Result<(
         return Err(std::io::Error::last_os_error())
             .context("entering the server's own mount namespace");
     }
-    mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )
-    .context("making the server's mounts private")?;
+    make_private().context("making the server's mounts private")?;
     let root = staging_parent.join(".root");
     std::fs::create_dir_all(&root).with_context(|| format!("making {}", root.display()))?;
     mount(
@@ -88,6 +81,18 @@ pub fn enter(paths: &[PathGrant], cwd: &Path, staging_parent: &Path) -> Result<(
         None,
     )
     .context("making the server's root read-only")
+}
+
+/// Makes every mount of this mount namespace private (nothing propagates to or from the
+/// namespace it was copied from).
+pub(super) fn make_private() -> Result<()> {
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
 }
 
 /// `path` (absolute) beneath `root`.
