@@ -8,9 +8,11 @@
 //!
 //! Order: namespaces (user, mount, PID, network, IPC, UTS; loopback up and, for egress, the
 //! relay's listener on `127.0.0.1`; then a fork so that the server is the PID namespace's
-//! first process, a fresh `/proc`, the PID namespace's `pid_max`) → rlimits → working directory → capabilities dropped and locked (root's
-//! too: `SECBIT_NOROOT`) → `no_new_privs` → Landlock (filesystem, TCP, scopes) → seccomp
-//! (last: the steps before need the calls it refuses) → `execve`.
+//! first process, a fresh `/proc`, the PID namespace's `pid_max`) → the server's own
+//! filesystem view (`view`: its grants only, by `pivot_root`) → rlimits → working
+//! directory → capabilities dropped and locked (root's too: `SECBIT_NOROOT`) →
+//! `no_new_privs` → Landlock (filesystem, TCP, scopes) → seccomp (last: the steps before
+//! need the calls it refuses) → `execve`.
 
 use std::os::unix::process::CommandExt as _;
 
