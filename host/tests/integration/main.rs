@@ -16,6 +16,7 @@ mod author_kit;
 mod budgets;
 mod confine;
 mod conformance;
+mod contracts;
 mod demo;
 mod effects;
 mod filesystem;

@@ -1220,6 +1220,40 @@ mod tests {
         );
     }
 
+    /// The checked-in shapes and derived schemas of every built-in contract function:
+    /// conversion and rendering follow the shapes, so equal shapes mean equal results.
+    const EXPECTED_SHAPES: &str = "../../tests/expected/builtin-contract-shapes.txt";
+
+    #[test]
+    fn built_in_contract_shapes_are_as_recorded() {
+        let mut got = String::new();
+        let mut interfaces = known_contracts();
+        interfaces.sort();
+        for interface in interfaces {
+            let c = load_contract(&interface).unwrap();
+            for f in c.functions.values() {
+                got += &format!("{interface}#{}\n", f.name);
+                for (name, shape) in &f.params {
+                    got += &format!("  param {name}: {shape:?}\n");
+                    got += &format!("  schema {}\n", json_schema(shape));
+                }
+                if let Some(result) = &f.result {
+                    got += &format!("  result: {result:?}\n");
+                    got += &format!("  schema {}\n", json_schema(result));
+                }
+            }
+        }
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED_SHAPES);
+        if std::env::var_os("AIRLOCK_UPDATE_EXPECTED").is_some() {
+            std::fs::write(&path, &got).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            got == expected,
+            "built-in contract shapes differ from {EXPECTED_SHAPES}:\n{got}"
+        );
+    }
+
     #[test]
     fn released_wit_is_frozen_and_its_copies_are_identical() {
         use sha2::Digest as _;
