@@ -140,7 +140,7 @@ async fn main() {
     );
 
     let source = MappingSource::from_file(&bundle.join("mapping.toml")).unwrap();
-    let contract = source.manifest.mapping.contract.clone();
+    let contract = airlock::contract::load_contract(&source.manifest.mapping.contract).unwrap();
     let on_demand = Runtime::with_options(None, Allocator::OnDemand).unwrap();
     let adapter = on_demand
         .load(&source.manifest, &source.component, &contract)

@@ -663,7 +663,7 @@ async fn traced_calls(n: usize) {
 }
 
 fn references(n: usize) {
-    const VERSION: &[&str] = &["version"];
+    let version = ["version".to_string()];
     let origin = Origin {
         mapping: Arc::from("source-library"),
         generation: 1,
@@ -677,7 +677,7 @@ fn references(n: usize) {
                 "source-ref",
                 &format!("held-{i}"),
                 Map::new(),
-                VERSION,
+                &version,
             );
         }
         let tokens: Vec<String> = (0..n)
@@ -687,7 +687,7 @@ fn references(n: usize) {
                     "source-ref",
                     &format!("note-{}", i % 64),
                     Map::new(),
-                    VERSION,
+                    &version,
                 )
             })
             .collect();
@@ -697,7 +697,7 @@ fn references(n: usize) {
                 "source-ref",
                 &format!("note-{}", i % 64),
                 Map::new(),
-                VERSION,
+                &version,
             ));
         });
         let resolve = time(n, |i| {

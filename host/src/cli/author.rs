@@ -282,7 +282,9 @@ pub fn list() -> Vec<ListedContract> {
                 .functions
                 .iter()
                 .map(|f| {
-                    let effect = crate::contract::effect_semantics(t.interface, f.function);
+                    let effect = crate::contract::load_contract(t.interface)
+                        .ok()
+                        .and_then(|c| c.semantics(f.function));
                     match effect {
                         Some(e) if e.host_only => {
                             format!("{} ({}, host only)", f.function, e.class.as_str())
@@ -630,7 +632,9 @@ resources = []
             );
             continue;
         };
-        let effect = crate::contract::effect_semantics(t.interface, f.function)
+        let effect = crate::contract::load_contract(t.interface)
+            .ok()
+            .and_then(|c| c.semantics(f.function))
             .map_or("read", |e| e.class.as_str());
         let _ = write!(
             o,
@@ -809,6 +813,10 @@ pub fn pack(manifest: &Path) -> Result<PackReport> {
         )
     })?;
     MappingManifest::parse_in(&pinned, &manifest.display().to_string(), Some(dir))
+        .and_then(|m| {
+            let contract = crate::contract::load_contract(&m.mapping.contract)?;
+            m.check_semantics(&contract)
+        })
         .context("the pinned manifest does not pass the host's check; it was not written")?;
     std::fs::write(manifest, &pinned).with_context(|| format!("writing {}", manifest.display()))?;
     let config = Some(dir.join("airlock.toml")).filter(|c| c.is_file());
@@ -960,7 +968,7 @@ mod tests {
             sorted.sort_unstable();
             assert_eq!(sorted, wit, "{}: the template's functions", t.interface);
             for f in t.functions {
-                let e = crate::contract::effect_semantics(t.interface, f.function).unwrap();
+                let e = contract.semantics(f.function).unwrap();
                 assert_eq!(f.capability.is_none(), e.host_only, "{}", f.function);
             }
         }

@@ -754,9 +754,14 @@ fn shown_capabilities(text: Option<&str>) -> Vec<ShownCapability> {
     else {
         return Vec::new();
     };
+    let contract = crate::contract::load_contract(&contract);
     caps.into_iter()
         .map(|c| {
-            let (effect, problem) = match c.semantics(&contract) {
+            let semantics = contract
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))
+                .and_then(|k| c.semantics(k));
+            let (effect, problem) = match semantics {
                 Ok(Some(s)) => (Some(s), None),
                 Ok(None) => (
                     None,
@@ -765,7 +770,10 @@ fn shown_capabilities(text: Option<&str>) -> Vec<ShownCapability> {
                 Err(e) => (None, Some(format!("{e:#}"))),
             };
             ShownCapability {
-                contract_effect: crate::contract::effect_semantics(&contract, &c.function),
+                contract_effect: contract
+                    .as_ref()
+                    .ok()
+                    .and_then(|k| k.semantics(&c.function)),
                 name: c.name,
                 function: c.function,
                 effect,

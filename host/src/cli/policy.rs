@@ -91,7 +91,7 @@ pub fn check(req: &CheckRequest<'_>) -> Result<Check> {
     let c = contract::load_contract(&manifest.mapping.contract)?;
     // As the capability would serve: the contract's declaration as the mapping narrowed it.
     let semantics = manifest
-        .semantics(cap)
+        .semantics(cap, &c)
         .with_context(|| format!("{}#{function} has no effect semantics", c.interface))?;
     let (revision, state) = match req.registry {
         Some(r) => match r.store().mapping(&manifest.mapping.name)? {

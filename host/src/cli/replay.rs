@@ -332,7 +332,7 @@ struct Replayer<'a> {
     adapter: LoadedAdapter,
     /// Kept alive while the adapter runs: it ticks the epoch that bounds each call.
     _runtime: Runtime,
-    contract: crate::contract::Contract,
+    contract: std::sync::Arc<crate::contract::Contract>,
 }
 
 impl<'a> Replayer<'a> {
@@ -356,8 +356,7 @@ impl<'a> Replayer<'a> {
             })
             .collect();
         let runtime = Runtime::new()?;
-        let adapter =
-            runtime.load_with_env(manifest, &source.component, &contract.interface, env)?;
+        let adapter = runtime.load_with_env(manifest, &source.component, &contract, env)?;
         let replay = Arc::new(crate::upstream::replay::Replay::default());
         let connection = crate::upstream::Connection::start_replay(
             &manifest.mapping.connection,

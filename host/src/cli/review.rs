@@ -499,6 +499,11 @@ pub struct CapabilityView {
 /// naming both digests), or bytes that are not a valid component.
 pub fn review(manifest_path: &Path) -> Result<Review> {
     let manifest = MappingManifest::load(manifest_path)?;
+    // A capability that does not confirm its contract's class gets no review (an unknown
+    // contract is one of the review's refusals instead).
+    if let Ok(contract) = crate::contract::load_contract(&manifest.mapping.contract) {
+        manifest.check_semantics(&contract)?;
+    }
     let base = manifest_path.parent().unwrap_or(Path::new(""));
     let component_path = manifest.component_path(base);
     let bytes = crate::runtime::read_component(&component_path)?;
@@ -565,6 +570,7 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         description_digest: None,
         server_hints: None,
     };
+    let contract = crate::contract::load_contract(&manifest.mapping.contract).ok();
     Ok(Review {
         manifest: manifest_path.display().to_string(),
         mapping: MappingView {
@@ -597,11 +603,8 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
                 exported: contract_items
                     .iter()
                     .any(|i| i.name == c.function && i.kind == "func"),
-                effect: manifest.semantics(c),
-                contract_effect: crate::contract::effect_semantics(
-                    &manifest.mapping.contract,
-                    &c.function,
-                ),
+                effect: contract.as_ref().and_then(|k| manifest.semantics(c, k)),
+                contract_effect: contract.as_ref().and_then(|k| k.semantics(&c.function)),
             })
             .collect(),
         flagged,
@@ -744,7 +747,10 @@ fn load_refusals(
                 cap.function
             ));
         }
-        if let Some(query) = crate::contract::query_function(contract, &cap.function) {
+        let query = crate::contract::load_contract(contract)
+            .ok()
+            .and_then(|k| k.query_function(&cap.function).map(str::to_string));
+        if let Some(query) = query.as_deref() {
             let said = |r: &String| {
                 r.ends_with(&format!(
                     "has no function `{query}`, which reconciles `{}`",
@@ -815,7 +821,10 @@ pub fn add_registry(
         connection_id: record.connection_id.clone(),
         config_revision: record.config_revision,
         snapshot: record.snapshot_digest.clone(),
-        effect_class: crate::contract::effect_class(&review.mapping.contract).to_string(),
+        effect_class: crate::contract::load_contract(&review.mapping.contract)
+            .map_or("unknown".to_string(), |c| {
+                c.most_consequential().as_str().replace('-', " ")
+            }),
         manifest_matches: record.manifest_digest == digest,
     });
     if let Some(from) = diff_from {

@@ -545,7 +545,11 @@ async fn the_adapter_gets_an_upstream_error_never_the_refused_answer() {
     let component = read_component(&manifest.component_path(&dir)).unwrap();
     let runtime = Runtime::new().unwrap();
     let adapter = runtime
-        .load(&manifest, &component, &manifest.mapping.contract)
+        .load(
+            &manifest,
+            &component,
+            &airlock::contract::load_contract(&manifest.mapping.contract).unwrap(),
+        )
         .unwrap();
     let budget = OutputBudget::from_limits(&manifest.limits).unwrap();
     let cwd = tempfile::tempdir().unwrap();

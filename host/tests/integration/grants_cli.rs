@@ -243,7 +243,9 @@ fn a_capability_naming_a_function_the_component_does_not_export_is_flagged_as_th
     let m = airlock::registry::manifest::MappingManifest::load(&manifest).unwrap();
     let bytes = std::fs::read(dir.path().join("component.wasm")).unwrap();
     let runtime = airlock::runtime::Runtime::with_cache(None).unwrap();
-    match runtime.load(&m, &bytes, "airlock:contracts/source-retrieval@0.1.0") {
+    let contract =
+        airlock::contract::load_contract("airlock:contracts/source-retrieval@0.1.0").unwrap();
+    match runtime.load(&m, &bytes, &contract) {
         Ok(_) => panic!("the host loaded a mapping whose component lacks `retrieve`"),
         Err(e) => assert_eq!(format!("{e:#}"), expected),
     }

@@ -3,8 +3,11 @@
 //!
 //! Rule: one source of truth. A capability's input schema, the conversion of the model's
 //! JSON arguments into contract values, and the conversion of the adapter's result back
-//! into JSON are all derived from the same WIT function signature, parsed from the WIT
-//! that ships inside this binary. Nothing is hand-written twice.
+//! into JSON are all derived from the same WIT function signature; what the host does
+//! differently per function (effect class, reconciliation, undo, handles, host-supplied
+//! fields) is what the function's contract package declares ([`package`]). No code path
+//! names a particular contract: the built-in ones are packages under `wit/` read like
+//! any operator's ([`Contracts`]). Nothing is hand-written twice.
 //!
 //! Accepted forms (JSON ⇄ WIT):
 //!
@@ -20,18 +23,20 @@
 //! | `flags`                   | array of distinct flag names                            |
 //! | integers                  | JSON integers within the type's range (no fractions)    |
 //! | `string`, `char`          | string (`char`: exactly one Unicode scalar)             |
-//! | handle (`type x-ref = string`) | opaque string; the host swaps it for a token       |
-//! | `type idempotency-key = string` (record field) | absent: host-supplied, never in the schema |
+//! | handle (`type x-ref = string`, declared in `contract.toml`) | opaque string; the host swaps it for a token |
+//! | host-supplied alias (declared in `contract.toml`; a record field) | absent: never in the schema |
 //!
 //! Anything else fails: an unknown property, a missing required property, a wrong type, an
 //! out-of-range integer. Resources, futures, streams and maps are not allowed in contracts.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Map, Value, json};
 use wasmtime::component::Val;
-use wit_parser::{Resolve, Type, TypeDefKind, TypeId};
+
+pub mod package;
 
 /// The WIT of `airlock:host@0.1.0`, as shipped in `wit/v0.1.0/deps/host/host.wit`.
 pub const HOST_WIT_0_1_0: &str = include_str!("../../../../wit/v0.1.0/deps/host/host.wit");
@@ -87,7 +92,7 @@ pub enum Shape {
     },
 }
 
-/// One exported function of a contract interface.
+/// One function of a contract interface, with the semantics its package declares.
 #[derive(Debug, Clone)]
 pub struct ContractFunction {
     /// The WIT function name, e.g. `search`.
@@ -96,16 +101,83 @@ pub struct ContractFunction {
     pub params: Vec<(String, Shape)>,
     /// The result type, if any.
     pub result: Option<Shape>,
+    /// What the package declares the function does ([`EffectSemantics`]).
+    pub semantics: EffectSemantics,
+    /// The host-only function that reports what a call of this one did, asked with the
+    /// call's host-supplied key (`queryable-by`; DESIGN.md §5.8: reconciliation of an
+    /// unknown outcome). See [`package::check_query`] for the signature it has.
+    pub query: Option<String>,
+    /// The function that undoes a completed call of this one (`compensable-by`). See
+    /// [`package::check_undo`] for the signature it has.
+    pub undo: Option<String>,
 }
 
-/// A capability contract: one WIT interface of `airlock:contracts`.
+/// One handle kind of a contract interface (`type <kind> = string`, `<kind>` ending in
+/// [`HANDLE_SUFFIX`], declared in the package's sidecar).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleKind {
+    /// The facts that identify the object a handle of this kind names: the names of the
+    /// scalar fields, beside the handle in the record it comes in, that change only when
+    /// the object itself changes (a source's `version`, an artifact's `sha256`).
+    /// DESIGN.md §2 "handle": only a change of one of these makes the same locator
+    /// another object (and drops its old reference); every other field of the record (a
+    /// search hit's `title`, `snippet` or `score`, a destination's `label`) describes one
+    /// result, never the object's identity. Empty: the locator alone identifies it.
+    pub identity: Vec<String>,
+    /// The functions whose result carries one (the host mints a token for it there).
+    pub minted_by: Vec<String>,
+    /// The functions whose arguments carry one (the host resolves a token there).
+    pub consumed_by: Vec<String>,
+}
+
+/// A capability contract: one WIT interface of a loaded, checked contract package.
 #[derive(Debug, Clone)]
 pub struct Contract {
     /// Fully qualified interface name, e.g. `airlock:contracts/source-retrieval@0.1.0`:
     /// the name under which adapters export it.
     pub interface: String,
+    /// The WIT package it belongs to, e.g. `airlock:contracts@0.1.0`.
+    pub package: String,
+    /// The package's digest ([`package::PackageFiles::digest`]).
+    pub digest: String,
+    /// The interface's doc comment.
+    pub docs: Option<String>,
     /// Functions by WIT name.
     pub functions: BTreeMap<String, ContractFunction>,
+    /// Handle kinds by name.
+    pub handles: BTreeMap<String, HandleKind>,
+}
+
+impl Contract {
+    /// The declared semantics of `function`, or `None` when the contract has no such
+    /// function.
+    pub fn semantics(&self, function: &str) -> Option<EffectSemantics> {
+        self.functions.get(function).map(|f| f.semantics)
+    }
+
+    /// The identity facts of handle `kind` ([`HandleKind::identity`]); empty for a kind
+    /// this contract does not declare.
+    pub fn identity_facts(&self, kind: &str) -> &[String] {
+        self.handles
+            .get(kind)
+            .map_or(&[], |h| h.identity.as_slice())
+    }
+
+    /// The host-only function that reconciles an unknown outcome of `function`, if the
+    /// contract declares one.
+    pub fn query_function(&self, function: &str) -> Option<&str> {
+        self.functions.get(function)?.query.as_deref()
+    }
+
+    /// The most consequential effect class among the functions the model may call.
+    pub fn most_consequential(&self) -> EffectClass {
+        self.functions
+            .values()
+            .filter(|f| !f.semantics.host_only)
+            .map(|f| f.semantics.class)
+            .max_by_key(|c| EffectClass::ALL.iter().position(|x| x == c))
+            .unwrap_or(EffectClass::Read)
+    }
 }
 
 /// Why model-supplied JSON could not become a contract value. `path` is a JSON pointer
@@ -257,241 +329,158 @@ impl EffectSemantics {
     }
 }
 
-/// The semantics of `function` in contract `interface`, or `None` for a function this
-/// host does not classify (a mapping that offers it is refused).
-pub fn effect_semantics(interface: &str, function: &str) -> Option<EffectSemantics> {
-    let read = EffectSemantics {
-        class: EffectClass::Read,
-        idempotent: true,
-        queryable: false,
-        compensable: false,
-        host_only: false,
-    };
-    Some(match (interface, function) {
-        ("airlock:contracts/source-retrieval@0.1.0", "search" | "retrieve") => read,
-        ("airlock:contracts/artifact-delivery@0.2.0", "list-destinations") => read,
-        ("airlock:contracts/artifact-delivery@0.2.0", "prepare") => EffectSemantics {
-            class: EffectClass::LocalTransformation,
-            idempotent: false,
-            ..read
-        },
-        ("airlock:contracts/artifact-delivery@0.2.0", "deliver") => EffectSemantics {
-            class: EffectClass::ExternalEffect,
-            idempotent: true,
-            queryable: true,
-            ..read
-        },
-        ("airlock:contracts/artifact-delivery@0.2.0", "query") => EffectSemantics {
-            host_only: true,
-            ..read
-        },
-        _ => return None,
-    })
+/// The built-in contract packages: `wit/v0.1.0` and `wit/v0.2.0` as shipped, each read
+/// through [`package::load`] like an operator's package.
+pub const BUILT_IN_PACKAGES: &[(&str, &[(&str, &str)])] = &[
+    (
+        "built-in wit/v0.1.0",
+        &[
+            (
+                package::SIDECAR,
+                include_str!("../../../../wit/v0.1.0/contract.toml"),
+            ),
+            ("contracts.wit", CONTRACTS_WIT_0_1_0),
+            ("deps/host/host.wit", HOST_WIT_0_1_0),
+        ],
+    ),
+    (
+        "built-in wit/v0.2.0",
+        &[
+            (
+                package::SIDECAR,
+                include_str!("../../../../wit/v0.2.0/contract.toml"),
+            ),
+            ("contracts.wit", CONTRACTS_WIT_0_2_0),
+            (
+                "deps/host/host.wit",
+                include_str!("../../../../wit/v0.2.0/deps/host/host.wit"),
+            ),
+        ],
+    ),
+];
+
+/// A set of loaded contract packages, looked up by interface: what one host serves.
+#[derive(Debug, Clone, Default)]
+pub struct Contracts {
+    packages: Vec<Arc<package::ContractPackage>>,
+    by_interface: BTreeMap<String, Arc<Contract>>,
 }
 
-/// The facts that identify the object a handle of `kind` names in contract `interface`:
-/// the names of the scalar fields, beside the handle in the record it comes in, that
-/// change only when the object itself changes (a source's `version`, an artifact's
-/// `sha256`). DESIGN.md §2 "handle": only a change of one of these makes the same locator
-/// another object (and drops its old reference); every other field of the record (a
-/// search hit's `title`, `snippet` or `score`, a destination's `label`, what a delivery
-/// reports about the artifact it carried) describes one result, never the object's
-/// identity. Empty for a kind whose objects have no declared version: its locator alone
-/// identifies it.
-pub fn identity_facts(interface: &str, kind: &str) -> &'static [&'static str] {
-    match (interface, kind) {
-        ("airlock:contracts/source-retrieval@0.1.0", "source-ref") => &["version"],
-        ("airlock:contracts/artifact-delivery@0.2.0", "artifact-ref") => &["sha256"],
-        _ => &[],
+impl Contracts {
+    /// The built-in packages ([`BUILT_IN_PACKAGES`]), loaded once per process.
+    ///
+    /// # Panics
+    /// A built-in package fails to load (a test keeps them loading).
+    pub fn built_in() -> &'static Contracts {
+        static BUILT_IN: LazyLock<Contracts> = LazyLock::new(|| {
+            let mut c = Contracts::default();
+            for (origin, files) in BUILT_IN_PACKAGES {
+                let files = package::PackageFiles::new(*origin, files.iter().copied())
+                    .expect("a built-in package's files");
+                let p = package::load(&files).expect("a built-in contract package loads");
+                c.add(p).expect("built-in packages do not overlap");
+            }
+            c
+        });
+        &BUILT_IN
     }
-}
 
-/// The host-only function of contract `interface` that reports what a call of `function`
-/// did, asked with the call's idempotency key (DESIGN.md §5.8: reconciliation of an
-/// unknown outcome). It takes one record whose only field is host-supplied and returns
-/// `result<option<T>, contract-error>`, `T` being the ok type of `function`.
-pub fn query_function(interface: &str, function: &str) -> Option<&'static str> {
-    match (interface, function) {
-        ("airlock:contracts/artifact-delivery@0.2.0", "deliver") => Some("query"),
-        _ => None,
+    /// Adds a loaded package.
+    ///
+    /// # Errors
+    /// A package of the same name is already here (with the same or another digest: a
+    /// released `name@version` is one package), or one of its interfaces is.
+    pub fn add(&mut self, p: package::ContractPackage) -> Result<()> {
+        if let Some(old) = self.packages.iter().find(|o| o.name == p.name) {
+            if old.digest == p.digest {
+                bail!(
+                    "contract package `{}` is loaded twice ({} and {})",
+                    p.name,
+                    old.origin,
+                    p.origin
+                );
+            }
+            bail!(
+                "contract package `{}` from {} has digest {}, but `{}` from {} has digest {}: a released name@version never changes; give the changed package a new version",
+                p.name,
+                p.origin,
+                p.digest,
+                old.name,
+                old.origin,
+                old.digest
+            );
+        }
+        for interface in p.interfaces.keys() {
+            if self.by_interface.contains_key(interface) {
+                bail!(
+                    "contract package `{}` from {} declares interface `{interface}`, which another loaded package declares",
+                    p.name,
+                    p.origin
+                );
+            }
+        }
+        for (name, c) in &p.interfaces {
+            self.by_interface.insert(name.clone(), c.clone());
+        }
+        self.packages.push(Arc::new(p));
+        Ok(())
     }
-}
 
-/// The most consequential effect class among a contract's functions, as a word for
-/// people (`read`, `external effect`...); `unknown` for a contract this host does not know.
-pub fn effect_class(contract: &str) -> &'static str {
-    let interface = contract.split('@').next().unwrap_or(contract);
-    match interface.rsplit('/').next().unwrap_or("") {
-        "source-retrieval" | "link-check" => "read",
-        "preview-render" => "local transformation",
-        "artifact-delivery" => "external effect",
-        _ => "unknown",
-    }
-}
-
-/// The contract interfaces this host supports, e.g.
-/// `airlock:contracts/source-retrieval@0.1.0`.
-pub fn known_contracts() -> Vec<String> {
-    let Ok((resolve, packages)) = contracts_resolve() else {
-        return Vec::new();
-    };
-    packages
-        .iter()
-        .flat_map(|p| resolve.packages[*p].interfaces.values())
-        .filter_map(|id| resolve.id_of(*id))
-        .collect()
-}
-
-/// Every shipped `airlock:contracts` version, parsed with the host package they use.
-fn contracts_resolve() -> Result<(Resolve, Vec<wit_parser::PackageId>)> {
-    let mut resolve = Resolve::new();
-    resolve
-        .push_str("host.wit", HOST_WIT_0_1_0)
-        .context("parsing airlock:host WIT")?;
-    let mut packages = Vec::new();
-    for (name, text) in [
-        ("contracts-0.1.0.wit", CONTRACTS_WIT_0_1_0),
-        ("contracts-0.2.0.wit", CONTRACTS_WIT_0_2_0),
-    ] {
-        packages.push(
-            resolve
-                .push_str(name, text)
-                .with_context(|| format!("parsing airlock:contracts WIT ({name})"))?,
-        );
-    }
-    Ok((resolve, packages))
-}
-
-/// Parses the contracts shipped in this binary and returns the one named `interface`
-/// (`airlock:contracts/<name>@<version>`).
-///
-/// # Errors
-/// Unknown interface, or a contract that uses a type contracts may not use.
-pub fn load_contract(interface: &str) -> Result<Contract> {
-    let (resolve, packages) = contracts_resolve()?;
-    let iface_id = packages
-        .iter()
-        .flat_map(|p| resolve.packages[*p].interfaces.values().copied())
-        .find(|id| resolve.id_of(*id).as_deref() == Some(interface))
-        .with_context(|| {
+    /// The contract named `interface` (`<namespace>:<package>/<interface>@<version>`).
+    ///
+    /// # Errors
+    /// No loaded package declares it; the message lists those that are.
+    pub fn get(&self, interface: &str) -> Result<Arc<Contract>> {
+        self.by_interface.get(interface).cloned().with_context(|| {
             format!(
                 "unknown contract `{interface}`; this host knows: {}",
-                known_contracts().join(", ")
+                self.interfaces().join(", ")
             )
-        })?;
-    let iface = &resolve.interfaces[iface_id];
-    let mut functions = BTreeMap::new();
-    for (name, func) in &iface.functions {
-        let params = func
-            .params
-            .iter()
-            .map(|p| Ok((p.name.clone(), shape_of(&resolve, &p.ty)?)))
-            .collect::<Result<Vec<_>>>()
-            .with_context(|| format!("contract function `{name}`"))?;
-        let result = func
-            .result
-            .as_ref()
-            .map(|t| shape_of(&resolve, t))
-            .transpose()
-            .with_context(|| format!("contract function `{name}`"))?;
-        functions.insert(
-            name.clone(),
-            ContractFunction {
-                name: name.clone(),
-                params,
-                result,
-            },
-        );
+        })
     }
-    Ok(Contract {
-        interface: interface.to_string(),
-        functions,
-    })
+
+    /// Every contract interface here, in name order.
+    pub fn interfaces(&self) -> Vec<String> {
+        self.by_interface.keys().cloned().collect()
+    }
+
+    /// The loaded packages, in the order they were added.
+    pub fn packages(&self) -> &[Arc<package::ContractPackage>] {
+        &self.packages
+    }
 }
 
-fn shape_of(resolve: &Resolve, ty: &Type) -> Result<Shape> {
-    Ok(match ty {
-        Type::Bool => Shape::Bool,
-        Type::U8 => Shape::U8,
-        Type::U16 => Shape::U16,
-        Type::U32 => Shape::U32,
-        Type::U64 => Shape::U64,
-        Type::S8 => Shape::S8,
-        Type::S16 => Shape::S16,
-        Type::S32 => Shape::S32,
-        Type::S64 => Shape::S64,
-        Type::F32 => Shape::F32,
-        Type::F64 => Shape::F64,
-        Type::Char => Shape::Char,
-        Type::String => Shape::String,
-        Type::ErrorContext => bail!("error-context is not allowed in a contract"),
-        Type::Id(id) => shape_of_def(resolve, *id)?,
-    })
+/// The built-in contract interfaces, e.g. `airlock:contracts/source-retrieval@0.1.0`.
+pub fn known_contracts() -> Vec<String> {
+    Contracts::built_in().interfaces()
 }
 
-fn shape_of_def(resolve: &Resolve, id: TypeId) -> Result<Shape> {
-    let def = &resolve.types[id];
-    let opt = |t: &Option<Type>| -> Result<Option<Box<Shape>>> {
-        t.as_ref()
-            .map(|t| shape_of(resolve, t).map(Box::new))
-            .transpose()
-    };
-    Ok(match &def.kind {
-        TypeDefKind::Type(Type::String)
-            if def
-                .name
-                .as_deref()
-                .is_some_and(|n| n.ends_with(HANDLE_SUFFIX)) =>
-        {
-            Shape::Handle(def.name.clone().unwrap_or_default())
-        }
-        TypeDefKind::Type(Type::String) if def.name.as_deref() == Some(HOST_SUPPLIED_KEY) => {
-            Shape::HostSupplied(HOST_SUPPLIED_KEY.to_string())
-        }
-        TypeDefKind::Type(inner) => shape_of(resolve, inner)?,
-        TypeDefKind::Record(r) => Shape::Record(
-            r.fields
-                .iter()
-                .map(|f| {
-                    Ok((
-                        f.name.clone(),
-                        shape_of(resolve, &f.ty)?,
-                        f.docs.contents.clone(),
-                    ))
-                })
-                .collect::<Result<_>>()?,
-        ),
-        TypeDefKind::Variant(v) => Shape::Variant(
-            v.cases
-                .iter()
-                .map(|c| {
-                    Ok((
-                        c.name.clone(),
-                        c.ty.as_ref().map(|t| shape_of(resolve, t)).transpose()?,
-                    ))
-                })
-                .collect::<Result<_>>()?,
-        ),
-        TypeDefKind::Enum(e) => Shape::Enum(e.cases.iter().map(|c| c.name.clone()).collect()),
-        TypeDefKind::Flags(f) => Shape::Flags(f.flags.iter().map(|c| c.name.clone()).collect()),
-        TypeDefKind::Tuple(t) => Shape::Tuple(
-            t.types
-                .iter()
-                .map(|t| shape_of(resolve, t))
-                .collect::<Result<_>>()?,
-        ),
-        TypeDefKind::Option(t) => Shape::Option(Box::new(shape_of(resolve, t)?)),
-        TypeDefKind::Result(r) => Shape::Result {
-            ok: opt(&r.ok)?,
-            err: opt(&r.err)?,
-        },
-        TypeDefKind::List(t) => Shape::List(Box::new(shape_of(resolve, t)?)),
-        other => bail!(
-            "a contract may not use WIT {} types (type {})",
-            other.as_str(),
-            def.name.as_deref().unwrap_or("<anonymous>")
-        ),
-    })
+/// The built-in contract named `interface`.
+///
+/// # Errors
+/// No built-in package declares it.
+pub fn load_contract(interface: &str) -> Result<Arc<Contract>> {
+    Contracts::built_in().get(interface)
+}
+
+/// Whether a value of `shape` is a fact the host keeps beside a handle in its record: a
+/// scalar (string, boolean, integer, enum case), or an `option` of one.
+pub fn is_fact(shape: &Shape) -> bool {
+    match shape {
+        Shape::Option(inner) => is_fact(inner),
+        Shape::String
+        | Shape::Bool
+        | Shape::U8
+        | Shape::U16
+        | Shape::U32
+        | Shape::U64
+        | Shape::S8
+        | Shape::S16
+        | Shape::S32
+        | Shape::S64
+        | Shape::Enum(_) => true,
+        _ => false,
+    }
 }
 
 /// Returns the JSON Schema (draft 2020-12) for values of `shape`.
@@ -1197,7 +1186,7 @@ mod tests {
                 f.result.iter().for_each(|s| siblings(s, &mut beside));
             }
             for (kind, fields) in &beside {
-                for fact in identity_facts(&interface, kind) {
+                for fact in c.identity_facts(kind) {
                     assert!(
                         fields.iter().any(|f| f == fact),
                         "{interface} {kind}: {fact} is not a field beside it: {fields:?}"
@@ -1207,17 +1196,9 @@ mod tests {
             }
         }
         assert_eq!(declared, 2, "source-ref: version; artifact-ref: sha256");
-        assert_eq!(
-            identity_facts(
-                "airlock:contracts/artifact-delivery@0.2.0",
-                "destination-ref"
-            ),
-            &[] as &[&str]
-        );
-        assert_eq!(
-            identity_facts("airlock:contracts/unknown@9.9.9", "source-ref"),
-            &[] as &[&str]
-        );
+        let delivery = load_contract("airlock:contracts/artifact-delivery@0.2.0").unwrap();
+        assert!(delivery.identity_facts("destination-ref").is_empty());
+        assert!(delivery.identity_facts("source-ref").is_empty());
     }
 
     /// The checked-in shapes and derived schemas of every built-in contract function:
@@ -1276,7 +1257,7 @@ mod tests {
     #[test]
     fn the_host_0_2_0_worlds_export_the_released_contracts_unchanged() {
         let file = |path: &str| RELEASED_WIT.iter().find(|(p, ..)| *p == path).unwrap().1;
-        let mut resolve = Resolve::new();
+        let mut resolve = wit_parser::Resolve::new();
         let mut worlds = None;
         for path in [
             "v0.1.0/deps/host/host.wit",

@@ -265,9 +265,9 @@ impl Runtime {
         &self,
         manifest: &MappingManifest,
         bytes: &[u8],
-        contract_interface: &str,
+        contract: &crate::contract::Contract,
     ) -> Result<LoadedAdapter> {
-        self.load_with_env(manifest, bytes, contract_interface, Vec::new())
+        self.load_with_env(manifest, bytes, contract, Vec::new())
     }
 
     /// Like [`Runtime::load`], giving the adapter the environment `env` (its granted
@@ -279,10 +279,11 @@ impl Runtime {
         &self,
         manifest: &MappingManifest,
         bytes: &[u8],
-        contract_interface: &str,
+        contract: &crate::contract::Contract,
         env: Vec<(String, String)>,
     ) -> Result<LoadedAdapter> {
         crate::manifest::verify_pin(manifest, bytes)?;
+        let contract_interface = contract.interface.as_str();
         let name = &manifest.mapping.name;
         let started = Instant::now();
         let component = self
@@ -331,8 +332,7 @@ impl Runtime {
         }
         // The host-only query functions reconciliation calls for queryable capabilities.
         for cap in &manifest.capabilities {
-            let Some(query) = crate::contract::query_function(contract_interface, &cap.function)
-            else {
+            let Some(query) = contract.query_function(&cap.function) else {
                 continue;
             };
             if functions.iter().any(|(n, _)| n == query) {
@@ -1946,7 +1946,9 @@ mod tests {
         let (manifest, bytes) = bundled();
         let iface = &manifest.mapping.contract;
         let runtime = Runtime::with_cache(Some(&cache)).unwrap();
-        runtime.load(&manifest, &bytes, iface).unwrap();
+        runtime
+            .load(&manifest, &bytes, &contract::load_contract(iface).unwrap())
+            .unwrap();
         let entries: Vec<_> = std::fs::read_dir(&cache)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -1966,12 +1968,12 @@ mod tests {
         );
         Runtime::with_cache(Some(&cache))
             .unwrap()
-            .load(&manifest, &bytes, iface)
+            .load(&manifest, &bytes, &contract::load_contract(iface).unwrap())
             .unwrap();
         std::fs::write(&entries[0], b"not a compiled component").unwrap();
         Runtime::with_cache(Some(&cache))
             .unwrap()
-            .load(&manifest, &bytes, iface)
+            .load(&manifest, &bytes, &contract::load_contract(iface).unwrap())
             .unwrap();
     }
 
@@ -1993,7 +1995,11 @@ mod tests {
         ] {
             let (manifest, bytes) = bundled_named(name);
             let loaded = runtime
-                .load(&manifest, &bytes, &manifest.mapping.contract)
+                .load(
+                    &manifest,
+                    &bytes,
+                    &contract::load_contract(&manifest.mapping.contract).unwrap(),
+                )
                 .unwrap();
             assert_eq!(loaded.host_version(), Some(version), "{name}");
         }
@@ -2044,7 +2050,7 @@ effect = "read"
                 .load(
                     &manifest,
                     &bytes,
-                    "airlock:contracts/source-retrieval@0.1.0",
+                    &contract::load_contract("airlock:contracts/source-retrieval@0.1.0").unwrap(),
                 )
                 .err()
                 .expect("must refuse");
@@ -2060,11 +2066,15 @@ effect = "read"
         let (manifest, bytes) = bundled();
         let err = Runtime::new()
             .unwrap()
-            .load(
-                &manifest,
-                &bytes,
-                "airlock:contracts/artifact-delivery@0.1.0",
-            )
+            .load(&manifest, &bytes, &{
+                // A contract the component does not export: the retrieval contract under
+                // another name.
+                let mut c = (*contract::load_contract("airlock:contracts/source-retrieval@0.1.0")
+                    .unwrap())
+                .clone();
+                c.interface = "airlock:contracts/artifact-delivery@0.1.0".into();
+                c
+            })
             .err()
             .expect("must refuse");
         assert!(err.to_string().contains("does not export"), "{err}");

@@ -6,10 +6,12 @@
 //! zero or above the host ceiling: each is an error that names the file and the key.
 //! Grants are deny by default: see [`crate::grants`] for their accepted forms.
 //!
-//! Effects are confirmed, never taken: each `[[capability]]` repeats the effect class the
-//! host declares for its contract function ([`crate::contract::effect_semantics`]), so a
-//! reviewer signs off on what the call does; a missing, unknown or different class is
-//! refused. The optional flags may only **narrow** the contract's declaration (a
+//! Effects are confirmed, never taken: each `[[capability]]` repeats the effect class its
+//! contract package declares for the function ([`crate::contract::Contract::semantics`]),
+//! so a reviewer signs off on what the call does; a missing, unknown or different class is
+//! refused when the mapping is checked against its contract
+//! ([`MappingManifest::check_semantics`]; parsing alone refuses only a word that is not a
+//! class). The optional flags may only **narrow** the contract's declaration (a
 //! mapping whose upstream has no lookup says `queryable = false`); `true` where the
 //! contract says false is refused. The capability serves with the narrowed semantics.
 //! Server annotations (`readOnlyHint`, ...) play no part: they are hints.
@@ -62,7 +64,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
-use crate::contract::{EffectClass, EffectSemantics, Narrowing, effect_semantics};
+use crate::contract::{Contract, EffectClass, EffectSemantics, Narrowing};
 use crate::grants::{Grants, GrantsSection};
 
 /// Host-wide ceiling on `limits.memory_mib`.
@@ -171,6 +173,23 @@ pub struct CapabilitySection {
 }
 
 impl CapabilitySection {
+    /// Checks what can be checked without the contract: an `effect` names an effect
+    /// class. (A missing one is refused by [`CapabilitySection::semantics`], which can say
+    /// which class the contract declares.)
+    ///
+    /// # Errors
+    /// It is not a class; the message names the capability.
+    pub fn check_form(&self) -> Result<()> {
+        let name = &self.name;
+        match &self.effect {
+            Some(effect) if EffectClass::parse(effect).is_none() => bail!(
+                "capability `{name}`: effect `{effect}` is not an effect class (one of {})",
+                EffectClass::ALL.map(EffectClass::as_str).join(", ")
+            ),
+            _ => Ok(()),
+        }
+    }
+
     /// The effective semantics of this capability in contract `contract`: the host's
     /// declaration for the function, its class confirmed and its flags narrowed by this
     /// section. `Ok(None)` when the host declares nothing for the function (such a
@@ -179,14 +198,15 @@ impl CapabilitySection {
     /// # Errors
     /// `effect` is missing, is not a class, or differs from the declared class; a flag
     /// widens the declaration. The message names the capability.
-    pub fn semantics(&self, contract: &str) -> Result<Option<EffectSemantics>> {
+    pub fn semantics(&self, contract: &Contract) -> Result<Option<EffectSemantics>> {
         let name = &self.name;
-        let declared = effect_semantics(contract, &self.function);
+        let interface = &contract.interface;
+        let declared = contract.semantics(&self.function);
         let classes = EffectClass::ALL.map(EffectClass::as_str).join(", ");
         let Some(effect) = &self.effect else {
             match declared {
                 Some(d) => bail!(
-                    "capability `{name}` has no `effect`; the host declares {contract}#{} as `{}`: confirm it with effect = \"{}\"",
+                    "capability `{name}` has no `effect`; the contract declares {interface}#{} as `{}`: confirm it with effect = \"{}\"",
                     self.function,
                     d.class,
                     d.class
@@ -204,7 +224,7 @@ impl CapabilitySection {
         };
         if class != declared.class {
             bail!(
-                "capability `{name}`: effect = \"{class}\", but the host declares {contract}#{} as `{}`; a mapping confirms the contract's class and cannot change it",
+                "capability `{name}`: effect = \"{class}\", but the contract declares {interface}#{} as `{}`; a mapping confirms the contract's class and cannot change it",
                 self.function,
                 declared.class
             );
@@ -403,7 +423,7 @@ impl MappingManifest {
                     cap.name
                 );
             }
-            cap.semantics(&self.mapping.contract)
+            cap.check_form()
                 .map_err(|e| anyhow::anyhow!("mapping manifest {src}: {e}"))?;
         }
         for tool in &self.upstream.tools {
@@ -484,9 +504,26 @@ impl MappingManifest {
 
     /// The effective semantics of `cap` (one of this manifest's capabilities): see
     /// [`CapabilitySection::semantics`]; `None` when the host declares none for it.
-    pub fn semantics(&self, cap: &CapabilitySection) -> Option<EffectSemantics> {
-        // Validated when the manifest was parsed, so only `None` remains possible.
-        cap.semantics(&self.mapping.contract).ok().flatten()
+    pub fn semantics(
+        &self,
+        cap: &CapabilitySection,
+        contract: &Contract,
+    ) -> Option<EffectSemantics> {
+        cap.semantics(contract).ok().flatten()
+    }
+
+    /// Checks every capability against `contract` (this manifest's contract): each
+    /// confirms the declared class and only narrows its flags
+    /// ([`CapabilitySection::semantics`]).
+    ///
+    /// # Errors
+    /// The first capability that does not; the message names the manifest.
+    pub fn check_semantics(&self, contract: &Contract) -> Result<()> {
+        for cap in &self.capabilities {
+            cap.semantics(contract)
+                .map_err(|e| anyhow::anyhow!("mapping manifest {}: {e}", self.source))?;
+        }
+        Ok(())
     }
 
     /// The pinned component digest (validated present by `parse`).
@@ -584,22 +621,34 @@ description = "Deliver."
         )
     }
 
+    fn delivery_contract() -> std::sync::Arc<crate::contract::Contract> {
+        crate::contract::load_contract("airlock:contracts/artifact-delivery@0.2.0").unwrap()
+    }
+
+    /// Parses `text` and checks it against its (built-in) contract, as a mapping load does.
+    fn parse_checked(text: &str) -> Result<MappingManifest> {
+        let m = MappingManifest::parse(text, "bad.toml")?;
+        let contract = crate::contract::load_contract(&m.mapping.contract)?;
+        m.check_semantics(&contract)?;
+        Ok(m)
+    }
+
     #[test]
     fn a_capability_confirms_its_effect_and_may_only_narrow_it() {
         let m =
             MappingManifest::parse(&delivery("effect = \"external-effect\""), "d.toml").unwrap();
-        let s = m.semantics(&m.capabilities[0]).unwrap();
-        assert_eq!(
-            s,
-            effect_semantics("airlock:contracts/artifact-delivery@0.2.0", "deliver").unwrap()
-        );
+        let contract = delivery_contract();
+        let s = m.semantics(&m.capabilities[0], &contract).unwrap();
+        assert_eq!(s, contract.semantics("deliver").unwrap());
         assert!(s.idempotent && s.queryable && !s.compensable);
         let narrowed = MappingManifest::parse(
             &delivery("effect = \"external-effect\"\nqueryable = false\nidempotent = false\ncompensable = false"),
             "d.toml",
         )
         .unwrap();
-        let s = narrowed.semantics(&narrowed.capabilities[0]).unwrap();
+        let s = narrowed
+            .semantics(&narrowed.capabilities[0], &contract)
+            .unwrap();
         assert_eq!(s.class, EffectClass::ExternalEffect);
         assert!(!s.idempotent && !s.queryable && !s.compensable);
         // Repeating what the contract declares is no change.
@@ -608,7 +657,11 @@ description = "Deliver."
             "d.toml",
         )
         .unwrap();
-        assert!(same.semantics(&same.capabilities[0]).unwrap().queryable);
+        assert!(
+            same.semantics(&same.capabilities[0], &contract)
+                .unwrap()
+                .queryable
+        );
     }
 
     #[test]
@@ -675,10 +728,7 @@ description = "Deliver."
                 &["effect"][..],
             ),
         ] {
-            let err = format!(
-                "{:#}",
-                MappingManifest::parse(&text, "bad.toml").unwrap_err()
-            );
+            let err = format!("{:#}", parse_checked(&text).unwrap_err());
             for needle in needles {
                 assert!(err.contains(needle), "expected `{needle}` in: {err}");
             }
@@ -692,7 +742,11 @@ description = "Deliver."
         let (contract, caps) = recorded_capabilities(&text).unwrap();
         assert_eq!(contract, "airlock:contracts/source-retrieval@0.1.0");
         assert_eq!(
-            caps[0].semantics(&contract).unwrap().unwrap().class,
+            caps[0]
+                .semantics(&crate::contract::load_contract(&contract).unwrap())
+                .unwrap()
+                .unwrap()
+                .class,
             EffectClass::Read
         );
     }
@@ -775,10 +829,7 @@ description = "Deliver."
             (limits("max_output_types = 3"), "unknown field"),
         ];
         for (text, needle) in cases {
-            let err = format!(
-                "{:#}",
-                MappingManifest::parse(&text, "bad.toml").unwrap_err()
-            );
+            let err = format!("{:#}", parse_checked(&text).unwrap_err());
             assert!(err.contains(needle), "expected `{needle}` in: {err}");
             assert!(err.contains("bad.toml"), "expected the file name in: {err}");
             assert!(
@@ -854,10 +905,7 @@ description = "Deliver."
             (String::new(), "missing field"),
         ];
         for (text, needle) in cases {
-            let err = format!(
-                "{:#}",
-                MappingManifest::parse(&text, "bad.toml").unwrap_err()
-            );
+            let err = format!("{:#}", parse_checked(&text).unwrap_err());
             assert!(err.contains(needle), "expected `{needle}` in: {err}");
             assert!(err.contains("bad.toml"), "expected the file name in: {err}");
         }

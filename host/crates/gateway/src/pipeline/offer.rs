@@ -44,7 +44,7 @@ pub(crate) fn capability_facts<'a>(
 ) -> CapabilityFacts<'a> {
     CapabilityFacts {
         name: &cap.name,
-        contract: &cap.mapping.contract,
+        contract: &cap.mapping.contract.interface,
         function: &cap.function.name,
         effect_class: cap.semantics.class.as_str(),
         idempotent: cap.semantics.idempotent,

@@ -587,28 +587,28 @@ fn contract_error(value: &Value) -> Outcome {
 const MAX_FACT_CHARS: usize = 256;
 
 /// Mints a token for (kind, locator, facts, the names of the facts that identify the
-/// object: [`contract::identity_facts`]).
-pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>, &[&str]) -> String + 'a;
+/// object: [`contract::Contract::identity_facts`]).
+pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>, &[String]) -> String + 'a;
 
-/// Replaces every handle in `value` (of `shape`, a type of contract `interface`, handles
+/// Replaces every handle in `value` (of `shape`, a type of `contract`, handles
 /// holding adapter locators) with `mint(kind, locator, facts, identity)`, where facts are
 /// the scalar fields of the record the handle is a field of and identity is what the
 /// contract declares identifies an object of that kind.
-pub(crate) fn swap_handles(shape: &Shape, value: &mut Value, interface: &str, mint: &mut Mint<'_>) {
+pub(crate) fn swap_handles(
+    shape: &Shape,
+    value: &mut Value,
+    contract: &contract::Contract,
+    mint: &mut Mint<'_>,
+) {
     match (shape, value) {
         (Shape::Handle(kind), Value::String(s)) => {
-            let token = mint(
-                kind,
-                s,
-                Map::new(),
-                contract::identity_facts(interface, kind),
-            );
+            let token = mint(kind, s, Map::new(), contract.identity_facts(kind));
             *s = token;
         }
         (Shape::Record(fields), Value::Object(obj)) => {
             let facts: Map<String, Value> = fields
                 .iter()
-                .filter(|(_, s, _)| is_fact(s))
+                .filter(|(_, s, _)| contract::is_fact(s))
                 .filter_map(|(name, _, _)| {
                     let v = obj.get(name)?;
                     match v {
@@ -625,59 +625,41 @@ pub(crate) fn swap_handles(shape: &Shape, value: &mut Value, interface: &str, mi
                 let Some(v) = obj.get_mut(name) else { continue };
                 match (field_shape, v) {
                     (Shape::Handle(kind), Value::String(s)) => {
-                        let identity = contract::identity_facts(interface, kind);
+                        let identity = contract.identity_facts(kind);
                         let token = mint(kind, s, facts.clone(), identity);
                         *s = token;
                     }
-                    (s, v) => swap_handles(s, v, interface, mint),
+                    (s, v) => swap_handles(s, v, contract, mint),
                 }
             }
         }
         (Shape::List(item), Value::Array(items)) => {
             for v in items {
-                swap_handles(item, v, interface, mint);
+                swap_handles(item, v, contract, mint);
             }
         }
-        (Shape::Option(inner), v) if !v.is_null() => swap_handles(inner, v, interface, mint),
+        (Shape::Option(inner), v) if !v.is_null() => swap_handles(inner, v, contract, mint),
         (Shape::Tuple(shapes), Value::Array(items)) => {
             for (s, v) in shapes.iter().zip(items) {
-                swap_handles(s, v, interface, mint);
+                swap_handles(s, v, contract, mint);
             }
         }
         (Shape::Result { ok, err }, Value::Object(obj)) => {
             if let (Some(s), Some(v)) = (ok, obj.get_mut("ok")) {
-                swap_handles(s, v, interface, mint);
+                swap_handles(s, v, contract, mint);
             }
             if let (Some(s), Some(v)) = (err, obj.get_mut("err")) {
-                swap_handles(s, v, interface, mint);
+                swap_handles(s, v, contract, mint);
             }
         }
         (Shape::Variant(cases), Value::Object(obj)) => {
             for (case, payload) in cases {
                 if let (Some(s), Some(v)) = (payload, obj.get_mut(case)) {
-                    swap_handles(s, v, interface, mint);
+                    swap_handles(s, v, contract, mint);
                 }
             }
         }
         _ => {}
-    }
-}
-
-fn is_fact(shape: &Shape) -> bool {
-    match shape {
-        Shape::Option(inner) => is_fact(inner),
-        Shape::String
-        | Shape::Bool
-        | Shape::U8
-        | Shape::U16
-        | Shape::U32
-        | Shape::U64
-        | Shape::S8
-        | Shape::S16
-        | Shape::S32
-        | Shape::S64
-        | Shape::Enum(_) => true,
-        _ => false,
     }
 }
 
@@ -703,9 +685,7 @@ mod tests {
             let Some(Shape::Result { ok: Some(ok), .. }) = &c.functions[function].result else {
                 panic!("{function} returns a result");
             };
-            table.mint_all(&origin, |mint| {
-                swap_handles(ok, &mut value, interface, mint)
-            });
+            table.mint_all(&origin, |mint| swap_handles(ok, &mut value, &c, mint));
             value
         };
         const DELIVERY: &str = "airlock:contracts/artifact-delivery@0.2.0";

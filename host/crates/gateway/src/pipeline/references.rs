@@ -17,7 +17,7 @@
 //!   already issued and renews its expiry, so a session that searches all day holds one
 //!   token per source, not one per hit, and a token from a first search still resolves after
 //!   a second search reported the same source with another snippet. Which facts identify
-//!   the object is declared by its contract ([`crate::contract::identity_facts`]: a
+//!   the object is declared by its contract ([`crate::contract::Contract::identity_facts`]: a
 //!   source's `version`, an artifact's `sha256`), never guessed from what differs: only
 //!   when one of those differs from the value recorded (the note was edited, the artifact's
 //!   content changed) is it another object, the old token dropped (what it named is gone
@@ -188,7 +188,7 @@ impl ReferenceTable {
     pub fn mint_all<R>(
         &self,
         origin: &Origin,
-        f: impl FnOnce(&mut dyn FnMut(&str, &str, Map<String, Value>, &[&str]) -> String) -> R,
+        f: impl FnOnce(&mut dyn FnMut(&str, &str, Map<String, Value>, &[String]) -> String) -> R,
     ) -> R {
         let out = f(&mut |kind, locator, facts, identity| {
             self.mint(origin, kind, locator, facts, identity)
@@ -256,7 +256,7 @@ impl ReferenceTable {
     /// Returns the token for `locator` of handle `kind`, minted under `origin`, with
     /// `facts`: the token already issued for the same object (its expiry renewed), else a
     /// new one. `identity` names the facts that identify the object (the contract's
-    /// declaration for `kind`, [`crate::contract::identity_facts`]): the token already
+    /// declaration for `kind`, [`crate::contract::Contract::identity_facts`]): the token already
     /// issued stands for another object only when one of them differs from the value
     /// recorded with it; a fact that only one of the two mints reports never differs.
     ///
@@ -268,7 +268,7 @@ impl ReferenceTable {
         kind: &str,
         locator: &str,
         facts: Map<String, Value>,
-        identity: &[&str],
+        identity: &[String],
     ) -> String {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -456,10 +456,10 @@ fn make_room(inner: &mut Inner, capacity: usize) {
 /// object now. Every other fact (a search hit's snippet, title or score) describes one
 /// result and never makes another object, and an identity fact only one of them reports
 /// (a hit without a version, a passage with one) does not either.
-fn another_object(old: &Map<String, Value>, new: &Map<String, Value>, identity: &[&str]) -> bool {
+fn another_object(old: &Map<String, Value>, new: &Map<String, Value>, identity: &[String]) -> bool {
     identity
         .iter()
-        .any(|k| matches!((old.get(*k), new.get(*k)), (Some(o), Some(n)) if o != n))
+        .any(|k| matches!((old.get(k), new.get(k)), (Some(o), Some(n)) if o != n))
 }
 
 fn render(token: &Token) -> String {
@@ -488,7 +488,8 @@ mod tests {
     use super::*;
 
     /// What source-retrieval declares for `source-ref`.
-    const VERSION: &[&str] = &["version"];
+    static VERSION: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| vec!["version".to_string()]);
 
     fn origin(generation: u64, revision: i64) -> Origin {
         Origin {
@@ -506,21 +507,21 @@ mod tests {
             "source-ref",
             "wal-checkpoints",
             Map::new(),
-            VERSION,
+            &VERSION,
         );
         let b = t.mint(
             &origin(1, 1),
             "source-ref",
             "other-note",
             Map::new(),
-            VERSION,
+            &VERSION,
         );
         let again = t.mint(
             &origin(1, 1),
             "source-ref",
             "wal-checkpoints",
             Map::new(),
-            VERSION,
+            &VERSION,
         );
         assert_ne!(a, b);
         assert_eq!(
@@ -540,7 +541,7 @@ mod tests {
                 "source-ref",
                 "wal-checkpoints",
                 Map::new(),
-                VERSION
+                &VERSION
             ),
             a,
             "tables never share tokens"
@@ -557,7 +558,7 @@ mod tests {
             "source-ref",
             "wal-checkpoints",
             facts,
-            VERSION,
+            &VERSION,
         );
         let ok = t.resolve(&tok, "source-ref", &origin(1, 3)).unwrap();
         assert_eq!(&*ok.locator, "wal-checkpoints");
@@ -617,7 +618,7 @@ mod tests {
             "source-ref",
             "wal",
             f(&[("title", "WAL"), ("version", "3"), ("snippet", "…")]),
-            VERSION,
+            &VERSION,
         );
         let passage = t.mint(
             &origin(1, 1),
@@ -628,7 +629,7 @@ mod tests {
                 ("version", "3"),
                 ("media-type", "text/markdown"),
             ]),
-            VERSION,
+            &VERSION,
         );
         assert_eq!(hit, passage, "a search hit and a passage of one note");
         let newer = t.mint(
@@ -636,7 +637,7 @@ mod tests {
             "source-ref",
             "wal",
             f(&[("version", "4")]),
-            VERSION,
+            &VERSION,
         );
         assert_ne!(newer, hit, "a new version is another object");
         assert_eq!(
@@ -671,7 +672,7 @@ mod tests {
                     "source-ref",
                     n,
                     hit("checkpoint", n, Some("3")),
-                    VERSION,
+                    &VERSION,
                 )
             })
             .collect();
@@ -681,11 +682,17 @@ mod tests {
                 "source-ref",
                 n,
                 hit("wal", &n.to_uppercase(), Some("3")),
-                VERSION,
+                &VERSION,
             );
             assert_eq!(&again, token, "the same note keeps its token");
             // A hit that does not report a version names no other version either.
-            let unversioned = t.mint(&origin(1, 1), "source-ref", n, hit("log", n, None), VERSION);
+            let unversioned = t.mint(
+                &origin(1, 1),
+                "source-ref",
+                n,
+                hit("log", n, None),
+                &VERSION,
+            );
             assert_eq!(&unversioned, token);
         }
         for (n, token) in notes.iter().zip(&first) {
@@ -717,26 +724,26 @@ mod tests {
     #[test]
     fn expiry_is_checked_on_use_and_a_new_mint_renews() {
         let t = ReferenceTable::with_limits(10, Duration::ZERO);
-        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), VERSION);
+        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), &VERSION);
         assert_eq!(
             t.resolve(&tok, "source-ref", &origin(1, 1)),
             Err(ResolveError::Expired)
         );
         assert!(t.is_empty(), "an expired reference is dropped when used");
         let t = ReferenceTable::with_limits(10, Duration::from_secs(60));
-        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), VERSION);
+        let tok = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), &VERSION);
         assert!(t.resolve(&tok, "source-ref", &origin(1, 1)).is_ok());
     }
 
     #[test]
     fn the_least_recently_used_reference_of_this_table_goes_first() {
         let t = ReferenceTable::with_limits(3, DEFAULT_TTL);
-        let a = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), VERSION);
-        let b = t.mint(&origin(1, 1), "source-ref", "b", Map::new(), VERSION);
-        let c = t.mint(&origin(1, 1), "source-ref", "c", Map::new(), VERSION);
+        let a = t.mint(&origin(1, 1), "source-ref", "a", Map::new(), &VERSION);
+        let b = t.mint(&origin(1, 1), "source-ref", "b", Map::new(), &VERSION);
+        let c = t.mint(&origin(1, 1), "source-ref", "c", Map::new(), &VERSION);
         // Using `a` makes `b` the least recently used.
         t.resolve(&a, "source-ref", &origin(1, 1)).unwrap();
-        let d = t.mint(&origin(1, 1), "source-ref", "d", Map::new(), VERSION);
+        let d = t.mint(&origin(1, 1), "source-ref", "d", Map::new(), &VERSION);
         assert_eq!(t.len(), 3);
         assert!(t.resolve(&a, "source-ref", &origin(1, 1)).is_ok());
         assert_eq!(
@@ -746,7 +753,7 @@ mod tests {
         assert!(t.resolve(&c, "source-ref", &origin(1, 1)).is_ok());
         assert!(t.resolve(&d, "source-ref", &origin(1, 1)).is_ok());
         // Minting `b` again gives a new token; the old one stays unknown.
-        let b2 = t.mint(&origin(1, 1), "source-ref", "b", Map::new(), VERSION);
+        let b2 = t.mint(&origin(1, 1), "source-ref", "b", Map::new(), &VERSION);
         assert_ne!(b, b2);
     }
 
@@ -763,7 +770,7 @@ mod tests {
                     "source-ref",
                     &notes[i % notes.len()],
                     Map::new(),
-                    VERSION,
+                    &VERSION,
                 );
                 if held.len() < notes.len() {
                     held.push(tok.clone());

@@ -47,12 +47,13 @@ pub struct ActiveMapping {
     pub manifest_path: Option<PathBuf>,
     /// This load's generation: unique per loaded mapping in this process.
     pub generation: u64,
-    /// The contract interface it implements, e.g. `airlock:contracts/source-retrieval@0.1.0`.
-    pub contract: String,
+    /// The contract it implements; its interface names it, e.g.
+    /// `airlock:contracts/source-retrieval@0.1.0`.
+    pub contract: Arc<crate::contract::Contract>,
     /// The reviewed data class (`[mapping] data_class`).
     pub data_class: String,
     /// The contract's host-only query function, when a capability of this mapping is
-    /// reconciled through one ([`crate::contract::query_function`]).
+    /// reconciled through one ([`crate::contract::Contract::query_function`]).
     pub query: Option<ContractFunction>,
     /// Set once the intents this mapping's calls left open (unknown, or prepared by a
     /// host that stopped) were reconciled: no call of the mapping runs before.

@@ -101,7 +101,7 @@ impl MappingSource {
 /// A loaded (verified, compiled, linked) mapping that is not yet bound to a connection.
 pub(super) struct Prepared {
     pub(super) source: MappingSource,
-    contract: crate::contract::Contract,
+    contract: Arc<crate::contract::Contract>,
     adapter: LoadedAdapter,
 }
 
@@ -359,7 +359,7 @@ pub(super) fn prepare(
         };
         env.push((key.clone(), value));
     }
-    let adapter = runtime.load_with_env(m, &source.component, &contract.interface, env)?;
+    let adapter = runtime.load_with_env(m, &source.component, &contract, env)?;
     tracing::info!(mapping = %m.mapping.name, sha256 = %adapter.component_sha256(), "mapping verified");
     Ok(Prepared {
         source,
@@ -399,12 +399,12 @@ pub(super) fn assemble(
         manifest_digest: p.source.manifest_digest.clone(),
         manifest_path: p.source.path.clone(),
         generation: super::catalog::next_generation(),
-        contract: p.contract.interface.clone(),
+        contract: p.contract.clone(),
         data_class: m.mapping.data_class.clone(),
         query: m
             .capabilities
             .iter()
-            .find_map(|c| contract::query_function(&p.contract.interface, &c.function))
+            .find_map(|c| p.contract.query_function(&c.function))
             .and_then(|q| p.contract.functions.get(q).cloned()),
         reconciled: tokio::sync::OnceCell::new(),
         swept: std::sync::Mutex::new(None),
@@ -416,7 +416,7 @@ pub(super) fn assemble(
         let input_schema = capability_input_schema(&function)
             .with_context(|| format!("mapping `{name}`, capability `{}`", cap.name))?;
         // The contract's declaration as the reviewed manifest confirmed and narrowed it.
-        let semantics = m.semantics(cap).with_context(|| {
+        let semantics = m.semantics(cap, &p.contract).with_context(|| {
             format!(
                 "mapping `{name}`, capability `{}`: no effect semantics",
                 cap.name
@@ -474,7 +474,7 @@ fn capability_input_schema(function: &ContractFunction) -> Result<JsonObject> {
 ///
 /// # Errors
 /// The first rule broken, naming the mapping, the capability and the function.
-pub fn check_contract(m: &MappingManifest) -> Result<contract::Contract> {
+pub fn check_contract(m: &MappingManifest) -> Result<Arc<contract::Contract>> {
     let contract = contract::load_contract(&m.mapping.contract)
         .with_context(|| format!("mapping `{}`", m.mapping.name))?;
     for cap in &m.capabilities {
@@ -487,7 +487,7 @@ pub fn check_contract(m: &MappingManifest) -> Result<contract::Contract> {
                 contract.interface
             );
         }
-        match contract::effect_semantics(&contract.interface, &cap.function) {
+        match contract.semantics(&cap.function) {
             None => bail!(
                 "mapping `{}`: capability `{}`: this host declares no effect semantics for {}#{}, so it cannot be offered",
                 m.mapping.name,
@@ -505,6 +505,7 @@ pub fn check_contract(m: &MappingManifest) -> Result<contract::Contract> {
             Some(_) => {}
         }
     }
+    m.check_semantics(&contract)?;
     Ok(contract)
 }
 
@@ -642,7 +643,10 @@ mod tests {
                 .starts_with("Search the technical"),
             "the first of the two loads"
         );
-        assert_eq!(loaded.contract, "airlock:contracts/source-retrieval@0.1.0");
+        assert_eq!(
+            loaded.contract.interface,
+            "airlock:contracts/source-retrieval@0.1.0"
+        );
         let kinds = testkit::trace_kinds(&live);
         assert!(
             kinds.contains(&(

@@ -1,0 +1,585 @@
+//! Contract packages: a good one loads with everything it declares; each hostile one is
+//! refused with the file, the line and what to do.
+
+use super::*;
+use crate::contract::{Contracts, EffectClass, Shape};
+
+/// A small operator package: a reversible workspace write, its reconciliation query and
+/// its undo.
+const WIT: &str = r#"package example:workspace@1.0.0;
+
+/// Edits files in a workspace.
+interface workspace-edits {
+    type change-ref = string;
+    type idempotency-key = string;
+
+    record write-request {
+        path: string,
+        content: string,
+        idempotency-key: idempotency-key,
+    }
+
+    record change {
+        change: change-ref,
+        path: string,
+        after-sha256: string,
+    }
+
+    record written-request {
+        idempotency-key: idempotency-key,
+    }
+
+    record restore-request {
+        change: change-ref,
+        idempotency-key: idempotency-key,
+    }
+
+    variant contract-error {
+        invalid-request(string),
+        not-found,
+        unavailable(string),
+    }
+
+    write: func(request: write-request) -> result<change, contract-error>;
+    written: func(request: written-request) -> result<option<change>, contract-error>;
+    restore: func(request: restore-request) -> result<change, contract-error>;
+}
+"#;
+
+const SIDECAR_TEXT: &str = r#"format = 1
+package = "example:workspace@1.0.0"
+
+[interfaces.workspace-edits.handles]
+change-ref = { identity = ["after-sha256"] }
+
+[interfaces.workspace-edits.host-supplied]
+idempotency-key = "intent-idempotency-key"
+
+[interfaces.workspace-edits.functions]
+write = { class = "reversible-mutation", idempotent = true, queryable-by = "written", compensable-by = "restore" }
+written = { class = "read", idempotent = true, host-only = true }
+restore = { class = "reversible-mutation", idempotent = true }
+"#;
+
+const IFACE: &str = "example:workspace/workspace-edits@1.0.0";
+
+fn files(sidecar: &str, wit: &str) -> PackageFiles {
+    PackageFiles::new("pkg", [(SIDECAR, sidecar), ("edits.wit", wit)]).unwrap()
+}
+
+fn load_err(sidecar: &str, wit: &str) -> String {
+    match load(&files(sidecar, wit)) {
+        Ok(_) => panic!("loaded:\n{sidecar}\n{wit}"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// `load_err` after replacing `from` with `to` in the sidecar (`in_wit` false) or the
+/// WIT, asserting the replacement happened.
+fn refused(in_wit: bool, from: &str, to: &str) -> String {
+    let (mut sidecar, mut wit) = (SIDECAR_TEXT.to_string(), WIT.to_string());
+    let target = if in_wit { &mut wit } else { &mut sidecar };
+    assert!(target.contains(from), "`{from}` is not in the base package");
+    *target = target.replacen(from, to, 1);
+    load_err(&sidecar, &wit)
+}
+
+fn assert_has(err: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(err.contains(n), "expected `{n}` in:\n{err}");
+    }
+}
+
+#[test]
+fn an_operator_package_loads_with_what_it_declares() {
+    let p = load(&files(SIDECAR_TEXT, WIT)).unwrap();
+    assert_eq!(p.name, "example:workspace@1.0.0");
+    assert_eq!(p.digest.len(), 64);
+    let c = &p.interfaces[IFACE];
+    let write = &c.functions["write"];
+    assert_eq!(write.semantics.class, EffectClass::ReversibleMutation);
+    assert!(write.semantics.idempotent && write.semantics.queryable);
+    assert!(write.semantics.compensable && !write.semantics.host_only);
+    assert_eq!(write.query.as_deref(), Some("written"));
+    assert_eq!(write.undo.as_deref(), Some("restore"));
+    assert!(c.functions["written"].semantics.host_only);
+    let h = &c.handles["change-ref"];
+    assert_eq!(h.identity, ["after-sha256"]);
+    assert_eq!(h.minted_by, ["restore", "write", "written"]);
+    assert_eq!(h.consumed_by, ["restore"]);
+    // The declared host-supplied alias is host-supplied, by declaration, in the request.
+    let Shape::Record(fields) = &write.params[0].1 else {
+        panic!("a record")
+    };
+    assert_eq!(
+        fields[2].1,
+        Shape::HostSupplied("idempotency-key".into()),
+        "{fields:?}"
+    );
+    assert_eq!(c.most_consequential(), EffectClass::ReversibleMutation);
+    assert_eq!(c.docs.as_deref(), Some("Edits files in a workspace."));
+}
+
+#[test]
+fn the_digest_covers_the_wit_and_the_sidecar_together() {
+    let base = files(SIDECAR_TEXT, WIT).digest();
+    assert_eq!(base, files(SIDECAR_TEXT, WIT).digest(), "deterministic");
+    let sidecar = SIDECAR_TEXT.replace(
+        "idempotent = true, host-only",
+        "idempotent = true,  host-only",
+    );
+    assert_ne!(base, files(&sidecar, WIT).digest(), "a sidecar byte");
+    assert_ne!(
+        base,
+        files(SIDECAR_TEXT, &WIT.replace("Edits", "edits")).digest(),
+        "a WIT byte"
+    );
+    let renamed = PackageFiles::new("pkg", [(SIDECAR, SIDECAR_TEXT), ("other.wit", WIT)]).unwrap();
+    assert_ne!(base, renamed.digest(), "a file renamed");
+}
+
+#[test]
+fn the_built_in_packages_load_through_the_same_path() {
+    let c = Contracts::built_in();
+    let names: Vec<&str> = c.packages().iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["airlock:contracts@0.1.0", "airlock:contracts@0.2.0"]
+    );
+    let delivery = c.get("airlock:contracts/artifact-delivery@0.2.0").unwrap();
+    assert_eq!(delivery.query_function("deliver"), Some("query"));
+    assert_eq!(delivery.most_consequential(), EffectClass::ExternalEffect);
+    assert_eq!(
+        delivery.handles["destination-ref"].minted_by,
+        ["deliver", "list-destinations", "query"]
+    );
+    let retrieval = c.get("airlock:contracts/source-retrieval@0.1.0").unwrap();
+    assert_eq!(retrieval.identity_facts("source-ref"), ["version"]);
+    assert_eq!(retrieval.most_consequential(), EffectClass::Read);
+    let err = c.get("example:nothing/here@1.0.0").unwrap_err().to_string();
+    assert_has(
+        &err,
+        &[
+            "unknown contract",
+            "airlock:contracts/source-retrieval@0.1.0",
+        ],
+    );
+}
+
+#[test]
+fn a_released_name_with_another_digest_is_refused_naming_both() {
+    let mut c = Contracts::default();
+    c.add(load(&files(SIDECAR_TEXT, WIT)).unwrap()).unwrap();
+    let first = files(SIDECAR_TEXT, WIT).digest();
+    let changed = load(&files(SIDECAR_TEXT, &WIT.replace("Edits", "Changes"))).unwrap();
+    let second = changed.digest.clone();
+    let err = c.add(changed).unwrap_err().to_string();
+    assert_has(
+        &err,
+        &[&first, &second, "example:workspace@1.0.0", "new version"],
+    );
+    let err = c
+        .add(load(&files(SIDECAR_TEXT, WIT)).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert_has(&err, &["loaded twice"]);
+    assert_eq!(c.interfaces(), [IFACE]);
+}
+
+#[test]
+fn a_sidecar_that_is_not_the_form_is_refused_with_its_line() {
+    assert_has(
+        &load_err("", WIT),
+        &["pkg/contract.toml", "missing field `format`"],
+    );
+    assert_has(
+        &refused(false, "format = 1", "format = 1\ncolour = \"red\""),
+        &["pkg/contract.toml", "line 2", "unknown field `colour`"],
+    );
+    assert_has(
+        &refused(
+            false,
+            "idempotent = true, host-only",
+            "idempotent = true, hostonly",
+        ),
+        &["pkg/contract.toml", "line 12", "unknown field `hostonly`"],
+    );
+    assert_has(
+        &refused(false, "format = 1", "format = 2"),
+        &["pkg/contract.toml:1", "format 2", "format = 1"],
+    );
+    assert_has(
+        &refused(
+            false,
+            "package = \"example:workspace@1.0.0\"",
+            "package = \"example:workspace@1.0.1\"",
+        ),
+        &[
+            "pkg/contract.toml:2",
+            "example:workspace@1.0.1",
+            "package `example:workspace@1.0.0`",
+        ],
+    );
+    assert_has(
+        &refused(false, "class = \"read\"", "class = \"harmless\""),
+        &[
+            "pkg/contract.toml:12",
+            "\"harmless\" is not an effect class",
+            "external-effect",
+        ],
+    );
+    assert_has(
+        &refused(
+            false,
+            "restore = {",
+            "undo = { class = \"read\", idempotent = true }\nrestore = {",
+        ),
+        &[
+            "pkg/contract.toml:13",
+            "function `undo` is not in interface `workspace-edits`",
+        ],
+    );
+    assert_has(
+        &refused(
+            false,
+            "[interfaces.workspace-edits.handles]",
+            "[interfaces.elsewhere.functions]\n[interfaces.workspace-edits.handles]",
+        ),
+        &[
+            "pkg/contract.toml:4",
+            "interface `elsewhere` is not in package",
+        ],
+    );
+    assert_has(
+        &load_err(
+            "format = 1\npackage = \"example:workspace@1.0.0\"\ninterfaces = {}\n",
+            WIT,
+        ),
+        &[
+            "pkg/edits.wit:4",
+            "interface `workspace-edits` has no semantics",
+        ],
+    );
+    let no_sidecar = PackageFiles::new("pkg", [("edits.wit", WIT)]).unwrap();
+    assert_has(
+        &format!("{:#}", load(&no_sidecar).unwrap_err()),
+        &["pkg: no contract.toml", "Defining a contract"],
+    );
+}
+
+#[test]
+fn wit_that_does_not_parse_or_resolve_is_refused_with_its_location() {
+    assert_has(
+        &refused(true, "write: func", "write func"),
+        &["pkg/edits.wit:35:11", "expected ':'"],
+    );
+    assert_has(
+        &refused(
+            true,
+            "path: string,\n        content",
+            "path: strin,\n        content",
+        ),
+        &["pkg/edits.wit", "strin"],
+    );
+    assert_has(
+        &load_err(
+            SIDECAR_TEXT,
+            "package example:workspace@1.0.0;\ninterface x { use wasi:io/streams@0.2.0.{input-stream}; }",
+        ),
+        &["pkg/edits.wit:2", "wasi:io"],
+    );
+    let none = PackageFiles::new("pkg", [(SIDECAR, SIDECAR_TEXT)]).unwrap();
+    assert_has(
+        &format!("{:#}", load(&none).unwrap_err()),
+        &["no *.wit file"],
+    );
+}
+
+#[test]
+fn a_function_without_semantics_is_refused_at_its_wit_line() {
+    let err = refused(
+        false,
+        "restore = { class = \"reversible-mutation\", idempotent = true }\n",
+        "",
+    );
+    assert_has(
+        &err,
+        &[
+            "pkg/edits.wit:37:5",
+            "function `restore` has no semantics",
+            "[interfaces.workspace-edits.functions]",
+        ],
+    );
+}
+
+#[test]
+fn types_contracts_forbid_are_refused() {
+    for (ty, word) in [
+        ("resource blob;\n    record write-request {", "resource"),
+        ("record write-request {\n        s: stream<u8>,", "stream"),
+        ("record write-request {\n        s: future<u8>,", "future"),
+    ] {
+        if word == "resource" {
+            // An unused resource is a type of the interface; nothing refers to it, and a
+            // resource-typed field would be: test that one.
+            let wit = WIT.replace(
+                "record write-request {",
+                "resource blob;\n    record write-request {\n        b: borrow<blob>,",
+            );
+            let err = load_err(SIDECAR_TEXT, &wit);
+            assert_has(&err, &["pkg/edits.wit", "may not use WIT", "write"]);
+            continue;
+        }
+        let err = refused(true, "record write-request {", ty);
+        assert_has(&err, &["pkg/edits.wit", "may not use WIT", word]);
+    }
+}
+
+#[test]
+fn types_nested_too_deep_are_refused_not_overflowed() {
+    // Deeper than a contract may nest: refused by this host, naming the function.
+    let deep = format!("{}u8{}", "list<".repeat(40), ">".repeat(40));
+    let err = refused(true, "content: string,", &format!("content: {deep},"));
+    assert_has(
+        &err,
+        &[
+            "pkg/edits.wit:35:5",
+            "function `write`",
+            "nest deeper than 32",
+        ],
+    );
+    // Far deeper: wit-parser itself stops, with the location.
+    let deep = format!("{}u8{}", "list<".repeat(1000), ">".repeat(1000));
+    let err = refused(true, "content: string,", &format!("content: {deep},"));
+    assert_has(&err, &["pkg/edits.wit:10", "nesting too deep"]);
+}
+
+#[test]
+fn handles_must_be_declared_minted_and_identified_by_facts_beside_them() {
+    assert_has(
+        &refused(false, "change-ref = { identity = [\"after-sha256\"] }", ""),
+        &[
+            "pkg/edits.wit:5",
+            "`type change-ref = string` looks like a handle",
+            "identity = []",
+        ],
+    );
+    assert_has(
+        &refused(
+            false,
+            "change-ref = { identity = [\"after-sha256\"] }",
+            "change-ref = { identity = [\"after-sha256\"] }\npath-ref = { identity = [] }",
+        ),
+        &[
+            "pkg/contract.toml:6",
+            "handle `path-ref` is not a `type path-ref = string`",
+        ],
+    );
+    assert_has(
+        &refused(
+            false,
+            "identity = [\"after-sha256\"]",
+            "identity = [\"colour\"]",
+        ),
+        &[
+            "pkg/contract.toml:5",
+            "identity fact `colour`",
+            "beside it: after-sha256, path",
+        ],
+    );
+    assert_has(
+        &refused(
+            false,
+            "identity = [\"after-sha256\"] }",
+            "identity = [] }\nidempotency-key = { identity = [] }",
+        ),
+        &["handle `idempotency-key` is not a `type idempotency-key = string`"],
+    );
+    // A kind no result carries is never minted.
+    let wit = WIT.replace("type change-ref = string;", "type change-ref = string;\n    type orphan-ref = string;\n    record orphan { o: orphan-ref }")
+        .replace("record restore-request {", "record restore-request {\n        o: orphan,");
+    let sidecar = SIDECAR_TEXT.replace(
+        "change-ref = {",
+        "orphan-ref = { identity = [] }\nchange-ref = {",
+    );
+    assert_has(
+        &load_err(&sidecar, &wit),
+        &[
+            "pkg/contract.toml:5",
+            "handle `orphan-ref`: no function's result carries it",
+        ],
+    );
+}
+
+#[test]
+fn host_supplied_fields_are_declared_and_supply_only_the_intent_key() {
+    assert_has(
+        &refused(
+            false,
+            "idempotency-key = \"intent-idempotency-key\"",
+            "idempotency-key = \"the-time\"",
+        ),
+        &[
+            "pkg/contract.toml:8",
+            "can supply only \"intent-idempotency-key\"",
+        ],
+    );
+    assert_has(
+        &refused(false, "idempotency-key = \"intent-idempotency-key\"", ""),
+        &["pkg/edits.wit:6", "would be sent by the model"],
+    );
+}
+
+#[test]
+fn queries_undos_and_host_only_functions_must_fit() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "queryable-by = \"written\"",
+            "queryable-by = \"nowhere\"",
+            &["pkg/contract.toml:11", "`nowhere`, which is not a function"],
+        ),
+        (
+            "written = { class = \"read\", idempotent = true, host-only = true }",
+            "written = { class = \"read\", idempotent = true }",
+            &["`written` reconciles `write`, so it must be host-only"],
+        ),
+        (
+            "compensable-by = \"restore\"",
+            "compensable-by = \"written\"",
+            &["`written` undoes `write`, so it changes something"],
+        ),
+        (
+            "write = { class = \"reversible-mutation\"",
+            "write = { class = \"external-effect\"",
+            &["`write` is external-effect: only a reversible-mutation can be compensable"],
+        ),
+        (
+            "queryable-by = \"written\", compensable-by = \"restore\"",
+            "compensable-by = \"restore\"",
+            &["function `written` is host-only, but no function names it"],
+        ),
+        (
+            "restore = { class = \"reversible-mutation\", idempotent = true }",
+            "restore = { class = \"reversible-mutation\", idempotent = true, host-only = true, queryable-by = \"written\" }",
+            &[],
+        ),
+    ];
+    for (from, to, needles) in cases {
+        if needles.is_empty() {
+            // Declaring a host-only undo with its own query is allowed: it loads.
+            let sidecar = SIDECAR_TEXT.replace(from, to);
+            load(&files(&sidecar, WIT)).unwrap();
+            continue;
+        }
+        assert_has(&refused(false, from, to), needles);
+    }
+    let wit_cases: &[(&str, &str, &[&str])] = &[
+        (
+            "-> result<option<change>, contract-error>",
+            "-> result<change, contract-error>",
+            &["`written` must return `result<option<T>, E>`"],
+        ),
+        (
+            "record written-request {\n        idempotency-key: idempotency-key,",
+            "record written-request {\n        idempotency-key: idempotency-key,\n        path: string,",
+            &["`written` must take one record whose fields are all host-supplied"],
+        ),
+        (
+            "record restore-request {\n        change: change-ref,",
+            "record restore-request {\n        change: change-ref,\n        path: string,",
+            &["`restore` must take one record whose fields are handles `write` returns"],
+        ),
+        (
+            "restore: func(request: restore-request) -> result<change, contract-error>;",
+            "restore: func(request: restore-request) -> result<change, string>;",
+            &["`restore` must return `result<_, E>` with the error type `write` returns"],
+        ),
+        (
+            "        idempotency-key: idempotency-key,\n    }\n\n    record change",
+            "    }\n\n    record change",
+            &["its request has no host-supplied field"],
+        ),
+        (
+            "write: func(request: write-request)",
+            "write: func(request: write-request, again: write-request)",
+            &["function `write` is offered to the model, so it must take exactly one record"],
+        ),
+    ];
+    for (from, to, needles) in wit_cases {
+        assert_has(&refused(true, from, to), needles);
+    }
+}
+
+#[test]
+fn hostile_paths_and_sizes_are_refused() {
+    for path in [
+        "../edits.wit",
+        "deps/../../x.wit",
+        "/abs.wit",
+        "notes.txt",
+        "deps/a/b/c.wit",
+        "deps/./x.wit",
+    ] {
+        let err = PackageFiles::new("pkg", [(path, "")])
+            .unwrap_err()
+            .to_string();
+        assert_has(&err, &["not a contract package file"]);
+    }
+    let many: Vec<(String, &str)> = (0..=MAX_FILES).map(|i| (format!("f{i}.wit"), "")).collect();
+    let err = PackageFiles::new("pkg", many.iter().map(|(p, t)| (p.as_str(), *t)))
+        .unwrap_err()
+        .to_string();
+    assert_has(&err, &["more than 256 files"]);
+    let big = "/".repeat(MAX_BYTES + 1);
+    let err = PackageFiles::new("pkg", [("big.wit", big.as_str())])
+        .unwrap_err()
+        .to_string();
+    assert_has(&err, &["more than 8 MiB"]);
+}
+
+#[test]
+fn a_folder_reads_the_layout_wit_tools_read_and_ignores_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(SIDECAR), SIDECAR_TEXT).unwrap();
+    std::fs::write(dir.path().join("edits.wit"), WIT).unwrap();
+    std::fs::write(dir.path().join("README.md"), "not read").unwrap();
+    std::fs::create_dir_all(dir.path().join("deps/host")).unwrap();
+    std::fs::write(
+        dir.path().join("deps/host/host.wit"),
+        crate::contract::HOST_WIT_0_1_0,
+    )
+    .unwrap();
+    let files = PackageFiles::read_dir(dir.path()).unwrap();
+    assert_eq!(
+        files.files().keys().collect::<Vec<_>>(),
+        [SIDECAR, "deps/host/host.wit", "edits.wit"]
+    );
+    let p = load(&files).unwrap();
+    assert!(
+        p.origin
+            .ends_with(dir.path().file_name().unwrap().to_str().unwrap())
+    );
+    std::fs::write(dir.path().join("edits.wit"), [0xff, 0xfe]).unwrap();
+    let err = PackageFiles::read_dir(dir.path()).unwrap_err().to_string();
+    assert_has(&err, &["edits.wit: not UTF-8"]);
+}
+
+#[test]
+fn ten_thousand_functions_load() {
+    let mut wit =
+        String::from("package example:big@1.0.0;\n\ninterface big {\n    record req { n: u32 }\n");
+    let mut sidecar =
+        String::from("format = 1\npackage = \"example:big@1.0.0\"\n\n[interfaces.big.functions]\n");
+    for i in 0..10_000 {
+        wit += &format!("    get{i}: func(request: req) -> result<u32, string>;\n");
+        sidecar += &format!("get{i} = {{ class = \"read\", idempotent = true }}\n");
+    }
+    wit += "}\n";
+    let started = std::time::Instant::now();
+    let p = load(&files(&sidecar, &wit)).unwrap();
+    assert_eq!(
+        p.interfaces["example:big/big@1.0.0"].functions.len(),
+        10_000
+    );
+    eprintln!("10 000 functions loaded in {:?}", started.elapsed());
+}
