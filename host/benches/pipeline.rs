@@ -109,6 +109,35 @@ impl Snapshots for NoCallTrace {
     }
 }
 
+impl airlock::store::ContractReviews for NoCallTrace {
+    fn contract_review(
+        &self,
+        package: &str,
+    ) -> anyhow::Result<Option<airlock::store::ContractRecord>> {
+        self.0.contract_review(package)
+    }
+    fn contract_reviews(&self) -> anyhow::Result<Vec<airlock::store::ContractRecord>> {
+        self.0.contract_reviews()
+    }
+    fn approve_contract(
+        &self,
+        new: &airlock::store::NewContractApproval,
+    ) -> anyhow::Result<airlock::store::ContractRecord> {
+        self.0.approve_contract(new)
+    }
+    fn mark_contract_erroneous(
+        &self,
+        package: &str,
+        reviewer: &str,
+        reason: &str,
+    ) -> anyhow::Result<Option<airlock::store::ContractRecord>> {
+        self.0.mark_contract_erroneous(package, reviewer, reason)
+    }
+    fn contract_proofs(&self, package: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
+        self.0.contract_proofs(package)
+    }
+}
+
 impl Mappings for NoCallTrace {
     fn mapping(&self, name: &str) -> anyhow::Result<Option<airlock::store::MappingRecord>> {
         self.0.mapping(name)

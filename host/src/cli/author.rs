@@ -985,7 +985,11 @@ mod tests {
             let m = MappingManifest::parse(&pinned, "new").unwrap();
             assert!(m.upstream.tools.is_empty(), "deny by default");
             assert!(m.grants.named_hosts().is_empty());
-            crate::registry::live::check_contract(&m).unwrap();
+            crate::registry::live::check_contract(
+                &m,
+                &crate::registry::contracts::ContractSet::built_in(),
+            )
+            .unwrap();
             let offered = t
                 .functions
                 .iter()

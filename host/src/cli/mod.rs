@@ -15,6 +15,7 @@
 
 pub mod approvals;
 pub mod author;
+pub mod contracts;
 pub mod demo;
 pub mod intents;
 pub mod learn;
@@ -257,6 +258,26 @@ Example:
         #[command(subcommand)]
         action: PolicyAction,
     },
+    /// Contract packages: what each offers and does, and their review.
+    #[command(after_help = "\
+A contract package is a WIT package with a contract.toml beside it declaring, for every
+function, its effect class (read, local-transformation, reversible-mutation,
+external-effect), whether it is idempotent, which function reconciles an unknown outcome
+(queryable-by) or undoes it (compensable-by), which are host-only, which string aliases are
+handles and what identifies their objects. One sha256 covers the WIT and contract.toml.
+The built-in packages (wit/v0.1.0, wit/v0.2.0) need no approval; a configuration adds its
+own with [[contract]] path = \"FOLDER\", and a mapping may bind one once a reviewer
+approved its digest. A released name@version never changes: a changed package is a new
+version.
+
+Example:
+  airlock contracts list --config airlock.toml
+  airlock contracts show example:workspace@1.0.0 --config airlock.toml
+  airlock contracts approve example:workspace@1.0.0 --config airlock.toml --reviewer alice")]
+    Contracts {
+        #[command(subcommand)]
+        action: ContractsAction,
+    },
     /// Write a ready adapter crate for one contract: Cargo.toml (the SDK by path),
     /// rust-toolchain.toml, src/lib.rs, mapping.toml (deny by default), airlock.toml.
     #[command(after_help = "\
@@ -436,6 +457,68 @@ definition. Descriptions are the server's words: untrusted text, shown quoted.")
         tool: Option<String>,
         /// Print the stored snapshot as JSON (the raw catalogue), or with --tool the
         /// tool's raw definition.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ContractsAction {
+    /// Every contract package: the built-in ones and those the configuration names, each
+    /// served or withheld (and why), with its review.
+    List {
+        /// Serve configuration (TOML) whose [[contract]] packages to list.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One package (by package or interface name): each function's semantics and the
+    /// schema the model would be asked to fill, and each handle kind.
+    Show {
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Serve configuration (TOML) whose [[contract]] packages to search too.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a configured package: pin its digest and files, recording the reviewer
+    /// and time in the store and the trace. Mappings may bind it from their next load.
+    Approve {
+        #[arg(value_name = "PACKAGE")]
+        package: String,
+        /// Serve configuration (TOML) that names the package.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Who approves.
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
+        /// Why (recorded with the approval).
+        #[arg(long, value_name = "TEXT", default_value = "")]
+        reason: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark an approved package erroneous: its mappings serve no new calls from their next
+    /// load; the review and its files stay. Final: a correction is a new version.
+    MarkErroneous {
+        #[arg(value_name = "PACKAGE")]
+        package: String,
+        /// Serve configuration (TOML) naming the store.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+        /// Who marks it.
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
+        /// What is wrong with it.
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -847,6 +930,7 @@ async fn dispatch(
         } => discover(&connection, &config, learn, json, state_dir).await,
         Command::Snapshots { action } => snapshots(action, state_dir),
         Command::Review { action } => review(action, state_dir),
+        Command::Contracts { action } => contracts(action, state_dir),
         Command::Trace { action } => trace(action, state_dir),
         Command::Approvals { action } => approvals(action, state_dir),
         Command::Intents { action } => intents(action, state_dir),
@@ -965,6 +1049,78 @@ fn snapshots(action: SnapshotsAction, state_dir: Option<PathBuf>) -> Result<()> 
 }
 
 /// `airlock review list | show | approve | retire`.
+fn contracts(action: ContractsAction, state_dir: Option<PathBuf>) -> Result<()> {
+    init_logging("warn,rmcp=error");
+    // The configuration and its store as a host of it would read them.
+    let judged = |config: &Option<PathBuf>| -> Result<(
+        crate::registry::contracts::ContractSet,
+        Option<crate::registry::Registry>,
+    )> {
+        match config {
+            None => Ok((crate::registry::contracts::ContractSet::built_in(), None)),
+            Some(path) => {
+                let config = load_config(path, state_dir.clone())?;
+                let registry = crate::cli::operate::registry_of_config(&config)?;
+                let set = crate::registry::contracts::ContractSet::judge(
+                    &config,
+                    registry.as_ref().map(|r| r.store()),
+                )?;
+                Ok((set, registry))
+            }
+        }
+    };
+    match action {
+        ContractsAction::List { config, json } => {
+            let (set, registry) = judged(&config)?;
+            let list = contracts::list(&set, registry.as_ref().map(|r| r.store()))?;
+            output::emit(json, &list, |l| contracts::list_text(l))
+        }
+        ContractsAction::Show { name, config, json } => {
+            let (set, _) = judged(&config)?;
+            let shown = contracts::show(&set, &name)?;
+            output::emit(json, &shown, contracts::ShownPackage::to_text)
+        }
+        ContractsAction::Approve {
+            package,
+            config,
+            reviewer,
+            reason,
+            json,
+        } => {
+            let config = load_config(&config, state_dir)?;
+            let registry = crate::registry::live::open_registry(&config)?;
+            let record =
+                contracts::approve(&config, registry.store(), &package, &reviewer, &reason)?;
+            output::emit(json, &record, |r| {
+                format!(
+                    "contract package `{}` is approved (digest {}) by {}; mappings may bind it from their next load\n",
+                    r.package, r.digest, r.reviewer
+                )
+            })
+        }
+        ContractsAction::MarkErroneous {
+            package,
+            config,
+            reviewer,
+            reason,
+            json,
+        } => {
+            let config = load_config(&config, state_dir)?;
+            let registry = crate::registry::live::open_registry(&config)?;
+            let record = registry
+                .store()
+                .mark_contract_erroneous(&package, &reviewer, &reason)?;
+            output::emit(json, &record, |r| match r {
+                Some(r) => format!(
+                    "contract package `{}` (digest {}) is marked erroneous; its mappings serve no new calls from their next load\n",
+                    r.package, r.digest
+                ),
+                None => format!("contract package `{package}` was marked erroneous already\n"),
+            })
+        }
+    }
+}
+
 fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
     init_logging("warn,rmcp=error");
     match action {
@@ -1353,7 +1509,22 @@ fn grants(
     config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
 ) -> ExitCode {
-    let review = crate::cli::review::review(manifest).and_then(|mut review| {
+    let review = (|| {
+        // With a configuration, its operator contracts as its host would judge them.
+        let contracts = match &config {
+            Some(path) => {
+                let config = load_config(path, state_dir.clone())?;
+                let registry = crate::cli::operate::registry_of_config(&config)?;
+                crate::registry::contracts::ContractSet::judge(
+                    &config,
+                    registry.as_ref().map(|r| r.store()),
+                )?
+            }
+            None => crate::registry::contracts::ContractSet::built_in(),
+        };
+        crate::cli::review::review(manifest, &contracts)
+    })()
+    .and_then(|mut review| {
         if state_dir.is_some() || diff.is_some() {
             let registry = registry_for(state_dir.clone())?;
             crate::cli::review::add_registry(&mut review, manifest, &registry, diff)?;

@@ -88,7 +88,11 @@ pub fn check(req: &CheckRequest<'_>) -> Result<Check> {
             )
         })?;
     let function = cap.function.clone();
-    let c = contract::load_contract(&manifest.mapping.contract)?;
+    let c = crate::registry::contracts::ContractSet::judge(
+        req.config,
+        req.registry.map(|r| r.store()),
+    )?
+    .get(&manifest.mapping.contract)?;
     // As the capability would serve: the contract's declaration as the mapping narrowed it.
     let semantics = manifest
         .semantics(cap, &c)

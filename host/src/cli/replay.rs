@@ -143,6 +143,18 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
         }
     }
     let registry = open_store(options).map_err(usage)?;
+    // The contracts a host of `--config` would serve (the built-ins without one).
+    let contracts = match options.config {
+        Some(path) => {
+            let config = crate::config::ServeConfig::load(path).map_err(usage)?;
+            crate::registry::contracts::ContractSet::judge(
+                &config,
+                registry.as_ref().map(|r| r.store()),
+            )
+            .map_err(usage)?
+        }
+        None => crate::registry::contracts::ContractSet::built_in(),
+    };
     let revisions = match &registry {
         Some(r) => r.store().mapping_revisions(&name).map_err(usage)?,
         None => Vec::new(),
@@ -192,7 +204,7 @@ pub async fn run(options: &TestOptions<'_>) -> Result<TestReport, TestError> {
         report.state_note = "not run: stale fixtures (record again with `airlock serve --record DIR`, or pass --allow-stale to replay them anyway)".into();
         return Ok(report);
     }
-    replay_all(&source, &files, &mut report)
+    replay_all(&source, &contracts, &files, &mut report)
         .await
         .map_err(usage)?;
     report.passed = report.fixtures.iter().all(|f| f.passed);
@@ -299,10 +311,11 @@ fn stale_reasons(
 /// function takes no parameter.
 async fn replay_all(
     source: &MappingSource,
+    contracts: &crate::registry::contracts::ContractSet,
     files: &[FixtureFile],
     report: &mut TestReport,
 ) -> Result<()> {
-    let replayer = Replayer::load(source, report.snapshot_digest.clone()).await?;
+    let replayer = Replayer::load(source, contracts, report.snapshot_digest.clone()).await?;
     let mut error_paths = BTreeSet::new();
     for f in files {
         let result = replayer.replay(f, report, &mut error_paths).await?;
@@ -338,9 +351,13 @@ struct Replayer<'a> {
 impl<'a> Replayer<'a> {
     /// Loads `source`'s contract and component (a granted secret's value is
     /// [`crate::record::REDACTED`]) over a replay connection bound to `snapshot`.
-    async fn load(source: &'a MappingSource, snapshot: Option<String>) -> Result<Self> {
+    async fn load(
+        source: &'a MappingSource,
+        contracts: &crate::registry::contracts::ContractSet,
+        snapshot: Option<String>,
+    ) -> Result<Self> {
         let manifest = &source.manifest;
-        let contract = crate::contract::load_contract(&manifest.mapping.contract)?;
+        let contract = contracts.get(&manifest.mapping.contract)?;
         let env = manifest
             .grants
             .env

@@ -497,12 +497,16 @@ pub struct CapabilityView {
 /// # Errors
 /// An invalid manifest, an unreadable component, a pin mismatch (the host's error,
 /// naming both digests), or bytes that are not a valid component.
-pub fn review(manifest_path: &Path) -> Result<Review> {
+pub fn review(
+    manifest_path: &Path,
+    contracts: &crate::registry::contracts::ContractSet,
+) -> Result<Review> {
     let manifest = MappingManifest::load(manifest_path)?;
     // A capability that does not confirm its contract's class gets no review (an unknown
-    // contract is one of the review's refusals instead).
-    if let Ok(contract) = crate::contract::load_contract(&manifest.mapping.contract) {
-        manifest.check_semantics(&contract)?;
+    // or withheld contract is one of the review's refusals instead).
+    let served = contracts.get(&manifest.mapping.contract).ok();
+    if let Some(contract) = &served {
+        manifest.check_semantics(contract)?;
     }
     let base = manifest_path.parent().unwrap_or(Path::new(""));
     let component_path = manifest.component_path(base);
@@ -563,14 +567,13 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
         .iter()
         .filter(|i| i.status == Status::Flagged)
         .count();
-    let refusals = load_refusals(&manifest, &exports, &contract_items);
+    let refusals = load_refusals(&manifest, &exports, &contract_items, contracts);
     let pending = |name: &String| UpstreamItem {
         name: name.clone(),
         digest: None,
         description_digest: None,
         server_hints: None,
     };
-    let contract = crate::contract::load_contract(&manifest.mapping.contract).ok();
     Ok(Review {
         manifest: manifest_path.display().to_string(),
         mapping: MappingView {
@@ -603,8 +606,8 @@ pub fn review(manifest_path: &Path) -> Result<Review> {
                 exported: contract_items
                     .iter()
                     .any(|i| i.name == c.function && i.kind == "func"),
-                effect: contract.as_ref().and_then(|k| manifest.semantics(c, k)),
-                contract_effect: contract.as_ref().and_then(|k| k.semantics(&c.function)),
+                effect: served.as_ref().and_then(|k| manifest.semantics(c, k)),
+                contract_effect: served.as_ref().and_then(|k| k.semantics(&c.function)),
             })
             .collect(),
         flagged,
@@ -722,11 +725,12 @@ fn load_refusals(
     manifest: &MappingManifest,
     exports: &[ExportReview],
     contract_items: &[Item],
+    contracts: &crate::registry::contracts::ContractSet,
 ) -> Vec<String> {
     let name = &manifest.mapping.name;
     let contract = &manifest.mapping.contract;
     let mut refusals = Vec::new();
-    if let Err(e) = crate::registry::live::check_contract(manifest) {
+    if let Err(e) = crate::registry::live::check_contract(manifest, contracts) {
         refusals.push(format!("{e:#}"));
     }
     if !exports.iter().any(|x| &x.name == contract) {
@@ -747,7 +751,8 @@ fn load_refusals(
                 cap.function
             ));
         }
-        let query = crate::contract::load_contract(contract)
+        let query = contracts
+            .get(contract)
             .ok()
             .and_then(|k| k.query_function(&cap.function).map(str::to_string));
         if let Some(query) = query.as_deref() {

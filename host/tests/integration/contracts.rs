@@ -32,3 +32,300 @@ async fn the_built_in_contracts_offer_exactly_the_recorded_tools() {
     );
     client.cancel().await.unwrap();
 }
+
+/// An operator's contract package: a reversible workspace write, its query and its undo.
+const OPERATOR_WIT: &str = r#"package example:workspace@1.0.0;
+
+/// Edits files in a workspace.
+interface workspace-edits {
+    type change-ref = string;
+    type idempotency-key = string;
+
+    record write-request {
+        /// The file, relative to the workspace.
+        path: string,
+        content: string,
+        idempotency-key: idempotency-key,
+    }
+
+    record change {
+        change: change-ref,
+        path: string,
+        after-sha256: string,
+    }
+
+    record written-request {
+        idempotency-key: idempotency-key,
+    }
+
+    record restore-request {
+        change: change-ref,
+        idempotency-key: idempotency-key,
+    }
+
+    variant contract-error {
+        invalid-request(string),
+        not-found,
+        unavailable(string),
+    }
+
+    write: func(request: write-request) -> result<change, contract-error>;
+    written: func(request: written-request) -> result<option<change>, contract-error>;
+    restore: func(request: restore-request) -> result<change, contract-error>;
+}
+"#;
+
+const OPERATOR_SIDECAR: &str = r#"format = 1
+package = "example:workspace@1.0.0"
+
+[interfaces.workspace-edits.handles]
+change-ref = { identity = ["after-sha256"] }
+
+[interfaces.workspace-edits.host-supplied]
+idempotency-key = "intent-idempotency-key"
+
+[interfaces.workspace-edits.functions]
+write = { class = "reversible-mutation", idempotent = true, queryable-by = "written", compensable-by = "restore" }
+written = { class = "read", idempotent = true, host-only = true }
+restore = { class = "reversible-mutation", idempotent = true }
+"#;
+
+const PACKAGE: &str = "example:workspace@1.0.0";
+const INTERFACE: &str = "example:workspace/workspace-edits@1.0.0";
+
+/// A deployment whose configuration names the operator package (in `pkg`) and whose
+/// `source-library` mapping is bound to it instead of its own contract.
+fn operator_deployment(pkg: &Path) -> Deployment {
+    std::fs::write(pkg.join("contract.toml"), OPERATOR_SIDECAR).unwrap();
+    std::fs::write(pkg.join("edits.wit"), OPERATOR_WIT).unwrap();
+    Deployment::with_notes()
+        .mapping_edited("source-library", |t| {
+            t.replace("airlock:contracts/source-retrieval@0.1.0", INTERFACE)
+        })
+        .tables(&format!(
+            "[[contract]]\npath = {:?}\n",
+            pkg.display().to_string()
+        ))
+}
+
+#[test]
+fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_digest() {
+    let pkg = tempfile::tempdir().unwrap();
+    let d = operator_deployment(pkg.path());
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let manifest = d.manifests()[0].to_str().unwrap().to_string();
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+
+    // Listed beside the built-ins, withheld until approved.
+    let list = d.airlock_json(&["contracts", "list", "--config", config]);
+    let ours = |list: &serde_json::Value| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["package"] == PACKAGE)
+            .cloned()
+            .unwrap()
+    };
+    let p = ours(&list);
+    assert_eq!(p["status"], "withheld", "{p}");
+    assert!(
+        p["withheld"].as_str().unwrap().contains("is not approved"),
+        "{p}"
+    );
+    assert_eq!(p["interfaces"], serde_json::json!([INTERFACE]));
+    let built_in: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["status"] == "built-in")
+        .map(|p| p["package"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        built_in,
+        ["airlock:contracts@0.1.0", "airlock:contracts@0.2.0"]
+    );
+
+    // What a reviewer reads: semantics, and the schema without the host-supplied key.
+    let shown = d.airlock_json(&["contracts", "show", INTERFACE, "--config", config]);
+    let write = &shown["interfaces"][0]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "write")
+        .unwrap()
+        .clone();
+    assert_eq!(write["semantics"]["class"], "reversible-mutation");
+    assert_eq!(write["queryable_by"], "written");
+    assert_eq!(write["compensable_by"], "restore");
+    assert_eq!(
+        write["input_schema"]["required"],
+        serde_json::json!(["path", "content"]),
+        "the idempotency key is the host's: {write}"
+    );
+    let text = d.airlock_ok(&["contracts", "show", PACKAGE, "--config", config]);
+    assert!(
+        text.contains("function written  [read; idempotent; host only"),
+        "{text}"
+    );
+    assert!(text.contains("handle change-ref: identified by after-sha256; minted by restore, write, written; consumed by restore"), "{text}");
+
+    // A mapping bound to it is refused while it is withheld, saying what to do.
+    let grants = |d: &Deployment| {
+        let out = d.airlock(&[
+            "grants",
+            &manifest,
+            "--config",
+            config,
+            "--json",
+            "--allow-flagged",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["refusals"].to_string()
+    };
+    let refusals = grants(&d);
+    assert!(
+        refusals.contains("is not approved") && refusals.contains("airlock contracts approve"),
+        "{refusals}"
+    );
+
+    // Built-ins need no approval; a folder's package is approved once, traced.
+    let out = d.airlock(&[
+        "contracts",
+        "approve",
+        "airlock:contracts@0.1.0",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is built in"));
+    let approved = d.airlock_json(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+        "--reason",
+        "read it",
+    ]);
+    assert_eq!(approved["state"], "approved");
+    let digest = approved["digest"].as_str().unwrap().to_string();
+    assert_eq!(
+        ours(&d.airlock_json(&["contracts", "list", "--config", config]))["status"],
+        "served"
+    );
+    // The contract check passes now; the component (built for another contract) is what
+    // the host refuses next.
+    let refusals = grants(&d);
+    assert!(!refusals.contains("is not approved"), "{refusals}");
+    assert!(
+        refusals.contains(&format!("does not export `{INTERFACE}`")),
+        "{refusals}"
+    );
+    let events: Vec<_> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "contract-approved")
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["payload"]["digest"], digest.as_str());
+    d.airlock_ok(&["trace", "verify"]);
+
+    // The folder changes after review: withheld, naming both digests; approving the change
+    // under the same name is refused.
+    std::fs::write(
+        pkg.path().join("edits.wit"),
+        OPERATOR_WIT.replace("Edits files", "Changes files"),
+    )
+    .unwrap();
+    let p = ours(&d.airlock_json(&["contracts", "list", "--config", config]));
+    assert_eq!(p["status"], "withheld");
+    let why = p["withheld"].as_str().unwrap();
+    assert!(
+        why.contains("changed after review") && why.contains(&digest),
+        "{why}"
+    );
+    let out = d.airlock(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&digest) && err.contains("new version"),
+        "{err}"
+    );
+    std::fs::write(pkg.path().join("edits.wit"), OPERATOR_WIT).unwrap();
+    assert_eq!(
+        ours(&d.airlock_json(&["contracts", "list", "--config", config]))["status"],
+        "served"
+    );
+
+    // Found wrong: withheld for good, its mappings refused with the reason.
+    d.airlock_ok(&[
+        "contracts",
+        "mark-erroneous",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "bob",
+        "--reason",
+        "write is not reversible upstream",
+    ]);
+    let p = ours(&d.airlock_json(&["contracts", "list", "--config", config]));
+    assert!(
+        p["withheld"]
+            .as_str()
+            .unwrap()
+            .contains("write is not reversible upstream"),
+        "{p}"
+    );
+    assert!(grants(&d).contains("marked erroneous"));
+    d.airlock_ok(&["trace", "verify"]);
+}
+
+#[test]
+fn a_configured_package_that_does_not_load_is_withheld_alone_with_its_problems() {
+    let pkg = tempfile::tempdir().unwrap();
+    let d = operator_deployment(pkg.path());
+    std::fs::write(
+        pkg.path().join("contract.toml"),
+        OPERATOR_SIDECAR.replace("class = \"read\"", "class = \"harmless\""),
+    )
+    .unwrap();
+    let config = d.write_config();
+    let list = d.airlock_json(&["contracts", "list", "--config", config.to_str().unwrap()]);
+    let broken = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["package"].is_null())
+        .unwrap();
+    let why = broken["withheld"].as_str().unwrap();
+    assert!(
+        why.contains("contract.toml:12") && why.contains("\"harmless\" is not an effect class"),
+        "{why}"
+    );
+    // The built-ins still serve.
+    assert_eq!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["status"] == "built-in")
+            .count(),
+        2
+    );
+}

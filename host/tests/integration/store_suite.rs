@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use airlock::store::{
     ApprovalDecision, ApprovalMode, ApprovalState, Approvals as _, AttemptState, Connections as _,
-    ConsumeAs, Consumption, Hosts as _, IntentFilter, IntentState, MappingState, Mappings as _,
-    NewApproval, NewEvent, NewIntent, NewMappingRevision, PostgresStore, ReceiptBinding,
-    ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore, Store, Target, Trace as _, TraceKey,
-    open,
+    ConsumeAs, Consumption, ContractReviews as _, Hosts as _, IntentFilter, IntentState,
+    MappingState, Mappings as _, NewApproval, NewEvent, NewIntent, NewMappingRevision,
+    PostgresStore, ReceiptBinding, ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore,
+    Store, Target, Trace as _, TraceKey, open,
 };
 use serde_json::json;
 
@@ -186,7 +186,65 @@ fn approved(store: &dyn Store) -> String {
     a.id
 }
 
+/// A contract approval of `package` with digest `digest`.
+fn contract(package: &str, digest: &str) -> airlock::store::NewContractApproval {
+    airlock::store::NewContractApproval {
+        package: package.into(),
+        digest: digest.into(),
+        reviewer: "alice".into(),
+        reason: "reviewed".into(),
+        files: r#"{"contract.toml":"format = 1"}"#.into(),
+    }
+}
+
+/// Whether `sql` fails on the database directly (the store's own guards, not the trace's).
+fn refused_directly(db: &Db, sql: &str) -> bool {
+    match db {
+        Db::Sqlite(dir) => rusqlite::Connection::open(dir.path().join("airlock.db"))
+            .unwrap()
+            .execute_batch(sql)
+            .is_err(),
+        Db::Postgres(target) => pg::exec(target, sql).is_err(),
+    }
+}
+
 both! {
+    fn a_contract_is_approved_once_per_name_proven_by_its_event_and_marked_erroneous_once(db, store) {
+        use airlock::store::ContractState;
+        use airlock::store::contracts::disproof;
+        let p = "example:workspace@1.0.0";
+        assert_eq!(store.contract_review(p).unwrap(), None);
+        let a = store.approve_contract(&contract(p, "aa")).unwrap();
+        assert_eq!((a.state, a.digest.as_str()), (ContractState::Approved, "aa"));
+        let proofs = store.contract_proofs(p).unwrap();
+        assert_eq!(proofs.len(), 1);
+        assert_eq!(disproof(&a, &proofs), None);
+        // The same approval again writes nothing; another digest under the name is refused.
+        assert_eq!(store.approve_contract(&contract(p, "aa")).unwrap(), a);
+        assert_eq!(store.contract_proofs(p).unwrap().len(), 1);
+        let err = format!("{:#}", store.approve_contract(&contract(p, "bb")).unwrap_err());
+        assert!(err.contains("aa") && err.contains("bb"), "{err}");
+        // Another host sees it.
+        assert_eq!(db.open().contract_review(p).unwrap(), Some(a.clone()));
+        assert_eq!(store.contract_reviews().unwrap(), std::slice::from_ref(&a));
+        // The digest and files never change, and a review is never deleted.
+        assert!(refused_directly(&db, "UPDATE contract_reviews SET digest = 'cc'"));
+        assert!(refused_directly(&db, "DELETE FROM contract_reviews"));
+        let marked = store.mark_contract_erroneous(p, "bob", "wrong class").unwrap().unwrap();
+        assert_eq!(marked.state, ContractState::Erroneous);
+        assert_eq!(store.mark_contract_erroneous(p, "bob", "again").unwrap(), None);
+        let proofs = store.contract_proofs(p).unwrap();
+        assert_eq!(proofs.len(), 2);
+        assert_eq!(disproof(&marked, &proofs), None);
+        // A row set back to approved without the key is not proven by the trace.
+        db.tamper("UPDATE contract_reviews SET state = 'approved'");
+        let forged = store.contract_review(p).unwrap().unwrap();
+        assert_eq!(forged.state, ContractState::Approved);
+        let why = disproof(&forged, &store.contract_proofs(p).unwrap()).unwrap();
+        assert!(why.contains("erroneous"), "{why}");
+        assert!(store.mark_contract_erroneous("example:none@1.0.0", "bob", "x").is_err());
+    }
+
     fn open_gives_the_targets_backend_and_a_second_open_the_same_database(db, store) {
         assert_eq!(store.is_shared(), matches!(db, Db::Postgres(_)));
         assert_eq!(store.trace_key().id(), key().id());
@@ -852,10 +910,11 @@ mod postgres_only {
             store.trace(0, 10).unwrap()
         };
         // Exactly the state a schema-1 build leaves: no reference_bindings table (2), no
-        // index of intent state events (3).
+        // index of intent state events (3), no contract reviews (4).
         pg::exec(
             &target,
             "DROP TABLE reference_bindings; DROP INDEX trace_events_intent_states; \
+             DROP TABLE contract_reviews; DROP INDEX trace_events_contract_proofs; \
              UPDATE airlock_schema SET version = 1",
         )
         .unwrap();
@@ -873,6 +932,7 @@ mod postgres_only {
             ),
             vec![vec![Some("1".to_owned())]]
         );
+        assert_eq!(store.contract_reviews().unwrap(), []);
         let r = reference("ref_after", "ses_a", airlock::store::now_ms() + 60_000);
         store
             .write_references("ses_a", std::slice::from_ref(&r), &[])

@@ -44,6 +44,11 @@
 //! [[mapping]]
 //! manifest = "adapters/source-library/mapping.toml"
 //!
+//! [[contract]]                   # an operator's contract package (crate::contract::package):
+//! path = "contracts/workspace-edits"   # a folder: contract.toml + WIT (+ deps/); relative
+//!                                # to this file. Built-in contracts need no entry. A mapping
+//!                                # may bind it once `airlock contracts approve` pinned it
+//!
 //! mappings_dir = "mappings"      # optional: a watched folder of mappings, one sub-folder
 //!                                # each holding mapping.toml + its component; hot-reloaded
 //! state_dir = "state"            # optional: the store's folder (default: see default_state_dir)
@@ -120,6 +125,9 @@ pub struct ServeConfig {
     pub connections: BTreeMap<String, UpstreamServer>,
     /// Mapping manifest paths, in file order.
     pub mappings: Vec<PathBuf>,
+    /// Operator contract package folders (`[[contract]] path`), in file order; the
+    /// built-in packages are always there besides ([`crate::registry::contracts::ContractSet::judge`]).
+    pub contract_packages: Vec<PathBuf>,
     /// A watched folder of mappings (`<dir>/<mapping>/mapping.toml`), hot-reloaded.
     pub mappings_dir: Option<PathBuf>,
     /// The store's folder, from the file (`state_dir`); the command line may override it.
@@ -395,6 +403,7 @@ impl ServeConfig {
         Self {
             connections: BTreeMap::new(),
             mappings: Vec::new(),
+            contract_packages: Vec::new(),
             mappings_dir: None,
             state_dir: None,
             store: StoreSetting::Sqlite,
@@ -467,6 +476,8 @@ struct RawConfig {
     connection: Vec<RawConnection>,
     #[serde(default)]
     mapping: Vec<RawMapping>,
+    #[serde(default)]
+    contract: Vec<RawContract>,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
     mappings_dir: Option<PathBuf>,
@@ -594,6 +605,12 @@ struct RawMapping {
     manifest: PathBuf,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawContract {
+    path: PathBuf,
+}
+
 impl ServeConfig {
     /// Reads the configuration at `path`.
     ///
@@ -639,6 +656,10 @@ impl ServeConfig {
             raw.mapping.iter().map(|m| base.join(&m.manifest)),
             "mapping manifest",
         )?;
+        let contract_packages = listed_once(
+            raw.contract.iter().map(|c| base.join(&c.path)),
+            "contract package",
+        )?;
         let requester = requester(raw.requester)?;
         let profiles = profiles(raw.profile, &connections)?;
         if let Some(name) = &raw.default_profile
@@ -659,6 +680,7 @@ impl ServeConfig {
         Ok(Self {
             connections,
             mappings,
+            contract_packages,
             mappings_dir,
             state_dir: raw.state_dir.map(|d| base.join(d)),
             store,

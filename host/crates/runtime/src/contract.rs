@@ -114,7 +114,7 @@ pub struct ContractFunction {
 
 /// One handle kind of a contract interface (`type <kind> = string`, `<kind>` ending in
 /// [`HANDLE_SUFFIX`], declared in the package's sidecar).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HandleKind {
     /// The facts that identify the object a handle of this kind names: the names of the
     /// scalar fields, beside the handle in the record it comes in, that change only when

@@ -3,8 +3,8 @@
 //! the state directory, or in a PostgreSQL database shared by several hosts ([`postgres`]).
 //! Everything else opens it with [`open`] (the one place that decides which, from a
 //! [`Target`]) and reaches it through the [`Store`] trait, so callers do not know which. The
-//! trait is split by concern ([`Connections`], [`Snapshots`], [`Mappings`], [`Trace`],
-//! [`Approvals`], [`Intents`], [`Hosts`]); a caller imports the ones it calls. Every write
+//! trait is split by concern ([`Connections`], [`Snapshots`], [`Mappings`],
+//! [`ContractReviews`], [`Trace`], [`Approvals`], [`Intents`], [`Hosts`]); a caller imports the ones it calls. Every write
 //! rule is a pure plan ([`plans`]) and every row is read by one parser, both backends
 //! sharing them; each backend only runs them in its own SQL.
 //!
@@ -54,6 +54,7 @@ use anyhow::{Context, anyhow, bail};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 pub mod approvals;
+pub mod contracts;
 pub mod intents;
 pub mod journal;
 pub mod key;
@@ -70,6 +71,7 @@ pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
 };
+pub use contracts::{ContractRecord, ContractReviews, ContractState, NewContractApproval};
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
 pub use key::{Checkpoint, KeySource, TraceKey};
 pub use observations::{NewObservation, observation_id};
@@ -78,7 +80,7 @@ pub use target::{Target, open};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -340,7 +342,34 @@ CREATE TABLE trace_journals (
     created_ms INTEGER NOT NULL
 ) STRICT;
 "#,
+    // 10 → 11: contract reviews (contracts.rs): one row per operator contract package,
+    // pinned by digest; the digest and files of a review never change (a trigger refuses
+    // it), only its state may move from approved to erroneous. The events that prove a
+    // review are found by the package they name (`subject`), without a scan.
+    r#"
+CREATE TABLE contract_reviews (
+    package          TEXT PRIMARY KEY,
+    digest           TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN ('approved', 'erroneous')),
+    reviewer         TEXT NOT NULL,
+    reason           TEXT NOT NULL,
+    files            TEXT NOT NULL,
+    created_ms       INTEGER NOT NULL,
+    state_changed_ms INTEGER NOT NULL
+) STRICT;
+CREATE TRIGGER contract_reviews_keep_digest BEFORE UPDATE OF package, digest, files, created_ms
+    ON contract_reviews
+    BEGIN SELECT RAISE(ABORT, 'a contract review''s digest and files are immutable'); END;
+CREATE TRIGGER contract_reviews_no_delete BEFORE DELETE ON contract_reviews
+    BEGIN SELECT RAISE(ABORT, 'contract reviews are not deleted'); END;
+CREATE INDEX trace_events_contract_proofs ON trace_events (subject, seq)
+    WHERE kind IN ('contract-approved', 'contract-marked-erroneous');
+"#,
 ];
+
+/// Columns of `contract_reviews`, in [`rows::contract`]'s order.
+pub(crate) const CONTRACT_COLUMNS: &str =
+    "package, digest, state, reviewer, reason, files, created_ms, state_changed_ms";
 
 /// The SQL (SQLite) of [`Trace::intent_proofs`]: both terms of each half repeat an
 /// expression index's definition word for word (`trace_events_intent_proofs`, migration
@@ -1122,10 +1151,21 @@ pub trait Hosts: Send + Sync {
 /// method is one transaction (or one consistent read). Implemented for every type that
 /// implements each concern; a caller imports the concern traits whose methods it calls
 /// (`use airlock_store::{Approvals, Intents}`).
-pub trait Store: Connections + Snapshots + Mappings + Trace + Approvals + Intents + Hosts {}
+pub trait Store:
+    Connections + Snapshots + Mappings + ContractReviews + Trace + Approvals + Intents + Hosts
+{
+}
 
 impl<T> Store for T where
-    T: Connections + Snapshots + Mappings + Trace + Approvals + Intents + Hosts + ?Sized
+    T: Connections
+        + Snapshots
+        + Mappings
+        + ContractReviews
+        + Trace
+        + Approvals
+        + Intents
+        + Hosts
+        + ?Sized
 {
 }
 
@@ -2107,6 +2147,116 @@ impl Mappings for SqliteStore {
             self.context(&format!("changing the state of mapping {name:?} to {to}"))
         })
     }
+}
+
+impl ContractReviews for SqliteStore {
+    fn contract_review(&self, package: &str) -> anyhow::Result<Option<ContractRecord>> {
+        let conn = self.lock();
+        latest_contract(&conn, package)
+            .with_context(|| self.context(&format!("reading contract review {package:?}")))
+    }
+
+    fn contract_reviews(&self) -> anyhow::Result<Vec<ContractRecord>> {
+        let conn = self.lock();
+        let run = || -> rusqlite::Result<Vec<ContractRecord>> {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {CONTRACT_COLUMNS} FROM contract_reviews ORDER BY package"
+            ))?;
+            stmt.query_map([], |r| rows::contract(r))?.collect()
+        };
+        run().with_context(|| self.context("listing contract reviews"))
+    }
+
+    fn approve_contract(&self, new: &NewContractApproval) -> anyhow::Result<ContractRecord> {
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let mut conn = self.lock_in_order()?;
+        let mut run = || -> anyhow::Result<ContractRecord> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let current = latest_contract(&tx, &new.package)?;
+            let record = match contracts::plan_approval(current, new, now_u)? {
+                contracts::ApprovalPlan::Unchanged(r) => return Ok(r),
+                contracts::ApprovalPlan::Insert(r) => r,
+            };
+            tx.execute(
+                &format!(
+                    "INSERT INTO contract_reviews ({CONTRACT_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)"
+                ),
+                params![
+                    record.package,
+                    record.digest,
+                    record.state.as_str(),
+                    record.reviewer,
+                    record.reason,
+                    record.files,
+                    now
+                ],
+            )?;
+            trace::append_in(&tx, &self.key, &[contracts::event_for(&record)])?;
+            tx.commit()?;
+            Ok(record)
+        };
+        run().with_context(|| {
+            self.context(&format!(
+                "recording the approval of contract {:?}",
+                new.package
+            ))
+        })
+    }
+
+    fn mark_contract_erroneous(
+        &self,
+        package: &str,
+        reviewer: &str,
+        reason: &str,
+    ) -> anyhow::Result<Option<ContractRecord>> {
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let mut conn = self.lock_in_order()?;
+        let mut run = || -> anyhow::Result<Option<ContractRecord>> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let current = latest_contract(&tx, package)?;
+            let Some(record) =
+                contracts::plan_erroneous(package, current, reviewer, reason, now_u)?
+            else {
+                return Ok(None);
+            };
+            tx.execute(
+                "UPDATE contract_reviews SET state = ?1, reviewer = ?2, reason = ?3, \
+                 state_changed_ms = ?4 WHERE package = ?5",
+                params![record.state.as_str(), reviewer, reason, now, package],
+            )?;
+            trace::append_in(&tx, &self.key, &[contracts::event_for(&record)])?;
+            tx.commit()?;
+            Ok(Some(record))
+        };
+        run().with_context(|| self.context(&format!("marking contract {package:?} erroneous")))
+    }
+
+    fn contract_proofs(&self, package: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        // The kind term repeats the partial index's WHERE clause word for word (migration
+        // 11), so SQLite uses it.
+        self.genuine_events(
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('contract-approved', 'contract-marked-erroneous') \
+                 AND subject = ?1 ORDER BY seq"
+            ),
+            package,
+            |_, subject| subject == package,
+        )
+        .with_context(|| self.context(&format!("reading the proofs of contract {package:?}")))
+    }
+}
+
+fn latest_contract(conn: &Connection, package: &str) -> rusqlite::Result<Option<ContractRecord>> {
+    conn.query_row(
+        &format!("SELECT {CONTRACT_COLUMNS} FROM contract_reviews WHERE package = ?1"),
+        params![package],
+        |r| rows::contract(r),
+    )
+    .optional()
 }
 
 impl Trace for SqliteStore {

@@ -58,11 +58,13 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
 
+use super::CONTRACT_COLUMNS;
 use super::approvals::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
     ReceiptBinding, ReceiptRefusal, random_id,
 };
+use super::contracts::{self, ContractRecord, ContractReviews, NewContractApproval};
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
 use super::plans;
@@ -78,7 +80,7 @@ use super::{
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
-pub const PG_SCHEMA_VERSION: i64 = 3;
+pub const PG_SCHEMA_VERSION: i64 = 4;
 
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
@@ -316,6 +318,26 @@ CREATE INDEX reference_bindings_by_scope ON reference_bindings (scope, expires_m
 CREATE INDEX trace_events_intent_states ON trace_events (((payload::jsonb ->> 'intent')), seq)
     WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held')
     AND (payload::jsonb ->> 'intent_state') IS NOT NULL;
+"#,
+    // 3 → 4: contract reviews (crate::contracts), as SQLite's migration 11.
+    r#"
+CREATE TABLE contract_reviews (
+    package          TEXT PRIMARY KEY,
+    digest           TEXT NOT NULL,
+    state            TEXT NOT NULL CHECK (state IN ('approved', 'erroneous')),
+    reviewer         TEXT NOT NULL,
+    reason           TEXT NOT NULL,
+    files            TEXT NOT NULL,
+    created_ms       BIGINT NOT NULL,
+    state_changed_ms BIGINT NOT NULL
+);
+CREATE TRIGGER contract_reviews_keep_digest
+    BEFORE UPDATE OF package, digest, files, created_ms ON contract_reviews
+    FOR EACH ROW EXECUTE FUNCTION airlock_refuse('a contract review''s digest and files are immutable');
+CREATE TRIGGER contract_reviews_no_delete BEFORE DELETE ON contract_reviews
+    FOR EACH ROW EXECUTE FUNCTION airlock_refuse('contract reviews are not deleted');
+CREATE INDEX trace_events_contract_proofs ON trace_events (subject, seq)
+    WHERE kind IN ('contract-approved', 'contract-marked-erroneous');
 "#,
 ];
 
@@ -1695,6 +1717,127 @@ impl Mappings for PostgresStore {
             },
         )
     }
+}
+
+impl ContractReviews for PostgresStore {
+    fn contract_review(&self, package: &str) -> anyhow::Result<Option<ContractRecord>> {
+        self.read(&format!("reading contract review {package:?}"), async |c| {
+            latest_contract(c, package, "").await
+        })
+    }
+
+    fn contract_reviews(&self) -> anyhow::Result<Vec<ContractRecord>> {
+        self.read("listing contract reviews", async |c| {
+            c.query(
+                &format!("SELECT {CONTRACT_COLUMNS} FROM contract_reviews ORDER BY package"),
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::contract)
+            .collect()
+        })
+    }
+
+    fn approve_contract(&self, new: &NewContractApproval) -> anyhow::Result<ContractRecord> {
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let key = &self.key;
+        self.write(
+            &format!("recording the approval of contract {:?}", new.package),
+            async |tx| {
+                // One writer per package: the row lock of an existing review, or the
+                // primary key for a first approval (a racing insert fails, and retries).
+                let current = latest_contract(tx, &new.package, " FOR UPDATE").await?;
+                let record = match contracts::plan_approval(current, new, now_u)? {
+                    contracts::ApprovalPlan::Unchanged(r) => return Ok(r),
+                    contracts::ApprovalPlan::Insert(r) => r,
+                };
+                tx.execute(
+                    &format!(
+                        "INSERT INTO contract_reviews ({CONTRACT_COLUMNS}) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $7)"
+                    ),
+                    &[
+                        &record.package,
+                        &record.digest,
+                        &record.state.as_str(),
+                        &record.reviewer,
+                        &record.reason,
+                        &record.files,
+                        &now,
+                    ],
+                )
+                .await
+                .map_err(db)?;
+                append_in(tx, key, &[contracts::event_for(&record)]).await?;
+                notify(tx, "mapping").await?;
+                Ok(record)
+            },
+        )
+    }
+
+    fn mark_contract_erroneous(
+        &self,
+        package: &str,
+        reviewer: &str,
+        reason: &str,
+    ) -> anyhow::Result<Option<ContractRecord>> {
+        let now_u = now_ms();
+        let now = ms_to_sql(now_u)?;
+        let key = &self.key;
+        self.write(
+            &format!("marking contract {package:?} erroneous"),
+            async |tx| {
+                let current = latest_contract(tx, package, " FOR UPDATE").await?;
+                let Some(record) =
+                    contracts::plan_erroneous(package, current, reviewer, reason, now_u)?
+                else {
+                    return Ok(None);
+                };
+                tx.execute(
+                    "UPDATE contract_reviews SET state = $1, reviewer = $2, reason = $3, \
+                     state_changed_ms = $4 WHERE package = $5",
+                    &[&record.state.as_str(), &reviewer, &reason, &now, &package],
+                )
+                .await
+                .map_err(db)?;
+                append_in(tx, key, &[contracts::event_for(&record)]).await?;
+                notify(tx, "mapping").await?;
+                Ok(Some(record))
+            },
+        )
+    }
+
+    fn contract_proofs(&self, package: &str) -> anyhow::Result<Vec<TraceEvent>> {
+        self.genuine_events(
+            &format!("reading the proofs of contract {package:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind IN ('contract-approved', 'contract-marked-erroneous') \
+                 AND subject = $1 ORDER BY seq"
+            ),
+            package,
+            |_, subject| subject == package,
+        )
+    }
+}
+
+/// The review of `package`; `lock` is `""` or `" FOR UPDATE"` (in a write).
+async fn latest_contract(
+    c: &Sql<'_, impl GenericClient + Sync>,
+    package: &str,
+    lock: &str,
+) -> anyhow::Result<Option<ContractRecord>> {
+    c.query_opt(
+        &format!("SELECT {CONTRACT_COLUMNS} FROM contract_reviews WHERE package = $1{lock}"),
+        &[&package],
+    )
+    .await
+    .map_err(db)?
+    .map(|r| rows::contract(&r))
+    .transpose()
 }
 
 impl Trace for PostgresStore {

@@ -168,6 +168,27 @@ pub(crate) fn mapping<C: Columns + ?Sized>(row: &C) -> Result<MappingRecord, C::
     })
 }
 
+/// [`crate::contracts::ContractRecord`] from the columns of [`crate::CONTRACT_COLUMNS`].
+pub(crate) fn contract<C: Columns + ?Sized>(
+    row: &C,
+) -> Result<crate::contracts::ContractRecord, C::Error> {
+    Ok(crate::contracts::ContractRecord {
+        package: row.text(0)?,
+        digest: row.text(1)?,
+        state: named(
+            row,
+            2,
+            "contract state",
+            crate::contracts::ContractState::parse,
+        )?,
+        reviewer: row.text(3)?,
+        reason: row.text(4)?,
+        files: row.text(5)?,
+        created_ms: ms(row, 6)?,
+        state_changed_ms: ms(row, 7)?,
+    })
+}
+
 /// [`TraceEvent`] from the columns of [`crate::TRACE_COLUMNS`].
 pub(crate) fn trace_event<C: Columns + ?Sized>(row: &C) -> Result<TraceEvent, C::Error> {
     Ok(TraceEvent {

@@ -156,6 +156,11 @@ impl Live {
         let mut refused: Vec<String> = Vec::new();
         let mut names = BTreeSet::new();
         let mut prepared = Vec::new();
+        let contracts = super::contracts::ContractSet::judge(&self.config, Some(self.registry.store()))
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %format!("{e:#}"), "reading contract reviews failed; serving the built-in contracts only");
+                super::contracts::ContractSet::built_in()
+            });
         for source in sources {
             let name = source.manifest.mapping.name.clone();
             let path = source.path.clone();
@@ -169,7 +174,7 @@ impl Live {
                 refused.push(self.refuse_mapping(&name, path.as_deref(), &e));
                 continue;
             }
-            match super::loading::prepare(&self.runtime, &self.config, source) {
+            match super::loading::prepare(&self.runtime, &self.config, &contracts, source) {
                 Ok(p) => prepared.push(p),
                 Err(e) => refused.push(self.refuse_mapping(&name, path.as_deref(), &e)),
             }

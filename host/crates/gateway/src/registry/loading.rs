@@ -251,10 +251,15 @@ impl Live {
             }
             // Verify and compile off the request path.
             let host = self.clone();
-            let prepared =
-                tokio::task::spawn_blocking(move || prepare(&host.runtime, &host.config, source))
-                    .await
-                    .context("the compile task failed")??;
+            let prepared = tokio::task::spawn_blocking(move || {
+                let contracts = super::contracts::ContractSet::judge(
+                    &host.config,
+                    Some(host.registry.store()),
+                )?;
+                prepare(&host.runtime, &host.config, &contracts, source)
+            })
+            .await
+            .context("the compile task failed")??;
             let serving = current.mappings.get(&name).is_some_and(|m| m.serves());
             match self.bind(prepared, serving).await? {
                 Bound::Loaded(mapping, caps) => {
@@ -331,6 +336,7 @@ impl Live {
 pub(super) fn prepare(
     runtime: &Runtime,
     config: &ServeConfig,
+    contracts: &super::contracts::ContractSet,
     source: MappingSource,
 ) -> Result<Prepared> {
     let m = &source.manifest;
@@ -341,7 +347,7 @@ pub(super) fn prepare(
             m.mapping.connection
         );
     }
-    let contract = check_contract(m)?;
+    let contract = check_contract(m, contracts)?;
     let mut env = Vec::new();
     for (key, value) in &m.grants.env {
         let value = match value {
@@ -474,8 +480,12 @@ fn capability_input_schema(function: &ContractFunction) -> Result<JsonObject> {
 ///
 /// # Errors
 /// The first rule broken, naming the mapping, the capability and the function.
-pub fn check_contract(m: &MappingManifest) -> Result<Arc<contract::Contract>> {
-    let contract = contract::load_contract(&m.mapping.contract)
+pub fn check_contract(
+    m: &MappingManifest,
+    contracts: &super::contracts::ContractSet,
+) -> Result<Arc<contract::Contract>> {
+    let contract = contracts
+        .get(&m.mapping.contract)
         .with_context(|| format!("mapping `{}`", m.mapping.name))?;
     for cap in &m.capabilities {
         if !contract.functions.contains_key(&cap.function) {
@@ -532,11 +542,17 @@ mod tests {
     #[test]
     fn the_contract_check_refuses_unknown_and_host_only_functions() {
         for name in ["source-library", "outbox-delivery"] {
-            check_contract(&bundled(name)).unwrap();
+            check_contract(
+                &bundled(name),
+                &super::super::contracts::ContractSet::built_in(),
+            )
+            .unwrap();
         }
         let source = std::fs::read_to_string(testkit::bundled_manifest("source-library")).unwrap();
         let unknown = with_text(&source.replace("function = \"retrieve\"", "function = \"fetch\""));
-        let e = check_contract(&unknown).unwrap_err().to_string();
+        let e = check_contract(&unknown, &super::super::contracts::ContractSet::built_in())
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("`retrieve_source` names function `fetch`, which contract"),
             "{e}"
@@ -547,7 +563,12 @@ mod tests {
                 .replace("function = \"deliver\"", "function = \"query\"")
                 .replace("effect = \"external-effect\"", "effect = \"read\""),
         );
-        let e = check_contract(&host_only).unwrap_err().to_string();
+        let e = check_contract(
+            &host_only,
+            &super::super::contracts::ContractSet::built_in(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("#query is called by the host only (reconciliation)"),
             "{e}"

@@ -34,6 +34,7 @@
 pub mod anchor;
 pub mod catalog;
 pub mod connections;
+pub mod contracts;
 pub mod drain;
 pub mod drift;
 pub mod live;
