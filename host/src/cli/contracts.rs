@@ -1,5 +1,6 @@
 //! `airlock contracts`: the contract packages a configuration offers, what each function
-//! does, and their review (`list`, `show`, `approve`, `mark-erroneous`).
+//! does, what changed between two versions, and their review (`list`, `show`, `diff`,
+//! `approve`, `mark-erroneous`).
 //!
 //! Rule: what these commands show is what a host of the same configuration and store
 //! would serve ([`crate::registry::contracts::ContractSet::judge`]): a package is listed
@@ -391,4 +392,114 @@ pub fn approve(
         text += &p;
     }
     bail!(text)
+}
+
+/// `airlock contracts diff`: what changed from `old` to `new`.
+#[derive(Debug, Serialize)]
+pub struct PackageDiff {
+    /// The old package and digest.
+    pub old: String,
+    /// The new package and digest.
+    pub new: String,
+    /// Each change, breaking ones marked.
+    pub changes: Vec<crate::contract::diff::Change>,
+}
+
+/// Finds the package a `diff` argument names: a folder (a path that is a directory),
+/// `approved:NAME` (the files the store's review of NAME pinned), or the name of a
+/// built-in or configured package.
+///
+/// # Errors
+/// Nothing of that name; a folder or stored files that do not load.
+pub fn resolve(
+    set: &ContractSet,
+    store: Option<&dyn Store>,
+    arg: &str,
+) -> Result<std::sync::Arc<ContractPackage>> {
+    use crate::contract::package::{PackageFiles, load};
+    let path = std::path::Path::new(arg);
+    if path.is_dir() {
+        return Ok(std::sync::Arc::new(load(&PackageFiles::read_dir(path)?)?));
+    }
+    if let Some(name) = arg.strip_prefix("approved:") {
+        let review = match store {
+            Some(s) => s.contract_review(name)?,
+            None => None,
+        }
+        .with_context(|| format!("the store has no review of contract package `{name}`"))?;
+        let files: BTreeMap<String, String> = serde_json::from_str(&review.files)
+            .context("the stored files of the review do not parse")?;
+        let files = PackageFiles::new(
+            format!("approved {name}"),
+            files.iter().map(|(p, t)| (p.as_str(), t.as_str())),
+        )?;
+        return Ok(std::sync::Arc::new(load(&files)?));
+    }
+    let built_in = crate::contract::Contracts::built_in().packages().iter();
+    let configured = set.configured.iter().filter_map(|c| c.loaded.as_ref().ok());
+    built_in
+        .chain(configured)
+        .find(|p| p.name == arg)
+        .cloned()
+        .with_context(|| {
+            format!(
+                "`{arg}` is not a folder, `approved:NAME`, or a known package ({})",
+                known(set).join(", ")
+            )
+        })
+}
+
+/// `airlock contracts diff OLD NEW`.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn diff(
+    set: &ContractSet,
+    store: Option<&dyn Store>,
+    old: &str,
+    new: &str,
+) -> Result<PackageDiff> {
+    let (o, n) = (resolve(set, store, old)?, resolve(set, store, new)?);
+    Ok(PackageDiff {
+        old: format!("{} ({})", o.name, o.digest),
+        new: format!("{} ({})", n.name, n.digest),
+        changes: crate::contract::diff::diff(&o, &n),
+    })
+}
+
+impl PackageDiff {
+    /// Text for `airlock contracts diff`.
+    pub fn to_text(&self) -> String {
+        let mut o = format!(
+            "from {}
+  to {}
+",
+            self.old, self.new
+        );
+        if self.changes.is_empty() {
+            o.push_str(
+                "
+no change in functions, semantics, arguments, results or handles
+",
+            );
+            return o;
+        }
+        for c in &self.changes {
+            let _ = writeln!(
+                o,
+                "{} {}: {}: {}",
+                if c.breaking { "!" } else { "+" },
+                c.interface,
+                c.item,
+                c.what
+            );
+        }
+        let breaking = self.changes.iter().filter(|c| c.breaking).count();
+        let _ = writeln!(
+            o,
+            "
+{breaking} breaking change(s) (!): a mapping bound to the old version keeps serving it until it is reviewed again against the new one"
+        );
+        o
+    }
 }

@@ -273,6 +273,8 @@ version.
 Example:
   airlock contracts list --config airlock.toml
   airlock contracts show example:workspace@1.0.0 --config airlock.toml
+  airlock contracts diff example:workspace@1.0.0 contracts/workspace-edits-1.1 --config airlock.toml
+  airlock contracts diff approved:example:workspace@1.0.0 contracts/workspace-edits --config airlock.toml
   airlock contracts approve example:workspace@1.0.0 --config airlock.toml --reviewer alice")]
     Contracts {
         #[command(subcommand)]
@@ -480,6 +482,23 @@ enum ContractsAction {
         #[arg(value_name = "NAME")]
         name: String,
         /// Serve configuration (TOML) whose [[contract]] packages to search too.
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What changed between two packages: functions, their semantics, the arguments the
+    /// model is asked for, results and handle kinds; breaking changes marked `!`.
+    Diff {
+        /// The old package: a name, a folder, or `approved:NAME` (the files its review
+        /// pinned).
+        #[arg(value_name = "OLD")]
+        old: String,
+        /// The new package, in the same forms.
+        #[arg(value_name = "NEW")]
+        new: String,
+        /// Serve configuration (TOML) whose packages and store to use.
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Print JSON.
@@ -1079,6 +1098,16 @@ fn contracts(action: ContractsAction, state_dir: Option<PathBuf>) -> Result<()> 
             let (set, _) = judged(&config)?;
             let shown = contracts::show(&set, &name)?;
             output::emit(json, &shown, contracts::ShownPackage::to_text)
+        }
+        ContractsAction::Diff {
+            old,
+            new,
+            config,
+            json,
+        } => {
+            let (set, registry) = judged(&config)?;
+            let d = contracts::diff(&set, registry.as_ref().map(|r| r.store()), &old, &new)?;
+            output::emit(json, &d, contracts::PackageDiff::to_text)
         }
         ContractsAction::Approve {
             package,

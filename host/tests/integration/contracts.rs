@@ -267,6 +267,50 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
         err.contains(&digest) && err.contains("new version"),
         "{err}"
     );
+    // What changed since the review: the approved files against the folder.
+    let approved_files = format!("approved:{PACKAGE}");
+    let folder = pkg.path().to_str().unwrap();
+    let diff = d.airlock_json(&[
+        "contracts",
+        "diff",
+        &approved_files,
+        folder,
+        "--config",
+        config,
+    ]);
+    assert_eq!(
+        diff["changes"],
+        serde_json::json!([{"interface": "example:workspace/workspace-edits", "item": "interface",
+            "what": "documentation changed", "breaking": false}])
+    );
+    // A new version whose write became an external effect: a breaking change, marked.
+    let next = tempfile::tempdir().unwrap();
+    std::fs::write(
+        next.path().join("contract.toml"),
+        OPERATOR_SIDECAR
+            .replace("workspace@1.0.0", "workspace@1.1.0")
+            .replace(
+                "write = { class = \"reversible-mutation\"",
+                "write = { class = \"external-effect\"",
+            )
+            .replace(", compensable-by = \"restore\"", ""),
+    )
+    .unwrap();
+    std::fs::write(
+        next.path().join("edits.wit"),
+        OPERATOR_WIT.replace("workspace@1.0.0", "workspace@1.1.0"),
+    )
+    .unwrap();
+    let text = d.airlock_ok(&[
+        "contracts",
+        "diff",
+        &approved_files,
+        next.path().to_str().unwrap(),
+        "--config",
+        config,
+    ]);
+    assert!(text.contains("! example:workspace/workspace-edits: function write: class reversible-mutation -> external-effect (more consequential)"), "{text}");
+    assert!(text.contains("compensable-by restore -> none"), "{text}");
     std::fs::write(pkg.path().join("edits.wit"), OPERATOR_WIT).unwrap();
     assert_eq!(
         ours(&d.airlock_json(&["contracts", "list", "--config", config]))["status"],

@@ -36,6 +36,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Map, Value, json};
 use wasmtime::component::Val;
 
+pub mod diff;
 pub mod package;
 
 /// The WIT of `airlock:host@0.1.0`, as shipped in `wit/v0.1.0/deps/host/host.wit`.
