@@ -584,6 +584,23 @@ enum ReviewAction {
         /// mappings folder, so it serves the moment it lands.
         #[arg(long, value_name = "FILE")]
         manifest: Option<PathBuf>,
+        /// Approve the revision as `limited`: offered only to these profiles and
+        /// requesters (`profile:NAME`, `requester:NAME`; repeat or separate with commas)
+        /// until `airlock review promote` makes it `active`.
+        #[arg(long, value_name = "WHO", value_delimiter = ',')]
+        limited_to: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Promote a limited mapping revision to `active`: offered to every session its
+    /// profile includes.
+    Promote {
+        #[arg(value_name = "MAPPING")]
+        mapping: String,
+        /// Who promotes it.
+        #[arg(long, value_name = "NAME")]
+        reviewer: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -1181,6 +1198,7 @@ fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
             reviewer,
             snapshot,
             manifest,
+            limited_to,
             json,
         } => {
             let config = load_config(&config, state_dir)?;
@@ -1190,6 +1208,7 @@ fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
                 &reviewer,
                 snapshot.as_deref(),
                 manifest.as_deref(),
+                &limited_to,
             )?;
             output::emit(json, &record, |record| {
                 format!(
@@ -1199,6 +1218,20 @@ fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
                     record.state,
                     reviewer,
                     record.snapshot_digest.as_deref().unwrap_or("?")
+                )
+            })
+        }
+        ReviewAction::Promote {
+            mapping,
+            reviewer,
+            json,
+        } => {
+            let registry = registry_for(state_dir)?;
+            let record = registry.promote(&mapping, &reviewer)?;
+            output::emit(json, &record, |record| {
+                format!(
+                    "mapping `{}` revision {} is {}: offered to every session its profile includes\n",
+                    record.name, record.revision, record.state
                 )
             })
         }

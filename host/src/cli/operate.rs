@@ -1056,6 +1056,7 @@ pub fn approve(
     reviewer: &str,
     snapshot: Option<&str>,
     manifest: Option<&Path>,
+    limited_to: &[String],
 ) -> Result<MappingRecord> {
     let source = match manifest {
         None => find_mapping(config, name)?,
@@ -1072,6 +1073,22 @@ pub fn approve(
         }
     };
     crate::registry::manifest::verify_pin(&source.manifest, &source.component)?;
+    crate::registry::check_limited_scope(limited_to)?;
+    for scope in limited_to {
+        if let Some(profile) = scope.strip_prefix("profile:")
+            && !config.profiles.contains_key(profile)
+        {
+            bail!(
+                "--limited-to {scope}: the configuration has no profile `{profile}` (it has: {})",
+                config
+                    .profiles
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     let registry = open_registry(config)?;
     let conn_name = &source.manifest.mapping.connection;
     let server = config
@@ -1089,7 +1106,7 @@ pub fn approve(
             .latest_snapshot(&rev.connection_id)?
             .with_context(|| format!("connection `{conn_name}` has no snapshot yet: run `airlock discover {conn_name} --config FILE` and read what it reports first"))?,
     };
-    registry.approve_tools(
+    registry.approve_tools_limited(
         &crate::registry::MappingIdentity {
             name,
             tools: &source.manifest.upstream.tools,
@@ -1100,6 +1117,7 @@ pub fn approve(
         &rev,
         &snap,
         reviewer,
+        limited_to,
     )
 }
 

@@ -791,3 +791,136 @@ async fn silent_changes_are_caught_by_the_interval() {
         client.cancel().await.ok();
     }
 }
+
+/// A first rollout: a revision approved `--limited-to profile:early` is offered to that
+/// profile and refused to every other session (listed and called), until `review promote`
+/// makes it `active`; both steps are in the trace, and the trace still verifies.
+#[tokio::test]
+async fn a_limited_rollout_is_offered_to_its_scope_only_until_promoted() {
+    let d = crate::common::Deployment::with_notes()
+        .mapping("source-library")
+        .tables(
+            "[[profile]]\nname = \"early\"\ncapabilities = [\"*\"]\n\
+             [[profile]]\nname = \"everyone\"\ncapabilities = [\"*\"]\n",
+        );
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+        "--limited-to",
+        "team:early",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`profile:NAME` or `requester:NAME`"));
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+        "--limited-to",
+        "profile:eraly",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no profile `eraly`"));
+    let approved = d.airlock_json(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+        "--limited-to",
+        "profile:early",
+    ]);
+    assert_eq!(approved["state"], "limited");
+    assert_eq!(
+        approved["pins"]["limited_to"],
+        serde_json::json!(["profile:early"])
+    );
+
+    let names = |tools: Vec<rmcp::model::Tool>| {
+        tools
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect::<Vec<_>>()
+    };
+    let early = d.serve_profile("early", ()).await;
+    assert_eq!(
+        names(early.peer().list_all_tools().await.unwrap()),
+        ["retrieve_source", "search_sources"]
+    );
+    let r = crate::common::call(
+        &early,
+        "search_sources",
+        serde_json::json!({"query": "wal"}),
+    )
+    .await
+    .unwrap();
+    assert_ne!(r.is_error, Some(true));
+    early.cancel().await.unwrap();
+    let sent = d.upstream_tool_calls().len();
+    let everyone = d.serve_profile("everyone", ()).await;
+    assert!(
+        everyone.peer().list_all_tools().await.unwrap().is_empty(),
+        "not offered outside its scope"
+    );
+    let err = crate::common::call(
+        &everyone,
+        "search_sources",
+        serde_json::json!({"query": "wal"}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        crate::common::error_code(&err),
+        Some(-32602),
+        "an unknown tool: {err:?}"
+    );
+    everyone.cancel().await.unwrap();
+    assert_eq!(
+        d.upstream_tool_calls().len(),
+        sent,
+        "nothing reached the server"
+    );
+
+    let promoted = d.airlock_json(&["review", "promote", "source-library", "--reviewer", "bob"]);
+    assert_eq!(promoted["state"], "active");
+    let out = d.airlock(&["review", "promote", "source-library", "--reviewer", "bob"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not limited"));
+    let everyone = d.serve_profile("everyone", ()).await;
+    assert_eq!(
+        names(everyone.peer().list_all_tools().await.unwrap()).len(),
+        2
+    );
+    everyone.cancel().await.unwrap();
+    let states: Vec<_> = d
+        .trace()
+        .into_iter()
+        .filter(|e| {
+            e["subject"] == "source-library"
+                && (e["kind"] == "mapping-revision" || e["kind"] == "mapping-state-changed")
+        })
+        .map(|e| {
+            e["payload"]["state"]
+                .as_str()
+                .or(e["payload"]["to"].as_str())
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        states.ends_with(&["limited".to_string(), "active".to_string()]),
+        "{states:?}"
+    );
+    d.airlock_ok(&["trace", "verify"]);
+}

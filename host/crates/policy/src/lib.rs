@@ -458,6 +458,8 @@ impl Decision {
 /// The requester as Cedar sees it: `Airlock::Requester::"<name>"` with its roles.
 #[derive(Clone)]
 pub struct Principal {
+    /// The requester's name.
+    name: Arc<str>,
     uid: EntityUid,
     entities: Arc<Vec<Entity>>,
     /// Identifies this principal (name, roles, transport) in the entity cache.
@@ -465,6 +467,11 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// The requester's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The requester `name` with `roles`, reached over `transport` (`stdio`).
     ///
     /// # Errors
@@ -484,6 +491,7 @@ impl Principal {
             entities.push(Entity::new_no_attrs(role, HashSet::new()));
         }
         Ok(Self {
+            name: Arc::from(name),
             uid,
             entities: Arc::new(entities),
             key: {

@@ -3,7 +3,8 @@
 //!
 //! Rules:
 //! - A capability is offered when it is in the session's profile, its mapping serves
-//!   (`limited` or `active`, pins matching), its connection is healthy (open, last
+//!   (`active`, or `limited` and the session's profile or requester is in its scope:
+//!   [`crate::registry::Pins::limited_to`]; pins matching), its connection is healthy (open, last
 //!   re-discovery succeeded), and policy does not deny it outright for this requester and
 //!   profile (allow or require-approval, decided without argument facts).
 //! - The model sees the local name, the reviewed description and the input schema derived
@@ -75,6 +76,16 @@ pub fn offerable(
         return false;
     }
     let record = mapping.record();
+    // A limited rollout is offered to the profiles and requesters it names, nobody else.
+    if record.state == crate::store::MappingState::Limited
+        && !crate::registry::in_limited_scope(
+            &crate::registry::Pins::from_value(&record.pins).limited_to,
+            &session.profile().name,
+            session.principal().name(),
+        )
+    {
+        return false;
+    }
     let decision = host.policy().decide_call(
         session.principal(),
         &capability_facts(cap, record.revision, record.state.as_str()),

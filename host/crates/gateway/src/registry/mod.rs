@@ -245,6 +245,38 @@ pub struct Pins {
     /// The server's reported name in that snapshot (an observation; a change is drift).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
+    /// Whom a revision approved as `limited` is offered to: `profile:NAME` and
+    /// `requester:NAME` entries ([`Registry::approve_tools_limited`]); nobody else sees or
+    /// calls it. Empty for a revision approved `active`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limited_to: Vec<String>,
+}
+
+/// Whether a `limited` revision with scope `limited_to` ([`Pins::limited_to`]) is offered
+/// to a session of profile `profile` acting for requester `requester`.
+pub fn in_limited_scope(limited_to: &[String], profile: &str, requester: &str) -> bool {
+    limited_to.iter().any(|s| {
+        s.strip_prefix("profile:") == Some(profile)
+            || s.strip_prefix("requester:") == Some(requester)
+    })
+}
+
+/// Checks a `--limited-to` scope: each entry `profile:NAME` or `requester:NAME`.
+///
+/// # Errors
+/// An entry of another form, or an empty name.
+pub fn check_limited_scope(limited_to: &[String]) -> Result<()> {
+    for s in limited_to {
+        let ok = ["profile:", "requester:"]
+            .iter()
+            .any(|p| s.strip_prefix(p).is_some_and(|n| !n.trim().is_empty()));
+        if !ok {
+            bail!(
+                "--limited-to `{s}`: name a profile or a requester, as `profile:NAME` or `requester:NAME`"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The server's reported name in a catalogue (`""` when absent).
@@ -934,6 +966,33 @@ impl Registry {
         snapshot: &StoredSnapshot,
         reviewer: &str,
     ) -> Result<MappingRecord> {
+        self.approve_tools_limited(mapping, rev, snapshot, reviewer, &[])
+    }
+
+    /// [`Registry::approve_tools`], approving the revision as `limited` to the profiles
+    /// and requesters `limited_to` names (`profile:NAME`, `requester:NAME`; see
+    /// [`Pins::limited_to`]) when it is not empty: a first rollout, promoted to `active`
+    /// later ([`Registry::promote`]).
+    ///
+    /// # Errors
+    /// As [`Registry::approve_tools`]; a scope entry of another form.
+    pub fn approve_tools_limited(
+        &self,
+        mapping: &MappingIdentity<'_>,
+        rev: &ConnectionRevision,
+        snapshot: &StoredSnapshot,
+        reviewer: &str,
+        limited_to: &[String],
+    ) -> Result<MappingRecord> {
+        check_limited_scope(limited_to)?;
+        let mut scope: Vec<String> = limited_to.to_vec();
+        scope.sort();
+        scope.dedup();
+        let state = if scope.is_empty() {
+            MappingState::Active
+        } else {
+            MappingState::Limited
+        };
         let MappingIdentity {
             name,
             tools,
@@ -961,6 +1020,7 @@ impl Registry {
         let mut pins = Pins {
             config_digest: Some(catalogue.config_digest.clone()),
             server_name: Some(server_name(&catalogue)),
+            limited_to: scope.clone(),
             ..Pins::default()
         };
         let mut missing = Vec::new();
@@ -989,7 +1049,7 @@ impl Registry {
             events::MAPPING_REVISION,
             name.to_string(),
             json!({
-                "state": MappingState::Active,
+                "state": state,
                 "reviewer": reviewer,
                 "snapshot": snapshot.digest,
                 "pins": pins,
@@ -1006,13 +1066,51 @@ impl Registry {
                 config_revision: rev.revision,
                 snapshot_digest: Some(snapshot.digest.clone()),
                 pins,
-                state: MappingState::Active,
+                state,
                 reviewer: Some(reviewer.to_string()),
-                reason: format!("approved by {reviewer}"),
+                reason: if scope.is_empty() {
+                    format!("approved by {reviewer}")
+                } else {
+                    format!("approved by {reviewer}, limited to {}", scope.join(", "))
+                },
                 manifest_text: manifest_text.map(str::to_string),
             },
             vec![event],
         )
+    }
+
+    /// Promotes a `limited` mapping revision to `active`: offered to every session its
+    /// profile includes from now on.
+    ///
+    /// # Errors
+    /// Unknown mapping, a revision that is not `limited`, the store fails.
+    pub fn promote(&self, name: &str, reviewer: &str) -> Result<MappingRecord> {
+        let latest = self
+            .store
+            .mapping(name)?
+            .with_context(|| format!("no mapping named `{name}` is recorded"))?;
+        if latest.state != MappingState::Limited {
+            bail!(
+                "mapping `{name}` revision {} is {}, not limited: only a limited rollout is promoted",
+                latest.revision,
+                latest.state
+            );
+        }
+        let reason = format!("promoted to active by {reviewer}");
+        let event = crate::store::NewEvent::new(
+            events::MAPPING_STATE,
+            name.to_string(),
+            json!({"from": latest.state, "to": MappingState::Active, "reason": reason}),
+        );
+        self.store
+            .set_mapping_state_traced(
+                name,
+                MappingState::Limited,
+                MappingState::Active,
+                &reason,
+                vec![event],
+            )?
+            .with_context(|| format!("mapping `{name}` changed state meanwhile; try again"))
     }
 
     /// Moves a mapping to `retiring` (it stops serving new calls).
