@@ -589,6 +589,11 @@ enum ReviewAction {
         /// until `airlock review promote` makes it `active`.
         #[arg(long, value_name = "WHO", value_delimiter = ',')]
         limited_to: Vec<String>,
+        /// Approve although the server does not call a pinned tool read-only while the
+        /// mapping offers it only as a read (or local transformation): you read the tool
+        /// and it does not write. Recorded in the trace with each such tool.
+        #[arg(long)]
+        acknowledge_annotations: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -1199,6 +1204,7 @@ fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
             snapshot,
             manifest,
             limited_to,
+            acknowledge_annotations,
             json,
         } => {
             let config = load_config(&config, state_dir)?;
@@ -1209,6 +1215,7 @@ fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
                 snapshot.as_deref(),
                 manifest.as_deref(),
                 &limited_to,
+                acknowledge_annotations,
             )?;
             output::emit(json, &record, |record| {
                 format!(

@@ -1057,6 +1057,7 @@ pub fn approve(
     snapshot: Option<&str>,
     manifest: Option<&Path>,
     limited_to: &[String],
+    acknowledge_annotations: bool,
 ) -> Result<MappingRecord> {
     let source = match manifest {
         None => find_mapping(config, name)?,
@@ -1106,7 +1107,21 @@ pub fn approve(
             .latest_snapshot(&rev.connection_id)?
             .with_context(|| format!("connection `{conn_name}` has no snapshot yet: run `airlock discover {conn_name} --config FILE` and read what it reports first"))?,
     };
-    registry.approve_tools_limited(
+    // The mapping's most consequential capability, as its contract declares it.
+    let contracts = crate::registry::contracts::ContractSet::judge(config, Some(registry.store()))?;
+    let contract = crate::registry::live::check_contract(&source.manifest, &contracts)?;
+    let class = source
+        .manifest
+        .capabilities
+        .iter()
+        .filter_map(|c| source.manifest.semantics(c, &contract))
+        .map(|s| s.class)
+        .max_by_key(|c| {
+            crate::contract::EffectClass::ALL
+                .iter()
+                .position(|x| x == c)
+        });
+    registry.approve_tools_with(
         &crate::registry::MappingIdentity {
             name,
             tools: &source.manifest.upstream.tools,
@@ -1117,7 +1132,11 @@ pub fn approve(
         &rev,
         &snap,
         reviewer,
-        limited_to,
+        &crate::registry::ApprovalOptions {
+            limited_to,
+            class,
+            acknowledge_annotations,
+        },
     )
 }
 

@@ -92,6 +92,41 @@ pub struct Review {
     /// The mapping's connection as a serve configuration defines it (`--config FILE`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connection: Option<ConnectionView>,
+    /// Pinned upstream tools the server does not itself call read-only while the mapping
+    /// offers them only as reads ([`crate::registry::annotation_conflicts`]), against the
+    /// connection's latest snapshot (`--config`) or the revision's pinned one; approving
+    /// needs `--acknowledge-annotations`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub annotation_conflicts: Vec<String>,
+}
+
+impl Review {
+    /// The most consequential class among the capabilities the manifest confirms.
+    fn mapping_class(&self) -> Option<crate::contract::EffectClass> {
+        self.capabilities
+            .iter()
+            .filter_map(|c| c.effect.map(|e| e.class))
+            .max_by_key(|c| {
+                crate::contract::EffectClass::ALL
+                    .iter()
+                    .position(|x| x == c)
+            })
+    }
+
+    /// Shows each listed tool's own annotations from `catalogue` and what they conflict
+    /// with ([`Review::annotation_conflicts`]).
+    fn judge_annotations(&mut self, catalogue: &crate::registry::drift::Catalogue) {
+        for item in &mut self.upstream.tools {
+            if item.server_hints.is_none() {
+                item.server_hints = catalogue.tool(&item.name).map(server_hints);
+            }
+        }
+        let tools: Vec<String> = self.upstream.tools.iter().map(|t| t.name.clone()).collect();
+        self.annotation_conflicts = self
+            .mapping_class()
+            .map(|class| crate::registry::annotation_conflicts(catalogue, &tools, class))
+            .unwrap_or_default();
+    }
 }
 
 /// How the serve configuration launches or reaches the mapping's connection, and what
@@ -615,6 +650,7 @@ pub fn review(
         registry: None,
         diff: None,
         connection: None,
+        annotation_conflicts: Vec::new(),
     })
 }
 
@@ -712,6 +748,7 @@ pub fn add_config(
             .map(|t| safe(t))
             .collect();
         view.snapshot = Some(latest.digest);
+        review.judge_annotations(&catalogue);
     }
     review.connection = Some(view);
     Ok(())
@@ -789,7 +826,7 @@ pub fn add_registry(
     registry: &crate::registry::Registry,
     diff_from: Option<i64>,
 ) -> Result<()> {
-    let name = &review.mapping.name;
+    let name = &review.mapping.name.clone();
     let store = registry.store();
     let Some(record) = store.mapping(name)? else {
         if diff_from.is_some() {
@@ -816,6 +853,9 @@ pub fn add_registry(
                 .and_then(|c| c.tool(&item.name))
                 .map(server_hints);
         }
+    }
+    if let Some(catalogue) = &snapshot {
+        review.judge_annotations(catalogue);
     }
     review.registry = Some(RegistryView {
         revision: record.revision,
@@ -1268,7 +1308,11 @@ impl Review {
     /// Whether anything is flagged: an import, a reason the host would refuse to load the
     /// mapping, an unconfined server or an unencrypted HTTP connection (exit status 2).
     pub fn has_flagged(&self) -> bool {
-        self.flagged > 0 || !self.refusals.is_empty() || self.unconfined() || self.insecure_http()
+        self.flagged > 0
+            || !self.refusals.is_empty()
+            || self.unconfined()
+            || self.insecure_http()
+            || !self.annotation_conflicts.is_empty()
     }
 
     /// Whether `--config` showed a connection whose server runs unconfined.
@@ -1391,6 +1435,12 @@ impl Review {
         }
         for r in &self.refusals {
             let _ = writeln!(w, "  FLAGGED   the host would refuse to load it: {r}");
+        }
+        for c in &self.annotation_conflicts {
+            let _ = writeln!(
+                w,
+                "  FLAGGED   {c} (approving needs --acknowledge-annotations)"
+            );
         }
         if self.unconfined() {
             let _ = writeln!(
@@ -1555,6 +1605,18 @@ impl Review {
         } else {
             imports
         };
+        let imports = if self.annotation_conflicts.is_empty() {
+            imports
+        } else {
+            format!(
+                "{imports}; FLAGGED: the server does not call {} read-only",
+                plural(
+                    self.annotation_conflicts.len(),
+                    "pinned tool",
+                    "pinned tools"
+                )
+            )
+        };
         if self.refusals.is_empty() {
             imports
         } else {
@@ -1632,6 +1694,11 @@ impl Review {
                     e(r)
                 )
             }))
+            .chain(
+                self.annotation_conflicts
+                    .iter()
+                    .map(|c| format!("<li>FLAGGED: {}</li>", e(c))),
+            )
             .collect();
         if !flagged.is_empty() {
             let _ = writeln!(w, "<ul class=\"flagged\">\n{}\n</ul>", flagged.join("\n"));

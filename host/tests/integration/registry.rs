@@ -924,3 +924,103 @@ async fn a_limited_rollout_is_offered_to_its_scope_only_until_promoted() {
     );
     d.airlock_ok(&["trace", "verify"]);
 }
+
+/// The effect class meets the upstream tool: a read mapping pinning a tool its own server
+/// does not call read-only (here `read_note` says `readOnlyHint: false`) is flagged in
+/// review, and approving it needs `--acknowledge-annotations`, which the trace records
+/// with the tool.
+#[tokio::test]
+async fn a_read_mapping_over_a_tool_the_server_calls_writing_needs_an_acknowledged_approval() {
+    let d = crate::common::Deployment::with_notes()
+        .notes_args(&["--drift", "annotations"])
+        .mapping("source-library");
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let manifest = d.manifests()[0].to_str().unwrap().to_string();
+    d.airlock_ok(&["discover", "notes", "--config", config]);
+
+    let out = d.airlock(&["grants", &manifest, "--config", config, "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "flagged: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let review: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let conflicts = review["annotation_conflicts"].as_array().unwrap();
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    let conflict = conflicts[0].as_str().unwrap();
+    assert!(
+        conflict.contains("`read_note`")
+            && conflict.contains("readOnlyHint false")
+            && conflict.contains("read capabilities"),
+        "{conflict}"
+    );
+    let read_note = review["upstream"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "read_note")
+        .unwrap()
+        .clone();
+    assert!(
+        read_note["server_hints"]
+            .as_str()
+            .unwrap()
+            .contains("may write"),
+        "{read_note}"
+    );
+    let text =
+        String::from_utf8_lossy(&d.airlock(&["grants", &manifest, "--config", config]).stdout)
+            .into_owned();
+    assert!(
+        text.contains("FLAGGED   upstream tool `read_note`: the server does not call it read-only"),
+        "{text}"
+    );
+
+    let out = d.airlock(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`read_note`") && err.contains("--acknowledge-annotations"),
+        "{err}"
+    );
+    assert_eq!(
+        d.airlock_json(&["review", "list"])
+            .as_array()
+            .map(|a| a.iter().filter(|m| m["state"] == "active").count()),
+        Some(0),
+        "nothing approved"
+    );
+
+    let approved = d.airlock_json(&[
+        "review",
+        "approve",
+        "source-library",
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+        "--acknowledge-annotations",
+    ]);
+    assert_eq!(approved["state"], "active");
+    let event = d
+        .trace()
+        .into_iter()
+        .rfind(|e| e["kind"] == "mapping-revision" && e["subject"] == "source-library")
+        .unwrap();
+    let acknowledged = event["payload"]["acknowledged_annotations"]
+        .as_array()
+        .unwrap();
+    assert_eq!(acknowledged.len(), 1);
+    assert!(acknowledged[0].as_str().unwrap().contains("`read_note`"));
+    d.airlock_ok(&["trace", "verify"]);
+}

@@ -246,7 +246,7 @@ pub struct Pins {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
     /// Whom a revision approved as `limited` is offered to: `profile:NAME` and
-    /// `requester:NAME` entries ([`Registry::approve_tools_limited`]); nobody else sees or
+    /// `requester:NAME` entries ([`Registry::approve_tools_with`]); nobody else sees or
     /// calls it. Empty for a revision approved `active`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limited_to: Vec<String>,
@@ -259,6 +259,44 @@ pub fn in_limited_scope(limited_to: &[String], profile: &str, requester: &str) -
         s.strip_prefix("profile:") == Some(profile)
             || s.strip_prefix("requester:") == Some(requester)
     })
+}
+
+/// The upstream tools among `tools` that `catalogue`'s server does not itself call
+/// read-only (its `annotations.readOnlyHint` is not `true`), each as a sentence, when the
+/// mapping's most consequential capability is `class` and that class changes nothing
+/// upstream (`read` or `local-transformation`); empty otherwise. Server annotations are
+/// untrusted hints (MCP 2025-11-25, "Tool annotations"): they never make a call more
+/// trusted, but a server saying its own tool writes is worth a reviewer's explicit answer
+/// before a mapping offers it as a read (`review approve --acknowledge-annotations`).
+pub fn annotation_conflicts(
+    catalogue: &drift::Catalogue,
+    tools: &[String],
+    class: crate::contract::EffectClass,
+) -> Vec<String> {
+    use crate::contract::EffectClass;
+    if !matches!(class, EffectClass::Read | EffectClass::LocalTransformation) {
+        return Vec::new();
+    }
+    tools
+        .iter()
+        .filter_map(|name| {
+            let tool = catalogue.tool(name)?;
+            let said = match tool["annotations"].get("readOnlyHint") {
+                Some(Value::Bool(true)) => return None,
+                Some(Value::Bool(false)) => "readOnlyHint false",
+                _ => "no readOnlyHint",
+            };
+            let destructive = if tool["annotations"].get("destructiveHint") == Some(&Value::Bool(false)) {
+                ""
+            } else {
+                ", not said non-destructive"
+            };
+            Some(format!(
+                "upstream tool `{}`: the server does not call it read-only ({said}{destructive}), but the mapping offers it only through {class} capabilities",
+                airlock_core::text::safe(name, 200)
+            ))
+        })
+        .collect()
 }
 
 /// Checks a `--limited-to` scope: each entry `profile:NAME` or `requester:NAME`.
@@ -352,6 +390,18 @@ pub struct MappingIdentity<'a> {
     pub manifest_text: Option<&'a str>,
     /// The component's sha256 (already verified against the pin).
     pub component_sha256: &'a str,
+}
+
+/// How [`Registry::approve_tools_with`] approves.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApprovalOptions<'a> {
+    /// `profile:NAME` / `requester:NAME` entries: approve as `limited` to them.
+    pub limited_to: &'a [String],
+    /// The mapping's most consequential capability class, for the annotation check
+    /// ([`annotation_conflicts`]); `None` skips it.
+    pub class: Option<crate::contract::EffectClass>,
+    /// The reviewer read the conflicts the check reports and approves anyway.
+    pub acknowledge_annotations: bool,
 }
 
 /// The registry over one [`Store`].
@@ -966,24 +1016,35 @@ impl Registry {
         snapshot: &StoredSnapshot,
         reviewer: &str,
     ) -> Result<MappingRecord> {
-        self.approve_tools_limited(mapping, rev, snapshot, reviewer, &[])
+        self.approve_tools_with(
+            mapping,
+            rev,
+            snapshot,
+            reviewer,
+            &ApprovalOptions::default(),
+        )
     }
 
-    /// [`Registry::approve_tools`], approving the revision as `limited` to the profiles
-    /// and requesters `limited_to` names (`profile:NAME`, `requester:NAME`; see
-    /// [`Pins::limited_to`]) when it is not empty: a first rollout, promoted to `active`
-    /// later ([`Registry::promote`]).
+    /// [`Registry::approve_tools`] with `options`: approved as `limited` to the profiles
+    /// and requesters `options.limited_to` names (`profile:NAME`, `requester:NAME`; see
+    /// [`Pins::limited_to`]) when it is not empty, a first rollout promoted to `active`
+    /// later ([`Registry::promote`]); and, given the mapping's class, checked against
+    /// what the server says of its own tools ([`annotation_conflicts`]): a conflict needs
+    /// `options.acknowledge_annotations`, and each acknowledged one is recorded in the
+    /// revision's `mapping-revision` event (`acknowledged_annotations`).
     ///
     /// # Errors
-    /// As [`Registry::approve_tools`]; a scope entry of another form.
-    pub fn approve_tools_limited(
+    /// As [`Registry::approve_tools`]; a scope entry of another form; an annotation
+    /// conflict not acknowledged (the message lists them and says how).
+    pub fn approve_tools_with(
         &self,
         mapping: &MappingIdentity<'_>,
         rev: &ConnectionRevision,
         snapshot: &StoredSnapshot,
         reviewer: &str,
-        limited_to: &[String],
+        options: &ApprovalOptions<'_>,
     ) -> Result<MappingRecord> {
+        let limited_to = options.limited_to;
         check_limited_scope(limited_to)?;
         let mut scope: Vec<String> = limited_to.to_vec();
         scope.sort();
@@ -1039,24 +1100,37 @@ impl Registry {
                 missing.join(", ")
             );
         }
+        let conflicts = options
+            .class
+            .map(|class| annotation_conflicts(&catalogue, tools, class))
+            .unwrap_or_default();
+        if !conflicts.is_empty() && !options.acknowledge_annotations {
+            bail!(
+                "mapping `{name}` pins upstream tools its server does not call read-only:\n  {}\nread the tools (`airlock snapshots show {} --tool NAME`); if the mapping still only reads, approve again with --acknowledge-annotations (recorded in the trace)",
+                conflicts.join("\n  "),
+                short(&snapshot.digest)
+            );
+        }
         if let Some(latest) = self.store.mapping(name)?
             && latest.state == MappingState::Historical
         {
             bail!("mapping `{name}` is historical; it cannot be approved again");
         }
         let pins = pins.to_value();
-        let event = crate::store::NewEvent::new(
-            events::MAPPING_REVISION,
-            name.to_string(),
-            json!({
+        let event = crate::store::NewEvent::new(events::MAPPING_REVISION, name.to_string(), {
+            let mut payload = json!({
                 "state": state,
                 "reviewer": reviewer,
                 "snapshot": snapshot.digest,
                 "pins": pins,
                 "manifest_digest": manifest_digest,
                 "component_sha256": component_sha256,
-            }),
-        );
+            });
+            if !conflicts.is_empty() {
+                payload["acknowledged_annotations"] = json!(conflicts);
+            }
+            payload
+        });
         self.store.add_mapping_revision_traced(
             &NewMappingRevision {
                 name: name.to_string(),
@@ -1149,6 +1223,50 @@ pub fn short(digest: &str) -> &str {
 mod tests {
     use super::*;
     use crate::store::{NewEvent, SqliteStore};
+
+    /// Only a mapping that changes nothing upstream is checked, and only a tool its server
+    /// calls read-only (`readOnlyHint: true`) passes; an absent hint is not read-only (the
+    /// MCP default).
+    #[test]
+    fn annotation_conflicts_are_tools_not_called_read_only_under_a_read_mapping() {
+        use crate::contract::EffectClass;
+        let catalogue: drift::Catalogue = serde_json::from_value(json!({
+            "connection_id": "conn-000000000000",
+            "config_digest": "c",
+            "server_info": {},
+            "protocol_version": "2025-11-25",
+            "capabilities": {},
+            "instructions": null,
+            "resources": [],
+            "resource_templates": [],
+            "prompts": [],
+            "tools": [
+                {"name": "ro", "annotations": {"readOnlyHint": true}},
+                {"name": "rw", "annotations": {"readOnlyHint": false, "destructiveHint": false}},
+                {"name": "silent"},
+            ],
+        }))
+        .unwrap();
+        let tools: Vec<String> = ["ro", "rw", "silent", "absent"].map(String::from).to_vec();
+        let read = annotation_conflicts(&catalogue, &tools, EffectClass::Read);
+        assert_eq!(read.len(), 2, "{read:?}");
+        assert!(
+            read[0].contains("`rw`") && read[0].contains("readOnlyHint false)"),
+            "{read:?}"
+        );
+        assert!(
+            read[1].contains("`silent`")
+                && read[1].contains("no readOnlyHint, not said non-destructive"),
+            "{read:?}"
+        );
+        assert_eq!(
+            annotation_conflicts(&catalogue, &tools, EffectClass::LocalTransformation).len(),
+            2
+        );
+        for class in [EffectClass::ReversibleMutation, EffectClass::ExternalEffect] {
+            assert!(annotation_conflicts(&catalogue, &tools, class).is_empty());
+        }
+    }
 
     fn approved(registry: &Registry) -> MappingRecord {
         let new = NewMappingRevision {
