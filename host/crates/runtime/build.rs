@@ -33,6 +33,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("fs-documents", "adapters/fs-documents"),
     ("outbox-delivery", "adapters/outbox-delivery"),
     ("memory-graph", "adapters/memory-graph"),
+    ("workspace-edits", "adapters/workspace-edits"),
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
     ("hostile", "fixtures/adapters/hostile"),
@@ -41,6 +42,7 @@ const GUESTS: &[(&str, &str)] = &[
 /// Inputs whose change rebuilds the guests (folders are scanned by cargo).
 const WATCHED: &[&str] = &[
     "wit",
+    "contracts",
     "sdk",
     "adapters",
     "fixtures/adapters",

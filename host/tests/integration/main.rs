@@ -39,3 +39,4 @@ mod serve;
 mod sessions;
 mod store_suite;
 mod store_trust;
+mod workspace_edits;

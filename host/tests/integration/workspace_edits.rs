@@ -1,0 +1,194 @@
+//! An operator-defined contract over a real published server:
+//! `example:workspace-edits@1.0.0` (`contracts/workspace-edits/`, named by the serve
+//! configuration, not built into Airlock) through the `workspace-edits` adapter over
+//! `@modelcontextprotocol/server-filesystem`, with a real MCP client. The write is a
+//! `reversible-mutation`, so the built-in policy asks a person first: a write nobody
+//! approved never reaches the server, one approval writes exactly once, and the change is
+//! undone by its own reference.
+
+use std::path::{Path, PathBuf};
+
+use rmcp::model::CallToolResult;
+use serde_json::json;
+use sha2::Digest as _;
+
+use airlock::pipeline::Category;
+
+use crate::common::*;
+
+const PACKAGE: &str = "example:workspace-edits@1.0.0";
+
+fn sha(text: &str) -> String {
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+fn deployment(ws: &Path) -> Deployment {
+    let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
+    Deployment::with_notes()
+        .connection(&format!(
+            "[[connection]]\nname = \"workspace\"\ncommand = \"node\"\nargs = [{:?}, {:?}]\n{}",
+            server.display().to_string(),
+            ws.display().to_string(),
+            confined(&[(ws, "read-write")])
+        ))
+        .mapping("workspace-edits")
+        .tables(&format!(
+            "[[contract]]\npath = {:?}\n",
+            workspace()
+                .join("contracts/workspace-edits")
+                .display()
+                .to_string()
+        ))
+}
+
+fn approval_in(text: &str) -> String {
+    let at = text
+        .find("apr_")
+        .unwrap_or_else(|| panic!("no approval id in {text}"));
+    text[at..at + 28].to_string()
+}
+
+fn records(ws: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(ws.join(".airlock-changes"))
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
+/// Calls `tool`, which needs a person's approval: asserts the refusal, approves it out of
+/// band as `bob`, calls again and returns that answer.
+async fn approved_call(
+    d: &Deployment,
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tool: &str,
+    args: serde_json::Value,
+) -> CallToolResult {
+    let r = call(client, tool, args.clone()).await.unwrap();
+    let text = assert_refused(&r, Category::ApprovalRequired);
+    let id = approval_in(&text);
+    d.airlock_ok(&["approvals", "approve", &id, "--by", "bob", "--yes"]);
+    let done = call(client, tool, args).await.unwrap();
+    assert_ne!(done.is_error, Some(true), "{}", text_of(&done));
+    done
+}
+
+#[tokio::test]
+async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
+    let d = deployment(ws.path());
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "workspace", "--config", config]);
+    // The package is the operator's: served only once approved.
+    let approved = d.airlock_json(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    assert_eq!(approved["state"], "approved");
+    d.approve_all();
+    let client = d.serve_unreviewed().await;
+
+    let tools = client.peer().list_all_tools().await.unwrap();
+    let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(names, ["restore_workspace_file", "write_workspace_file"]);
+    let write = tools
+        .iter()
+        .find(|t| t.name == "write_workspace_file")
+        .unwrap();
+    assert_eq!(
+        write.input_schema["required"],
+        json!(["path", "content"]),
+        "the idempotency key is the host's"
+    );
+
+    // Nobody approved yet: nothing reaches the server.
+    let args = json!({"path": "notes.md", "content": "new text\n"});
+    let r = call(&client, "write_workspace_file", args.clone())
+        .await
+        .unwrap();
+    let text = assert_refused(&r, Category::ApprovalRequired);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "old text\n"
+    );
+    assert!(
+        records(ws.path()).is_empty(),
+        "nothing was recorded upstream"
+    );
+    let id = approval_in(&text);
+    d.airlock_ok(&["approvals", "approve", &id, "--by", "bob", "--yes"]);
+
+    // One approval, one write.
+    let done = call(&client, "write_workspace_file", args.clone())
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{}", text_of(&done));
+    let change = done.structured_content.clone().unwrap()["result"].clone();
+    assert_eq!(change["path"], "notes.md");
+    assert_eq!(change["before-sha256"], sha("old text\n"));
+    assert_eq!(change["after-sha256"], sha("new text\n"));
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
+    );
+    assert_eq!(records(ws.path()).len(), 1);
+    // The receipt is spent: the same request again asks a person again, and writes nothing.
+    let again = call(&client, "write_workspace_file", args).await.unwrap();
+    assert_refused(&again, Category::ApprovalRequired);
+    assert_eq!(records(ws.path()).len(), 1, "written exactly once");
+
+    // Undone by the reference the write returned, approved like any effect.
+    let reference = change["change"].as_str().unwrap().to_string();
+    let restored = approved_call(
+        &d,
+        &client,
+        "restore_workspace_file",
+        json!({"change": reference}),
+    )
+    .await;
+    let r = restored.structured_content.unwrap()["result"].clone();
+    assert_eq!(r["after-sha256"], sha("old text\n"));
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "old text\n"
+    );
+
+    // A change whose file changed since is not restored over the newer text.
+    std::fs::write(ws.path().join("notes.md"), "edited by a person\n").unwrap();
+    let r = call(
+        &client,
+        "restore_workspace_file",
+        json!({"change": reference}),
+    )
+    .await
+    .unwrap();
+    let text = assert_refused(&r, Category::ApprovalRequired);
+    d.airlock_ok(&[
+        "approvals",
+        "approve",
+        &approval_in(&text),
+        "--by",
+        "bob",
+        "--yes",
+    ]);
+    let r = call(
+        &client,
+        "restore_workspace_file",
+        json!({"change": reference}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.is_error, Some(true), "{}", text_of(&r));
+    assert!(text_of(&r).contains("changed since"), "{}", text_of(&r));
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "edited by a person\n"
+    );
+    client.cancel().await.unwrap();
+    d.airlock_ok(&["trace", "verify"]);
+}
