@@ -838,6 +838,14 @@ enum Fixture {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Runs a real stdio server and loses one answer: the first `tools/call` of `--tool`
+    /// whose arguments contain `--arguments-contain` reaches the server, and when its answer
+    /// comes back the server is killed and this exits 75 (once per `--once FILE`).
+    LoseAnswer {
+        /// `--tool NAME --arguments-contain TEXT --once FILE -- COMMAND ARGS...`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn init_logging(default: &str) {
@@ -1536,6 +1544,15 @@ async fn fixture(which: Fixture) -> Result<()> {
             let options = airlock_fixture_delivery::parse_args(args.into_iter())
                 .map_err(|e| anyhow::anyhow!(e))?;
             airlock_fixture_delivery::serve_stdio(options).await
+        }
+        Fixture::LoseAnswer { args } => {
+            let options = airlock_fixture_hostile::lose_answer::parse_args(args.into_iter())
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let status = tokio::task::spawn_blocking(move || {
+                airlock_fixture_hostile::lose_answer::run(&options)
+            })
+            .await??;
+            std::process::exit(status);
         }
         Fixture::HostileServer { args } => {
             let options = airlock_fixture_hostile::parse_args(args.into_iter())

@@ -192,3 +192,122 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     client.cancel().await.unwrap();
     d.airlock_ok(&["trace", "verify"]);
 }
+
+/// `node` on this machine's PATH, by its full path (a connection gets no environment, so
+/// a command it runs is named in full).
+fn node() -> String {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("node"))
+        .find(|p| p.is_file())
+        .expect("node on PATH")
+        .display()
+        .to_string()
+}
+
+/// A deployment whose workspace server loses the answer to the first `write_file` whose
+/// arguments contain `contain` (the connection dies with that request unanswered, once),
+/// the operator package approved and every mapping approved; `lost` exists once it did.
+fn lossy(ws: &Path, contain: &str, lost: &Path) -> Deployment {
+    let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
+    let d = Deployment::with_notes()
+        .connection(&format!(
+            "[[connection]]\nname = \"workspace\"\ncommand = \"@airlock\"\nargs = {:?}\nconfine = false\n",
+            [
+                "fixture",
+                "lose-answer",
+                "--tool",
+                "write_file",
+                "--arguments-contain",
+                contain,
+                "--once",
+                lost.to_str().unwrap(),
+                "--",
+                &node(),
+                server.to_str().unwrap(),
+                ws.to_str().unwrap(),
+            ]
+        ))
+        .mapping("workspace-edits")
+        .tables(&format!(
+            "[[contract]]\npath = {:?}\n",
+            workspace().join("contracts/workspace-edits").display().to_string()
+        ));
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "workspace", "--config", config]);
+    d.airlock_ok(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    d.approve_all();
+    d
+}
+
+/// The write's answer is lost after the server wrote the file (the connection dies with
+/// the request unanswered): the outcome is unknown, and the host asks the contract's
+/// declared query (`written`, which reads the adapter's record and the file back and
+/// compares digests) instead of writing again: completed, written once.
+#[tokio::test]
+async fn a_write_whose_answer_is_lost_is_reconciled_by_reading_the_file_back() {
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let lost = state.path().join("lost");
+    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
+    let d = lossy(ws.path(), "new text", &lost);
+    let client = d.serve_unreviewed().await;
+
+    let args = json!({"path": "notes.md", "content": "new text\n"});
+    let done = approved_call(&d, &client, "write_workspace_file", args).await;
+    assert!(lost.exists(), "the answer was lost");
+    let text = text_of(&done);
+    assert!(text.starts_with("Reconciled (intent int_"), "{text}");
+    let s = done.structured_content.clone().unwrap();
+    assert_eq!(s["reconciled"]["method"], "query");
+    assert_eq!(s["result"]["after-sha256"], sha("new text\n"));
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
+    );
+    assert_eq!(records(ws.path()).len(), 1, "written once, never again");
+    client.cancel().await.unwrap();
+    d.airlock_ok(&["trace", "verify"]);
+}
+
+/// The answer lost is the adapter's own record of the change, before the file was
+/// written: the query finds the record but the file as it was, so the host reports that
+/// nothing happened, and the file is untouched.
+#[tokio::test]
+async fn a_write_lost_before_the_file_changed_is_reconciled_as_nothing_happened() {
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let lost = state.path().join("lost");
+    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
+    let d = lossy(ws.path(), ".airlock-changes", &lost);
+    let client = d.serve_unreviewed().await;
+
+    let args = json!({"path": "notes.md", "content": "new text\n"});
+    let r = call(&client, "write_workspace_file", args.clone())
+        .await
+        .unwrap();
+    let id = approval_in(&assert_refused(&r, Category::ApprovalRequired));
+    d.airlock_ok(&["approvals", "approve", &id, "--by", "bob", "--yes"]);
+    let r = call(&client, "write_workspace_file", args).await.unwrap();
+    assert!(lost.exists(), "the answer was lost");
+    assert_eq!(r.is_error, Some(true));
+    let text = text_of(&r);
+    assert!(text.contains("nothing happened"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "old text\n"
+    );
+    let failed = d.airlock_json(&["intents", "list", "--state", "failed"]);
+    assert_eq!(failed.as_array().unwrap().len(), 1, "{failed}");
+    assert_eq!(failed[0]["resolution"]["method"], "query");
+    client.cancel().await.unwrap();
+    d.airlock_ok(&["trace", "verify"]);
+}
