@@ -812,14 +812,32 @@ pub fn pack(manifest: &Path) -> Result<PackReport> {
             manifest.display()
         )
     })?;
+    let config = Some(dir.join("airlock.toml")).filter(|c| c.is_file());
+    // The contracts the author's configuration names (approved or not yet), besides the
+    // built-in ones: what the manifest's capabilities are checked against.
+    let contracts = match &config {
+        Some(path) => crate::config::ServeConfig::load(path)
+            .and_then(|c| crate::registry::contracts::ContractSet::judge(&c, None))
+            .unwrap_or_else(|_| crate::registry::contracts::ContractSet::built_in()),
+        None => crate::registry::contracts::ContractSet::built_in(),
+    };
     MappingManifest::parse_in(&pinned, &manifest.display().to_string(), Some(dir))
         .and_then(|m| {
-            let contract = crate::contract::load_contract(&m.mapping.contract)?;
+            let contract = contracts.declared(&m.mapping.contract).with_context(|| {
+                format!(
+                    "contract `{}` is neither built in nor a package {} names",
+                    m.mapping.contract,
+                    config
+                        .as_ref()
+                        .map_or("airlock.toml beside the manifest".to_string(), |c| c
+                            .display()
+                            .to_string())
+                )
+            })?;
             m.check_semantics(&contract)
         })
         .context("the pinned manifest does not pass the host's check; it was not written")?;
     std::fs::write(manifest, &pinned).with_context(|| format!("writing {}", manifest.display()))?;
-    let config = Some(dir.join("airlock.toml")).filter(|c| c.is_file());
     Ok(PackReport {
         manifest: manifest.to_path_buf(),
         mapping: name,

@@ -749,12 +749,15 @@ pub struct ShownCapability {
 }
 
 /// The capabilities of recorded manifest `text` with their semantics.
-fn shown_capabilities(text: Option<&str>) -> Vec<ShownCapability> {
+fn shown_capabilities(
+    text: Option<&str>,
+    contracts: &crate::registry::contracts::ContractSet,
+) -> Vec<ShownCapability> {
     let Some(Ok((contract, caps))) = text.map(crate::registry::manifest::recorded_capabilities)
     else {
         return Vec::new();
     };
-    let contract = crate::contract::load_contract(&contract);
+    let contract = contracts.get(&contract);
     caps.into_iter()
         .map(|c| {
             let semantics = contract
@@ -863,7 +866,15 @@ pub fn review_show(
     let tampered = registry.prove(&current)?;
     Ok(ReviewShow {
         tampered,
-        capabilities: shown_capabilities(current.manifest_text.as_deref()),
+        capabilities: shown_capabilities(current.manifest_text.as_deref(), &{
+            // The contracts a host of `config` serves (the built-ins without one).
+            match config {
+                Some(c) => {
+                    crate::registry::contracts::ContractSet::judge(c, Some(registry.store()))?
+                }
+                None => crate::registry::contracts::ContractSet::built_in(),
+            }
+        }),
         host_version,
         host_version_source,
         current,

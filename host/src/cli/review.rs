@@ -92,6 +92,11 @@ pub struct Review {
     /// The mapping's connection as a serve configuration defines it (`--config FILE`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connection: Option<ConnectionView>,
+    /// The most consequential class among the contract's functions the model may call,
+    /// as words (`read`, `external effect`), or `unknown` for a contract this review could
+    /// not resolve.
+    #[serde(skip)]
+    pub contract_effect_class: String,
     /// Pinned upstream tools the server does not itself call read-only while the mapping
     /// offers them only as reads ([`crate::registry::annotation_conflicts`]), against the
     /// connection's latest snapshot (`--config`) or the revision's pinned one; approving
@@ -651,6 +656,9 @@ pub fn review(
         diff: None,
         connection: None,
         annotation_conflicts: Vec::new(),
+        contract_effect_class: served.as_ref().map_or("unknown".to_string(), |c| {
+            c.most_consequential().as_str().replace('-', " ")
+        }),
     })
 }
 
@@ -866,10 +874,7 @@ pub fn add_registry(
         connection_id: record.connection_id.clone(),
         config_revision: record.config_revision,
         snapshot: record.snapshot_digest.clone(),
-        effect_class: crate::contract::load_contract(&review.mapping.contract)
-            .map_or("unknown".to_string(), |c| {
-                c.most_consequential().as_str().replace('-', " ")
-            }),
+        effect_class: review.contract_effect_class.clone(),
         manifest_matches: record.manifest_digest == digest,
     });
     if let Some(from) = diff_from {

@@ -91,6 +91,14 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     ]);
     assert_eq!(approved["state"], "approved");
     d.approve_all();
+    // The reviewer's view resolves the operator contract like the host does.
+    let shown = d.airlock_json(&["review", "show", "workspace-edits", "--config", config]);
+    let caps = shown["capabilities"].as_array().unwrap();
+    assert!(
+        caps.iter()
+            .all(|c| c["effect"]["class"] == "reversible-mutation" && c["problem"].is_null()),
+        "{shown}"
+    );
     let client = d.serve_unreviewed().await;
 
     let tools = client.peer().list_all_tools().await.unwrap();

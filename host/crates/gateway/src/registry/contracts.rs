@@ -92,6 +92,19 @@ impl ContractSet {
         })
     }
 
+    /// The contract named `interface` as a loaded package declares it, served or withheld:
+    /// for checking what an author writes against a package not yet approved.
+    pub fn declared(&self, interface: &str) -> Option<Arc<Contract>> {
+        self.servable.get(interface).ok().or_else(|| {
+            self.configured.iter().find_map(|p| {
+                p.loaded
+                    .as_ref()
+                    .ok()
+                    .and_then(|pkg| pkg.interfaces.get(interface).cloned())
+            })
+        })
+    }
+
     /// The contract named `interface`, if this host serves it.
     ///
     /// # Errors
