@@ -319,3 +319,119 @@ async fn a_write_lost_before_the_file_changed_is_reconciled_as_nothing_happened(
     client.cancel().await.unwrap();
     d.airlock_ok(&["trace", "verify"]);
 }
+
+/// The names `client` is offered once they equal `want`, within 10 s.
+async fn offered_becomes(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    want: &[&str],
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let names: Vec<String> = client
+            .peer()
+            .list_all_tools()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        if names == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "offered {names:?}, waited for {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Contracts hot-load like mappings: a package edited on disk after its review stops its
+/// mapping serving within moments (withheld: changed after review), the approved text back
+/// serves it again, and a package marked erroneous stops it for good — on a host that
+/// keeps running.
+#[tokio::test]
+async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
+    let ws = tempfile::tempdir().unwrap();
+    let pkg = tempfile::tempdir().unwrap();
+    for file in ["contract.toml", "workspace.wit", "deps/host/host.wit"] {
+        let to = pkg.path().join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(
+            workspace().join("contracts/workspace-edits").join(file),
+            &to,
+        )
+        .unwrap();
+    }
+    let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
+    let d = Deployment::with_notes()
+        .connection(&format!(
+            "[[connection]]\nname = \"workspace\"\ncommand = \"node\"\nargs = [{:?}, {:?}]\n{}",
+            server.display().to_string(),
+            ws.path().display().to_string(),
+            confined(&[(ws.path(), "read-write")])
+        ))
+        .mapping("workspace-edits")
+        .tables(&format!(
+            "[[contract]]\npath = {:?}\n",
+            pkg.path().display().to_string()
+        ));
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "workspace", "--config", config]);
+    d.airlock_ok(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    d.approve_all();
+    let client = d.serve_unreviewed().await;
+    let both = ["restore_workspace_file", "write_workspace_file"];
+    offered_becomes(&client, &both).await;
+
+    let wit = pkg.path().join("workspace.wit");
+    let approved = std::fs::read_to_string(&wit).unwrap();
+    std::fs::write(
+        &wit,
+        approved.replace("Edits of text files", "Edits of files"),
+    )
+    .unwrap();
+    offered_becomes(&client, &[]).await;
+    std::fs::write(&wit, &approved).unwrap();
+    offered_becomes(&client, &both).await;
+
+    d.airlock_ok(&[
+        "contracts",
+        "mark-erroneous",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "bob",
+        "--reason",
+        "restore cannot delete what write created",
+    ]);
+    offered_becomes(&client, &[]).await;
+    let r = call(
+        &client,
+        "write_workspace_file",
+        json!({"path": "n.md", "content": "x"}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(error_code(&r), Some(-32602), "an unknown tool now: {r:?}");
+    client.cancel().await.unwrap();
+    let unloaded = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "mapping-unloaded" && e["subject"] == "workspace-edits")
+        .count();
+    assert_eq!(
+        unloaded, 2,
+        "unloaded when changed, and when marked erroneous"
+    );
+}

@@ -179,3 +179,137 @@ fn withheld(p: &package::ContractPackage, store: Option<&dyn Store>) -> Result<O
     }
     Ok(None)
 }
+
+/// What the serving state of a configuration's contracts depends on, cheaply: each
+/// package folder's files (path, size, modification time; no parsing) and each review in
+/// the store (package, digest, state). A host re-judges its contracts when it changes
+/// ([`sync_contracts`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fingerprint {
+    files: Vec<(PathBuf, u64, Option<std::time::SystemTime>)>,
+    reviews: Vec<(String, String, &'static str)>,
+}
+
+impl Fingerprint {
+    /// Reads it for `config`'s packages and `store`'s reviews.
+    ///
+    /// # Errors
+    /// The store fails.
+    pub fn read(config: &ServeConfig, store: &dyn Store) -> Result<Self> {
+        let mut files = Vec::new();
+        for dir in &config.contract_packages {
+            let mut push = |p: &std::path::Path| {
+                let meta = std::fs::metadata(p).ok();
+                files.push((
+                    p.to_path_buf(),
+                    meta.as_ref().map_or(0, |m| m.len()),
+                    meta.and_then(|m| m.modified().ok()),
+                ));
+            };
+            push(dir);
+            for sub in [dir.clone(), dir.join("deps")] {
+                let Ok(entries) = std::fs::read_dir(&sub) else {
+                    continue;
+                };
+                let mut paths: Vec<PathBuf> =
+                    entries.filter_map(|e| Some(e.ok()?.path())).collect();
+                paths.sort();
+                for p in paths {
+                    push(&p);
+                    if p.is_dir()
+                        && sub.ends_with("deps")
+                        && let Ok(inner) = std::fs::read_dir(&p)
+                    {
+                        let mut inner: Vec<PathBuf> =
+                            inner.filter_map(|e| Some(e.ok()?.path())).collect();
+                        inner.sort();
+                        inner.iter().for_each(|q| push(q));
+                    }
+                }
+            }
+        }
+        let reviews = if config.contract_packages.is_empty() {
+            Vec::new()
+        } else {
+            store
+                .contract_reviews()?
+                .into_iter()
+                .map(|r| (r.package, r.digest, r.state.as_str()))
+                .collect()
+        };
+        Ok(Self { files, reviews })
+    }
+}
+
+/// The interfaces `set` serves, each with its package digest.
+pub fn served(set: &ContractSet) -> std::collections::BTreeMap<String, String> {
+    set.servable
+        .interfaces()
+        .into_iter()
+        .filter_map(|i| {
+            let digest = set.servable.get(&i).ok()?.digest.clone();
+            Some((i, digest))
+        })
+        .collect()
+}
+
+/// Brings a serving host in line with its contracts after `before` (the interfaces it
+/// served, [`served`]): every loaded mapping whose contract is no longer served, or is
+/// served from another package digest, is unloaded (it serves no new call); every
+/// configured mapping not loaded whose contract is served now is loaded. Returns the
+/// interfaces served now.
+pub async fn sync_contracts(
+    host: &std::sync::Arc<crate::host::Host>,
+    before: &std::collections::BTreeMap<String, String>,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let set = ContractSet::judge(host.config(), Some(host.registry().store()))?;
+    let now = served(&set);
+    if &now == before {
+        return Ok(now);
+    }
+    let live = host.live();
+    let catalog = live.catalog.load_full();
+    for (name, m) in &catalog.mappings {
+        if now.get(&m.contract.interface) != Some(&m.contract.digest) {
+            let why = set.get(&m.contract.interface).err().map_or_else(
+                || "its contract package changed".to_string(),
+                |e| format!("{e:#}"),
+            );
+            tracing::warn!(mapping = %name, contract = %m.contract.interface, "mapping unloaded: {why}");
+            live.unload_mapping(name).await;
+        }
+    }
+    let mut paths = host.config().mappings.clone();
+    if let Some(dir) = &host.config().mappings_dir {
+        paths.extend(crate::registry::live::mapping_dir_manifests(dir).unwrap_or_default());
+    }
+    for path in paths {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let Ok(m) =
+            crate::registry::manifest::MappingManifest::parse(&text, &path.display().to_string())
+        else {
+            continue;
+        };
+        let loaded = live
+            .catalog
+            .load_full()
+            .mappings
+            .contains_key(&m.mapping.name);
+        if !loaded
+            && now.contains_key(&m.mapping.contract)
+            && before.get(&m.mapping.contract) != now.get(&m.mapping.contract)
+        {
+            match live.load_mapping_file(&path).await {
+                Ok(name) => {
+                    tracing::info!(mapping = %name, contract = %m.mapping.contract, "mapping loaded: its contract is served now")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "loading a mapping whose contract is served now failed: {e:#}")
+                }
+            }
+        }
+    }
+    Ok(now)
+}

@@ -16,6 +16,10 @@
 //! - A store that signals changes made by other hosts ([`crate::store::Hosts::changes`],
 //!   PostgreSQL's `LISTEN/NOTIFY`) is re-read on each signal, not only every
 //!   [`STORE_POLL`].
+//! - Operator contract packages ([`crate::registry::contracts`]) are re-judged when a
+//!   package folder or a contract review changes (checked with the store poll): a mapping
+//!   whose contract stops being served (marked erroneous, changed on disk) is unloaded, and
+//!   a configured mapping whose contract is served now (approved) is loaded.
 //! - Events are debounced ([`DEBOUNCE`]) so a copy in progress is read once it settles; a
 //!   manifest that lands before its component fails verification and loads when the
 //!   component arrives.
@@ -47,6 +51,19 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
     // A store that signals changes (PostgreSQL's LISTEN/NOTIFY) is re-read at once on
     // each signal; the poll stays as the fallback (and is all SQLite has).
     let mut changes = host.registry().store().changes();
+    // Operator contract packages: re-judged when a folder or a review changes.
+    let mut contracts = (!host.config().contract_packages.is_empty()).then(|| {
+        let fingerprint =
+            crate::registry::contracts::Fingerprint::read(host.config(), host.registry().store())
+                .unwrap_or_default();
+        let served = crate::registry::contracts::ContractSet::judge(
+            host.config(),
+            Some(host.registry().store()),
+        )
+        .map(|set| crate::registry::contracts::served(&set))
+        .unwrap_or_default();
+        (fingerprint, served)
+    });
     tokio::spawn(async move {
         loop {
             match &mut changes {
@@ -65,6 +82,24 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
             let Some(host) = weak.upgrade() else { return };
             if let Err(e) = host.sync_with_store().await {
                 tracing::warn!("reading mapping records from the store failed: {e:#}");
+            }
+            if let Some((fingerprint, served)) = &mut contracts {
+                match crate::registry::contracts::Fingerprint::read(
+                    host.config(),
+                    host.registry().store(),
+                ) {
+                    Ok(now) if now != *fingerprint => {
+                        *fingerprint = now;
+                        match crate::registry::contracts::sync_contracts(&host, served).await {
+                            Ok(next) => *served = next,
+                            Err(e) => {
+                                tracing::warn!("re-judging the contract packages failed: {e:#}")
+                            }
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("reading the contract reviews failed: {e:#}"),
+                }
             }
         }
     });
