@@ -363,6 +363,8 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
         )
         .unwrap();
     }
+    // A second package, 1.1.0, configured from the start but written only later.
+    let next = tempfile::tempdir().unwrap();
     let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
     let d = Deployment::with_notes()
         .connection(&format!(
@@ -373,8 +375,9 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
         ))
         .mapping("workspace-edits")
         .tables(&format!(
-            "[[contract]]\npath = {:?}\n",
-            pkg.path().display().to_string()
+            "[[contract]]\npath = {:?}\n[[contract]]\npath = {:?}\n",
+            pkg.path().display().to_string(),
+            next.path().display().to_string()
         ));
     let config = d.write_config();
     let config = config.to_str().unwrap();
@@ -392,6 +395,44 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
     let client = d.serve_unreviewed().await;
     let both = ["restore_workspace_file", "write_workspace_file"];
     offered_becomes(&client, &both).await;
+
+    // A new version with a new required argument, approved while serving: a migration.
+    // The mapping bound to 1.0.0 keeps serving 1.0.0's schema until it is reviewed again.
+    for file in ["contract.toml", "workspace.wit", "deps/host/host.wit"] {
+        let text = std::fs::read_to_string(pkg.path().join(file)).unwrap();
+        let text = text
+            .replace("workspace-edits@1.0.0", "workspace-edits@1.1.0")
+            .replace(
+                "        content: string,\n",
+                "        content: string,\n        mode: string,\n",
+            );
+        let to = next.path().join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, text).unwrap();
+    }
+    let newer = "example:workspace-edits@1.1.0";
+    d.airlock_ok(&[
+        "contracts",
+        "approve",
+        newer,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    let diff = d.airlock_ok(&["contracts", "diff", PACKAGE, newer, "--config", config]);
+    assert!(diff.contains("! example:workspace-edits/workspace-edits: function write, argument mode: added, required"), "{diff}");
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    let write = tools
+        .iter()
+        .find(|t| t.name == "write_workspace_file")
+        .unwrap();
+    assert_eq!(
+        write.input_schema["required"],
+        json!(["path", "content"]),
+        "still 1.0.0's schema"
+    );
 
     let wit = pkg.path().join("workspace.wit");
     let approved = std::fs::read_to_string(&wit).unwrap();
