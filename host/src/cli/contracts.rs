@@ -125,7 +125,9 @@ pub fn list_text(list: &[ListedPackage]) -> String {
             let _ = writeln!(o, "  offers   {i}");
         }
         if let Some(w) = &p.withheld {
-            for line in w.lines() {
+            // Reasons quote package files: escaped, so no control character reaches the
+            // reviewer's terminal.
+            for line in crate::cli::operate::safe_lines(w).lines() {
                 let _ = writeln!(o, "  withheld {line}");
             }
         }
@@ -277,7 +279,7 @@ impl ShownPackage {
         let _ = writeln!(o, "  origin   {}", self.origin);
         let _ = writeln!(o, "  digest   {}", self.digest);
         if let Some(w) = &self.withheld {
-            let _ = writeln!(o, "  withheld {w}");
+            let _ = writeln!(o, "  withheld {}", crate::cli::operate::safe_lines(w));
         }
         for i in &self.interfaces {
             let _ = writeln!(
@@ -286,7 +288,7 @@ impl ShownPackage {
                 i.interface, i.effect_class
             );
             if let Some(d) = &i.docs {
-                for line in d.lines() {
+                for line in crate::cli::operate::safe_lines(d).lines() {
                     let _ = writeln!(o, "  {line}");
                 }
             }
@@ -343,16 +345,20 @@ impl ShownPackage {
 /// `airlock contracts approve NAME`: pins the configured package named `name` (its digest
 /// and files) as approved by `reviewer`, traced.
 ///
+/// `digest`, when given, is the digest the reviewer read (`airlock contracts show`): the
+/// package on disk must still have it.
+///
 /// # Errors
-/// No configured package of that name loads; it is built in (nothing to approve); the
-/// store refuses (another digest was approved under the name, or it was marked
-/// erroneous).
+/// No configured package of that name loads; it is built in (nothing to approve); it no
+/// longer has `digest`; the store refuses (another digest was approved under the name, or
+/// it was marked erroneous).
 pub fn approve(
     config: &ServeConfig,
     store: &dyn Store,
     name: &str,
     reviewer: &str,
     reason: &str,
+    digest: Option<&str>,
 ) -> Result<ContractRecord> {
     if reviewer.trim().is_empty() {
         bail!("--reviewer must name who approves");
@@ -369,6 +375,15 @@ pub fn approve(
     for c in &set.configured {
         match &c.loaded {
             Ok(p) if p.name == name => {
+                if let Some(read) = digest
+                    && read != p.digest
+                {
+                    bail!(
+                        "contract package `{name}` in {} has digest {} now, not {read} (the one you read): read it again with `airlock contracts show`",
+                        p.origin,
+                        p.digest
+                    );
+                }
                 let files = serde_json::to_string(p.files.files())
                     .context("encoding the package's files")?;
                 return store.approve_contract(&NewContractApproval {

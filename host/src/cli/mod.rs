@@ -519,6 +519,10 @@ enum ContractsAction {
         /// Why (recorded with the approval).
         #[arg(long, value_name = "TEXT", default_value = "")]
         reason: String,
+        /// The digest you read (`airlock contracts show`): refused if the package on disk
+        /// has another one now.
+        #[arg(long, value_name = "SHA256")]
+        digest: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -1144,12 +1148,19 @@ fn contracts(action: ContractsAction, state_dir: Option<PathBuf>) -> Result<()> 
             config,
             reviewer,
             reason,
+            digest,
             json,
         } => {
             let config = load_config(&config, state_dir)?;
             let registry = crate::registry::live::open_registry(&config)?;
-            let record =
-                contracts::approve(&config, registry.store(), &package, &reviewer, &reason)?;
+            let record = contracts::approve(
+                &config,
+                registry.store(),
+                &package,
+                &reviewer,
+                &reason,
+                digest.as_deref(),
+            )?;
             output::emit(json, &record, |r| {
                 format!(
                     "contract package `{}` is approved (digest {}) by {}; mappings may bind it from their next load\n",

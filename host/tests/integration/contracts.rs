@@ -204,6 +204,24 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
         "alice",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("is built in"));
+    // The digest the reviewer read must still be the one on disk.
+    let read = p["digest"].as_str().unwrap().to_string();
+    let out = d.airlock(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+        "--digest",
+        &"0".repeat(64),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&read) && err.contains("read it again"),
+        "{err}"
+    );
     let approved = d.airlock_json(&[
         "contracts",
         "approve",
@@ -212,6 +230,8 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
         config,
         "--reviewer",
         "alice",
+        "--digest",
+        &read,
         "--reason",
         "read it",
     ]);
@@ -317,7 +337,22 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
         "served"
     );
 
-    // Found wrong: withheld for good, its mappings refused with the reason.
+    // Found wrong: withheld for good, its mappings refused with the reason; who and why
+    // are required (the state is final).
+    let out = d.airlock(&[
+        "contracts",
+        "mark-erroneous",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "bob",
+        "--reason",
+        "",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs who (--reviewer) and why (--reason)")
+    );
     d.airlock_ok(&[
         "contracts",
         "mark-erroneous",
@@ -371,5 +406,37 @@ fn a_configured_package_that_does_not_load_is_withheld_alone_with_its_problems()
             .filter(|p| p["status"] == "built-in")
             .count(),
         2
+    );
+}
+
+#[test]
+fn a_configured_copy_of_a_built_in_package_is_withheld_saying_so() {
+    let copy = tempfile::tempdir().unwrap();
+    let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/v0.1.0");
+    for file in ["contract.toml", "contracts.wit", "deps/host/host.wit"] {
+        let to = copy.path().join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(wit.join(file), &to).unwrap();
+    }
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .tables(&format!(
+            "[[contract]]\npath = {:?}\n",
+            copy.path().display().to_string()
+        ));
+    let config = d.write_config();
+    let list = d.airlock_json(&["contracts", "list", "--config", config.to_str().unwrap()]);
+    let copied = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["status"] == "withheld")
+        .unwrap();
+    assert!(
+        copied["withheld"]
+            .as_str()
+            .unwrap()
+            .contains("is built into this host"),
+        "{copied}"
     );
 }

@@ -147,7 +147,8 @@ pub fn plan_approval(
 /// Returns the record after the change, or `None` when it was erroneous already.
 ///
 /// # Errors
-/// No review of `package`.
+/// No review of `package`; an empty reviewer or reason (the state is final: who and why
+/// are what history keeps).
 pub fn plan_erroneous(
     package: &str,
     current: Option<ContractRecord>,
@@ -155,6 +156,11 @@ pub fn plan_erroneous(
     reason: &str,
     now_ms: u64,
 ) -> anyhow::Result<Option<ContractRecord>> {
+    if reviewer.trim().is_empty() || reason.trim().is_empty() {
+        anyhow::bail!(
+            "marking contract package `{package}` erroneous needs who (--reviewer) and why (--reason)"
+        );
+    }
     let Some(old) = current else {
         anyhow::bail!("contract package `{package}` was never approved; there is nothing to mark");
     };
@@ -293,6 +299,8 @@ mod tests {
             .to_string();
         assert!(err.contains("marked erroneous"), "{err}");
         assert!(plan_erroneous("p", None, "bob", "x", 1).is_err());
+        assert!(plan_erroneous("p", Some(first.clone()), "", "x", 1).is_err());
+        assert!(plan_erroneous("p", Some(first.clone()), "bob", " ", 1).is_err());
         assert!(plan_approval(None, &new(""), 1).is_err());
     }
 }

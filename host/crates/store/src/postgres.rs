@@ -1747,8 +1747,8 @@ impl ContractReviews for PostgresStore {
         self.write(
             &format!("recording the approval of contract {:?}", new.package),
             async |tx| {
-                // One writer per package: the row lock of an existing review, or the
-                // primary key for a first approval (a racing insert fails, and retries).
+                // One writer at a time (the store's write lock); the row lock and the
+                // primary key are a second line: a racing first approval fails its insert.
                 let current = latest_contract(tx, &new.package, " FOR UPDATE").await?;
                 let record = match contracts::plan_approval(current, new, now_u)? {
                     contracts::ApprovalPlan::Unchanged(r) => return Ok(r),

@@ -63,10 +63,20 @@ impl ContractSet {
                 .and_then(|files| package::load(&files))
                 .map(Arc::new)
                 .map_err(|e| format!("{e:#}"));
+            let built_in = |name: &str| {
+                Contracts::built_in()
+                    .packages()
+                    .iter()
+                    .any(|b| b.name == name)
+            };
             let withheld = match &loaded {
                 Err(why) => Some(format!(
                     "the contract package in {} does not load: {why}",
                     path.display()
+                )),
+                Ok(p) if built_in(&p.name) => Some(format!(
+                    "`{}` is built into this host and serves from there; remove this [[contract]] entry",
+                    p.name
                 )),
                 Ok(p) => withheld(p, store)?,
             };

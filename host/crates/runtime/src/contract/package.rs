@@ -122,6 +122,19 @@ impl PackageFiles {
         let mut files = BTreeMap::new();
         let mut bytes = 0usize;
         let mut read = |rel: String, path: &Path| -> Result<()> {
+            if !is_package_file(&rel) {
+                bail!(
+                    "{}: not a name a contract package file may have (ASCII letters, digits, `-`, `_`, `.`; not starting with `.`)",
+                    path.display()
+                );
+            }
+            // More than the package may hold is refused before a byte is read.
+            let len = std::fs::symlink_metadata(path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .len();
+            if bytes.saturating_add(usize::try_from(len).unwrap_or(usize::MAX)) > MAX_BYTES {
+                check_size(&origin, files.len(), MAX_BYTES + 1)?;
+            }
             let text =
                 std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
             let text = String::from_utf8(text)
@@ -140,23 +153,43 @@ impl PackageFiles {
             Ok(paths)
         };
         let name_of = |p: &Path| p.file_name().and_then(|n| n.to_str()).map(str::to_string);
+        // What an entry is, without following a link: a link inside a package could read
+        // outside its folder (or `deps -> .` every file twice), so one is refused.
+        let kind = |p: &Path| -> Result<(bool, bool)> {
+            let t = std::fs::symlink_metadata(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .file_type();
+            if t.is_symlink() {
+                bail!(
+                    "{}: a contract package may not hold a symbolic link",
+                    p.display()
+                );
+            }
+            Ok((t.is_file(), t.is_dir()))
+        };
         for path in listing(dir)? {
             let Some(name) = name_of(&path) else { continue };
-            if path.is_file() && (name == SIDECAR || name.ends_with(".wit")) {
+            let relevant = name == SIDECAR || name.ends_with(".wit") || name == "deps";
+            if !relevant {
+                continue;
+            }
+            let (is_file, is_dir) = kind(&path)?;
+            if is_file && name != "deps" {
                 read(name, &path)?;
-            } else if path.is_dir() && name == "deps" {
+            } else if is_dir && name == "deps" {
                 for dep in listing(&path)? {
                     let Some(dep_name) = name_of(&dep) else {
                         continue;
                     };
-                    if dep.is_file() && dep_name.ends_with(".wit") {
+                    let (dep_file, dep_dir) = kind(&dep)?;
+                    if dep_file && dep_name.ends_with(".wit") {
                         read(format!("deps/{dep_name}"), &dep)?;
-                    } else if dep.is_dir() {
+                    } else if dep_dir {
                         for file in listing(&dep)? {
                             let Some(file_name) = name_of(&file) else {
                                 continue;
                             };
-                            if file.is_file() && file_name.ends_with(".wit") {
+                            if file_name.ends_with(".wit") && kind(&file)?.0 {
                                 read(format!("deps/{dep_name}/{file_name}"), &file)?;
                             }
                         }
@@ -191,13 +224,23 @@ impl PackageFiles {
     }
 }
 
+/// Whether `path` is a package file: [`SIDECAR`], `NAME.wit`, `deps/NAME.wit` or
+/// `deps/DIR/NAME.wit`, each name of ASCII letters, digits, `-`, `_` and `.`, not starting
+/// with `.`, a `.wit` name with a stem. (So no two file lists can encode alike in the
+/// digest: no name holds a newline.)
 fn is_package_file(path: &str) -> bool {
     let parts: Vec<&str> = path.split('/').collect();
-    let ok_name = |n: &str| !n.is_empty() && n != "." && n != ".." && !n.contains('\\');
+    let ok_name = |n: &str| {
+        !n.is_empty()
+            && !n.starts_with('.')
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    let wit = |n: &str| ok_name(n) && n.len() > ".wit".len() && n.ends_with(".wit");
     match parts.as_slice() {
-        [name] => *name == SIDECAR || (ok_name(name) && name.ends_with(".wit")),
-        ["deps", name] => ok_name(name) && name.ends_with(".wit"),
-        ["deps", dir, name] => ok_name(dir) && ok_name(name) && name.ends_with(".wit"),
+        [name] => *name == SIDECAR || wit(name),
+        ["deps", name] => wit(name),
+        ["deps", dir, name] => ok_name(dir) && wit(name),
         _ => false,
     }
 }
@@ -272,19 +315,28 @@ struct FunctionDecl {
 
 /// Errors found while loading, each already located (`file:line[:col]: what; what to do`).
 struct Problems {
+    /// The first [`MAX_PROBLEMS`], formatted.
     list: Vec<String>,
+    /// How many were found (only the first ones are formatted: a hostile package may have
+    /// many thousands).
+    count: usize,
 }
 
 /// Most problems one failed load reports.
 pub const MAX_PROBLEMS: usize = 20;
 
 impl Problems {
-    fn push(&mut self, problem: String) {
-        self.list.push(problem);
+    /// Counts a problem, formatting it (`problem()`) only while fewer than
+    /// [`MAX_PROBLEMS`] are kept.
+    fn push_with(&mut self, problem: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.list.len() < MAX_PROBLEMS {
+            self.list.push(problem());
+        }
     }
 
     fn finish(self, origin: &str) -> Result<()> {
-        match self.list.len() {
+        match self.count {
             0 => Ok(()),
             n => {
                 let mut text = format!("contract package {origin}: {n} problem(s):");
@@ -379,29 +431,32 @@ pub fn load(files: &PackageFiles) -> Result<ContractPackage> {
     let (resolve, root) = resolve_wit(files)?;
     let package = &resolve.packages[root];
     let name = package.name.to_string();
-    let mut problems = Problems { list: Vec::new() };
+    let mut problems = Problems {
+        list: Vec::new(),
+        count: 0,
+    };
     if *sidecar.package.get_ref() != name {
-        problems.push(format!(
-            "{}: package = \"{}\", but the WIT beside it is package `{name}`",
-            at(sidecar.package.span()),
-            sidecar.package.get_ref()
-        ));
+        problems.push_with(|| {
+            format!(
+                "{}: package = \"{}\", but the WIT beside it is package `{name}`",
+                at(sidecar.package.span()),
+                sidecar.package.get_ref()
+            )
+        });
     }
     for declared in sidecar.interfaces.keys() {
         if !package.interfaces.contains_key(declared.get_ref()) {
-            problems.push(format!(
-                "{}: interface `{}` is not in package `{name}` (it has: {})",
-                at(declared.span()),
-                declared.get_ref(),
-                package
-                    .interfaces
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+            problems.push_with(|| {
+                format!(
+                    "{}: interface `{}` is not in package `{name}` (it has: {})",
+                    at(declared.span()),
+                    declared.get_ref(),
+                    some_of(package.interfaces.keys())
+                )
+            });
         }
     }
+    let digest = files.digest();
     let mut interfaces = BTreeMap::new();
     for (iname, iid) in &package.interfaces {
         let iface = &resolve.interfaces[*iid];
@@ -410,7 +465,7 @@ pub fn load(files: &PackageFiles) -> Result<ContractPackage> {
             .iter()
             .find(|(k, _)| k.get_ref() == iname)
         else {
-            problems.push(format!(
+            problems.push_with(|| format!(
                 "{}: interface `{iname}` has no semantics: add [interfaces.{iname}.functions] to {SIDECAR}",
                 resolve.render_location(iface.span)
             ));
@@ -426,7 +481,7 @@ pub fn load(files: &PackageFiles) -> Result<ContractPackage> {
             host_supplied: HashMap::new(),
             problems: &mut problems,
         };
-        if let Some(contract) = cx.load(*iid, decl, &full, &name, &files.digest()) {
+        if let Some(contract) = cx.load(*iid, decl, &full, &name, &digest) {
             interfaces.insert(full, Arc::new(contract));
         }
     }
@@ -434,7 +489,7 @@ pub fn load(files: &PackageFiles) -> Result<ContractPackage> {
     Ok(ContractPackage {
         name,
         origin,
-        digest: files.digest(),
+        digest,
         interfaces,
         files: files.clone(),
     })
@@ -465,14 +520,14 @@ impl InterfaceLoad<'_> {
         let resolve = self.resolve;
         let iface = &resolve.interfaces[iid];
         let iname = self.iname;
-        let before = self.problems.list.len();
+        let before = self.problems.count;
         // Handles and host-supplied aliases: declared ones must be string aliases here.
         for kind in decl.handles.keys() {
             match iface.types.get(kind.get_ref()) {
                 Some(id) if is_string_alias(resolve, *id) && kind.get_ref().ends_with(super::HANDLE_SUFFIX) => {
                     self.handles.insert(*id, kind.get_ref().clone());
                 }
-                _ => self.problems.push(format!(
+                _ => self.problems.push_with(|| format!(
                     "{}: handle `{}` is not a `type {} = string` of interface `{iname}`; a handle is a string alias whose name ends in `{}`",
                     (self.at)(kind.span()),
                     kind.get_ref(),
@@ -483,7 +538,7 @@ impl InterfaceLoad<'_> {
         }
         for (alias, value) in &decl.host_supplied {
             if value.get_ref() != INTENT_IDEMPOTENCY_KEY {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: host-supplied `{}` = \"{}\": the host can supply only \"{INTENT_IDEMPOTENCY_KEY}\"",
                     (self.at)(value.span()),
                     alias.get_ref(),
@@ -494,7 +549,7 @@ impl InterfaceLoad<'_> {
                 Some(id) if is_string_alias(resolve, *id) && !alias.get_ref().ends_with(super::HANDLE_SUFFIX) => {
                     self.host_supplied.insert(*id, alias.get_ref().clone());
                 }
-                _ => self.problems.push(format!(
+                _ => self.problems.push_with(|| format!(
                     "{}: host-supplied `{}` is not a `type {} = string` of interface `{iname}` (nor may it be a handle)",
                     (self.at)(alias.span()),
                     alias.get_ref(),
@@ -508,13 +563,13 @@ impl InterfaceLoad<'_> {
             }
             let declared = self.handles.contains_key(id) || self.host_supplied.contains_key(id);
             if !declared && tname.ends_with(super::HANDLE_SUFFIX) {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: `type {tname} = string` looks like a handle but {SIDECAR} does not declare it: add `{tname} = {{ identity = [] }}` to [interfaces.{iname}.handles], or rename the type",
                     resolve.render_location(resolve.types[*id].span)
                 ));
             }
             if !declared && tname == super::HOST_SUPPLIED_KEY {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: `type {tname} = string` would be sent by the model: declare it in [interfaces.{iname}.host-supplied] (`{tname} = \"{INTENT_IDEMPOTENCY_KEY}\"`), or rename the type",
                     resolve.render_location(resolve.types[*id].span)
                 ));
@@ -523,17 +578,14 @@ impl InterfaceLoad<'_> {
         // Every function has semantics, and every declaration a function.
         for fname in decl.functions.keys() {
             if !iface.functions.contains_key(fname.get_ref()) {
-                self.problems.push(format!(
-                    "{}: function `{}` is not in interface `{iname}` (it has: {})",
-                    (self.at)(fname.span()),
-                    fname.get_ref(),
-                    iface
-                        .functions
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+                self.problems.push_with(|| {
+                    format!(
+                        "{}: function `{}` is not in interface `{iname}` (it has: {})",
+                        (self.at)(fname.span()),
+                        fname.get_ref(),
+                        some_of(iface.functions.keys())
+                    )
+                });
             }
         }
         let by_name: HashMap<&str, &FunctionDecl> = decl
@@ -544,14 +596,14 @@ impl InterfaceLoad<'_> {
         let mut functions = BTreeMap::new();
         for (fname, func) in &iface.functions {
             let Some(fdecl) = by_name.get(fname.as_str()) else {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: function `{fname}` has no semantics: add `{fname} = {{ class = \"read\", idempotent = true }}` (with its real class) to [interfaces.{iname}.functions] in {SIDECAR}",
                     resolve.render_location(func.span)
                 ));
                 continue;
             };
             if !matches!(func.kind, wit_parser::FunctionKind::Freestanding) {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: function `{fname}` is not a plain (synchronous, freestanding) function; contracts have no async functions or resources",
                     resolve.render_location(func.span)
                 ));
@@ -561,10 +613,12 @@ impl InterfaceLoad<'_> {
                 match this.shape_of(ty, 0) {
                     Ok(s) => Some(s),
                     Err(e) => {
-                        this.problems.push(format!(
-                            "{}: function `{fname}`, {what}: {e}",
-                            resolve.render_location(func.span)
-                        ));
+                        this.problems.push_with(|| {
+                            format!(
+                                "{}: function `{fname}`, {what}: {e}",
+                                resolve.render_location(func.span)
+                            )
+                        });
                         None
                     }
                 }
@@ -588,12 +642,14 @@ impl InterfaceLoad<'_> {
                 None => None,
             };
             let Some(class) = EffectClass::parse(fdecl.class.get_ref()) else {
-                self.problems.push(format!(
-                    "{}: function `{fname}`: class \"{}\" is not an effect class (one of {})",
-                    (self.at)(fdecl.class.span()),
-                    fdecl.class.get_ref(),
-                    EffectClass::ALL.map(EffectClass::as_str).join(", ")
-                ));
+                self.problems.push_with(|| {
+                    format!(
+                        "{}: function `{fname}`: class \"{}\" is not an effect class (one of {})",
+                        (self.at)(fdecl.class.span()),
+                        fdecl.class.get_ref(),
+                        EffectClass::ALL.map(EffectClass::as_str).join(", ")
+                    )
+                });
                 continue;
             };
             if !ok {
@@ -617,7 +673,7 @@ impl InterfaceLoad<'_> {
                 },
             );
         }
-        if self.problems.list.len() > before {
+        if self.problems.count > before {
             return None;
         }
         // Relations between functions: queries, undos, host-only reach, offered forms.
@@ -626,18 +682,49 @@ impl InterfaceLoad<'_> {
             let Some(f) = functions.get(fname.get_ref()) else {
                 continue;
             };
+            for by in [&fdecl.queryable_by, &fdecl.compensable_by]
+                .into_iter()
+                .flatten()
+            {
+                if by.get_ref() == &f.name {
+                    self.problems.push_with(|| {
+                        format!(
+                            "{}: `{}` names itself: a function neither reconciles nor undoes its own calls",
+                            (self.at)(by.span()),
+                            f.name
+                        )
+                    });
+                }
+            }
+            // A host-supplied value is filled by the host only as a field of the request
+            // record; anywhere else the model would be asked for it, or shown it.
+            let misplaced = match f.params.as_slice() {
+                [(_, Shape::Record(fields))] => fields.iter().any(|(_, s, _)| {
+                    !matches!(s, Shape::HostSupplied(_)) && holds_host_supplied_deep(s)
+                }),
+                params => params.iter().any(|(_, s)| holds_host_supplied_deep(s)),
+            } || f.result.as_ref().is_some_and(holds_host_supplied_deep);
+            if misplaced {
+                self.problems.push_with(|| {
+                    format!(
+                        "{}: function `{}` uses a host-supplied type other than as a field of its request record (in an option, a list, a nested record or its result): the host fills only a request field, and never shows the value",
+                        (self.at)(fname.span()),
+                        f.name
+                    )
+                });
+            }
             if let Some(q) = &fdecl.queryable_by {
                 called_by_host.insert(q.get_ref().clone());
                 if let Err(why) = check_query(&functions, f, q.get_ref()) {
                     self.problems
-                        .push(format!("{}: {why}", (self.at)(q.span())));
+                        .push_with(|| format!("{}: {why}", (self.at)(q.span())));
                 }
             }
             if let Some(u) = &fdecl.compensable_by {
                 called_by_host.insert(u.get_ref().clone());
                 if let Err(why) = check_undo(&functions, f, u.get_ref()) {
                     self.problems
-                        .push(format!("{}: {why}", (self.at)(u.span())));
+                        .push_with(|| format!("{}: {why}", (self.at)(u.span())));
                 }
             }
         }
@@ -646,14 +733,14 @@ impl InterfaceLoad<'_> {
                 continue;
             };
             if f.semantics.host_only && !called_by_host.contains(&f.name) {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: function `{}` is host-only, but no function names it as `queryable-by` or `compensable-by`, so nothing would ever call it",
                     (self.at)(fname.span()),
                     f.name
                 ));
             }
             if !f.semantics.host_only && !matches!(f.params.as_slice(), [(_, Shape::Record(_))]) {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: function `{}` is offered to the model, so it must take exactly one record (its fields are the tool's arguments); declare it host-only or change its WIT",
                     (self.at)(fname.span()),
                     f.name
@@ -679,15 +766,24 @@ impl InterfaceLoad<'_> {
                 }
             }
             if minted_by.is_empty() {
-                self.problems.push(format!(
+                self.problems.push_with(|| format!(
                     "{}: handle `{kind_name}`: no function's result carries it, so the host would never mint one and no call could pass one",
                     (self.at)(kind.span())
                 ));
             }
-            let mut identity = Vec::new();
+            let mut identity: Vec<String> = Vec::new();
             for fact in &hdecl.identity {
+                if identity.contains(fact.get_ref()) {
+                    self.problems.push_with(|| {
+                        format!(
+                            "{}: handle `{kind_name}`: identity fact `{}` is listed twice",
+                            (self.at)(fact.span()),
+                            fact.get_ref()
+                        )
+                    });
+                }
                 if !beside.contains(fact.get_ref()) {
-                    self.problems.push(format!(
+                    self.problems.push_with(|| format!(
                         "{}: handle `{kind_name}`: identity fact `{}` is never a scalar field of a record that has a `{kind_name}` field (beside it: {})",
                         (self.at)(fact.span()),
                         fact.get_ref(),
@@ -705,7 +801,7 @@ impl InterfaceLoad<'_> {
                 },
             );
         }
-        if self.problems.list.len() > before {
+        if self.problems.count > before {
             return None;
         }
         let _ = self.origin;
@@ -758,8 +854,9 @@ impl InterfaceLoad<'_> {
                 .transpose()
         };
         Ok(match &def.kind {
-            // An alias (or a `use` of a type) is its target: a `use`d handle stays a handle.
-            TypeDefKind::Type(inner) => self.shape_of(inner, depth)?,
+            // An alias (or a `use` of a type) is its target. Each hop counts toward the
+            // depth: a chain of thousands of aliases is refused, not recursed through.
+            TypeDefKind::Type(inner) => self.shape_of(inner, next)?,
             TypeDefKind::Record(r) => Shape::Record(
                 r.fields
                     .iter()
@@ -802,8 +899,29 @@ impl InterfaceLoad<'_> {
     }
 }
 
+/// Up to 10 of `names`, joined, with how many there are in all when there are more.
+fn some_of<'a>(names: impl ExactSizeIterator<Item = &'a String>) -> String {
+    let all = names.len();
+    let mut text = names.take(10).cloned().collect::<Vec<_>>().join(", ");
+    if all > 10 {
+        text += &format!(", ... ({all} in all)");
+    }
+    text
+}
+
+/// Whether type `id` is a `string` through any chain of aliases (`type a = b; type b =
+/// string`, or a type `use`d from another interface or package), at most
+/// [`MAX_TYPE_DEPTH`] hops.
 fn is_string_alias(resolve: &Resolve, id: TypeId) -> bool {
-    matches!(resolve.types[id].kind, TypeDefKind::Type(Type::String))
+    let mut id = id;
+    for _ in 0..=MAX_TYPE_DEPTH {
+        match &resolve.types[id].kind {
+            TypeDefKind::Type(Type::String) => return true,
+            TypeDefKind::Type(Type::Id(next)) => id = *next,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Whether a value of `shape` may hold a handle of `kind`.
@@ -975,6 +1093,22 @@ pub fn check_undo(
         _ => Err(format!(
             "`{undo}` must return `result<_, E>` with the error type `{name}` returns"
         )),
+    }
+}
+
+/// Whether a host-supplied value occurs anywhere in `shape`.
+fn holds_host_supplied_deep(shape: &Shape) -> bool {
+    match shape {
+        Shape::HostSupplied(_) => true,
+        Shape::List(s) | Shape::Option(s) => holds_host_supplied_deep(s),
+        Shape::Tuple(items) => items.iter().any(holds_host_supplied_deep),
+        Shape::Record(fields) => fields.iter().any(|(_, s, _)| holds_host_supplied_deep(s)),
+        Shape::Variant(cases) => cases
+            .iter()
+            .flat_map(|(_, s)| s)
+            .any(holds_host_supplied_deep),
+        Shape::Result { ok, err } => ok.iter().chain(err).any(|s| holds_host_supplied_deep(s)),
+        _ => false,
     }
 }
 

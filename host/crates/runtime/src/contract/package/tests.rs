@@ -583,3 +583,166 @@ fn ten_thousand_functions_load() {
     );
     eprintln!("10 000 functions loaded in {:?}", started.elapsed());
 }
+
+/// Found by attacking the loader (each once loaded, crashed or blew up): alias chains are
+/// followed for the handle and host-supplied rules and counted for the depth, on a small
+/// stack too.
+#[test]
+fn alias_chains_neither_hide_a_handle_or_the_key_nor_overflow_the_stack() {
+    let chained = WIT
+        .replace(
+            "type change-ref = string;",
+            "type text = string;\n    type change-ref = text;",
+        )
+        .replace(
+            "type idempotency-key = string;",
+            "type idempotency-key = text;",
+        );
+    // Declared through the chain: it loads, with the handle a handle.
+    let p = load(&files(SIDECAR_TEXT, &chained)).unwrap();
+    assert!(p.interfaces[IFACE].handles.contains_key("change-ref"));
+    // Undeclared through the chain: refused, not a plain string the model could fill.
+    let err = load_err(
+        &SIDECAR_TEXT.replace("idempotency-key = \"intent-idempotency-key\"", ""),
+        &chained,
+    );
+    assert_has(
+        &err,
+        &["`type idempotency-key = string` would be sent by the model"],
+    );
+    // Ten thousand aliases, on a 2 MiB thread (a host's blocking pool): refused, no abort.
+    let mut wit = String::from("package example:a@1.0.0;\ninterface a {\n    type t0 = u32;\n");
+    for i in 1..=10_000 {
+        wit += &format!("    type t{i} = t{};\n", i - 1);
+    }
+    wit += "    record req { v: t10000 }\n    get: func(request: req) -> u32;\n}\n";
+    let sidecar = "format = 1\npackage = \"example:a@1.0.0\"\n[interfaces.a.functions]\nget = { class = \"read\", idempotent = true }\n";
+    let err = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || load_err(sidecar, &wit))
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert_has(&err, &["nest deeper than 32"]);
+}
+
+#[test]
+fn a_handle_or_key_used_from_another_interface_or_package_must_be_declared_there() {
+    let reader = WIT.to_string()
+        + "\ninterface reader {\n    use workspace-edits.{change-ref, contract-error};\n    record peek-request { change: change-ref }\n    peek: func(request: peek-request) -> result<string, contract-error>;\n}\n";
+    let sidecar = SIDECAR_TEXT.to_string()
+        + "\n[interfaces.reader.functions]\npeek = { class = \"read\", idempotent = true }\n";
+    assert_has(
+        &load_err(&sidecar, &reader),
+        &["`type change-ref = string` looks like a handle"],
+    );
+    let dep = "package example:other@1.0.0;\ninterface types { type thing-ref = string; type idempotency-key = string; }\n";
+    let root = "package example:root@1.0.0;\ninterface send {\n    use example:other/types@1.0.0.{idempotency-key};\n    record req { to: string, idempotency-key: idempotency-key }\n    go: func(request: req) -> result<string, string>;\n}\n";
+    let sidecar = "format = 1\npackage = \"example:root@1.0.0\"\n[interfaces.send.functions]\ngo = { class = \"external-effect\", idempotent = true }\n";
+    let files = PackageFiles::new(
+        "pkg",
+        [(SIDECAR, sidecar), ("r.wit", root), ("deps/other.wit", dep)],
+    )
+    .unwrap();
+    assert_has(
+        &format!("{:#}", load(&files).unwrap_err()),
+        &["would be sent by the model"],
+    );
+}
+
+#[test]
+fn a_host_supplied_type_is_only_ever_a_request_field() {
+    for (from, to) in [
+        (
+            "        idempotency-key: idempotency-key,\n    }\n\n    record change",
+            "        idempotency-key: idempotency-key,\n        maybe: option<idempotency-key>,\n    }\n\n    record change",
+        ),
+        (
+            "        after-sha256: string,\n    }",
+            "        after-sha256: string,\n        key: option<idempotency-key>,\n    }",
+        ),
+    ] {
+        assert_has(
+            &refused(true, from, to),
+            &["uses a host-supplied type other than as a field of its request record"],
+        );
+    }
+}
+
+#[test]
+fn self_naming_relations_and_duplicate_facts_are_refused() {
+    assert_has(
+        &refused(
+            false,
+            "restore = { class = \"reversible-mutation\", idempotent = true }",
+            "restore = { class = \"reversible-mutation\", idempotent = true, compensable-by = \"restore\" }",
+        ),
+        &["`restore` names itself"],
+    );
+    assert_has(
+        &refused(
+            false,
+            "identity = [\"after-sha256\"]",
+            "identity = [\"after-sha256\", \"after-sha256\"]",
+        ),
+        &["identity fact `after-sha256` is listed twice"],
+    );
+}
+
+#[test]
+fn a_package_with_thousands_of_problems_is_refused_quickly_and_briefly() {
+    let mut wit =
+        String::from("package example:big@1.0.0;\ninterface big {\n    record req { n: u32 }\n");
+    let mut sidecar =
+        String::from("format = 1\npackage = \"example:big@1.0.0\"\n[interfaces.big.functions]\n");
+    for i in 0..2_000 {
+        wit += &format!("    get{i}: func(request: req) -> result<u32, string>;\n");
+    }
+    for i in 0..10_000 {
+        sidecar += &format!("missing{i} = {{ class = \"read\", idempotent = true }}\n");
+    }
+    wit += "}\n";
+    let started = std::time::Instant::now();
+    let err = load_err(&sidecar, &wit);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(err.len() < 20_000, "{} bytes of error", err.len());
+    assert_has(
+        &err,
+        &["12000 problem(s)", "... and 11980 more", "(2000 in all)"],
+    );
+}
+
+#[test]
+fn names_that_could_alias_in_the_digest_and_links_are_refused() {
+    for path in [
+        "x.wit\n0\ny.wit",
+        ".wit",
+        "deps/.wit",
+        " .wit",
+        ".hidden.wit",
+        "a b.wit",
+    ] {
+        let err = PackageFiles::new("pkg", [(path, "")])
+            .unwrap_err()
+            .to_string();
+        assert_has(&err, &["not a contract package file"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(SIDECAR), SIDECAR_TEXT).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", dir.path().join("z.wit")).unwrap();
+    let err = format!("{:#}", PackageFiles::read_dir(dir.path()).unwrap_err());
+    assert_has(
+        &err,
+        &["z.wit: a contract package may not hold a symbolic link"],
+    );
+    std::fs::remove_file(dir.path().join("z.wit")).unwrap();
+    // A file larger than a package may be is refused before it is read.
+    let big = std::fs::File::create(dir.path().join("big.wit")).unwrap();
+    big.set_len(256 << 20).unwrap();
+    let err = format!("{:#}", PackageFiles::read_dir(dir.path()).unwrap_err());
+    assert_has(&err, &["more than 8 MiB"]);
+}
