@@ -268,6 +268,53 @@ mod tests {
         }
     }
 
+    fn event(kind: &str, digest: &str) -> TraceEvent {
+        TraceEvent {
+            seq: 1,
+            at_ms: 1,
+            kind: kind.into(),
+            subject: "example:workspace@1.0.0".into(),
+            payload: serde_json::json!({"package": "example:workspace@1.0.0", "digest": digest}),
+            prev_hash: String::new(),
+            hash: String::new(),
+            key_id: None,
+        }
+    }
+
+    /// A review is proven only by a MACed event of its digest and state, the last one
+    /// counting; an event of another kind never proves an approval.
+    #[test]
+    fn only_the_last_event_of_the_same_digest_and_state_proves_a_review() {
+        let ApprovalPlan::Insert(approved) = plan_approval(None, &new("aa"), 1).unwrap() else {
+            panic!()
+        };
+        assert!(
+            disproof(&approved, &[])
+                .unwrap()
+                .contains("no MACed contract event")
+        );
+        assert_eq!(disproof(&approved, &[event(CONTRACT_APPROVED, "aa")]), None);
+        assert!(
+            disproof(&approved, &[event(CONTRACT_APPROVED, "bb")]).is_some(),
+            "another digest"
+        );
+        assert!(
+            disproof(
+                &approved,
+                &[
+                    event(CONTRACT_APPROVED, "aa"),
+                    event(CONTRACT_ERRONEOUS, "aa")
+                ]
+            )
+            .is_some(),
+            "marked erroneous later"
+        );
+        assert!(
+            disproof(&approved, &[event("mapping-revision", "aa")]).is_some(),
+            "another kind"
+        );
+    }
+
     #[test]
     fn a_name_is_approved_once_with_one_digest_and_marked_erroneous_once() {
         let ApprovalPlan::Insert(first) = plan_approval(None, &new("aa"), 1).unwrap() else {
