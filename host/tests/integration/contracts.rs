@@ -33,71 +33,28 @@ async fn the_built_in_contracts_offer_exactly_the_recorded_tools() {
     client.cancel().await.unwrap();
 }
 
-/// An operator's contract package: a reversible workspace write, its query and its undo.
-const OPERATOR_WIT: &str = r#"package example:workspace@1.0.0;
+/// The files of the repository's operator package, `contracts/workspace-edits/`.
+const OPERATOR_FILES: [&str; 3] = ["contract.toml", "workspace.wit", "deps/host/host.wit"];
 
-/// Edits files in a workspace.
-interface workspace-edits {
-    type change-ref = string;
-    type idempotency-key = string;
-
-    record write-request {
-        /// The file, relative to the workspace.
-        path: string,
-        content: string,
-        idempotency-key: idempotency-key,
+/// Writes the repository's operator package into `dir`, each file's text through
+/// `edit(file, text)`.
+fn write_package(dir: &Path, edit: impl Fn(&str, String) -> String) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../contracts/workspace-edits");
+    for file in OPERATOR_FILES {
+        let text = std::fs::read_to_string(from.join(file)).unwrap();
+        let to = dir.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, edit(file, text)).unwrap();
     }
-
-    record change {
-        change: change-ref,
-        path: string,
-        after-sha256: string,
-    }
-
-    record written-request {
-        idempotency-key: idempotency-key,
-    }
-
-    record restore-request {
-        change: change-ref,
-        idempotency-key: idempotency-key,
-    }
-
-    variant contract-error {
-        invalid-request(string),
-        not-found,
-        unavailable(string),
-    }
-
-    write: func(request: write-request) -> result<change, contract-error>;
-    written: func(request: written-request) -> result<option<change>, contract-error>;
-    restore: func(request: restore-request) -> result<change, contract-error>;
 }
-"#;
 
-const OPERATOR_SIDECAR: &str = r#"format = 1
-package = "example:workspace@1.0.0"
-
-[interfaces.workspace-edits.handles]
-change-ref = { identity = ["after-sha256"] }
-
-[interfaces.workspace-edits.host-supplied]
-idempotency-key = "intent-idempotency-key"
-
-[interfaces.workspace-edits.functions]
-write = { class = "reversible-mutation", idempotent = true, queryable-by = "written", compensable-by = "restore" }
-written = { class = "read", idempotent = true, host-only = true }
-restore = { class = "reversible-mutation", idempotent = true }
-"#;
-
-const PACKAGE: &str = "example:workspace@1.0.0";
-const INTERFACE: &str = "example:workspace/workspace-edits@1.0.0";
+const PACKAGE: &str = "example:workspace-edits@1.0.0";
+const INTERFACE: &str = "example:workspace-edits/workspace-edits@1.0.0";
 
 /// A deployment whose configuration names the operator package (in `pkg`) and whose
 /// `source-library` mapping is bound to it instead of its own contract.
 fn operator_deployment(pkg: &Path) -> Deployment {
-    std::fs::write(pkg.join("contract.toml"), OPERATOR_SIDECAR).unwrap();
-    std::fs::write(pkg.join("edits.wit"), OPERATOR_WIT).unwrap();
+    write_package(pkg, |_, text| text);
     Deployment::with_notes()
         .mapping_edited("source-library", |t| {
             t.replace("airlock:contracts/source-retrieval@0.1.0", INTERFACE)
@@ -168,7 +125,7 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
         text.contains("function written  [read; idempotent; host only"),
         "{text}"
     );
-    assert!(text.contains("handle change-ref: identified by after-sha256; minted by restore, write, written; consumed by restore"), "{text}");
+    assert!(text.contains("handle change-ref: identified by its locator alone; minted by restore, write, written; consumed by restore"), "{text}");
 
     // A mapping bound to it is refused while it is withheld, saying what to do.
     let grants = |d: &Deployment| {
@@ -260,11 +217,10 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
 
     // The folder changes after review: withheld, naming both digests; approving the change
     // under the same name is refused.
-    std::fs::write(
-        pkg.path().join("edits.wit"),
-        OPERATOR_WIT.replace("Edits files", "Changes files"),
-    )
-    .unwrap();
+    write_package(pkg.path(), |file, text| match file {
+        "workspace.wit" => text.replace("Edits of text files", "Changes of text files"),
+        _ => text,
+    });
     let p = ours(&d.airlock_json(&["contracts", "list", "--config", config]));
     assert_eq!(p["status"], "withheld");
     let why = p["withheld"].as_str().unwrap();
@@ -300,27 +256,23 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
     ]);
     assert_eq!(
         diff["changes"],
-        serde_json::json!([{"interface": "example:workspace/workspace-edits", "item": "interface",
+        serde_json::json!([{"interface": "example:workspace-edits/workspace-edits", "item": "interface",
             "what": "documentation changed", "breaking": false}])
     );
     // A new version whose write became an external effect: a breaking change, marked.
     let next = tempfile::tempdir().unwrap();
-    std::fs::write(
-        next.path().join("contract.toml"),
-        OPERATOR_SIDECAR
-            .replace("workspace@1.0.0", "workspace@1.1.0")
-            .replace(
-                "write = { class = \"reversible-mutation\"",
-                "write = { class = \"external-effect\"",
-            )
-            .replace(", compensable-by = \"restore\"", ""),
-    )
-    .unwrap();
-    std::fs::write(
-        next.path().join("edits.wit"),
-        OPERATOR_WIT.replace("workspace@1.0.0", "workspace@1.1.0"),
-    )
-    .unwrap();
+    write_package(next.path(), |file, text| {
+        let text = text.replace("workspace-edits@1.0.0", "workspace-edits@1.1.0");
+        match file {
+            "contract.toml" => text
+                .replace(
+                    "write = { class = \"reversible-mutation\"",
+                    "write = { class = \"external-effect\"",
+                )
+                .replace(", compensable-by = \"restore\"", ""),
+            _ => text,
+        }
+    });
     let text = d.airlock_ok(&[
         "contracts",
         "diff",
@@ -329,9 +281,9 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
         "--config",
         config,
     ]);
-    assert!(text.contains("! example:workspace/workspace-edits: function write: class reversible-mutation -> external-effect (more consequential)"), "{text}");
+    assert!(text.contains("! example:workspace-edits/workspace-edits: function write: class reversible-mutation -> external-effect (more consequential)"), "{text}");
     assert!(text.contains("compensable-by restore -> none"), "{text}");
-    std::fs::write(pkg.path().join("edits.wit"), OPERATOR_WIT).unwrap();
+    write_package(pkg.path(), |_, text| text);
     assert_eq!(
         ours(&d.airlock_json(&["contracts", "list", "--config", config]))["status"],
         "served"
@@ -380,11 +332,10 @@ fn an_operator_contract_serves_only_once_approved_and_only_with_its_approved_dig
 fn a_configured_package_that_does_not_load_is_withheld_alone_with_its_problems() {
     let pkg = tempfile::tempdir().unwrap();
     let d = operator_deployment(pkg.path());
-    std::fs::write(
-        pkg.path().join("contract.toml"),
-        OPERATOR_SIDECAR.replace("class = \"read\"", "class = \"harmless\""),
-    )
-    .unwrap();
+    write_package(pkg.path(), |file, text| match file {
+        "contract.toml" => text.replace("class = \"read\"", "class = \"harmless\""),
+        _ => text,
+    });
     let config = d.write_config();
     let list = d.airlock_json(&["contracts", "list", "--config", config.to_str().unwrap()]);
     let broken = list
@@ -395,7 +346,7 @@ fn a_configured_package_that_does_not_load_is_withheld_alone_with_its_problems()
         .unwrap();
     let why = broken["withheld"].as_str().unwrap();
     assert!(
-        why.contains("contract.toml:12") && why.contains("\"harmless\" is not an effect class"),
+        why.contains("contract.toml:19") && why.contains("\"harmless\" is not an effect class"),
         "{why}"
     );
     // The built-ins still serve.
