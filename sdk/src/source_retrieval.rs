@@ -61,7 +61,7 @@ use crate::upstream::{self, MAX_ERROR_DETAIL, ToolOutput};
 pub mod prelude {
     pub use super::{
         ContractError, Guest, RetrieveRequest, SearchRequest, SourceHit, SourcePassage, read_tool,
-        search_tool,
+        read_tool_text, search_tool, search_tool_text,
     };
     pub use crate::serde_json::json;
 }
@@ -132,6 +132,58 @@ pub fn read_tool<T: DeserializeOwned>(
         return Err(ContractError::NotFound);
     }
     parse(tool, &output)
+}
+
+/// Calls the upstream search tool `tool` with `args` and returns its answer's text: every
+/// `text` content block, joined with newlines — for a server that answers in text rather
+/// than JSON (the adapter parses the lines it knows). Failures map as for [`search_tool`].
+///
+/// # Errors
+/// As [`search_tool`]; `upstream-failed` when the answer carries no text.
+pub fn search_tool_text(
+    tool: &str,
+    args: &(impl Serialize + ?Sized),
+) -> Result<String, ContractError> {
+    let output = upstream::call_tool_json(tool, args)?;
+    if let Some(message) = output.error_message() {
+        return Err(ContractError::InvalidRequest(message));
+    }
+    text_of(tool, &output)
+}
+
+/// Calls the upstream read tool `tool` with `args` and returns its answer's text (every
+/// `text` block, joined with newlines). Failures map as for [`read_tool`].
+///
+/// # Errors
+/// As [`read_tool`]; `upstream-failed` when the answer carries no text.
+pub fn read_tool_text(
+    tool: &str,
+    args: &(impl Serialize + ?Sized),
+) -> Result<String, ContractError> {
+    let output = upstream::call_tool_json(tool, args)?;
+    if let Some(message) = output.error_message() {
+        crate::log::info(&format!(
+            "upstream tool `{tool}` reported an error; answering not-found: {message}"
+        ));
+        return Err(ContractError::NotFound);
+    }
+    text_of(tool, &output)
+}
+
+/// The result's text, or `upstream-failed` naming the tool when it has none.
+fn text_of(tool: &str, output: &ToolOutput) -> Result<String, ContractError> {
+    let text = output.text();
+    if output
+        .content
+        .iter()
+        .any(|b| matches!(b, upstream::ContentBlock::Text(_)))
+    {
+        Ok(text)
+    } else {
+        Err(ContractError::UpstreamFailed(format!(
+            "`{tool}`: the tool result carries no text"
+        )))
+    }
 }
 
 /// The result's JSON as `T`, or `upstream-failed` naming the tool.
@@ -399,6 +451,39 @@ tools = ["search_nodes", "open_nodes"]
         let (got, _) = case(search_tool::<Graph>("search_nodes", &json!(["ada"])).unwrap_err());
         assert_eq!(got, "invalid-request");
         assert_eq!(kit.calls().len(), 1, "only the refused read_graph call");
+    }
+
+    /// A server that answers in text: the helpers hand over the text, with the same
+    /// failures as the JSON helpers.
+    #[test]
+    fn the_text_helpers_hand_over_the_answer_and_map_failures_alike() {
+        let first = kit()
+            .reply(
+                "search_nodes",
+                Reply::text("commit abc123 Fix WAL\ncommit def456 Docs"),
+            )
+            .reply("open_nodes", Reply::tool_error("no such commit"))
+            .install();
+        let text = search_tool_text("search_nodes", &json!({ "query": "wal" })).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(text.starts_with("commit abc123"));
+        assert!(matches!(
+            read_tool_text("open_nodes", &json!({ "names": ["x"] })),
+            Err(ContractError::NotFound)
+        ));
+        drop(first);
+        let _kit = kit()
+            .reply(
+                "search_nodes",
+                Reply::mcp(
+                    json!({"content": [{"type": "image", "data": "", "mimeType": "image/png"}]}),
+                ),
+            )
+            .install();
+        let (got, payload) =
+            case(search_tool_text("search_nodes", &json!({ "query": "x" })).unwrap_err());
+        assert_eq!(got, "upstream-failed");
+        assert!(payload.contains("carries no text"), "{payload}");
     }
 
     #[test]
