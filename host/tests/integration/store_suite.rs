@@ -228,8 +228,21 @@ both! {
         assert_eq!(db.open().contract_review(p).unwrap(), Some(a.clone()));
         assert_eq!(store.contract_reviews().unwrap(), std::slice::from_ref(&a));
         // The digest and files never change, and a review is never deleted.
-        assert!(refused_directly(&db, "UPDATE contract_reviews SET digest = 'cc'"));
-        assert!(refused_directly(&db, "DELETE FROM contract_reviews"));
+        for sql in [
+            "UPDATE contract_reviews SET digest = 'cc'",
+            "UPDATE contract_reviews SET files = '{}'",
+            "UPDATE contract_reviews SET package = 'example:other@1.0.0'",
+            "UPDATE contract_reviews SET created_ms = 0",
+            "UPDATE contract_reviews SET state = 'bogus'",
+            "DELETE FROM contract_reviews",
+        ] {
+            assert!(refused_directly(&db, sql), "{sql}");
+        }
+        // Only contract events prove a review: another event about the package is not one.
+        store
+            .append_trace("mapping-revision", p, &json!({"package": p, "digest": "zz"}))
+            .unwrap();
+        assert_eq!(disproof(&a, &store.contract_proofs(p).unwrap()), None);
         let marked = store.mark_contract_erroneous(p, "bob", "wrong class").unwrap().unwrap();
         assert_eq!(marked.state, ContractState::Erroneous);
         assert_eq!(store.mark_contract_erroneous(p, "bob", "again").unwrap(), None);

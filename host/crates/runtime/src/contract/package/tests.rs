@@ -138,6 +138,17 @@ fn the_digest_covers_the_wit_and_the_sidecar_together() {
     assert_ne!(base, renamed.digest(), "a file renamed");
 }
 
+/// Each file's length is in the digest: without it, one file whose text holds the next
+/// file's header would hash like the two files.
+#[test]
+fn the_digest_tells_one_file_from_two_that_concatenate_alike() {
+    let two = PackageFiles::new("pkg", [("a.wit", "P"), ("b.wit", "Q")]).unwrap();
+    let one = PackageFiles::new("pkg", [("a.wit", "Pb.wit\nQ")]).unwrap();
+    assert_ne!(two.digest(), one.digest());
+    let one = PackageFiles::new("pkg", [("a.wit", "P\nb.wit\n1\nQ")]).unwrap();
+    assert_ne!(two.digest(), one.digest());
+}
+
 #[test]
 fn the_built_in_packages_load_through_the_same_path() {
     let c = Contracts::built_in();
