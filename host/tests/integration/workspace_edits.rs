@@ -176,6 +176,13 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     .await
     .unwrap();
     let text = assert_refused(&r, Category::ApprovalRequired);
+    // The person sees what the undo acts on: the change, its file and both digests.
+    assert!(
+        text.contains("Change \"")
+            && text.contains("path \"notes.md\"")
+            && text.contains(&sha("old text\n")),
+        "{text}"
+    );
     d.airlock_ok(&[
         "approvals",
         "approve",

@@ -111,20 +111,16 @@ pub fn approval_schema() -> Value {
     })
 }
 
-fn kib(bytes: u64) -> String {
-    if bytes < 1024 {
-        format!("{bytes} bytes")
-    } else {
-        format!("{:.1} KiB", bytes as f64 / 1024.0)
-    }
-}
-
 fn quoted(text: &str) -> String {
     let clipped: String = text.chars().take(80).collect();
     format!("{clipped:?}")
 }
 
-/// The deterministic description of what approving `n` lets happen.
+/// The deterministic description of what approving `n` lets happen: the capability, its
+/// mapping revision and effect class (`external-effect`: "cannot be recalled"), then each
+/// handle the arguments name as `Kind "locator" (fact value, ...)` with the facts the result
+/// that minted it reported (an artifact's title, media type and sha256; a change's path and
+/// the digests before and after, which is what an undo restores), then the arguments' digest.
 pub fn summarize(n: &Normalized) -> String {
     let cap = n.capability();
     let class = cap.semantics.class;
@@ -140,36 +136,36 @@ pub fn summarize(n: &Normalized) -> String {
             ""
         }
     )];
+    // Each handle the call names, by its kind, its locator and the facts its result
+    // reported (a title, a digest, a size...): what the person approves the call to act
+    // on, for any contract (no kind is named here).
     for h in n.handles() {
-        let f = &h.resolved.facts;
-        let text = |k: &str| f.get(k).and_then(Value::as_str);
-        match h.kind.as_str() {
-            "artifact-ref" => {
-                let mut parts = Vec::new();
-                if let Some(t) = text("media-type") {
-                    parts.push(t.to_string());
-                }
-                if let Some(b) = f.get("bytes").and_then(Value::as_u64) {
-                    parts.push(kib(b));
-                }
-                if let Some(d) = text("sha256") {
-                    parts.push(format!("sha256 {d}"));
-                }
-                lines.push(format!(
-                    "Artifact {} ({}).",
-                    quoted(text("title").unwrap_or(&h.resolved.locator)),
-                    parts.join(", ")
-                ));
-            }
-            "destination-ref" => lines.push(format!(
-                "Destination {}{}.",
-                quoted(&h.resolved.locator),
-                text("label")
-                    .map(|l| format!(" ({})", quoted(l)))
-                    .unwrap_or_default()
-            )),
-            other => lines.push(format!("{other} {}.", quoted(&h.resolved.locator))),
+        let kind = h
+            .kind
+            .strip_suffix(crate::contract::HANDLE_SUFFIX)
+            .unwrap_or(&h.kind);
+        let mut name = kind.replace('-', " ");
+        if let Some(first) = name.get(..1) {
+            name = first.to_uppercase() + &name[1..];
         }
+        let facts: Vec<String> = h
+            .resolved
+            .facts
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(t) => format!("{k} {}", quoted(t)),
+                other => format!("{k} {other}"),
+            })
+            .collect();
+        lines.push(format!(
+            "{name} {}{}.",
+            quoted(&h.resolved.locator),
+            if facts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", facts.join(", "))
+            }
+        ));
     }
     lines.push(format!("Arguments digest sha256 {}.", n.args_digest()));
     lines.join("\n")
