@@ -22,8 +22,21 @@ fn sha(text: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
-fn deployment(ws: &Path) -> Deployment {
+/// The workspace server over `ws` (confined, read-write) as connection `workspace`, the
+/// `workspace-edits` mapping, and `packages` as the configuration's `[[contract]]` folders
+/// (none: the repository's `contracts/workspace-edits`).
+fn deployment(ws: &Path, packages: &[&Path]) -> Deployment {
     let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
+    let repository = workspace().join("contracts/workspace-edits");
+    let packages = if packages.is_empty() {
+        vec![repository.as_path()]
+    } else {
+        packages.to_vec()
+    };
+    let contracts: String = packages
+        .iter()
+        .map(|p| format!("[[contract]]\npath = {:?}\n", p.display().to_string()))
+        .collect();
     Deployment::with_notes()
         .connection(&format!(
             "[[connection]]\nname = \"workspace\"\ncommand = \"node\"\nargs = [{:?}, {:?}]\n{}",
@@ -32,13 +45,7 @@ fn deployment(ws: &Path) -> Deployment {
             confined(&[(ws, "read-write")])
         ))
         .mapping("workspace-edits")
-        .tables(&format!(
-            "[[contract]]\npath = {:?}\n",
-            workspace()
-                .join("contracts/workspace-edits")
-                .display()
-                .to_string()
-        ))
+        .tables(&contracts)
 }
 
 fn approval_in(text: &str) -> String {
@@ -75,7 +82,7 @@ async fn approved_call(
 async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
-    let d = deployment(ws.path());
+    let d = deployment(ws.path(), &[]);
     let config = d.write_config();
     let config = config.to_str().unwrap();
     d.airlock_ok(&["discover", "workspace", "--config", config]);
@@ -372,20 +379,7 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
     }
     // A second package, 1.1.0, configured from the start but written only later.
     let next = tempfile::tempdir().unwrap();
-    let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
-    let d = Deployment::with_notes()
-        .connection(&format!(
-            "[[connection]]\nname = \"workspace\"\ncommand = \"node\"\nargs = [{:?}, {:?}]\n{}",
-            server.display().to_string(),
-            ws.path().display().to_string(),
-            confined(&[(ws.path(), "read-write")])
-        ))
-        .mapping("workspace-edits")
-        .tables(&format!(
-            "[[contract]]\npath = {:?}\n[[contract]]\npath = {:?}\n",
-            pkg.path().display().to_string(),
-            next.path().display().to_string()
-        ));
+    let d = deployment(ws.path(), &[pkg.path(), next.path()]);
     let config = d.write_config();
     let config = config.to_str().unwrap();
     d.airlock_ok(&["discover", "workspace", "--config", config]);
