@@ -56,6 +56,7 @@ pub fn approved(store: &dyn Store, binding: &ReceiptBinding, count: usize) -> Ve
 /// The `i`th bench intent (ids and keys unique per `i`).
 pub fn intent(i: usize) -> NewIntent {
     NewIntent {
+        compensates: None,
         id: format!("int_{i:032x}"),
         idempotency_key: format!("idk_{i:032x}"),
         call_id: format!("call_{i}"),

@@ -729,6 +729,7 @@ async fn lost_answer_scene<W: std::io::Write>(
         .registry()
         .store()
         .intents(&crate::store::IntentFilter {
+            compensates: None,
             limit: 10,
             ..Default::default()
         })?;

@@ -46,6 +46,7 @@ pub fn list(
     limit: usize,
 ) -> Result<Vec<IntentRecord>> {
     registry.store().intents(&IntentFilter {
+        compensates: None,
         states: state.into_iter().collect(),
         mapping: None,
         created_before_ms: None,
@@ -100,6 +101,15 @@ pub fn show_text(r: &IntentRecord, attempts: &[AttemptRecord]) -> String {
     if let Some(a) = &r.approval_id {
         out.push_str(&format!("  approval   {a}\n"));
     }
+    if let Some(original) = &i.compensates {
+        out.push_str(&format!("  compensates {original}\n"));
+    }
+    for h in &r.handles {
+        out.push_str(&format!(
+            "  undo by    {}\n",
+            crate::cli::operate::safe_lines(&handle_text(h))
+        ));
+    }
     for a in attempts {
         out.push_str(&format!(
             "  attempt {}  {}  ({} request(s) sent, {} answered{})\n",
@@ -134,6 +144,156 @@ pub fn show_text(r: &IntentRecord, attempts: &[AttemptRecord]) -> String {
         ));
     }
     out
+}
+
+/// A kept handle as people read it: `kind "locator" (fact value, ...)`.
+fn handle_text(h: &crate::store::IntentHandle) -> String {
+    let facts: Vec<String> = h
+        .facts
+        .iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(t) => format!("{k} {t:?}"),
+            other => format!("{k} {other}"),
+        })
+        .collect();
+    if facts.is_empty() {
+        format!("{} {:?}", h.kind, h.locator)
+    } else {
+        format!("{} {:?} ({})", h.kind, h.locator, facts.join(", "))
+    }
+}
+
+/// How often a compensation waiting for a person looks at its approval request.
+const DECISION_POLL: Duration = Duration::from_millis(200);
+
+/// Compensates (undoes) the completed intent `id` on `host`, as its configured requester
+/// under `profile` (see [`crate::pipeline::compensate`]): plans it, runs the undo's
+/// capability through the pipeline and, when policy asks a person, prints the summary to
+/// `progress` and waits up to `wait` for `airlock approvals approve|deny` on it, then runs
+/// it again (once). Returns the new intent's record with the undo's result.
+///
+/// # Errors
+/// What [`crate::pipeline::compensate::plan`] refuses; the request denied, revoked,
+/// expired or not decided within `wait` (then it is revoked: only this run's session could
+/// have used it); the undo refused or failed (its category and detail).
+pub async fn compensate(
+    host: &std::sync::Arc<crate::host::Host>,
+    id: &str,
+    profile: Option<&str>,
+    wait: Duration,
+    progress: &mut dyn std::io::Write,
+) -> Result<serde_json::Value> {
+    use crate::pipeline::{self, NoAsker, Outcome};
+    let session = host.stdio_session(profile)?;
+    let plan = pipeline::compensate::plan(host, &session, id)?;
+    let o = &plan.original.intent;
+    writeln!(
+        progress,
+        "compensating intent {id}: `{}` (mapping {} revision {}), completed {}",
+        o.capability,
+        o.mapping,
+        o.mapping_revision,
+        when(plan.original.updated_ms)
+    )?;
+    for (field, h) in &plan.undoes {
+        writeln!(
+            progress,
+            "  undo `{}` ({}) on mapping revision {}, {field}: {}",
+            plan.capability,
+            plan.function,
+            plan.revision,
+            crate::cli::operate::safe_lines(&handle_text(h))
+        )?;
+    }
+    let mut asked = None;
+    let outcome = loop {
+        let outcome = pipeline::run(host, plan.candidate(session.clone()), &NoAsker)
+            .await
+            .outcome()
+            .await;
+        let Outcome::ApprovalRequired { approval, summary } = &outcome else {
+            break outcome;
+        };
+        if asked.as_ref() == Some(approval) {
+            bail!("approval {approval} was approved, yet the undo asked again; nothing was undone");
+        }
+        writeln!(
+            progress,
+            "policy asks a person to approve:\n{}\nwaiting up to {} s for: airlock approvals approve {approval} (or deny)",
+            crate::cli::operate::safe_lines(summary),
+            wait.as_secs()
+        )?;
+        await_decision(host, approval, wait).await?;
+        writeln!(progress, "approval {approval} approved; undoing")?;
+        asked = Some(approval.clone());
+    };
+    let value = match outcome {
+        Outcome::Completed(c) => c.value.unwrap_or(serde_json::Value::Null),
+        Outcome::Refused { category, detail } => {
+            bail!("the undo was refused ({}): {detail}", category.as_str())
+        }
+        Outcome::Invalid { message } => {
+            bail!("the undo is not a call this session can make: {message}")
+        }
+        other => bail!("the undo did not complete: {:?}", other.trace_summary()),
+    };
+    let done = host
+        .registry()
+        .store()
+        .intents(&IntentFilter {
+            compensates: Some(id.to_string()),
+            states: vec![IntentState::Completed],
+            limit: 1,
+            ..IntentFilter::default()
+        })?
+        .into_iter()
+        .next()
+        .context("the undo completed but its intent is not recorded as the compensation")?;
+    Ok(json!({
+        "compensated": id,
+        "intent": done,
+        "capability": plan.capability,
+        "result": value,
+    }))
+}
+
+/// Waits up to `wait` for a person's decision on approval `id`.
+///
+/// # Errors
+/// Denied, revoked or expired; no decision within `wait` (the request is then revoked).
+async fn await_decision(host: &crate::host::Host, id: &str, wait: Duration) -> Result<()> {
+    use crate::store::{ApprovalDecision, ApprovalState};
+    let store = host.registry().store();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let record = store
+            .approval(id)?
+            .with_context(|| format!("approval {id} vanished from the store"))?;
+        match record.state {
+            ApprovalState::Approved => return Ok(()),
+            ApprovalState::Pending => {}
+            other => bail!("approval {id} is {}: nothing was undone", other.as_str()),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            // Only this run's session could use it: withdraw it from the inbox.
+            let revoked = crate::cli::approvals::decide(
+                host.registry(),
+                id,
+                ApprovalDecision::Revoke,
+                "airlock",
+                Some("the compensation waiting for it stopped"),
+                host.config().approvals.ttl,
+            );
+            if let Err(e) = revoked {
+                tracing::warn!("could not withdraw approval {id}: {e:#}");
+            }
+            bail!(
+                "no decision on approval {id} within {} s: nothing was undone (the request is withdrawn; run the command again to ask again)",
+                wait.as_secs()
+            );
+        }
+        tokio::time::sleep(DECISION_POLL).await;
+    }
 }
 
 /// Why the trace does not prove the intent row `r`
@@ -176,6 +336,7 @@ pub fn resolve(
     }
     let evidence: String = evidence.chars().take(2000).collect();
     let resolution = Resolution {
+        handles: Vec::new(),
         state,
         method: ResolutionMethod::Person,
         by: by.to_string(),
@@ -205,6 +366,7 @@ mod tests {
     fn show_says_how_to_resolve_an_unknown_intent_and_escapes_evidence() {
         let r = IntentRecord {
             intent: crate::store::NewIntent {
+                compensates: None,
                 id: "int_1".into(),
                 idempotency_key: "idk_1".into(),
                 call_id: "call_1".into(),
@@ -222,6 +384,7 @@ mod tests {
             updated_ms: 0,
             resolution: None,
             resolved_ms: None,
+            handles: Vec::new(),
         };
         let text = show_text(&r, &[]);
         assert!(text.contains("airlock intents resolve int_1"), "{text}");

@@ -239,7 +239,8 @@ not queryable is sent again with the same key; otherwise the intent is held for 
 Example:
   airlock intents list --state unknown
   airlock intents show int_0123456789abcdef0123456789abcdef
-  airlock intents resolve int_0123… --as completed --evidence \"outbox has delivery dlv_42\"")]
+  airlock intents resolve int_0123… --as completed --evidence \"outbox has delivery dlv_42\"
+  airlock intents compensate int_0123… --config airlock.toml")]
     Intents {
         #[command(subcommand)]
         action: IntentsAction,
@@ -699,6 +700,35 @@ enum IntentsAction {
         #[arg(long)]
         json: bool,
     },
+    /// Undo a completed effect through the undo its contract declares (compensable-by).
+    #[command(after_help = "\
+Runs the undo's capability as the configuration's requester, through the same pipeline as
+any call: policy decides it, and when policy asks a person, the summary (which intent it
+undoes, the handle and what its result reported, such as the digest a file is restored to)
+is printed and the command waits for `airlock approvals approve ID` from another terminal.
+The undo is an intent of its own that records the one it compensates; an intent has at most
+one compensation open or completed. Only what the original's result carried is undone, and
+only when the trace proves it.
+
+Example:
+  airlock intents compensate int_0123456789abcdef0123456789abcdef --config airlock.toml")]
+    Compensate {
+        /// The completed intent to undo (int_…).
+        #[arg(value_name = "ID")]
+        id: String,
+        /// The serve configuration whose mapping serves the undo.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// The profile the undo is called under (default: as `airlock serve`).
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
+        /// How long to wait for a person's approval, in seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+        wait: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -986,6 +1016,35 @@ async fn dispatch(
         Command::Contracts { action } => contracts(action, state_dir),
         Command::Trace { action } => trace(action, state_dir),
         Command::Approvals { action } => approvals(action, state_dir),
+        Command::Intents {
+            action:
+                IntentsAction::Compensate {
+                    id,
+                    config,
+                    profile,
+                    wait,
+                    json,
+                },
+        } => {
+            init_logging("warn");
+            let config = load_config(&config, state_dir)?;
+            let host = Host::start(&config).await?;
+            let done = intents::compensate(
+                &host,
+                &id,
+                profile.as_deref(),
+                std::time::Duration::from_secs(wait),
+                &mut std::io::stderr(),
+            )
+            .await?;
+            output::emit(json, &done, |d| {
+                format!(
+                    "compensated {id}: intent {} completed\n{}\n",
+                    d["intent"]["id"].as_str().unwrap_or("?"),
+                    serde_json::to_string_pretty(&d["result"]).unwrap_or_default()
+                )
+            })
+        }
         Command::Intents { action } => intents(action, state_dir),
         Command::Policy { action } => policy(action, state_dir),
         Command::New {
@@ -1460,6 +1519,9 @@ fn intents(action: IntentsAction, state_dir: Option<PathBuf>) -> Result<()> {
             let by = by.unwrap_or_else(crate::config::os_user_name);
             let r = intents::resolve(&registry, &id, state, &by, &evidence)?;
             show(&r, json)
+        }
+        IntentsAction::Compensate { .. } => {
+            anyhow::bail!("`intents compensate` runs a host: it is dispatched with one")
         }
     }
 }

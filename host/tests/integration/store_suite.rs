@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use airlock::store::{
     ApprovalDecision, ApprovalMode, ApprovalState, Approvals as _, AttemptState, Connections as _,
-    ConsumeAs, Consumption, ContractReviews as _, Hosts as _, IntentFilter, IntentState,
-    MappingState, Mappings as _, NewApproval, NewEvent, NewIntent, NewMappingRevision,
+    ConsumeAs, Consumption, ContractReviews as _, Hosts as _, IntentFilter, IntentHandle,
+    IntentState, MappingState, Mappings as _, NewApproval, NewEvent, NewIntent, NewMappingRevision,
     PostgresStore, ReceiptBinding, ReceiptRefusal, Resolution, ResolutionMethod, SqliteStore,
     Store, Target, Trace as _, TraceKey, open,
 };
@@ -69,6 +69,18 @@ impl Db {
                 &format!("ALTER TABLE trace_events DISABLE TRIGGER USER; {sql}"),
             )
             .unwrap(),
+        }
+    }
+
+    /// Runs `sql` on the database directly with every guard in place: the database's
+    /// refusal, if it refuses.
+    fn try_exec(&self, sql: &str) -> Result<(), String> {
+        match self {
+            Db::Sqlite(dir) => rusqlite::Connection::open(dir.path().join("airlock.db"))
+                .unwrap()
+                .execute_batch(sql)
+                .map_err(|e| e.to_string()),
+            Db::Postgres(target) => pg::exec(target, sql),
         }
     }
 
@@ -140,6 +152,7 @@ fn request(mode: ApprovalMode, ttl_ms: u64) -> NewApproval {
 
 fn intent(n: usize) -> NewIntent {
     NewIntent {
+        compensates: None,
         id: format!("int_{n}"),
         idempotency_key: format!("idk_{n}"),
         call_id: format!("call_{n}"),
@@ -320,11 +333,11 @@ both! {
         created(3, "other", true);
         created(4, "m", false); // written before schema 9
         created(5, "m", true);
-        store.finish_intent("int_1", IntentState::Completed, vec![outcome(1, IntentState::Completed)], vec![]).unwrap();
-        store.finish_intent("int_2", IntentState::Unknown, vec![outcome(2, IntentState::Unknown)], vec![]).unwrap();
+        store.finish_intent("int_1", IntentState::Completed, vec![outcome(1, IntentState::Completed)], vec![], vec![]).unwrap();
+        store.finish_intent("int_2", IntentState::Unknown, vec![outcome(2, IntentState::Unknown)], vec![], vec![]).unwrap();
         let resolved = NewEvent::new("intent-resolved", "call_5", json!({"intent": "int_5", "state": "failed", "intent_state": "failed"}));
-        store.finish_intent("int_5", IntentState::Unknown, vec![outcome(5, IntentState::Unknown)], vec![]).unwrap();
-        store.resolve_intent("int_5", &Resolution { state: IntentState::Failed, method: ResolutionMethod::Person, by: "bob".into(), evidence: json!({}) }, vec![resolved]).unwrap();
+        store.finish_intent("int_5", IntentState::Unknown, vec![outcome(5, IntentState::Unknown)], vec![], vec![]).unwrap();
+        store.resolve_intent("int_5", &Resolution { state: IntentState::Failed, method: ResolutionMethod::Person, by: "bob".into(), evidence: json!({}), handles: vec![] }, vec![resolved]).unwrap();
         // Noise: a read's outcome names an intent but changes no state.
         store.append_trace("call-outcome", "call_1", &json!({"intent": "int_1", "outcome": "refused"})).unwrap();
 
@@ -707,7 +720,7 @@ both! {
         store.create_intent(&intent(1), vec![]).unwrap();
         store.create_intent(&intent(2), vec![]).unwrap();
         store.set_intent_state("int_1", IntentState::Unknown, vec![]).unwrap();
-        let person = Resolution { state: IntentState::Completed, method: ResolutionMethod::Person, by: "carol".into(), evidence: json!({"said": "it went"}) };
+        let person = Resolution { state: IntentState::Completed, method: ResolutionMethod::Person, by: "carol".into(), evidence: json!({"said": "it went"}), handles: vec![] };
         let listed = store.intents(&IntentFilter { states: vec![IntentState::Unknown], limit: 10, ..Default::default() }).unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(store.intents(&IntentFilter { mapping: Some("outbox-delivery".into()), limit: 10, ..Default::default() }).unwrap().len(), 2);
@@ -722,6 +735,50 @@ both! {
         let bad = Resolution { state: IntentState::Unknown, ..person };
         assert!(store.resolve_intent("int_2", &bad, vec![]).is_err());
         assert_eq!(store.trace(0, 10).unwrap().len(), 1, "refusals append nothing");
+    }
+
+    fn a_completed_intent_keeps_its_handles_once_and_has_one_compensation_at_a_time(db, store) {
+        let kept = vec![IntentHandle {
+            kind: "change-ref".into(),
+            locator: "idk_1".into(),
+            facts: json!({"path": "a.md", "bytes": 3}).as_object().unwrap().clone(),
+        }];
+        store.create_intent(&intent(1), vec![]).unwrap();
+        // Only a completed effect keeps what undoes it.
+        let err = format!("{:#}", store.finish_intent("int_1", IntentState::Unknown, vec![], vec![], kept.clone()).unwrap_err());
+        assert!(err.contains("only when it completes"), "{err}");
+        assert_eq!(store.intent("int_1").unwrap().unwrap().state, IntentState::Prepared, "nothing was written");
+        store.finish_intent("int_1", IntentState::Completed, vec![], vec![], kept.clone()).unwrap();
+        assert_eq!(store.intent("int_1").unwrap().unwrap().handles, kept);
+        // Written once: the database itself refuses a second write.
+        let refused = db.try_exec("UPDATE intents SET handles = '[]' WHERE id = 'int_1'").unwrap_err();
+        assert!(refused.contains("written once"), "{refused}");
+        // A resolution as completed keeps them too; as failed, it may not.
+        store.create_intent(&intent(2), vec![]).unwrap();
+        store.set_intent_state("int_2", IntentState::Unknown, vec![]).unwrap();
+        let found = Resolution { state: IntentState::Completed, method: ResolutionMethod::Query, by: "airlock".into(), evidence: json!({}), handles: kept.clone() };
+        let failed = Resolution { state: IntentState::Failed, ..found.clone() };
+        assert!(format!("{:#}", store.resolve_intent("int_2", &failed, vec![]).unwrap_err()).contains("only when it completes"));
+        assert_eq!(store.resolve_intent("int_2", &found, vec![]).unwrap().handles, kept);
+
+        // One compensation open or completed at a time; a failed one may be tried again.
+        let compensation = |n: usize| NewIntent { compensates: Some("int_1".into()), ..intent(n) };
+        store.create_intent(&compensation(3), vec![]).unwrap();
+        assert!(store.create_intent(&compensation(4), vec![]).is_err(), "a second one while the first is open");
+        assert!(store.intent("int_4").unwrap().is_none());
+        store.set_intent_state("int_3", IntentState::Failed, vec![]).unwrap();
+        store.create_intent(&compensation(4), vec![]).unwrap();
+        store.set_intent_state("int_4", IntentState::Completed, vec![]).unwrap();
+        assert!(store.create_intent(&compensation(5), vec![]).is_err(), "nor once one completed");
+        let of = store.intents(&IntentFilter { compensates: Some("int_1".into()), limit: 10, ..Default::default() }).unwrap();
+        let ids: Vec<&str> = of.iter().map(|i| i.intent.id.as_str()).collect();
+        assert_eq!(ids.len(), 2, "{ids:?}");
+        assert!(ids.contains(&"int_3") && ids.contains(&"int_4"));
+        assert_eq!(of[0].intent.compensates.as_deref(), Some("int_1"));
+        assert!(store.intents(&IntentFilter { compensates: Some("int_2".into()), limit: 10, ..Default::default() }).unwrap().is_empty());
+        // What an intent compensates never changes.
+        let refused = db.try_exec("UPDATE intents SET compensates = 'int_2' WHERE id = 'int_4'").unwrap_err();
+        assert!(refused.contains("never changes"), "{refused}");
     }
 
     fn observations_commit_with_their_events_or_not_at_all(db, store) {
@@ -923,11 +980,15 @@ mod postgres_only {
             store.trace(0, 10).unwrap()
         };
         // Exactly the state a schema-1 build leaves: no reference_bindings table (2), no
-        // index of intent state events (3), no contract reviews (4).
+        // index of intent state events (3), no contract reviews (4), no compensation (5).
         pg::exec(
             &target,
             "DROP TABLE reference_bindings; DROP INDEX trace_events_intent_states; \
              DROP TABLE contract_reviews; DROP INDEX trace_events_contract_proofs; \
+             DROP INDEX intents_one_compensation; \
+             DROP TRIGGER intents_keep_compensates ON intents; \
+             DROP TRIGGER intents_handles_once ON intents; \
+             ALTER TABLE intents DROP COLUMN compensates, DROP COLUMN handles; \
              UPDATE airlock_schema SET version = 1",
         )
         .unwrap();

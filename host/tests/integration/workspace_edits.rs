@@ -215,6 +215,207 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     d.airlock_ok(&["trace", "verify"]);
 }
 
+/// `airlock intents compensate INTENT --config CONFIG --json`, answering the approval it
+/// asks for with `approvals DECISION` (`approve` or `deny`) as `carol` from another
+/// process, as a person at another terminal would. Returns (success, stdout, stderr).
+fn compensate(
+    d: &Deployment,
+    config: &str,
+    intent: &str,
+    decision: &str,
+) -> (bool, String, String) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(airlock_bin())
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("AIRLOCK_STATE_DIR", d.state_dir())
+        .args([
+            "intents",
+            "compensate",
+            intent,
+            "--config",
+            config,
+            "--json",
+            "--wait",
+            "120",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(at) = line.find("airlock approvals approve apr_") {
+            let id = approval_in(&line[at..]);
+            let mut args = vec!["approvals", decision, &id, "--by", "carol"];
+            if decision == "approve" {
+                args.push("--yes");
+            }
+            d.airlock_ok(&args);
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        seen,
+    )
+}
+
+/// The completed intent of `capability` (the newest).
+fn completed(d: &Deployment, capability: &str) -> serde_json::Value {
+    let list = d.airlock_json(&["intents", "list", "--state", "completed"]);
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["capability"] == capability)
+        .unwrap_or_else(|| panic!("no completed {capability} in {list}"))
+        .clone()
+}
+
+/// A completed write is undone out of band (`airlock intents compensate`): the undo is an
+/// ordinary call of `restore` that policy sends to a person, whose summary names the
+/// intent undone and the digest restored; denied, nothing changes; approved, the file is
+/// back and the new intent records what it compensates; once compensated, never again.
+#[tokio::test]
+async fn a_completed_write_is_compensated_out_of_band_once_a_person_approves() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
+    let d = deployment(ws.path(), &[]);
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "workspace", "--config", config]);
+    d.airlock_ok(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    d.approve_all();
+    let client = d.serve_unreviewed().await;
+    let args = json!({"path": "notes.md", "content": "new text\n"});
+    approved_call(&d, &client, "write_workspace_file", args).await;
+    client.cancel().await.unwrap();
+    let write = completed(&d, "write_workspace_file");
+    let id = write["id"].as_str().unwrap().to_string();
+    // What the write's result carried is kept with its intent, to undo it by.
+    assert_eq!(write["handles"][0]["kind"], "change-ref", "{write}");
+    assert_eq!(write["handles"][0]["facts"]["path"], "notes.md");
+    assert_eq!(
+        write["handles"][0]["facts"]["before-sha256"],
+        sha("old text\n")
+    );
+    let shown = d.airlock_ok(&["intents", "show", &id]);
+    assert!(shown.contains("undo by    change-ref"), "{shown}");
+
+    // Denied: nothing is undone.
+    let (ok, _, err) = compensate(&d, config, &id, "deny");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains(&format!("It compensates intent {id}"))
+            && err.contains("path \"notes.md\"")
+            && err.contains(&sha("old text\n")),
+        "the person sees what is undone and the digest it restores: {err}"
+    );
+    assert!(err.contains("is denied: nothing was undone"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
+    );
+
+    // Approved: undone once, as an intent of its own that names the original.
+    let (ok, out, err) = compensate(&d, config, &id, "approve");
+    assert!(ok, "{err}");
+    let done: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(done["compensated"], id.as_str());
+    assert_eq!(done["intent"]["compensates"], id.as_str());
+    assert_eq!(done["intent"]["capability"], "restore_workspace_file");
+    assert_eq!(done["result"]["after-sha256"], sha("old text\n"));
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "old text\n"
+    );
+    let undo = done["intent"]["id"].as_str().unwrap();
+    let shown = d.airlock_json(&["intents", "show", undo]);
+    assert!(shown["tampered"].is_null(), "the trace proves it: {shown}");
+    assert_eq!(shown["intent"]["compensates"], id.as_str());
+
+    // Once compensated, never again; an undo has no undo; an unknown intent is named.
+    let (ok, _, err) = compensate(&d, config, &id, "approve");
+    assert!(
+        !ok && err.contains(&format!("already compensated by intent {undo}")),
+        "{err}"
+    );
+    let (ok, _, err) = compensate(&d, config, undo, "approve");
+    assert!(!ok && err.contains("declares no undo"), "{err}");
+    let (ok, _, err) = compensate(&d, config, "int_nothing", "approve");
+    assert!(!ok && err.contains("no intent `int_nothing`"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "old text\n"
+    );
+    d.airlock_ok(&["trace", "verify"]);
+}
+
+/// Handles changed in the database (its write-once trigger dropped, the locator pointed
+/// at another change) are not what the write's MACed completion recorded: nothing is
+/// undone by them and no person is even asked.
+#[tokio::test]
+async fn handles_changed_in_the_database_undo_nothing() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
+    let d = deployment(ws.path(), &[]);
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "workspace", "--config", config]);
+    d.airlock_ok(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    d.approve_all();
+    let client = d.serve_unreviewed().await;
+    let args = json!({"path": "notes.md", "content": "new text\n"});
+    approved_call(&d, &client, "write_workspace_file", args).await;
+    client.cancel().await.unwrap();
+    let id = completed(&d, "write_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let db = rusqlite::Connection::open(d.state_dir().join("airlock.db")).unwrap();
+    let refused = db.execute("UPDATE intents SET handles = '[]' WHERE id = ?1", [&id]);
+    assert!(
+        refused.unwrap_err().to_string().contains("written once"),
+        "the store keeps handles once"
+    );
+    db.execute_batch("DROP TRIGGER intents_handles_once")
+        .unwrap();
+    db.execute(
+        "UPDATE intents SET handles = replace(handles, '\"locator\":\"', '\"locator\":\"x') WHERE id = ?1",
+        [&id],
+    )
+    .unwrap();
+    drop(db);
+    let (ok, _, err) = compensate(&d, config, &id, "approve");
+    assert!(!ok, "{err}");
+    assert!(err.contains("not those its completion"), "{err}");
+    assert!(!err.contains("apr_"), "no person was asked: {err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
+    );
+}
+
 /// `node` on this machine's PATH, by its full path (a connection gets no environment, so
 /// a command it runs is named in full).
 fn node() -> String {
@@ -297,6 +498,18 @@ async fn a_write_whose_answer_is_lost_is_reconciled_by_reading_the_file_back() {
     );
     assert_eq!(records(ws.path()).len(), 1, "written once, never again");
     client.cancel().await.unwrap();
+    // The reconciled write kept what its query found, so it can be undone like any other.
+    let id = completed(&d, "write_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let config = d.write_config();
+    let (ok, _, err) = compensate(&d, config.to_str().unwrap(), &id, "approve");
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "old text\n"
+    );
     d.airlock_ok(&["trace", "verify"]);
 }
 

@@ -346,6 +346,26 @@ pub struct NewIntent {
     pub mapping_revision: i64,
     pub args_digest: String,
     pub effect_class: String,
+    /// The intent this one compensates (undoes), when it is a compensation started with
+    /// `airlock intents compensate`: at most one compensation of an intent is open or
+    /// completed at a time (a failed one may be tried again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compensates: Option<String>,
+}
+
+/// One handle a completed effect's result carried, kept with its intent so that the
+/// effect can be compensated later ([`IntentRecord::handles`]): the handle kind (a
+/// contract's `<x>-ref` name), the adapter's locator (never shown to the model) and the
+/// scalar facts of the record it came in (the summary a person approves names them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentHandle {
+    /// The handle kind, e.g. `change-ref`.
+    pub kind: String,
+    /// The adapter's locator.
+    pub locator: String,
+    /// The scalar fields of the record the handle was a field of.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub facts: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A stored intent.
@@ -361,6 +381,11 @@ pub struct IntentRecord {
     pub resolution: Option<serde_json::Value>,
     /// When it was resolved (ms since the epoch).
     pub resolved_ms: Option<u64>,
+    /// The handles its result carried, kept when it completed and its capability is
+    /// compensable (empty otherwise): what a compensation undoes. Written once; the
+    /// completing trace event carries their digest ([`crate::plans::handles_sha256`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handles: Vec<IntentHandle>,
 }
 
 /// A random id `prefix` + `bytes` hex-encoded random bytes.
@@ -376,7 +401,7 @@ pub(super) const APPROVAL_COLUMNS: &str = "id, state, mode, requester, session, 
 
 pub(super) const INTENT_COLUMNS: &str = "id, idempotency_key, call_id, approval_id, requester, \
      session, capability, mapping, mapping_revision, args_digest, effect_class, state, \
-     created_ms, updated_ms, resolution, resolved_ms";
+     created_ms, updated_ms, resolution, resolved_ms, compensates, handles";
 
 fn load_approval(tx: &Transaction<'_>, id: &str) -> rusqlite::Result<Option<ApprovalRecord>> {
     tx.prepare_cached(&format!(
@@ -395,7 +420,8 @@ fn insert_intent(
     tx.prepare_cached(
         "INSERT INTO intents (id, idempotency_key, call_id, approval_id, requester, session, \
          capability, mapping, mapping_revision, args_digest, effect_class, state, created_ms, \
-         updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12)",
+         updated_ms, compensates) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'prepared', ?12, ?12, ?13)",
     )?
     .execute(params![
         intent.id,
@@ -410,6 +436,7 @@ fn insert_intent(
         intent.args_digest,
         intent.effect_class,
         now,
+        intent.compensates,
     ])?;
     super::intents::insert_attempt(tx, &intent.id, 1, now)?;
     Ok(())
@@ -656,15 +683,17 @@ impl SqliteStore {
         state: IntentState,
         events: Vec<NewEvent>,
         observations: &[super::NewObservation],
+        handles: &[IntentHandle],
     ) -> anyhow::Result<()> {
         let now = ms_to_sql(now_ms())?;
+        let handles = crate::plans::handles_text(state, handles)?;
         self.transact("recording an intent's outcome", &events, |tx| {
             super::observations::write_in(tx, observations)?;
             let n = tx
                 .prepare_cached(
-                    "UPDATE intents SET state = ?2, updated_ms = ?3 WHERE id = ?1 AND state = 'prepared'",
+                    "UPDATE intents SET state = ?2, updated_ms = ?3, handles = ?4 WHERE id = ?1 AND state = 'prepared'",
                 )?
-                .execute(params![id, state.as_str(), now])?;
+                .execute(params![id, state.as_str(), now, handles])?;
             if n != 1 {
                 return Err(crate::plans::not_prepared(id));
             }
@@ -748,6 +777,7 @@ mod tests {
 
     fn intent(n: usize) -> NewIntent {
         NewIntent {
+            compensates: None,
             id: format!("int_{n}"),
             idempotency_key: format!("idk_{n}"),
             call_id: format!("call_{n}"),

@@ -146,6 +146,11 @@ pub struct Resolution {
     pub by: String,
     /// What showed it (safe summary: ids, digests, a person's words), a JSON object.
     pub evidence: Value,
+    /// For a completed compensable effect: the handles of the record found
+    /// ([`crate::IntentRecord::handles`]); empty otherwise. Not part of the stored
+    /// resolution text.
+    #[serde(skip)]
+    pub handles: Vec<crate::IntentHandle>,
 }
 
 /// Which intents to list.
@@ -157,6 +162,8 @@ pub struct IntentFilter {
     pub mapping: Option<String>,
     /// Only intents created before this time (ms since the epoch).
     pub created_before_ms: Option<u64>,
+    /// Only the compensations of this intent.
+    pub compensates: Option<String>,
     /// At most this many, newest first.
     pub limit: usize,
 }
@@ -289,12 +296,20 @@ impl SqliteStore {
             "SELECT {INTENT_COLUMNS} FROM intents \
              WHERE (?1 = '[]' OR state IN (SELECT value FROM json_each(?1))) \
                AND (?2 IS NULL OR mapping = ?2) AND created_ms < ?3 \
+               AND (?5 IS NULL OR compensates = ?5) \
              ORDER BY created_ms DESC, id LIMIT ?4"
         ))?;
         let rows = stmt
-            .query_map(params![states_json, filter.mapping, before, limit], |r| {
-                rows::intent(r)
-            })?
+            .query_map(
+                params![
+                    states_json,
+                    filter.mapping,
+                    before,
+                    limit,
+                    filter.compensates
+                ],
+                |r| rows::intent(r),
+            )?
             .collect::<rusqlite::Result<Vec<_>>>()
             .with_context(|| self.context("listing intents"))?;
         Ok(rows)
@@ -307,6 +322,7 @@ impl SqliteStore {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<IntentRecord> {
         let text = crate::plans::check_resolution(resolution)?;
+        let handles = crate::plans::handles_text(resolution.state, &resolution.handles)?;
         let now = ms_to_sql(now_ms())?;
         self.transact("resolving an intent", &events, |tx| {
             let current: Option<String> = tx
@@ -316,9 +332,10 @@ impl SqliteStore {
                 .optional()?;
             crate::plans::check_resolvable(id, current.as_deref())?;
             tx.prepare_cached(
-                "UPDATE intents SET state = ?2, updated_ms = ?3, resolution = ?4, resolved_ms = ?3 WHERE id = ?1",
+                "UPDATE intents SET state = ?2, updated_ms = ?3, resolution = ?4, resolved_ms = ?3, \
+                 handles = ?5 WHERE id = ?1",
             )?
-            .execute(params![id, resolution.state.as_str(), now, text])?;
+            .execute(params![id, resolution.state.as_str(), now, text, handles])?;
             Ok(tx.query_row(
                 &format!("SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?1"),
                 params![id],
@@ -341,6 +358,7 @@ mod tests {
 
     fn intent(s: &SqliteStore, n: u32) -> String {
         let record = NewIntent {
+            compensates: None,
             id: format!("int_{n:032x}"),
             idempotency_key: format!("idk_{n:032x}"),
             call_id: format!("call_{n}"),
@@ -358,6 +376,7 @@ mod tests {
 
     fn person(state: IntentState) -> Resolution {
         Resolution {
+            handles: Vec::new(),
             state,
             method: ResolutionMethod::Person,
             by: "bob".into(),
@@ -446,6 +465,7 @@ mod tests {
             .unwrap();
         let unknown = s
             .intents(&IntentFilter {
+                compensates: None,
                 states: vec![IntentState::Unknown],
                 limit: 10,
                 ..Default::default()
@@ -455,6 +475,7 @@ mod tests {
         assert_eq!(unknown[0].intent.id, a);
         let all = s
             .intents(&IntentFilter {
+                compensates: None,
                 mapping: Some("outbox-delivery".into()),
                 limit: 10,
                 ..Default::default()
@@ -463,6 +484,7 @@ mod tests {
         assert_eq!(all.len(), 2);
         let none = s
             .intents(&IntentFilter {
+                compensates: None,
                 mapping: Some("other".into()),
                 limit: 10,
                 ..Default::default()
@@ -473,6 +495,7 @@ mod tests {
         // A hostile filter value is data, not SQL.
         let odd = s
             .intents(&IntentFilter {
+                compensates: None,
                 mapping: Some("x' OR '1'='1".into()),
                 limit: 10,
                 ..Default::default()

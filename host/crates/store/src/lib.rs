@@ -69,7 +69,8 @@ mod wal_checkpoint;
 
 pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
-    IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding, ReceiptRefusal,
+    IntentHandle, IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding,
+    ReceiptRefusal,
 };
 pub use contracts::{ContractRecord, ContractReviews, ContractState, NewContractApproval};
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
@@ -80,7 +81,7 @@ pub use target::{Target, open};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -364,6 +365,21 @@ CREATE TRIGGER contract_reviews_no_delete BEFORE DELETE ON contract_reviews
     BEGIN SELECT RAISE(ABORT, 'contract reviews are not deleted'); END;
 CREATE INDEX trace_events_contract_proofs ON trace_events (subject, seq)
     WHERE kind IN ('contract-approved', 'contract-marked-erroneous');
+"#,
+    // 11 → 12: compensation (plans.rs): an intent may compensate another (fixed at
+    // creation; one open or completed compensation per intent), and a completed
+    // compensable effect keeps the handles its result carried, written once.
+    r#"
+ALTER TABLE intents ADD COLUMN compensates TEXT REFERENCES intents (id);
+ALTER TABLE intents ADD COLUMN handles TEXT;
+CREATE UNIQUE INDEX intents_one_compensation ON intents (compensates)
+    WHERE compensates IS NOT NULL AND state <> 'failed';
+CREATE TRIGGER intents_keep_compensates BEFORE UPDATE OF compensates ON intents
+    WHEN OLD.compensates IS NOT NEW.compensates
+    BEGIN SELECT RAISE(ABORT, 'what an intent compensates never changes'); END;
+CREATE TRIGGER intents_handles_once BEFORE UPDATE OF handles ON intents
+    WHEN OLD.handles IS NOT NULL AND NEW.handles IS NOT OLD.handles
+    BEGIN SELECT RAISE(ABORT, 'an intent''s handles are written once'); END;
 "#,
 ];
 
@@ -1031,14 +1047,20 @@ pub trait Intents: Send + Sync {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()>;
 
-    /// [`Intents::set_intent_state`] with the observations of the call, in the same
-    /// transaction.
+    /// [`Intents::set_intent_state`] with the observations of the call and, for a
+    /// completed compensable effect, the handles its result carried
+    /// ([`IntentRecord::handles`]), in the same transaction.
+    ///
+    /// # Errors
+    /// Not prepared; handles with another state than completed
+    /// ([`plans::handles_text`]).
     fn finish_intent(
         &self,
         id: &str,
         state: IntentState,
         events: Vec<NewEvent>,
         observations: Vec<NewObservation>,
+        handles: Vec<IntentHandle>,
     ) -> anyhow::Result<()>;
 
     /// The intent `id`.
@@ -2500,7 +2522,7 @@ impl Intents for SqliteStore {
         state: IntentState,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events, &[])
+        self.set_intent_state_impl(id, state, events, &[], &[])
     }
 
     fn finish_intent(
@@ -2509,8 +2531,9 @@ impl Intents for SqliteStore {
         state: IntentState,
         events: Vec<NewEvent>,
         observations: Vec<NewObservation>,
+        handles: Vec<IntentHandle>,
     ) -> anyhow::Result<()> {
-        self.set_intent_state_impl(id, state, events, &observations)
+        self.set_intent_state_impl(id, state, events, &observations, &handles)
     }
 
     fn intent(&self, id: &str) -> anyhow::Result<Option<IntentRecord>> {

@@ -25,15 +25,54 @@
 //! - **Only an unknown intent, or one a stopped host left prepared, can be resolved**
 //!   ([`check_resolution`] before the transaction, [`check_resolvable`] in it), and only as
 //!   completed or failed.
+//! - **An intent's handles are kept only when it completes** ([`handles_text`]), written
+//!   once (a trigger refuses a second write in both backends), and proven by the digest
+//!   its completing trace event carries ([`handles_sha256`]).
+//! - **One compensation per intent at a time**: a unique index over `compensates` among
+//!   intents not `failed` refuses a second one while the first is open or completed.
 //!
 //! [`SqliteStore`]: crate::SqliteStore
 
 use anyhow::bail;
 
 use crate::{
-    ApprovalRecord, ApprovalState, ConsumeAs, IntentState, MappingRecord, MappingState,
-    NewMappingRevision, ReceiptBinding, ReceiptRefusal, Resolution,
+    ApprovalRecord, ApprovalState, ConsumeAs, IntentHandle, IntentState, MappingRecord,
+    MappingState, NewMappingRevision, ReceiptBinding, ReceiptRefusal, Resolution,
 };
+
+/// The stored text of the handles an intent's outcome `state` keeps (`None`: nothing to
+/// keep).
+///
+/// # Errors
+/// Handles given with another outcome than `completed`: only a completed effect has
+/// something to undo.
+pub fn handles_text(
+    state: IntentState,
+    handles: &[IntentHandle],
+) -> anyhow::Result<Option<String>> {
+    if handles.is_empty() {
+        return Ok(None);
+    }
+    if state != IntentState::Completed {
+        bail!(
+            "an intent keeps the handles of its result only when it completes, not when {}",
+            state.as_str()
+        );
+    }
+    Ok(Some(serde_json::to_string(handles)?))
+}
+
+/// sha256 (64 lowercase hex) of the stored text of `handles` ([`handles_text`]): what the
+/// trace event that completes an intent records under its MAC, so that handles changed in
+/// the database are found before anything is undone by them. `None` for no handles.
+pub fn handles_sha256(handles: &[IntentHandle]) -> Option<String> {
+    use sha2::Digest as _;
+    if handles.is_empty() {
+        return None;
+    }
+    let text = serde_json::to_string(handles).ok()?;
+    Some(hex::encode(sha2::Sha256::digest(text.as_bytes())))
+}
 
 /// What a snapshot already stored under the offered digest holds, as read in the
 /// transaction.
@@ -572,6 +611,7 @@ mod tests {
     #[test]
     fn only_an_unknown_or_prepared_intent_is_resolved_as_completed_or_failed() {
         let person = |state| Resolution {
+            handles: Vec::new(),
             state,
             method: ResolutionMethod::Person,
             by: "bob".into(),

@@ -61,8 +61,8 @@ use tokio_postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Trans
 use super::CONTRACT_COLUMNS;
 use super::approvals::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
-    DecisionEffect, INTENT_COLUMNS, IntentRecord, IntentState, NewApproval, NewIntent,
-    ReceiptBinding, ReceiptRefusal, random_id,
+    DecisionEffect, INTENT_COLUMNS, IntentHandle, IntentRecord, IntentState, NewApproval,
+    NewIntent, ReceiptBinding, ReceiptRefusal, random_id,
 };
 use super::contracts::{self, ContractRecord, ContractReviews, NewContractApproval};
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
@@ -80,7 +80,7 @@ use super::{
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
-pub const PG_SCHEMA_VERSION: i64 = 4;
+pub const PG_SCHEMA_VERSION: i64 = 5;
 
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
@@ -338,6 +338,19 @@ CREATE TRIGGER contract_reviews_no_delete BEFORE DELETE ON contract_reviews
     FOR EACH ROW EXECUTE FUNCTION airlock_refuse('contract reviews are not deleted');
 CREATE INDEX trace_events_contract_proofs ON trace_events (subject, seq)
     WHERE kind IN ('contract-approved', 'contract-marked-erroneous');
+"#,
+    // 4 → 5: compensation, as SQLite's migration 12.
+    r#"
+ALTER TABLE intents ADD COLUMN compensates TEXT REFERENCES intents (id);
+ALTER TABLE intents ADD COLUMN handles TEXT;
+CREATE UNIQUE INDEX intents_one_compensation ON intents (compensates)
+    WHERE compensates IS NOT NULL AND state <> 'failed';
+CREATE TRIGGER intents_keep_compensates BEFORE UPDATE OF compensates ON intents
+    FOR EACH ROW WHEN (OLD.compensates IS DISTINCT FROM NEW.compensates)
+    EXECUTE FUNCTION airlock_refuse('what an intent compensates never changes');
+CREATE TRIGGER intents_handles_once BEFORE UPDATE OF handles ON intents
+    FOR EACH ROW WHEN (OLD.handles IS NOT NULL AND NEW.handles IS DISTINCT FROM OLD.handles)
+    EXECUTE FUNCTION airlock_refuse('an intent''s handles are written once');
 "#,
 ];
 
@@ -1139,7 +1152,8 @@ async fn insert_intent(
     tx.execute(
         "INSERT INTO intents (id, idempotency_key, call_id, approval_id, requester, session, \
          capability, mapping, mapping_revision, args_digest, effect_class, state, created_ms, \
-         updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'prepared', $12, $12)",
+         updated_ms, compensates) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'prepared', $12, $12, $13)",
         &[
             &intent.id,
             &intent.idempotency_key,
@@ -1153,6 +1167,7 @@ async fn insert_intent(
             &intent.args_digest,
             &intent.effect_class,
             &now,
+            &intent.compensates,
         ],
     )
     .await
@@ -2362,7 +2377,7 @@ impl Intents for PostgresStore {
         state: IntentState,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<()> {
-        self.finish_intent(id, state, events, Vec::new())
+        self.finish_intent(id, state, events, Vec::new(), Vec::new())
     }
 
     fn finish_intent(
@@ -2371,14 +2386,16 @@ impl Intents for PostgresStore {
         state: IntentState,
         events: Vec<NewEvent>,
         observations: Vec<NewObservation>,
+        handles: Vec<IntentHandle>,
     ) -> anyhow::Result<()> {
         let now = ms_to_sql(now_ms())?;
+        let handles = plans::handles_text(state, &handles)?;
         self.transact("recording an intent's outcome", &events, async |tx| {
             write_observations(tx, &observations).await?;
             let n = tx
                 .execute(
-                    "UPDATE intents SET state = $2, updated_ms = $3 WHERE id = $1 AND state = 'prepared'",
-                    &[&id, &state.as_str(), &now],
+                    "UPDATE intents SET state = $2, updated_ms = $3, handles = $4 WHERE id = $1 AND state = 'prepared'",
+                    &[&id, &state.as_str(), &now, &handles],
                 )
                 .await
                 .map_err(db)?;
@@ -2516,9 +2533,16 @@ impl Intents for PostgresStore {
                     "SELECT {INTENT_COLUMNS} FROM intents \
                      WHERE (cardinality($1::text[]) = 0 OR state = ANY ($1)) \
                        AND ($2::text IS NULL OR mapping = $2) AND created_ms < $3 \
+                       AND ($5::text IS NULL OR compensates = $5) \
                      ORDER BY created_ms DESC, id LIMIT $4"
                 ),
-                &[&states, &filter.mapping, &before, &limit],
+                &[
+                    &states,
+                    &filter.mapping,
+                    &before,
+                    &limit,
+                    &filter.compensates,
+                ],
             )
             .await
             .map_err(db)?
@@ -2535,6 +2559,7 @@ impl Intents for PostgresStore {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<IntentRecord> {
         let text = plans::check_resolution(resolution)?;
+        let handles = plans::handles_text(resolution.state, &resolution.handles)?;
         let now = ms_to_sql(now_ms())?;
         self.transact("resolving an intent", &events, async |tx| {
             let current: Option<String> = tx
@@ -2544,8 +2569,9 @@ impl Intents for PostgresStore {
                 .map(|r| r.get(0));
             plans::check_resolvable(id, current.as_deref())?;
             tx.execute(
-                "UPDATE intents SET state = $2, updated_ms = $3, resolution = $4, resolved_ms = $3 WHERE id = $1",
-                &[&id, &resolution.state.as_str(), &now, &text],
+                "UPDATE intents SET state = $2, updated_ms = $3, resolution = $4, resolved_ms = $3, \
+                 handles = $5 WHERE id = $1",
+                &[&id, &resolution.state.as_str(), &now, &text, &handles],
             )
             .await
             .map_err(db)?;

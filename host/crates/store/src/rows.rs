@@ -262,6 +262,7 @@ pub(crate) fn intent<C: Columns + ?Sized>(row: &C) -> Result<IntentRecord, C::Er
             mapping_revision: row.int(8)?,
             args_digest: row.text(9)?,
             effect_class: row.text(10)?,
+            compensates: row.opt_text(16)?,
         },
         approval_id: row.opt_text(3)?,
         state: named(row, 11, "intent state", IntentState::parse)?,
@@ -271,6 +272,10 @@ pub(crate) fn intent<C: Columns + ?Sized>(row: &C) -> Result<IntentRecord, C::Er
             .opt_text(14)?
             .and_then(|t| serde_json::from_str(&t).ok()),
         resolved_ms: opt_ms(row, 15)?,
+        handles: row
+            .opt_text(17)?
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default(),
     })
 }
 

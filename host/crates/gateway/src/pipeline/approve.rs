@@ -136,6 +136,11 @@ pub fn summarize(n: &Normalized) -> String {
             ""
         }
     )];
+    if let Some(original) = n.candidate().compensates() {
+        lines.push(format!(
+            "It compensates intent {original}: it undoes that completed effect."
+        ));
+    }
     // Each handle the call names, by its kind, its locator and the facts its result
     // reported (a title, a digest, a size...): what the person approves the call to act
     // on, for any contract (no kind is named here).

@@ -120,6 +120,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Intents> = Arc::new(SqliteStore::open(dir.path()).unwrap());
         let record = NewIntent {
+            compensates: None,
             id: "int_1".into(),
             idempotency_key: "idk_1".into(),
             call_id: "call_1".into(),

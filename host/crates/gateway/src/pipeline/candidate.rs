@@ -94,6 +94,9 @@ pub struct Candidate {
     pub(super) abilities: ClientAbilities,
     pub(super) retry: Option<Retry>,
     pub(super) cancel: Option<tokio_util::sync::CancellationToken>,
+    /// The intent this call compensates (`airlock intents compensate`), recorded in its
+    /// own intent and shown in the summary a person approves.
+    pub(super) compensates: Option<String>,
 }
 
 impl Candidate {
@@ -103,6 +106,19 @@ impl Candidate {
     pub fn with_cancel(mut self, token: tokio_util::sync::CancellationToken) -> Self {
         self.cancel = Some(token);
         self
+    }
+
+    /// The same candidate, as the compensation of intent `intent`
+    /// ([`crate::pipeline::compensate`]): its intent records `compensates`, and the
+    /// summary a person approves says what it undoes.
+    pub fn compensating(mut self, intent: impl Into<String>) -> Self {
+        self.compensates = Some(intent.into());
+        self
+    }
+
+    /// The intent this candidate compensates, if it is a compensation.
+    pub fn compensates(&self) -> Option<&str> {
+        self.compensates.as_deref()
     }
 
     /// A candidate call of capability `name` with `arguments` in `session`, from a client
@@ -121,6 +137,7 @@ impl Candidate {
             abilities,
             retry,
             cancel: None,
+            compensates: None,
         }
     }
 
@@ -133,6 +150,7 @@ impl Candidate {
             abilities: self.abilities.clone(),
             retry: self.retry.clone(),
             cancel: self.cancel.clone(),
+            compensates: self.compensates.clone(),
         }
     }
 }

@@ -88,29 +88,34 @@ pub(super) fn intent(
             idempotency_key,
         });
     }
-    call.event(
-        events::INTENT_CREATED,
-        json!({
-            "intent": intent_id,
-            "capability": cap.name,
-            "effect_class": cap.semantics.class,
-            "idempotency_key_sha256": idempotency_key.as_ref().map(|k| hex::encode(sha2::Sha256::digest(k.as_bytes()))),
-            "receipt": authorized.receipt().map(|r| r.approval()),
-            // The rest of the stored row, under the MAC: the proof of it (prove_intent).
-            "call": call.id,
-            "requester": session.requester().name,
-            "session": session.id_text(),
-            "mapping": cap.mapping.name,
-            "mapping_revision": n.revision(),
-            "args_digest": n.args_digest(),
-            // Which host delivers it: no other host reconciles it while this one lives.
-            "host": host.instance(),
-            // The state this event gives the intent (prove_intent): every later change of
-            // state is an event naming the intent with its `intent_state`.
-            "intent_state": IntentState::Prepared,
-        }),
-    );
+    let compensates = n.candidate().compensates().map(str::to_string);
+    let mut created = json!({
+        "intent": intent_id,
+        "capability": cap.name,
+        "effect_class": cap.semantics.class,
+        "idempotency_key_sha256": idempotency_key.as_ref().map(|k| hex::encode(sha2::Sha256::digest(k.as_bytes()))),
+        "receipt": authorized.receipt().map(|r| r.approval()),
+        // The rest of the stored row, under the MAC: the proof of it (prove_intent).
+        "call": call.id,
+        "requester": session.requester().name,
+        "session": session.id_text(),
+        "mapping": cap.mapping.name,
+        "mapping_revision": n.revision(),
+        "args_digest": n.args_digest(),
+        // Which host delivers it: no other host reconciles it while this one lives.
+        "host": host.instance(),
+        // The state this event gives the intent (prove_intent): every later change of
+        // state is an event naming the intent with its `intent_state`.
+        "intent_state": IntentState::Prepared,
+    });
+    if let Some(original) = &compensates {
+        // Under the MAC with the rest of the row (prove_intent); absent on every other
+        // intent, so their events are unchanged.
+        created["compensates"] = json!(original);
+    }
+    call.event(events::INTENT_CREATED, created);
     let record = NewIntent {
+        compensates,
         id: intent_id.clone(),
         idempotency_key: idempotency_key.clone().unwrap_or_default(),
         call_id: call.id.clone(),
@@ -350,7 +355,7 @@ pub fn prove_intent(events: &[TraceEvent], record: &IntentRecord) -> Option<Stri
     let p = &event.payload;
     let key_sha256 = (!i.idempotency_key.is_empty())
         .then(|| hex::encode(sha2::Sha256::digest(i.idempotency_key.as_bytes())));
-    let checks: [(&str, bool); 10] = [
+    let checks: [(&str, bool); 11] = [
         ("call", p["call"] == i.call_id.as_str()),
         ("requester", p["requester"] == i.requester.as_str()),
         ("session", p["session"] == i.session.as_str()),
@@ -363,6 +368,7 @@ pub fn prove_intent(events: &[TraceEvent], record: &IntentRecord) -> Option<Stri
         ("effect class", p["effect_class"] == i.effect_class.as_str()),
         ("arguments", p["args_digest"] == i.args_digest.as_str()),
         ("receipt", p["receipt"] == json!(record.approval_id)),
+        ("compensates", p["compensates"] == json!(i.compensates)),
         (
             "idempotency key",
             p["idempotency_key_sha256"] == json!(key_sha256),
@@ -435,6 +441,7 @@ mod tests {
     fn record() -> IntentRecord {
         IntentRecord {
             intent: NewIntent {
+                compensates: None,
                 id: "int_1".into(),
                 idempotency_key: "idk_1".into(),
                 call_id: "call_1".into(),
@@ -452,6 +459,7 @@ mod tests {
             updated_ms: 1,
             resolution: None,
             resolved_ms: None,
+            handles: Vec::new(),
         }
     }
 
@@ -485,6 +493,16 @@ mod tests {
         edited.intent.effect_class = "read".into();
         let why = prove_intent(&[created(1, &r)], &edited).unwrap();
         assert!(why.contains("effect class"), "{why}");
+        // What a compensation undoes is part of the row the trace proves, both ways.
+        let mut compensation = r.clone();
+        compensation.intent.compensates = Some("int_0".into());
+        let why = prove_intent(&[created(1, &r)], &compensation).unwrap();
+        assert!(why.contains("compensates"), "{why}");
+        let mut traced = created(1, &compensation);
+        traced.payload["compensates"] = json!("int_0");
+        assert_eq!(prove_intent(&[traced.clone()], &compensation), None);
+        let why = prove_intent(&[traced], &r).unwrap();
+        assert!(why.contains("compensates"), "{why}");
     }
 
     /// `created` as written since schema 9, with `intent_state`.

@@ -31,6 +31,7 @@ pub mod approve;
 pub mod attempt;
 pub mod authorize;
 pub mod candidate;
+pub mod compensate;
 pub mod execute;
 pub mod intent;
 pub mod normalize;
@@ -437,8 +438,15 @@ async fn finish_off_worker(host: &Host, call: &mut Call, outcome: &Outcome) -> a
 
 /// A finished call's events and observations, ready to commit.
 enum Finishing {
-    /// With the final state of its durable intent (id), committed with the intent's row.
-    Intent(String, IntentState, Vec<NewEvent>, Vec<NewObservation>),
+    /// With the final state of its durable intent (id), committed with the intent's row
+    /// (and the handles a completed compensable effect keeps).
+    Intent(
+        String,
+        IntentState,
+        Vec<NewEvent>,
+        Vec<NewObservation>,
+        Vec<crate::store::IntentHandle>,
+    ),
     /// A call without a durable intent.
     Call(Vec<NewEvent>, Vec<NewObservation>),
 }
@@ -447,8 +455,8 @@ impl Finishing {
     /// Commits in one transaction, alone.
     fn commit(self, store: &dyn crate::store::Store) -> anyhow::Result<()> {
         match self {
-            Finishing::Intent(intent, state, events, observations) => {
-                store.finish_intent(&intent, state, events, observations)
+            Finishing::Intent(intent, state, events, observations, handles) => {
+                store.finish_intent(&intent, state, events, observations, handles)
             }
             Finishing::Call(events, observations) => store.append_call(events, observations),
         }
@@ -481,23 +489,29 @@ fn finishing(call: &mut Call, outcome: &Outcome) -> Finishing {
     // A durable intent's final state rides on the outcome event, under its MAC: the
     // trace's proof of the row (intent::prove_intent).
     let durable = call.durable_intent.take().map(|intent| {
-        let state = match outcome {
-            Outcome::Completed(_) => IntentState::Completed,
+        let (state, handles) = match outcome {
+            Outcome::Completed(c) => (IntentState::Completed, c.handles.clone()),
             Outcome::Refused { category, .. } if *category == Category::Unknown => {
-                IntentState::Unknown
+                (IntentState::Unknown, Vec::new())
             }
-            _ => IntentState::Failed,
+            _ => (IntentState::Failed, Vec::new()),
         };
         if let Some(o) = payload.as_object_mut() {
             o.insert("intent_state".into(), json!(state));
+            // The proof of the handles kept with the row (compensate::prove_handles).
+            if let Some(digest) = crate::store::plans::handles_sha256(&handles) {
+                o.insert("handles_sha256".into(), json!(digest));
+            }
         }
-        (intent, state)
+        (intent, state, handles)
     });
     call.event(events::CALL_OUTCOME, payload);
     let events = call.take_events();
     let observations = std::mem::take(&mut call.observations);
     match durable {
-        Some((intent, state)) => Finishing::Intent(intent, state, events, observations),
+        Some((intent, state, handles)) => {
+            Finishing::Intent(intent, state, events, observations, handles)
+        }
         None => Finishing::Call(events, observations),
     }
 }

@@ -28,7 +28,7 @@ use crate::pipeline::execute::Executed;
 use crate::pipeline::references::Origin;
 use crate::registry::events;
 use crate::runtime::{CallFailure, Observation, Refused, RefusedAnswer};
-use crate::store::{AttemptState, NewObservation, observation_id};
+use crate::store::{AttemptState, IntentHandle, NewObservation, observation_id};
 
 /// A bounded category toward the model (DESIGN.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -98,6 +98,9 @@ pub struct Completed {
     /// Set when the result was not the call's own answer but what reconciliation found
     /// after that answer was lost: the intent and how it was found.
     pub reconciled: Option<Value>,
+    /// The handles of the result, with their adapter locators, kept with the intent when
+    /// the capability is compensable ([`crate::pipeline::compensate`]); empty otherwise.
+    pub handles: Vec<IntentHandle>,
 }
 
 /// How a call ended, as the front renders it.
@@ -216,6 +219,7 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
             observations: parts.result.observations,
             content_sha256: hex::encode(sha2::Sha256::digest(b"null")),
             reconciled: None,
+            handles: Vec::new(),
         }));
     };
     let mut json =
@@ -233,6 +237,12 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
                 );
             }
         };
+    // What a compensation would undo by, before the locators become tokens.
+    let handles = if parts.capability.semantics.compensable {
+        kept_handles(result_shape, &json, &mapping.contract)
+    } else {
+        Vec::new()
+    };
     let origin = Origin {
         mapping: mapping.name.as_str().into(),
         generation: mapping.generation,
@@ -280,6 +290,7 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
         observations: parts.result.observations,
         content_sha256,
         reconciled: None,
+        handles,
     }))
 }
 
@@ -360,6 +371,7 @@ pub(super) fn reconciled(
     else {
         return None;
     };
+    // The resolution kept the handles already (reconcile::resolution_handles).
     let origin = Origin {
         mapping: mapping.name.as_str().into(),
         generation: mapping.generation,
@@ -388,6 +400,7 @@ pub(super) fn reconciled(
             "method": method,
             "note": note,
         })),
+        handles: Vec::new(),
     })))
 }
 
@@ -589,6 +602,32 @@ const MAX_FACT_CHARS: usize = 256;
 /// Mints a token for (kind, locator, facts, the names of the facts that identify the
 /// object: [`contract::Contract::identity_facts`]).
 pub(crate) type Mint<'a> = dyn FnMut(&str, &str, Map<String, Value>, &[String]) -> String + 'a;
+
+/// The handles in `value` (of `shape`, a type of `contract`, handles holding adapter
+/// locators), each with its kind, locator and the facts [`swap_handles`] would mint it
+/// with: what an intent keeps to be compensated later.
+pub(crate) fn kept_handles(
+    shape: &Shape,
+    value: &Value,
+    contract: &contract::Contract,
+) -> Vec<IntentHandle> {
+    let mut kept = Vec::new();
+    let mut copy = value.clone();
+    swap_handles(
+        shape,
+        &mut copy,
+        contract,
+        &mut |kind, locator, facts, _| {
+            kept.push(IntentHandle {
+                kind: kind.to_string(),
+                locator: locator.to_string(),
+                facts,
+            });
+            locator.to_string()
+        },
+    );
+    kept
+}
 
 /// Replaces every handle in `value` (of `shape`, a type of `contract`, handles
 /// holding adapter locators) with `mint(kind, locator, facts, identity)`, where facts are

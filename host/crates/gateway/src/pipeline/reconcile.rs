@@ -28,7 +28,8 @@ use crate::registry::events;
 use crate::registry::live::ActiveMapping;
 use crate::runtime::CallContext;
 use crate::store::{
-    AttemptState, IntentFilter, IntentRecord, IntentState, NewEvent, Resolution, ResolutionMethod,
+    AttemptState, IntentFilter, IntentHandle, IntentRecord, IntentState, NewEvent, Resolution,
+    ResolutionMethod,
 };
 
 /// Longest wait for a closed connection to come back before a query is given up.
@@ -217,25 +218,55 @@ pub enum Reconciled {
     Held(String),
 }
 
+/// The handles a resolution as completed keeps ([`crate::store::IntentRecord::handles`]):
+/// those of `record` — the ok value of the intent's function (what its query or a retry
+/// returned), adapter locators in place — when the intent's capability is compensable;
+/// none otherwise, or when the capability no longer serves from `mapping`.
+fn resolution_handles(
+    host: &Host,
+    mapping: &Arc<ActiveMapping>,
+    intent: &IntentRecord,
+    record: &Value,
+) -> Vec<IntentHandle> {
+    let catalog = host.catalog();
+    let Some(cap) = catalog
+        .capability(&intent.intent.capability)
+        .filter(|c| c.mapping.name == mapping.name && c.semantics.compensable)
+    else {
+        return Vec::new();
+    };
+    match &cap.function.result {
+        Some(contract::Shape::Result { ok: Some(ok), .. }) => {
+            crate::pipeline::outcome::kept_handles(ok, record, &mapping.contract)
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// The `intent-resolved` event of `resolution` of `intent`, written in the resolution's
 /// transaction: the intent's id, capability and mapping, the resolution (state, method,
 /// who, evidence) and `intent_state`, the state it gives the intent in the trace
 /// ([`crate::pipeline::intent::traced_state`]). The host's resolutions and a person's
 /// (`airlock intents resolve`) use it alike.
 pub fn resolved_event(intent: &IntentRecord, resolution: &Resolution) -> NewEvent {
+    let mut payload = json!({
+        "intent": intent.intent.id,
+        "capability": intent.intent.capability,
+        "mapping": intent.intent.mapping,
+        "state": resolution.state,
+        "intent_state": resolution.state,
+        "method": resolution.method,
+        "by": resolution.by,
+        "evidence": resolution.evidence,
+    });
+    // The proof of the handles kept with the row (compensate::prove_handles).
+    if let Some(digest) = crate::store::plans::handles_sha256(&resolution.handles) {
+        payload["handles_sha256"] = json!(digest);
+    }
     NewEvent::new(
         events::INTENT_RESOLVED,
         intent.intent.call_id.clone(),
-        json!({
-            "intent": intent.intent.id,
-            "capability": intent.intent.capability,
-            "mapping": intent.intent.mapping,
-            "state": resolution.state,
-            "intent_state": resolution.state,
-            "method": resolution.method,
-            "by": resolution.by,
-            "evidence": resolution.evidence,
-        }),
+        payload,
     )
 }
 
@@ -258,8 +289,12 @@ pub async fn reconcile(
     let sent = attempts
         .iter()
         .any(|a| a.state >= AttemptState::Sent || a.requests > 0);
-    let resolve = |state: IntentState, method: ResolutionMethod, evidence: Value| {
+    let resolve = |state: IntentState,
+                   method: ResolutionMethod,
+                   evidence: Value,
+                   handles: Vec<IntentHandle>| {
         let resolution = Resolution {
+            handles,
             state,
             method,
             by: "airlock".into(),
@@ -272,6 +307,7 @@ pub async fn reconcile(
             IntentState::Failed,
             ResolutionMethod::NothingSent,
             json!({"attempts": attempts.len(), "sent": 0}),
+            Vec::new(),
         ) {
             Ok(_) => Reconciled::Failed("no request of it was ever sent upstream".into()),
             Err(e) => Reconciled::Held(format!("recording the resolution failed: {e:#}")),
@@ -295,7 +331,11 @@ pub async fn reconcile(
         _ => None,
     };
     if let Some((state, evidence)) = decided {
-        return match resolve(state, ResolutionMethod::Query, evidence) {
+        let handles = match &finding {
+            Finding::Happened(record) => resolution_handles(host, mapping, intent, record),
+            _ => Vec::new(),
+        };
+        return match resolve(state, ResolutionMethod::Query, evidence, handles) {
             Ok(_) => match finding {
                 Finding::Happened(record) => Reconciled::Completed(record),
                 _ => Reconciled::Failed(
@@ -404,6 +444,7 @@ pub async fn retry_same_key(
     };
     attempt.advance(AttemptState::ResultObserved);
     let resolution = Resolution {
+        handles: resolution_handles(host, mapping, intent, &value),
         state: IntentState::Completed,
         method: ResolutionMethod::Retry,
         by: "airlock".into(),
@@ -476,6 +517,7 @@ fn unproven_now(store: &dyn crate::store::Store, id: &str) -> Option<String> {
 /// hosts that have stopped.
 async fn sweep(host: &Host, mapping: &Arc<ActiveMapping>, first: bool) {
     let filter = IntentFilter {
+        compensates: None,
         states: vec![IntentState::Unknown, IntentState::Prepared],
         mapping: Some(mapping.name.clone()),
         created_before_ms: None,
