@@ -305,7 +305,8 @@ impl Intents for NoCallTrace {
         observations: Vec<airlock::store::NewObservation>,
         handles: Vec<airlock::store::IntentHandle>,
     ) -> anyhow::Result<()> {
-        self.0.finish_intent(id, state, events, observations, handles)
+        self.0
+            .finish_intent(id, state, events, observations, handles)
     }
     fn intent(&self, id: &str) -> anyhow::Result<Option<airlock::store::IntentRecord>> {
         self.0.intent(id)

@@ -4,7 +4,9 @@
 //! each step; then a second host with the bundled delivery fixture and `outbox-delivery`
 //! adapter under the example policy: a denied delivery, an approval asked for and granted,
 //! and a delivery that happens exactly once; then one whose answer is lost, reconciled
-//! through the contract's query instead of being sent again.
+//! through the contract's query instead of being sent again; then an operator's own
+//! contract package reviewed and approved, a workspace edit through it approved and done
+//! once, and undone out of band (`airlock intents compensate`), approved by a person.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +42,36 @@ pub const BUNDLED_DELIVERY_COMPONENT: &[u8] = include_bytes!(concat!(
     env!("AIRLOCK_ADAPTER_BUNDLE"),
     "/outbox-delivery/outbox_delivery.wasm"
 ));
+/// The bundled workspace-edits adapter's pinned manifest (it binds the operator contract
+/// `example:workspace-edits@1.0.0`).
+pub const BUNDLED_WORKSPACE_MANIFEST: &str = include_str!(concat!(
+    env!("AIRLOCK_ADAPTER_BUNDLE"),
+    "/workspace-edits/mapping.toml"
+));
+/// The bundled workspace-edits adapter component.
+pub const BUNDLED_WORKSPACE_COMPONENT: &[u8] = include_bytes!(concat!(
+    env!("AIRLOCK_ADAPTER_BUNDLE"),
+    "/workspace-edits/workspace_edits.wasm"
+));
+/// The operator contract package `contracts/workspace-edits`, file by file (its path in
+/// the package, its text): the demo writes it out as an operator's folder.
+const WORKSPACE_PACKAGE: [(&str, &str); 3] = [
+    (
+        "contract.toml",
+        include_str!("../../../contracts/workspace-edits/contract.toml"),
+    ),
+    (
+        "workspace.wit",
+        include_str!("../../../contracts/workspace-edits/workspace.wit"),
+    ),
+    (
+        "deps/host/host.wit",
+        include_str!("../../../contracts/workspace-edits/deps/host/host.wit"),
+    ),
+];
+/// The operator contract's package name.
+const WORKSPACE_CONTRACT: &str = "example:workspace-edits@1.0.0";
+
 /// The example policy (`airlock.example.cedar`), which the delivery scene runs under.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../airlock.example.cedar");
 
@@ -254,6 +286,8 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
 
     p.step("a delivery whose answer is lost: unknown, reconciled through the contract's query")?;
     lost_answer_scene(&mut p, state_dir.path()).await?;
+
+    workspace_scene(&mut p, state_dir.path()).await?;
 
     p.step("the trace of the first host: MACed, chained, append-only")?;
     let verified = host.registry().store().verify_trace()?;
@@ -510,6 +544,299 @@ async fn delivery_scene<W: std::io::Write>(
 
     delivered_call_trace(p, &host)?;
     Ok(())
+}
+
+/// An operator's own contract (`example:workspace-edits@1.0.0`, not built into Airlock)
+/// reviewed and approved; a workspace edit through it over the bundled workspace fixture
+/// server (the reference filesystem server's tools, so no Node.js is needed here; the tests
+/// run the published server), which the built-in policy sends to a person; done once; then
+/// undone out of band with `airlock intents compensate`, approved by a person too.
+async fn workspace_scene<W: std::io::Write>(
+    p: &mut Printer<W>,
+    state: &std::path::Path,
+) -> Result<()> {
+    let dir = state.join("workspace");
+    let (ws, package) = (dir.join("files"), dir.join("contract"));
+    std::fs::create_dir_all(&ws)?;
+    for (path, text) in WORKSPACE_PACKAGE {
+        let file = package.join(path);
+        std::fs::create_dir_all(file.parent().context("a package file has a folder")?)?;
+        std::fs::write(file, text)?;
+    }
+    std::fs::write(ws.join("plan.md"), "# Plan\n\nShip on Thursday.\n")?;
+    let config = workspace_config(&dir, &ws, &package)?;
+
+    p.step("an operator's own contract: reviewed, approved, then served")?;
+    let registry = crate::registry::live::open_registry(&config)?;
+    let judged = crate::registry::contracts::ContractSet::judge(&config, Some(registry.store()))?;
+    let configured = judged
+        .configured
+        .first()
+        .context("the demo configures one contract package")?;
+    let loaded = configured
+        .loaded
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("the workspace-edits package does not load: {e}"))?;
+    p.line(format!(
+        "[[contract]] path = \"{}\": package {} (WIT + contract.toml), sha256 {}",
+        package.display(),
+        loaded.name,
+        crate::registry::short(&loaded.digest)
+    ))?;
+    for (name, f) in &loaded
+        .interfaces
+        .values()
+        .next()
+        .context("the package has an interface")?
+        .functions
+    {
+        let s = &f.semantics;
+        p.line(format!(
+            "  {name}: {}{}{}{}{}",
+            s.class,
+            if s.idempotent { ", idempotent" } else { "" },
+            f.query
+                .as_deref()
+                .map(|q| format!(", queryable-by {q}"))
+                .unwrap_or_default(),
+            f.undo
+                .as_deref()
+                .map(|u| format!(", compensable-by {u}"))
+                .unwrap_or_default(),
+            if s.host_only { ", host-only" } else { "" },
+        ))?;
+    }
+    p.line(format!(
+        "before review: {}",
+        configured
+            .withheld
+            .as_deref()
+            .unwrap_or("served (it should not be)")
+    ))?;
+    if configured.withheld.is_none() {
+        bail!("an unreviewed contract package was served");
+    }
+    p.line(format!(
+        "$ airlock contracts approve {WORKSPACE_CONTRACT} --digest {} --reviewer demo-reviewer",
+        crate::registry::short(&loaded.digest)
+    ))?;
+    let review = crate::cli::contracts::approve(
+        &config,
+        registry.store(),
+        WORKSPACE_CONTRACT,
+        "demo-reviewer",
+        "the demo's reviewer read it",
+        Some(&loaded.digest),
+    )?;
+    p.line(format!(
+        "contract {} is {} by {}: mappings may bind it",
+        review.package, review.state, review.reviewer
+    ))?;
+    drop(registry);
+    let host = Host::start_with(
+        &config,
+        vec![MappingSource::from_memory(
+            BUNDLED_WORKSPACE_MANIFEST,
+            "<bundled workspace-edits/mapping.toml>",
+            BUNDLED_WORKSPACE_COMPONENT.to_vec(),
+        )?],
+    )
+    .await?;
+    approve_all(&host, "demo-reviewer").await?;
+    let front = host.front(Some("publisher"))?;
+    let tools: Vec<String> = front.list().iter().map(|t| t.name.to_string()).collect();
+    p.line(format!(
+        "mapping `workspace-edits` binds it; offered: {}",
+        tools.join(", ")
+    ))?;
+    let call = |name: &'static str, args: Value| front_call(&front, name, args);
+    let read = || std::fs::read_to_string(ws.join("plan.md")).unwrap_or_default();
+    let changes = || {
+        std::fs::read_dir(ws.join(".airlock-changes"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+
+    p.step("a workspace edit (a reversible mutation): the built-in policy asks a person")?;
+    let args = json!({"path": "plan.md", "content": "# Plan\n\nShip on Friday.\n"});
+    let asked = call("write_workspace_file", args.clone()).await?;
+    let text = result_text(&asked);
+    let id = text
+        .find("apr_")
+        .map(|at| text[at..at + 28].to_string())
+        .context("no approval request named")?;
+    print_result(p, &asked, 12)?;
+    if read() != "# Plan\n\nShip on Thursday.\n" || changes() != 0 {
+        bail!("the file changed before its approval");
+    }
+    p.line(format!(
+        "$ airlock approvals approve {id} --by demo-approver"
+    ))?;
+    crate::cli::approvals::decide(
+        host.registry(),
+        &id,
+        crate::store::ApprovalDecision::Approve,
+        "demo-approver",
+        None,
+        host.config().approvals.ttl,
+    )?;
+    let done = call("write_workspace_file", args.clone()).await?;
+    if done.is_error == Some(true) {
+        bail!("the approved write failed: {}", result_text(&done));
+    }
+    let change = done.structured_content.clone().unwrap_or_default()["result"].clone();
+    p.line(format!(
+        "written: {} {} -> {} ({} bytes); the file now says {:?}",
+        change["path"].as_str().unwrap_or("?"),
+        crate::registry::short(change["before-sha256"].as_str().unwrap_or("")),
+        crate::registry::short(change["after-sha256"].as_str().unwrap_or("")),
+        change["bytes"],
+        read().lines().last().unwrap_or("")
+    ))?;
+    let again = call("write_workspace_file", args).await?;
+    p.line(format!(
+        "the same call again: {}",
+        result_text(&again).lines().next().unwrap_or("")
+    ))?;
+    if changes() != 1 {
+        bail!("expected exactly one write, found {} records", changes());
+    }
+    p.line("changes the workspace server recorded: 1 (done once)")?;
+
+    p.step("undone out of band: airlock intents compensate, approved by a person")?;
+    let intent = host
+        .registry()
+        .store()
+        .intents(&crate::store::IntentFilter {
+            states: vec![crate::store::IntentState::Completed],
+            mapping: Some("workspace-edits".into()),
+            limit: 1,
+            ..Default::default()
+        })?
+        .into_iter()
+        .next()
+        .context("the write left no completed intent")?;
+    let original = intent.intent.id.clone();
+    p.line(format!(
+        "$ airlock intents compensate {original} --config airlock.toml"
+    ))?;
+    let mut progress = Vec::new();
+    let approver = async {
+        // The person at another terminal: approves the compensation's request once it
+        // appears.
+        for _ in 0..300 {
+            let pending = host
+                .registry()
+                .store()
+                .approvals(Some(crate::store::ApprovalState::Pending), 10)?;
+            if let Some(a) = pending.iter().find(|a| a.summary.contains(&original)) {
+                crate::cli::approvals::decide(
+                    host.registry(),
+                    &a.id,
+                    crate::store::ApprovalDecision::Approve,
+                    "demo-approver",
+                    None,
+                    host.config().approvals.ttl,
+                )?;
+                return anyhow::Ok(a.id.clone());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        bail!("the compensation asked no person")
+    };
+    let (undone, approved) = tokio::join!(
+        crate::cli::intents::compensate(
+            &host,
+            &original,
+            Some("publisher"),
+            std::time::Duration::from_secs(30),
+            &mut progress,
+        ),
+        approver
+    );
+    let approved = approved?;
+    for line in String::from_utf8_lossy(&progress).lines() {
+        if line.starts_with("waiting up to") {
+            p.line(format!(
+                "(at another terminal) $ airlock approvals approve {approved} --by demo-approver"
+            ))?;
+        } else {
+            p.line(line)?;
+        }
+    }
+    let undone = undone?;
+    p.line(format!(
+        "compensated by intent {} (compensates {}): the file is back to {} and says {:?}",
+        undone["intent"]["id"].as_str().unwrap_or("?"),
+        undone["intent"]["compensates"].as_str().unwrap_or("?"),
+        crate::registry::short(undone["result"]["after-sha256"].as_str().unwrap_or("")),
+        read().lines().last().unwrap_or("")
+    ))?;
+    if read() != "# Plan\n\nShip on Thursday.\n" {
+        bail!("the compensation did not restore the file");
+    }
+    let verified = host.registry().store().verify_trace()?;
+    if let Some((seq, why)) = &verified.first_bad {
+        bail!("the workspace host's trace does not verify at event {seq}: {why}");
+    }
+    p.line(format!("{} events, chain intact", verified.events))?;
+    Ok(())
+}
+
+/// The serve configuration of the workspace scene in `dir`: this executable's workspace
+/// fixture server over `ws` (confined, read-write) as connection `workspace`, the operator
+/// contract package at `package`, the built-in policy, requester `demo-operator`, profile
+/// `publisher`.
+fn workspace_config(
+    dir: &std::path::Path,
+    ws: &std::path::Path,
+    package: &std::path::Path,
+) -> Result<ServeConfig> {
+    let exe = std::env::current_exe().context("locating the airlock executable")?;
+    let mut connections = BTreeMap::new();
+    connections.insert(
+        "workspace".to_string(),
+        StdioServer {
+            command: exe,
+            args: vec![
+                "fixture".into(),
+                "workspace-server".into(),
+                "--root".into(),
+                ws.display().to_string(),
+            ],
+            cwd: dir.to_path_buf(),
+            env: BTreeMap::new(),
+            owner: None,
+            credential_scope: None,
+            identity_files: vec![],
+            // Confined: it may read and write its workspace, nothing else.
+            confine: Some(crate::upstream::confine::Confinement {
+                paths: vec![crate::upstream::confine::PathGrant {
+                    path: ws.to_path_buf(),
+                    access: crate::upstream::confine::Access::ReadWrite,
+                }],
+                ..crate::upstream::confine::Confinement::deny_by_default()
+            }),
+        }
+        .into(),
+    );
+    let mut profiles = BTreeMap::new();
+    profiles.insert(
+        "publisher".to_string(),
+        crate::config::Profile::everything("publisher"),
+    );
+    Ok(ServeConfig {
+        connections,
+        state_dir: Some(dir.join("state")),
+        cache_dir: crate::config::default_cache_dir(),
+        contract_packages: vec![package.to_path_buf()],
+        profiles,
+        requester: crate::config::RequesterConfig {
+            name: "demo-operator".into(),
+            roles: vec!["operator".into()],
+        },
+        ..ServeConfig::empty()
+    })
 }
 
 /// The life of the delivered call in `host`'s trace (its events linked by the call id of

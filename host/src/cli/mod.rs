@@ -849,7 +849,7 @@ enum PolicyAction {
 #[derive(Subcommand)]
 #[allow(
     clippy::enum_variant_names,
-    reason = "each variant is named for its subcommand: notes-server, delivery-server, hostile-server"
+    reason = "each variant is named for its subcommand: notes-server, delivery-server, hostile-server, workspace-server"
 )]
 enum Fixture {
     /// The synthetic notes library (`search_notes`, `read_note`, `notes://` resources).
@@ -869,6 +869,13 @@ enum Fixture {
     /// too many items, malformed JSON-RPC, instructions in errors (`--mode MODE`).
     HostileServer {
         /// Arguments for the fixture server (e.g. `--mode huge --call-log FILE`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Four tools of the reference filesystem server (`list_allowed_directories`,
+    /// `read_text_file`, `write_file`, `create_directory`) confined to `--root DIR`.
+    WorkspaceServer {
+        /// Arguments for the fixture server (e.g. `--root DIR --call-log FILE`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -1617,6 +1624,11 @@ async fn fixture(which: Fixture) -> Result<()> {
             let options = airlock_fixture_delivery::parse_args(args.into_iter())
                 .map_err(|e| anyhow::anyhow!(e))?;
             airlock_fixture_delivery::serve_stdio(options).await
+        }
+        Fixture::WorkspaceServer { args } => {
+            let options = airlock_fixture_hostile::workspace::parse_args(args.into_iter())
+                .map_err(|e| anyhow::anyhow!(e))?;
+            airlock_fixture_hostile::workspace::serve_stdio(options).await
         }
         Fixture::LoseAnswer { args } => {
             let options = airlock_fixture_hostile::lose_answer::parse_args(args.into_iter())

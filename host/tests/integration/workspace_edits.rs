@@ -127,6 +127,14 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
         .await
         .unwrap();
     let text = assert_refused(&r, Category::ApprovalRequired);
+    // The person sees which file and which content (by the digest the write will report).
+    assert!(
+        text.contains(&format!(
+            "Arguments: path \"notes.md\", content 9 bytes sha256 {}.",
+            sha("new text\n")
+        )),
+        "{text}"
+    );
     assert_eq!(
         std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
         "old text\n"

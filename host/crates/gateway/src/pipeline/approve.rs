@@ -29,6 +29,7 @@ use std::time::Duration;
 use rmcp::model::SealOptions;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sha2::Digest as _;
 
 use crate::host::Host;
 use crate::pipeline::authorize::{Authorized, PendingApproval};
@@ -120,7 +121,8 @@ fn quoted(text: &str) -> String {
 /// mapping revision and effect class (`external-effect`: "cannot be recalled"), then each
 /// handle the arguments name as `Kind "locator" (fact value, ...)` with the facts the result
 /// that minted it reported (an artifact's title, media type and sha256; a change's path and
-/// the digests before and after, which is what an undo restores), then the arguments' digest.
+/// the digests before and after, which is what an undo restores), then the other arguments
+/// ([`argument_lines`]), then the arguments' digest.
 pub fn summarize(n: &Normalized) -> String {
     let cap = n.capability();
     let class = cap.semantics.class;
@@ -172,8 +174,59 @@ pub fn summarize(n: &Normalized) -> String {
             }
         ));
     }
+    if let Some(args) = argument_lines(n) {
+        lines.push(args);
+    }
     lines.push(format!("Arguments digest sha256 {}.", n.args_digest()));
     lines.join("\n")
+}
+
+/// Longest string argument the summary quotes whole, in characters; a longer one (or one
+/// of several lines) is named by its size and sha256.
+const QUOTED_ARGUMENT_CHARS: usize = 80;
+
+/// The model's arguments that are neither handles (listed with their facts) nor
+/// host-supplied, in the request record's order, as `Arguments: name "text", name 3,
+/// content 24 bytes sha256 HEX.`: a short one-line string quoted (escaped), a number or
+/// boolean as is, anything longer or structured by its size and the sha256 of its bytes
+/// (of its JSON text when structured), so a person can compare it with what the upstream
+/// reports afterwards. `None` when there is none.
+fn argument_lines(n: &Normalized) -> Option<String> {
+    use crate::contract::Shape;
+    let cap = n.capability();
+    let Some((_, Shape::Record(fields))) = cap.function.params.first() else {
+        return None;
+    };
+    let args = &n.candidate().arguments;
+    let digest = |bytes: &[u8]| hex::encode(sha2::Sha256::digest(bytes));
+    let shown: Vec<String> = fields
+        .iter()
+        .filter(|(_, s, _)| !matches!(s, Shape::Handle(_) | Shape::HostSupplied(_)))
+        .filter_map(|(name, _, _)| {
+            let v = args.get(name)?;
+            Some(match v {
+                Value::String(t)
+                    if t.chars().count() <= QUOTED_ARGUMENT_CHARS && !t.contains(['\n', '\r']) =>
+                {
+                    format!("{name} {}", quoted(t))
+                }
+                Value::String(t) => {
+                    format!("{name} {} bytes sha256 {}", t.len(), digest(t.as_bytes()))
+                }
+                Value::Number(_) | Value::Bool(_) => format!("{name} {v}"),
+                Value::Null => format!("{name} null"),
+                other => {
+                    let text = other.to_string();
+                    format!(
+                        "{name} {} bytes of JSON sha256 {}",
+                        text.len(),
+                        digest(text.as_bytes())
+                    )
+                }
+            })
+        })
+        .collect();
+    (!shown.is_empty()).then(|| format!("Arguments: {}.", shown.join(", ")))
 }
 
 /// Gets a person's approval for `pending` (see the module rules), in the order they
