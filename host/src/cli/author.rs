@@ -12,7 +12,13 @@
 //!
 //! Contracts `new` knows ([`TEMPLATES`]): every contract this host declares effect
 //! semantics for and the SDK exports (`source-retrieval@0.1.0`, `artifact-delivery@0.2.0`);
-//! a test keeps the list equal to [`crate::contract::known_contracts`].
+//! a test keeps the list equal to [`crate::contract::known_contracts`]. Any other
+//! contract is a **package folder** (an operator's, README "Defining a contract"): `new`
+//! loads it as the host does, copies its files into the crate's `wit/` (the crate builds
+//! alone), generates bindings for its world with `wit-bindgen` (the host interfaces the
+//! SDK provides are taken from the SDK, so its helpers and test kit work) and writes every
+//! function of its one exported interface with the names `wit-bindgen` gives them
+//! ([`crate::contract::skeleton`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -388,13 +394,69 @@ fn check_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The `wit-bindgen` a crate generated for a contract package depends on: the SDK's own
+/// (a test keeps them equal).
+pub const WIT_BINDGEN: &str = "0.61";
+
+/// What `new` writes a crate for: a built-in contract's template, or a package folder.
+enum Source {
+    Template(&'static ContractTemplate),
+    Package {
+        folder: PathBuf,
+        package: Box<crate::contract::package::ContractPackage>,
+        skeleton: Box<crate::contract::skeleton::Skeleton>,
+    },
+}
+
+/// Whether `contract` names a package folder rather than a built-in contract: it holds a
+/// path separator or names an existing folder.
+fn is_folder(contract: &str) -> bool {
+    contract.contains('/') && !contract.contains(':') || Path::new(contract).is_dir()
+}
+
+/// The source `contract` names.
+///
+/// # Errors
+/// Not a built-in contract, or a folder that does not load as a package (the loader's
+/// problems, each with its file and line), or one whose worlds export none of its
+/// interfaces alone.
+fn source(contract: &str) -> Result<Source> {
+    if !is_folder(contract) {
+        return template(contract).map(Source::Template);
+    }
+    use crate::contract::{package, skeleton};
+    let folder = std::fs::canonicalize(contract)
+        .with_context(|| format!("no contract package folder {contract}"))?;
+    let files = package::PackageFiles::read_dir(&folder)?;
+    let loaded = package::load(&files)?;
+    let mut all = skeleton::skeletons(&files, &loaded)?;
+    if all.len() > 1 {
+        bail!(
+            "{}: package {} has {} adapter worlds ({}); `airlock new` writes a crate for a package with one",
+            folder.display(),
+            loaded.name,
+            all.len(),
+            all.iter()
+                .map(|s| s.world.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(Source::Package {
+        folder,
+        skeleton: Box::new(all.remove(0)),
+        package: Box::new(loaded),
+    })
+}
+
 /// `airlock new`: writes a ready crate for one contract.
 ///
 /// # Errors
-/// Unknown contract, a bad name, a folder that exists and is not empty, no SDK found
-/// (then `--sdk PATH` is needed), or a write failing.
+/// Unknown contract, a package folder that does not load, a bad name, a folder that
+/// exists and is not empty, no SDK found (then `--sdk PATH` is needed), or a write
+/// failing.
 pub fn new_crate(options: &NewOptions<'_>) -> Result<NewReport> {
-    let t = template(options.contract)?;
+    let source = source(options.contract)?;
     check_name("the adapter name", options.name)?;
     let connection = options.connection.unwrap_or(options.name);
     check_name("the connection name", connection)?;
@@ -430,14 +492,59 @@ pub fn new_crate(options: &NewOptions<'_>) -> Result<NewReport> {
         );
     }
 
-    let files = [
-        ("Cargo.toml", cargo_toml(options.name, &sdk)),
-        ("rust-toolchain.toml", toolchain_toml()),
-        (".gitignore", "/target\n".to_string()),
-        ("src/lib.rs", lib_rs(t, options.name, connection)),
-        ("mapping.toml", mapping_toml(t, options.name, connection)),
-        ("airlock.toml", serve_config(options.name, connection)),
-    ];
+    let (files, interface) = match &source {
+        Source::Template(t) => (
+            vec![
+                (
+                    "Cargo.toml".to_string(),
+                    cargo_toml(options.name, &sdk, false),
+                ),
+                ("rust-toolchain.toml".into(), toolchain_toml()),
+                (".gitignore".into(), "/target\n".to_string()),
+                ("src/lib.rs".into(), lib_rs(t, options.name, connection)),
+                (
+                    "mapping.toml".into(),
+                    mapping_toml(t, options.name, connection),
+                ),
+                (
+                    "airlock.toml".into(),
+                    serve_config(options.name, connection, None),
+                ),
+            ],
+            t.interface.to_string(),
+        ),
+        Source::Package {
+            folder,
+            package,
+            skeleton,
+        } => {
+            let mut files = vec![
+                (
+                    "Cargo.toml".to_string(),
+                    cargo_toml(options.name, &sdk, true),
+                ),
+                ("rust-toolchain.toml".into(), toolchain_toml()),
+                (".gitignore".into(), "/target\n".to_string()),
+                (
+                    "src/lib.rs".into(),
+                    package_lib_rs(package, skeleton, options.name, connection),
+                ),
+                (
+                    "mapping.toml".into(),
+                    package_mapping_toml(package, skeleton, options.name, connection),
+                ),
+                (
+                    "airlock.toml".into(),
+                    serve_config(options.name, connection, Some((folder, &package.name))),
+                ),
+            ];
+            // The package's own files: the crate's bindings are generated from them.
+            for (path, text) in package.files.files() {
+                files.push((format!("wit/{path}"), text.clone()));
+            }
+            (files, skeleton.interface.clone())
+        }
+    };
     for (file, text) in &files {
         let path = dir.join(file);
         if let Some(parent) = path.parent() {
@@ -448,12 +555,12 @@ pub fn new_crate(options: &NewOptions<'_>) -> Result<NewReport> {
     }
     Ok(NewReport {
         dir,
-        contract: t.interface.to_string(),
+        contract: interface,
         name: options.name.to_string(),
         connection: connection.to_string(),
         sdk,
         sdk_source,
-        files: files.iter().map(|(f, _)| (*f).to_string()).collect(),
+        files: files.iter().map(|(f, _)| f.clone()).collect(),
     })
 }
 
@@ -498,7 +605,14 @@ impl NewReport {
     }
 }
 
-fn cargo_toml(name: &str, sdk: &Path) -> String {
+fn cargo_toml(name: &str, sdk: &Path, bindings: bool) -> String {
+    let bindgen = if bindings {
+        format!(
+            "# The bindings of the contract package in wit/ (the SDK's own wit-bindgen).\nwit-bindgen = {{ version = \"{WIT_BINDGEN}\", default-features = false, features = [\"macros\", \"realloc\", \"std\"] }}\n"
+        )
+    } else {
+        String::new()
+    };
     format!(
         r#"[package]
 name = "{name}"
@@ -514,7 +628,7 @@ crate-type = ["cdylib"]
 [dependencies]
 airlock-sdk = {{ path = {sdk:?} }}
 serde = {{ version = "1", features = ["derive"] }}
-
+{bindgen}
 # `cargo test` runs the contract functions natively against canned upstream replies.
 [dev-dependencies]
 airlock-sdk = {{ path = {sdk:?}, features = ["testing"] }}
@@ -599,6 +713,22 @@ fn lib_rs(t: &ContractTemplate, name: &str, connection: &str) -> String {
     o
 }
 
+/// The end of every generated mapping: no grants, the host's default limits written out.
+const GRANTS_AND_LIMITS: &str = r#"
+# No grants: the adapter reaches nothing but its upstream tools.
+[grants]
+
+# The host's defaults, written out; a value above the host's ceiling is refused at load.
+[limits]
+memory_mib = 64
+deadline_ms = 5000
+max_output_bytes = 262144
+max_output_items = 64
+max_result_bytes = 1048576
+max_concurrent_calls = 8
+max_upstream_requests = 32
+"#;
+
 fn mapping_toml(t: &ContractTemplate, name: &str, connection: &str) -> String {
     let mut o = format!(
         r#"# The mapping of `{name}`: what a reviewer approves and the host enforces.
@@ -644,26 +774,24 @@ resources = []
             f.description.replace("NAME", name),
         );
     }
-    o.push_str(
-        r#"
-# No grants: the adapter reaches nothing but its upstream tools.
-[grants]
-
-# The host's defaults, written out; a value above the host's ceiling is refused at load.
-[limits]
-memory_mib = 64
-deadline_ms = 5000
-max_output_bytes = 262144
-max_output_items = 64
-max_result_bytes = 1048576
-max_concurrent_calls = 8
-max_upstream_requests = 32
-"#,
-    );
+    o.push_str(GRANTS_AND_LIMITS);
     o
 }
 
-fn serve_config(name: &str, connection: &str) -> String {
+fn serve_config(name: &str, connection: &str, package: Option<(&Path, &str)>) -> String {
+    let contract = match package {
+        Some((folder, package)) => format!(
+            r#"
+# The operator contract package the mapping binds (the folder `airlock new` read; the
+# crate's wit/ is a copy of it). A reviewer approves its digest first:
+#   airlock contracts approve {package} --config airlock.toml --reviewer YOU
+[[contract]]
+path = {path:?}
+"#,
+            path = folder.display().to_string()
+        ),
+        None => String::new(),
+    };
     format!(
         r#"# A serve configuration for trying `{name}` on this machine:
 #   airlock discover {connection} --config airlock.toml
@@ -688,8 +816,194 @@ args = []
 
 [[mapping]]
 manifest = "mapping.toml"
-"#
+{contract}"#
     )
+}
+
+/// `src/lib.rs` of an adapter for a contract package: bindings for its world from `wit/`,
+/// every function of its interface answering "not written yet" (its error with a message,
+/// else `unimplemented!`) and a native test of the first function the model may call.
+fn package_lib_rs(
+    package: &crate::contract::package::ContractPackage,
+    s: &crate::contract::skeleton::Skeleton,
+    name: &str,
+    connection: &str,
+) -> String {
+    let ty = type_name(name);
+    let contract = package.interfaces.get(&s.interface);
+    let semantics = |f: &str| contract.and_then(|c| c.functions.get(f));
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "//! `{name}`: an Airlock adapter over connection `{connection}`, implementing\n//! `{}` (package {}).\n//!\n//! Every function answers an error saying it is not written yet. `airlock contracts show\n//! {} --config airlock.toml` prints what each one means to the model and to the\n//! host; the SDK's README shows its upstream helpers (text and JSON answers).\n",
+        s.interface, package.name, package.name
+    );
+    let _ = writeln!(
+        o,
+        "#[allow(unused_imports)]\nuse airlock_sdk::{{log, upstream}};\n"
+    );
+    let with: Vec<String> = s
+        .imports
+        .iter()
+        .filter_map(|i| {
+            let module = match i.as_str() {
+                "airlock:host/upstream@0.1.0" => "upstream",
+                "airlock:host/log@0.1.0" => "log",
+                _ => return None,
+            };
+            Some(format!(
+                "            \"{i}\": airlock_sdk::bindings::airlock::host::{module},\n"
+            ))
+        })
+        .collect();
+    let _ = writeln!(
+        o,
+        "/// The contract's bindings, generated from `wit/` (the host interfaces from the SDK).\n#[allow(missing_docs, clippy::all)]\nmod bindings {{\n    wit_bindgen::generate!({{\n        path: \"wit\",\n        world: \"{}\",\n        with: {{\n{}        }},\n    }});\n}}\n",
+        s.world,
+        with.concat()
+    );
+    let mut uses = vec!["Guest".to_string()];
+    uses.extend(s.types.iter().cloned());
+    let _ = writeln!(
+        o,
+        "#[allow(unused_imports)]\nuse bindings::{}::{{{}}};\n",
+        s.module,
+        uses.join(", ")
+    );
+    let _ = writeln!(
+        o,
+        "/// The adapter; it keeps no state between calls.\nstruct {ty};\n"
+    );
+    let _ = writeln!(o, "impl Guest for {ty} {{");
+    for (i, f) in s.functions.iter().enumerate() {
+        if i > 0 {
+            o.push('\n');
+        }
+        if let Some(c) = semantics(&f.wit_name) {
+            let sem = &c.semantics;
+            let mut flags = vec![sem.class.as_str().to_string()];
+            if sem.idempotent {
+                flags.push("idempotent".into());
+            }
+            if let Some(q) = &c.query {
+                flags.push(format!("queryable-by {q}"));
+            }
+            if let Some(u) = &c.undo {
+                flags.push(format!("compensable-by {u}"));
+            }
+            if sem.host_only {
+                flags.push("host-only: called by the host, never offered".into());
+            }
+            let _ = writeln!(o, "    /// `{}`: {}.", f.wit_name, flags.join(", "));
+        }
+        let params: Vec<String> = f.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+        let _ = writeln!(
+            o,
+            "    fn {}({}) -> {} {{",
+            f.rust_name,
+            params.join(", "),
+            f.result
+        );
+        for (n, _) in &f.params {
+            let _ = writeln!(o, "        let _ = &{n};");
+        }
+        let _ = writeln!(
+            o,
+            "        // First step: call your server's tool with upstream::call_tool_json(TOOL, &args)\n        // and list TOOL in mapping.toml [upstream] tools (any other name is refused)."
+        );
+        let message = format!(
+            "\"{} is not written yet: implement it in src/lib.rs\"",
+            f.wit_name
+        );
+        match &f.error_with_message {
+            Some(e) => {
+                let _ = writeln!(o, "        log::debug({message});");
+                let _ = writeln!(o, "        Err({})", e.replace("MESSAGE", &message));
+            }
+            None => {
+                let _ = writeln!(o, "        unimplemented!({message})");
+            }
+        }
+        let _ = writeln!(o, "    }}");
+    }
+    let _ = writeln!(o, "}}\n");
+    let _ = writeln!(o, "bindings::export!({ty} with_types_in bindings);");
+    // A native test of the first function the model may call that answers an error.
+    let tested = s.functions.iter().find(|f| {
+        f.error_with_message.is_some()
+            && semantics(&f.wit_name).is_some_and(|c| !c.semantics.host_only)
+    });
+    if let Some(f) = tested {
+        let _ = writeln!(
+            o,
+            "\n// A native `cargo test`: the SDK's test kit answers the upstream calls from canned\n// replies, and an unexpected call fails the test naming the tool and its arguments.\n#[cfg(test)]\nmod tests {{\n    use super::*;\n    use airlock_sdk::testing::Upstream;\n\n    #[test]\n    fn {}_is_not_written_yet_and_calls_nothing_upstream() {{\n        let kit = Upstream::new().install();\n        let answer = {ty}::{}({});\n        assert!(answer.is_err());\n        assert!(kit.calls().is_empty());\n        // Then: reply with `.reply(TOOL, Reply::text(..))` and assert on the answer.\n    }}\n}}",
+            f.rust_name,
+            f.rust_name,
+            f.example_args.join(", ")
+        );
+    }
+    o
+}
+
+/// `mapping.toml` of an adapter for a contract package: a `[[capability]]` for every
+/// function the model may call, its effect class confirmed from the package.
+fn package_mapping_toml(
+    package: &crate::contract::package::ContractPackage,
+    s: &crate::contract::skeleton::Skeleton,
+    name: &str,
+    connection: &str,
+) -> String {
+    let mut o = format!(
+        r#"# The mapping of `{name}`: what a reviewer approves and the host enforces.
+# Deny by default: no upstream tool, no filesystem, network or environment.
+# It binds the operator contract package {package} (wit/): a reviewer approves
+# the package (`airlock contracts approve`) before this mapping.
+
+[mapping]
+name = "{name}"
+contract = "{contract}"
+connection = "{connection}"
+
+[component]
+file = "{file}"
+# sha256 = "<hex>"  written by `airlock pack mapping.toml`
+
+[upstream]
+# The only upstream tools the adapter may call (the names src/lib.rs uses); any other
+# name is refused and never sent. `airlock snapshots show DIGEST --tool NAME` shows one.
+tools = []
+# URI prefixes the adapter may read with upstream::read_resource; [] = none.
+resources = []
+"#,
+        package = package.name,
+        contract = s.interface,
+        file = component_file(name),
+    );
+    let contract = package.interfaces.get(&s.interface);
+    for f in &s.functions {
+        let Some(c) = contract.and_then(|c| c.functions.get(&f.wit_name)) else {
+            continue;
+        };
+        if c.semantics.host_only {
+            let _ = write!(
+                o,
+                "\n# `{}` is called by the host only: it is never a capability.\n",
+                f.wit_name
+            );
+            continue;
+        }
+        let _ = write!(
+            o,
+            "\n# What the model sees: a local name and a reviewed description.\n[[capability]]\nfunction = \"{}\"\nname = \"{}_{}\"\ndescription = \"{} with {name}. (Describe what it does for the model before review.)\"\neffect = \"{}\"\n",
+            f.wit_name,
+            name.replace('-', "_"),
+            f.rust_name,
+            f.wit_name,
+            c.semantics.class.as_str(),
+        );
+    }
+    o.push_str(GRANTS_AND_LIMITS);
+    o
 }
 
 /// What `airlock pack` did.
@@ -967,6 +1281,55 @@ fn pin(mapping: &str, sha256: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_package_crate_depends_on_the_sdks_own_wit_bindgen() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let text = std::fs::read_to_string(root).unwrap();
+        assert!(
+            text.contains(&format!("wit-bindgen = {{ version = \"{WIT_BINDGEN}\"")),
+            "WIT_BINDGEN must equal the workspace's wit-bindgen"
+        );
+    }
+
+    #[test]
+    fn a_folder_that_is_not_a_good_package_is_refused_with_the_loaders_words() {
+        let dir = tempfile::tempdir().unwrap();
+        fn options(contract: &str) -> NewOptions<'_> {
+            NewOptions {
+                contract,
+                name: "x",
+                connection: None,
+                dir: None,
+                sdk: None,
+            }
+        }
+        // Nothing there.
+        let path = dir.path().display().to_string();
+        let path = path.as_str();
+        let e = format!("{:#}", new_crate(&options(path)).unwrap_err());
+        assert!(e.contains("no contract.toml"), "{e}");
+        // WIT with semantics, but two adapter worlds: which one is the author's?
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("../contracts/workspace-edits");
+        for f in ["contract.toml", "deps/host/host.wit"] {
+            let to = dir.path().join(f);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(ws.join(f), to).unwrap();
+        }
+        let wit = std::fs::read_to_string(ws.join("workspace.wit")).unwrap();
+        std::fs::write(
+            dir.path().join("workspace.wit"),
+            format!(
+                "{wit}\nworld second-adapter {{\n    include airlock:host/adapter-host@0.1.0;\n    export workspace-edits;\n}}\n"
+            ),
+        )
+        .unwrap();
+        let e = format!("{:#}", new_crate(&options(path)).unwrap_err());
+        assert!(e.contains("has 2 adapter worlds"), "{e}");
+        // A name that is neither a built-in contract nor a folder.
+        let e = format!("{:#}", new_crate(&options("no-such-contract")).unwrap_err());
+        assert!(e.contains("unknown contract"), "{e}");
+    }
 
     #[test]
     fn every_contract_the_host_knows_has_a_template_with_every_function() {

@@ -282,19 +282,22 @@ Example:
         action: ContractsAction,
     },
     /// Write a ready adapter crate for one contract: Cargo.toml (the SDK by path),
-    /// rust-toolchain.toml, src/lib.rs, mapping.toml (deny by default), airlock.toml.
+    /// rust-toolchain.toml, src/lib.rs, mapping.toml (deny by default), airlock.toml; for a
+    /// contract package folder also wit/ (its files) and bindings generated from it.
     #[command(after_help = "\
 Example:
   airlock new --list
   airlock new source-retrieval my-notes --connection notes
+  airlock new contracts/workspace-edits my-edits
   airlock pack my-notes/mapping.toml
 The crate depends on the SDK by path: --sdk PATH, or the `sdk` folder of the checkout this
 airlock was built from (printed). src/lib.rs implements every contract function with its
 first upstream call; mapping.toml lists no upstream tool and no grant until you add them.
 See README.md (\"Writing an adapter\").")]
     New {
-        /// The contract: its full name (airlock:contracts/source-retrieval@0.1.0) or its
-        /// short name (source-retrieval).
+        /// The contract: a built-in one's full name (airlock:contracts/source-retrieval@0.1.0)
+        /// or short name (source-retrieval), or a contract package folder (a path with a
+        /// `/`, or an existing folder; README "Defining a contract").
         #[arg(value_name = "CONTRACT", required_unless_present = "list")]
         contract: Option<String>,
         /// The adapter's name: crate, mapping and component (a-z, 0-9, -, _).

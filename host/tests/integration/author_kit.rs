@@ -433,9 +433,12 @@ fn new_list_names_the_contracts_this_host_supports() {
 #[test]
 fn the_crate_new_writes_builds_to_a_component_for_every_contract() {
     let temp = tempfile::tempdir().unwrap();
+    let package = workspace().join("contracts/workspace-edits");
     for (contract, name) in [
         ("airlock:contracts/source-retrieval@0.1.0", "gen-retrieval"),
         ("artifact-delivery", "gen-delivery"),
+        // An operator's package folder: bindings from its own WIT.
+        (package.to_str().unwrap(), "gen-edits"),
     ] {
         let dir = temp.path().join(name);
         let out = author_airlock(

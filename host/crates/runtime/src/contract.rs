@@ -38,6 +38,7 @@ use wasmtime::component::Val;
 
 pub mod diff;
 pub mod package;
+pub mod skeleton;
 
 /// The WIT of `airlock:host@0.1.0`, as shipped in `wit/v0.1.0/deps/host/host.wit`.
 pub const HOST_WIT_0_1_0: &str = include_str!("../../../../wit/v0.1.0/deps/host/host.wit");

@@ -364,7 +364,7 @@ fn sidecar_at(origin: &str, text: &str, span: std::ops::Range<usize>) -> String 
 }
 
 /// Parses the WIT of `files` (root package and `deps/`) into one resolve.
-fn resolve_wit(files: &PackageFiles) -> Result<(Resolve, wit_parser::PackageId)> {
+pub(super) fn resolve_wit(files: &PackageFiles) -> Result<(Resolve, wit_parser::PackageId)> {
     let origin = &files.origin;
     let mut main = SourceMap::default();
     let mut deps: BTreeMap<String, SourceMap> = BTreeMap::new();
