@@ -111,7 +111,7 @@ pub fn check(req: &CheckRequest<'_>) -> Result<Check> {
         let f = &c.functions[&function];
         let (_, shape) = &f.params[0];
         let val = contract::json_to_val(shape, &args, &mut |kind, locator| {
-            if kind == "destination-ref" {
+            if c.handle_role(kind) == Some(crate::contract::HandleRole::Scope) {
                 destination = Some(locator.to_string());
             }
             Ok(locator.to_string())

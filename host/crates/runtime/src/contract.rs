@@ -112,6 +112,33 @@ pub struct ContractFunction {
     /// The function that undoes a completed call of this one (`compensable-by`). See
     /// [`package::check_undo`] for the signature it has.
     pub undo: Option<String>,
+    /// The string field of this function's result that must equal the `sha256` of the
+    /// [`HandleRole::Content`] handle its request names (`confirms`): the host checks the
+    /// upstream's receipt against what was approved, and a mismatch is an unknown outcome.
+    pub confirms: Option<String>,
+}
+
+/// What a handle kind means to the host beyond naming an object (`role` in the package's
+/// sidecar), so that policy and receipts need no contract's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HandleRole {
+    /// Where an effect goes: the locator of a request's handle of this kind is the call's
+    /// scope for policy (`context.destination`, a `Scope` entity).
+    Scope,
+    /// Content the effect acts on, identified by its `sha256` fact: a receipt binds that
+    /// digest, and policy sees its `bytes` fact (`context.artifact_bytes`).
+    Content,
+}
+
+impl HandleRole {
+    /// The sidecar's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Scope => "scope",
+            Self::Content => "content",
+        }
+    }
 }
 
 /// One handle kind of a contract interface (`type <kind> = string`, `<kind>` ending in
@@ -130,6 +157,8 @@ pub struct HandleKind {
     pub minted_by: Vec<String>,
     /// The functions whose arguments carry one (the host resolves a token there).
     pub consumed_by: Vec<String>,
+    /// What it means to the host beyond naming an object, if anything.
+    pub role: Option<HandleRole>,
 }
 
 /// A capability contract: one WIT interface of a loaded, checked contract package.
@@ -163,6 +192,11 @@ impl Contract {
         self.handles
             .get(kind)
             .map_or(&[], |h| h.identity.as_slice())
+    }
+
+    /// The role the contract gives handle `kind` ([`HandleKind::role`]).
+    pub fn handle_role(&self, kind: &str) -> Option<HandleRole> {
+        self.handles.get(kind).and_then(|h| h.role)
     }
 
     /// The host-only function that reconciles an unknown outcome of `function`, if the

@@ -98,9 +98,9 @@ pub(crate) fn call_facts<'a>(n: &'a Normalized) -> CallFacts<'a> {
         profile: &c.session.profile().name,
         transport: c.session.requester().transport,
         protocol: &c.abilities.protocol,
-        destination: n.destination(),
+        destination: n.scope(),
         artifact_bytes: n
-            .artifact()
+            .content()
             .and_then(|f| f.get("bytes"))
             .and_then(serde_json::Value::as_u64),
     }
@@ -119,7 +119,7 @@ pub(crate) fn binding(n: &Normalized, policy_digest: &str) -> ReceiptBinding {
         policy_digest: policy_digest.to_string(),
         args_digest: n.args_digest().to_string(),
         artifact_digest: n
-            .artifact()
+            .content()
             .and_then(|f| f.get("sha256"))
             .and_then(serde_json::Value::as_str)
             .map(str::to_string),

@@ -103,19 +103,26 @@ impl Normalized {
         self.revision
     }
 
-    /// The destination scope (a `destination-ref` argument's locator), if any.
-    pub fn destination(&self) -> Option<&str> {
+    /// The argument handle the contract gives `role`, if the call names one (a contract
+    /// lets a request hold at most one of each role).
+    fn with_role(&self, role: crate::contract::HandleRole) -> Option<&HandleUse> {
+        let contract = &self.capability().mapping.contract;
         self.handles
             .iter()
-            .find(|h| h.kind == "destination-ref")
+            .find(|h| contract.handle_role(&h.kind) == Some(role))
+    }
+
+    /// The call's scope for policy: the locator of its argument handle of role `scope`
+    /// (`context.destination`), if any.
+    pub fn scope(&self) -> Option<&str> {
+        self.with_role(crate::contract::HandleRole::Scope)
             .map(|h| &*h.resolved.locator)
     }
 
-    /// The artifact a handle argument names: its facts, if any.
-    pub fn artifact(&self) -> Option<&Map<String, Value>> {
-        self.handles
-            .iter()
-            .find(|h| h.kind == "artifact-ref")
+    /// The content the call acts on: the facts its result reported for the argument
+    /// handle of role `content` (`sha256`, `bytes`...), if any.
+    pub fn content(&self) -> Option<&Map<String, Value>> {
+        self.with_role(crate::contract::HandleRole::Content)
             .map(|h| h.resolved.facts.as_ref())
     }
 }

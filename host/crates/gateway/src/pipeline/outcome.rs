@@ -423,26 +423,30 @@ pub(crate) fn unknown_outcome(why: &str) -> Outcome {
     )
 }
 
-/// Checks a completed effect's result against what was approved: a result that names
-/// the artifact it acted on (`artifact-sha256`) must name the approved artifact.
+/// Checks a completed effect's result against what was approved: the result field the
+/// function `confirms` (e.g. a delivery's `artifact-sha256`) must equal the `sha256` of the
+/// content handle the call named.
 ///
 /// # Errors
 /// What does not match.
 fn verify_receipt(n: &crate::pipeline::normalize::Normalized, value: &Value) -> Result<(), String> {
+    let Some(field) = n.capability().function.confirms.as_deref() else {
+        return Ok(());
+    };
     let approved = n
-        .artifact()
+        .content()
         .and_then(|f| f.get("sha256"))
         .and_then(Value::as_str);
-    receipt_matches(approved, value)
+    receipt_matches(approved, field, value)
 }
 
-/// [`verify_receipt`] on the approved artifact digest `approved`.
-fn receipt_matches(approved: Option<&str>, value: &Value) -> Result<(), String> {
-    let reported = value.get("artifact-sha256").and_then(Value::as_str);
+/// [`verify_receipt`] on the approved content digest `approved` and the result's `field`.
+fn receipt_matches(approved: Option<&str>, field: &str, value: &Value) -> Result<(), String> {
+    let reported = value.get(field).and_then(Value::as_str);
     match (approved, reported) {
-        (Some(a), Some(r)) if a != r => Err(format!(
-            "it reports artifact sha256 {r}, the call was for {a}"
-        )),
+        (Some(a), Some(r)) if a != r => {
+            Err(format!("it reports {field} {r}, the call was for {a}"))
+        }
         _ => Ok(()),
     }
 }
@@ -782,11 +786,14 @@ mod tests {
     fn a_receipt_for_another_artifact_than_approved_does_not_verify() {
         let a = "a".repeat(64);
         let b = "b".repeat(64);
-        assert!(receipt_matches(Some(&a), &json!({"artifact-sha256": a})).is_ok());
-        let e = receipt_matches(Some(&a), &json!({"artifact-sha256": b})).unwrap_err();
+        assert!(
+            receipt_matches(Some(&a), "artifact-sha256", &json!({"artifact-sha256": a})).is_ok()
+        );
+        let e = receipt_matches(Some(&a), "artifact-sha256", &json!({"artifact-sha256": b}))
+            .unwrap_err();
         assert!(e.contains(&b) && e.contains(&a), "{e}");
         // Nothing to compare: a result that names no artifact, or a call without one.
-        assert!(receipt_matches(Some(&a), &json!({"delivery-id": "d"})).is_ok());
-        assert!(receipt_matches(None, &json!({"artifact-sha256": b})).is_ok());
+        assert!(receipt_matches(Some(&a), "artifact-sha256", &json!({"delivery-id": "d"})).is_ok());
+        assert!(receipt_matches(None, "artifact-sha256", &json!({"artifact-sha256": b})).is_ok());
     }
 }

@@ -56,7 +56,9 @@ use sha2::Digest as _;
 use toml::Spanned;
 use wit_parser::{Resolve, SourceMap, Type, TypeDefKind, TypeId};
 
-use super::{Contract, ContractFunction, EffectClass, EffectSemantics, HandleKind, Shape};
+use super::{
+    Contract, ContractFunction, EffectClass, EffectSemantics, HandleKind, HandleRole, Shape,
+};
 
 /// The sidecar's file name in a package folder.
 pub const SIDECAR: &str = "contract.toml";
@@ -298,6 +300,8 @@ struct InterfaceDecl {
 #[serde(deny_unknown_fields)]
 struct HandleDecl {
     identity: Vec<Spanned<String>>,
+    #[serde(default)]
+    role: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -311,6 +315,8 @@ struct FunctionDecl {
     compensable_by: Option<Spanned<String>>,
     #[serde(default)]
     host_only: bool,
+    #[serde(default)]
+    confirms: Option<Spanned<String>>,
 }
 
 /// Errors found while loading, each already located (`file:line[:col]: what; what to do`).
@@ -670,6 +676,7 @@ impl InterfaceLoad<'_> {
                     },
                     query: fdecl.queryable_by.as_ref().map(|q| q.get_ref().clone()),
                     undo: fdecl.compensable_by.as_ref().map(|u| u.get_ref().clone()),
+                    confirms: fdecl.confirms.as_ref().map(|c| c.get_ref().clone()),
                 },
             );
         }
@@ -792,14 +799,82 @@ impl InterfaceLoad<'_> {
                 }
                 identity.push(fact.get_ref().clone());
             }
+            let role =
+                match hdecl.role.as_ref().map(|r| (r, r.get_ref().as_str())) {
+                    None => None,
+                    Some((_, "scope")) => Some(HandleRole::Scope),
+                    Some((_, "content")) => Some(HandleRole::Content),
+                    Some((r, other)) => {
+                        self.problems.push_with(|| format!(
+                        "{}: handle `{kind_name}`: role `{other}` is not one of scope, content",
+                        (self.at)(r.span())
+                    ));
+                        None
+                    }
+                };
+            if role == Some(HandleRole::Content) && !identity.iter().any(|f| f == "sha256") {
+                self.problems.push_with(|| format!(
+                    "{}: handle `{kind_name}`: a content handle is identified by its digest: list `sha256` in its identity (a string field beside it)",
+                    (self.at)(kind.span())
+                ));
+            }
             handles.insert(
                 kind_name.clone(),
                 HandleKind {
                     identity,
                     minted_by,
                     consumed_by,
+                    role,
                 },
             );
+        }
+        // Roles a request may hold once, and what `confirms` names.
+        for (fname, fdecl) in &decl.functions {
+            let Some(f) = functions.get(fname.get_ref()) else {
+                continue;
+            };
+            for role in [HandleRole::Scope, HandleRole::Content] {
+                let held: usize = handles
+                    .iter()
+                    .filter(|(_, h)| h.role == Some(role))
+                    .map(|(k, _)| {
+                        f.params
+                            .iter()
+                            .map(|(_, s)| occurrences(s, k))
+                            .sum::<usize>()
+                    })
+                    .sum();
+                if held > 1 {
+                    self.problems.push_with(|| format!(
+                        "{}: function `{}` takes {} handles of role {} (counting lists as many): a call has one {}, so take one",
+                        (self.at)(fname.span()),
+                        f.name,
+                        if held == usize::MAX { "any number of".to_string() } else { held.to_string() },
+                        role.as_str(),
+                        role.as_str()
+                    ));
+                }
+            }
+            let Some(confirms) = &fdecl.confirms else {
+                continue;
+            };
+            let content = handles.iter().any(|(k, h)| {
+                h.role == Some(HandleRole::Content) && f.params.iter().any(|(_, s)| carries(s, k))
+            });
+            let field = confirms.get_ref();
+            let has_field = match &f.result {
+                Some(Shape::Result { ok: Some(ok), .. }) => {
+                    matches!(&**ok, Shape::Record(fields) if fields.iter().any(|(n, s, _)| n == field && matches!(s, Shape::String)))
+                }
+                _ => false,
+            };
+            if !content || !has_field {
+                self.problems.push_with(|| format!(
+                    "{}: function `{}` confirms `{field}`, so it must take a handle of role content and return `result<R, E>` whose record R has the string field `{field}`",
+                    (self.at)(confirms.span()),
+                    f.name
+                ));
+            }
         }
         if self.problems.count > before {
             return None;
@@ -925,6 +1000,35 @@ fn is_string_alias(resolve: &Resolve, id: TypeId) -> bool {
 }
 
 /// Whether a value of `shape` may hold a handle of `kind`.
+/// How many handles of `kind` a value of `shape` holds at most (a list: any number,
+/// counted as `usize::MAX`).
+fn occurrences(shape: &Shape, kind: &str) -> usize {
+    match shape {
+        Shape::Handle(k) => usize::from(k == kind),
+        Shape::List(s) if carries(s, kind) => usize::MAX,
+        Shape::Option(s) => occurrences(s, kind),
+        Shape::Tuple(items) => items
+            .iter()
+            .fold(0, |n, s| n.saturating_add(occurrences(s, kind))),
+        Shape::Record(fields) => fields
+            .iter()
+            .fold(0, |n, (_, s, _)| n.saturating_add(occurrences(s, kind))),
+        Shape::Variant(cases) => cases
+            .iter()
+            .flat_map(|(_, s)| s)
+            .map(|s| occurrences(s, kind))
+            .max()
+            .unwrap_or(0),
+        Shape::Result { ok, err } => ok
+            .iter()
+            .chain(err)
+            .map(|s| occurrences(s, kind))
+            .max()
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
 fn carries(shape: &Shape, kind: &str) -> bool {
     match shape {
         Shape::Handle(k) => k == kind,

@@ -757,3 +757,100 @@ fn names_that_could_alias_in_the_digest_and_links_are_refused() {
     let err = format!("{:#}", PackageFiles::read_dir(dir.path()).unwrap_err());
     assert_has(&err, &["more than 8 MiB"]);
 }
+
+/// A package whose handles carry roles: content a call acts on, the scope it goes to.
+const ROLES_WIT: &str = r#"package example:ship@1.0.0;
+
+interface ship {
+    type box-ref = string;
+    type dock-ref = string;
+    type idempotency-key = string;
+
+    record pack-request { content: string }
+    record box { box: box-ref, sha256: string, bytes: u64 }
+    record docks-request { limit: option<u32> }
+    record dock { dock: dock-ref, label: string }
+    record send-request { box: box-ref, dock: dock-ref, idempotency-key: idempotency-key }
+    record sent { id: string, box-sha256: string }
+
+    variant contract-error { unavailable(string) }
+
+    pack: func(request: pack-request) -> result<box, contract-error>;
+    docks: func(request: docks-request) -> result<list<dock>, contract-error>;
+    send: func(request: send-request) -> result<sent, contract-error>;
+}
+"#;
+
+const ROLES_SIDECAR: &str = r#"format = 1
+package = "example:ship@1.0.0"
+
+[interfaces.ship.handles]
+box-ref = { identity = ["sha256"], role = "content" }
+dock-ref = { identity = [], role = "scope" }
+
+[interfaces.ship.host-supplied]
+idempotency-key = "intent-idempotency-key"
+
+[interfaces.ship.functions]
+pack = { class = "local-transformation", idempotent = false }
+docks = { class = "read", idempotent = true }
+send = { class = "external-effect", idempotent = true, confirms = "box-sha256" }
+"#;
+
+/// `load_err` of the roles package after replacing `from` with `to` in the sidecar
+/// (`in_wit` false) or the WIT.
+fn roles_refused(in_wit: bool, from: &str, to: &str) -> String {
+    let (mut sidecar, mut wit) = (ROLES_SIDECAR.to_string(), ROLES_WIT.to_string());
+    let target = if in_wit { &mut wit } else { &mut sidecar };
+    assert!(target.contains(from), "{from}");
+    *target = target.replacen(from, to, 1);
+    load_err(&sidecar, &wit)
+}
+
+#[test]
+fn handle_roles_tell_policy_and_receipts_what_a_handle_means() {
+    let p = load(&files(ROLES_SIDECAR, ROLES_WIT)).unwrap();
+    let c = &p.interfaces["example:ship/ship@1.0.0"];
+    assert_eq!(c.handle_role("box-ref"), Some(HandleRole::Content));
+    assert_eq!(c.handle_role("dock-ref"), Some(HandleRole::Scope));
+    assert_eq!(c.handle_role("nothing-ref"), None);
+    assert_eq!(c.functions["send"].confirms.as_deref(), Some("box-sha256"));
+    assert_eq!(c.functions["pack"].confirms, None);
+    // The built-in delivery contract says the same in its own words.
+    let d = crate::contract::load_contract("airlock:contracts/artifact-delivery@0.2.0").unwrap();
+    assert_eq!(d.handle_role("artifact-ref"), Some(HandleRole::Content));
+    assert_eq!(d.handle_role("destination-ref"), Some(HandleRole::Scope));
+    assert_eq!(d.functions["deliver"].confirms.as_deref(), Some("artifact-sha256"));
+}
+
+#[test]
+fn roles_and_receipts_that_do_not_fit_are_refused_with_their_line() {
+    let e = roles_refused(false, r#"role = "scope""#, r#"role = "target""#);
+    assert_has(&e, &["pkg/contract.toml:6", "role `target` is not one of scope, content"]);
+    let e = roles_refused(false, r#"identity = ["sha256"], role"#, r#"identity = [], role"#);
+    assert_has(&e, &["handle `box-ref`", "list `sha256` in its identity"]);
+    // One scope and one content per call: two, or a list of them, is ambiguous.
+    let e = roles_refused(
+        true,
+        "record send-request { box: box-ref, dock: dock-ref,",
+        "record send-request { box: box-ref, dock: dock-ref, also: dock-ref,",
+    );
+    assert_has(&e, &["function `send` takes 2 handles of role scope"]);
+    let e = roles_refused(
+        true,
+        "record docks-request { limit: option<u32> }",
+        "record docks-request { limit: option<u32>, near: list<dock-ref> }",
+    );
+    assert_has(&e, &["function `docks` takes any number of handles of role scope"]);
+    // What a receipt confirms is a string field of the result, of a call naming content.
+    let e = roles_refused(false, r#"confirms = "box-sha256""#, r#"confirms = "nope""#);
+    assert_has(&e, &["pkg/contract.toml:14", "confirms `nope`", "string field `nope`"]);
+    let e = roles_refused(
+        false,
+        r#"docks = { class = "read", idempotent = true }"#,
+        r#"docks = { class = "read", idempotent = true, confirms = "label" }"#,
+    );
+    assert_has(&e, &["function `docks` confirms `label`", "a handle of role content"]);
+    let e = roles_refused(false, r#"confirms = "box-sha256""#, r#"confirms = 3"#);
+    assert_has(&e, &["pkg/contract.toml"]);
+}
