@@ -72,3 +72,17 @@ mod tests {
         let _ = crate::upstream::call_tool("read_note", "{}");
     }
 }
+
+pub(crate) fn setting(name: &str) -> Option<crate::settings::Value> {
+    #[cfg(feature = "testing")]
+    return crate::testing::setting(name);
+    #[cfg(not(feature = "testing"))]
+    no_host(&format!("settings::get({name:?})"))
+}
+
+pub(crate) fn setting_names() -> Vec<String> {
+    #[cfg(feature = "testing")]
+    return crate::testing::setting_names();
+    #[cfg(not(feature = "testing"))]
+    no_host("settings::names()")
+}

@@ -153,6 +153,7 @@ pub struct Upstream {
     resources: Vec<(String, Vec<ResourceContents>)>,
     intent: Option<Intent>,
     remaining_ms: u64,
+    settings: std::collections::BTreeMap<String, crate::settings::Value>,
 }
 
 impl Default for Upstream {
@@ -173,13 +174,15 @@ impl Upstream {
             resources: Vec::new(),
             intent: None,
             remaining_ms: DEFAULT_REMAINING_MS,
+            settings: std::collections::BTreeMap::new(),
         }
     }
 
     /// A kit that permits what the mapping manifest at `path` lists, as the host does:
     /// `[upstream] tools` and `resources` (a tool or resource outside them gets
-    /// [`UpstreamError::NotPermitted`] and nothing is answered). Relative paths resolve
-    /// against the current folder (`cargo test` runs in the crate's folder).
+    /// [`UpstreamError::NotPermitted`] and nothing is answered), and answers its
+    /// `[settings]` ([`crate::settings`]). Relative paths resolve against the current
+    /// folder (`cargo test` runs in the crate's folder).
     ///
     /// # Panics
     /// The file cannot be read or is not a mapping manifest (the message says which).
@@ -198,7 +201,8 @@ impl Upstream {
     /// Like [`Upstream::from_mapping`], from the manifest's text.
     ///
     /// # Errors
-    /// Not TOML, or no `[mapping] name`.
+    /// Not TOML, no `[mapping] name`, or a setting that is not a string, an integer or a
+    /// boolean.
     pub fn from_mapping_text(text: &str) -> Result<Self, String> {
         let table: toml::Table = toml::from_str(text).map_err(|e| format!("not TOML: {e}"))?;
         let mapping = table
@@ -220,10 +224,28 @@ impl Upstream {
                 })
                 .unwrap_or_default()
         };
+        let mut settings = std::collections::BTreeMap::new();
+        if let Some(table) = table.get("settings").and_then(toml::Value::as_table) {
+            for (name, value) in table {
+                let value = match value {
+                    toml::Value::String(t) => crate::settings::Value::Text(t.clone()),
+                    toml::Value::Integer(i) => crate::settings::Value::Integer(*i),
+                    toml::Value::Boolean(b) => crate::settings::Value::Boolean(*b),
+                    other => {
+                        return Err(format!(
+                            "[settings] {name} is a {}: a setting is a string, an integer or a boolean",
+                            other.type_str()
+                        ));
+                    }
+                };
+                settings.insert(name.clone(), value);
+            }
+        }
         Ok(Self {
             mapping,
             tools: Some(list("tools")),
             resource_prefixes: Some(list("resources")),
+            settings,
             ..Self::new()
         })
     }
@@ -262,6 +284,12 @@ impl Upstream {
             idempotency_key: idempotency_key.to_owned(),
             attempt,
         });
+        self
+    }
+
+    /// Sets what [`crate::settings::get`] answers for `name` (over the mapping's).
+    pub fn setting(mut self, name: &str, value: crate::settings::Value) -> Self {
+        self.settings.insert(name.to_owned(), value);
         self
     }
 
@@ -431,6 +459,18 @@ pub(crate) fn remaining_ms() -> u64 {
     with_kit("context::remaining_ms()", |kit, _| kit.remaining_ms)
 }
 
+pub(crate) fn setting(name: &str) -> Option<crate::settings::Value> {
+    with_kit(&format!("settings::get({name:?})"), |kit, _| {
+        kit.settings.get(name).cloned()
+    })
+}
+
+pub(crate) fn setting_names() -> Vec<String> {
+    with_kit("settings::names()", |kit, _| {
+        kit.settings.keys().cloned().collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,6 +485,33 @@ name = "my-notes"
 tools = ["search_notes"]
 resources = ["notes://"]
 "#;
+
+    #[test]
+    fn settings_come_from_the_mapping_and_the_kit() {
+        use crate::settings::{self, Value};
+        let text = format!(
+            "{MAPPING}\n[settings]\nrepository = \"/srv/repo\"\nlimit = 20\nfollow = false\n"
+        );
+        let _kit = Upstream::from_mapping_text(&text)
+            .unwrap()
+            .setting("extra", Value::Text("x".into()))
+            .install();
+        assert_eq!(settings::text("repository").unwrap(), "/srv/repo");
+        assert_eq!(settings::integer("limit").unwrap(), 20);
+        assert!(!settings::boolean("follow").unwrap());
+        assert_eq!(
+            settings::names(),
+            ["extra", "follow", "limit", "repository"]
+        );
+        let e = settings::integer("repository").unwrap_err();
+        assert!(e.contains("is a string, not an integer"), "{e}");
+        let e = settings::text("missing").unwrap_err();
+        assert!(e.contains("add `missing = \"...\"`"), "{e}");
+        assert!(settings::get("missing").is_none());
+        let bad = format!("{MAPPING}\n[settings]\nratio = 0.5\n");
+        let e = Upstream::from_mapping_text(&bad).unwrap_err();
+        assert!(e.contains("ratio is a float"), "{e}");
+    }
 
     #[test]
     fn replies_match_by_arguments_first_then_by_tool() {

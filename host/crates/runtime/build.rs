@@ -37,6 +37,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
     ("hostile", "fixtures/adapters/hostile"),
+    ("settings-echo", "fixtures/adapters/settings-echo"),
 ];
 
 /// Inputs whose change rebuilds the guests (folders are scanned by cargo).

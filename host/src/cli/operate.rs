@@ -675,6 +675,9 @@ pub struct ReviewShow {
     /// effective semantics it serves with (the contract's declaration as the manifest
     /// confirmed and narrowed it).
     pub capabilities: Vec<ShownCapability>,
+    /// The operator's settings of the latest revision's recorded manifest (`[settings]`,
+    /// which the adapter reads through `airlock:host/settings@0.3.0`); empty without one.
+    pub settings: crate::runtime::manifest::Settings,
     /// The `airlock:host` version the revision's component targets (from its imports),
     /// when the component was read (`--config`) and is the revision's.
     pub host_version: Option<HostVersion>,
@@ -864,7 +867,14 @@ pub fn review_show(
     });
     let (host_version, host_version_source) = shown_host_version(config, name, &current);
     let tampered = registry.prove(&current)?;
+    let settings = current
+        .manifest_text
+        .as_deref()
+        .and_then(|t| crate::registry::manifest::MappingManifest::parse(t, name).ok())
+        .map(|m| m.settings)
+        .unwrap_or_default();
     Ok(ReviewShow {
+        settings,
         tampered,
         capabilities: shown_capabilities(current.manifest_text.as_deref(), &{
             // The contracts a host of `config` serves (the built-ins without one).
@@ -943,6 +953,10 @@ impl ReviewShow {
                 "  capability {} -> {} [{effect}]",
                 cap.name, cap.function
             );
+        }
+        for (name, value) in &self.settings {
+            // Text prints escaped (Debug): no control character reaches the terminal.
+            let _ = writeln!(o, "  setting {name} = {value}");
         }
         let pins = Pins::from_value(&c.pins);
         if pins.tools.is_empty() {

@@ -69,6 +69,9 @@ pub struct Review {
     pub grants: GrantsView,
     /// The limits, defaults applied.
     pub limits: Limits,
+    /// The operator's settings (`[settings]`), which the adapter reads through
+    /// `airlock:host/settings@0.3.0`; part of the manifest a reviewer approves.
+    pub settings: crate::runtime::manifest::Settings,
     /// The component's imports, each with a verdict, sorted by name.
     pub imports: Vec<ImportReview>,
     /// The component's exports, sorted by name.
@@ -629,6 +632,7 @@ pub fn review(
         host_version,
         grants: grants_view(&manifest),
         limits: manifest.limits.clone(),
+        settings: manifest.settings.clone(),
         imports,
         exports,
         upstream: UpstreamView {
@@ -1394,6 +1398,13 @@ impl Review {
         for (key, value) in self.limit_lines() {
             let _ = writeln!(w, "  {key:<23}{value}");
         }
+        if self.settings.is_empty() {
+            let _ = writeln!(w, "  {:<23}none", "settings");
+        }
+        for (name, value) in &self.settings {
+            // Text settings print escaped (Debug), so no control character reaches the terminal.
+            let _ = writeln!(w, "  {:<23}{name} = {value}", "setting");
+        }
     }
 
     /// Section 3: each import with its verdict and reason, each export with its functions.
@@ -1730,6 +1741,21 @@ impl Review {
         for (key, value) in self.limit_lines() {
             let _ = writeln!(w, "<tr><th>{}</th><td>{}</td></tr>", e(key), e(&value));
         }
+        let _ = writeln!(
+            w,
+            "</table>\n<h2>Settings (the operator's, never the model's)</h2>\n<table>"
+        );
+        if self.settings.is_empty() {
+            let _ = writeln!(w, "<tr><td>none</td></tr>");
+        }
+        for (name, value) in &self.settings {
+            let _ = writeln!(
+                w,
+                "<tr><th>{}</th><td><code>{}</code></td></tr>",
+                e(name),
+                e(&value.to_string())
+            );
+        }
     }
 
     /// The imports (verdict, reason, functions) and exports tables.
@@ -1997,6 +2023,8 @@ mod tests {
             ("airlock:host/log@0.1.0", Status::HostApi),
             ("airlock:host/context@0.2.0", Status::HostApi),
             ("airlock:host/context@0.3.0", Status::Flagged),
+            ("airlock:host/settings@0.3.0", Status::HostApi),
+            ("airlock:host/settings@0.2.0", Status::Flagged),
             ("airlock:host/upstream@0.1.1", Status::Flagged),
             ("airlock:host/upstream@0.2.0", Status::Flagged),
             ("airlock:hostile/upstream@0.1.0", Status::Flagged),

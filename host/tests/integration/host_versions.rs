@@ -87,3 +87,101 @@ async fn a_0_1_0_and_a_0_2_0_adapter_serve_side_by_side_and_the_key_comes_from_c
     assert_eq!(key, record.intent.idempotency_key);
     assert!(key.starts_with("idk_") && key.len() == 36, "{key}");
 }
+
+/// An adapter built against `airlock:host@0.3.0` reads its mapping's operator settings:
+/// what the reviewed manifest's `[settings]` says reaches the component, the reviewer sees
+/// it, a changed setting is a new revision that serves nothing until it is reviewed, and
+/// the model's arguments are only ever arguments.
+#[tokio::test]
+async fn a_0_3_0_adapter_reads_the_reviewed_settings_and_a_changed_setting_needs_review() {
+    let d = Deployment::with_notes().mapping("settings-echo");
+    d.approve_all();
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    let shown = d.airlock_json(&["review", "show", "settings-echo", "--config", config]);
+    assert_eq!(shown["host_version"], "0.3.0", "{shown:#}");
+    assert_eq!(
+        shown["settings"],
+        json!({"follow-links": false, "max-results": 20, "repository": "/srv/repositories/project"})
+    );
+    let text = d.airlock_ok(&["review", "show", "settings-echo", "--config", config]);
+    assert!(
+        text.contains("setting max-results = 20")
+            && text.contains("repository = \"/srv/repositories/project\""),
+        "{text}"
+    );
+
+    let client = d.serve_unreviewed().await;
+    let hits = ok_call(&client, "echo_settings", json!({"query": ""})).await;
+    let titles: Vec<&str> = hits
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        titles,
+        [
+            "follow-links = false",
+            "max-results = 20",
+            "repository = \"/srv/repositories/project\""
+        ]
+    );
+    // The model can only search and retrieve: a value it sends is an argument, never a
+    // setting, and the adapter still answers the reviewed value.
+    let r = call(
+        &client,
+        "echo_settings",
+        json!({"query": "repository", "repository": "/etc"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r.is_error,
+        Some(true),
+        "unknown arguments are refused: {}",
+        text_of(&r)
+    );
+    let one = ok_call(&client, "echo_settings", json!({"query": "repository"})).await;
+    let reference = one[0]["reference"].as_str().unwrap().to_string();
+    let passage = ok_call(&client, "echo_setting", json!({"reference": reference})).await;
+    assert_eq!(passage["text"], "/srv/repositories/project");
+    client.cancel().await.unwrap();
+
+    // Moving the repository changes the manifest, not the component: a new revision that
+    // serves nothing until a reviewer approves it, and the diff names the setting.
+    let manifest = d.mapping_dir("settings-echo").join("mapping.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("/srv/repositories/project", "/srv/moved/project"),
+    )
+    .unwrap();
+    let client = d.serve_unreviewed().await;
+    let offered = client.peer().list_all_tools().await.unwrap();
+    assert!(
+        offered.is_empty(),
+        "a changed setting is an unreviewed revision: {offered:?}"
+    );
+    client.cancel().await.unwrap();
+    let out = d.airlock(&[
+        "grants",
+        manifest.to_str().unwrap(),
+        "--config",
+        config,
+        "--diff",
+        "1",
+    ]);
+    let diff = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        diff.contains(
+            "settings.repository: \"/srv/repositories/project\" -> \"/srv/moved/project\""
+        ),
+        "{diff}"
+    );
+    d.approve_all();
+    let client = d.serve_unreviewed().await;
+    let one = ok_call(&client, "echo_settings", json!({"query": "repository"})).await;
+    assert_eq!(one[0]["title"], "repository = \"/srv/moved/project\"");
+    client.cancel().await.unwrap();
+}

@@ -1150,6 +1150,16 @@ mod tests {
             include_str!("../../../../wit/worlds-v0.2.0/worlds.wit"),
             "d0b1b1c2b6758d3ee4f2ba2e2f26602cbba2fef251c11bcc13b1e9c0445814d8",
         ),
+        (
+            "worlds-v0.3.0/deps/host-0.3.0/host.wit",
+            include_str!("../../../../wit/worlds-v0.3.0/deps/host-0.3.0/host.wit"),
+            "05ae94735c5048648c768c39f61b2b5c875782eabf6e746fbb6b4d47b33a7daf",
+        ),
+        (
+            "worlds-v0.3.0/worlds.wit",
+            include_str!("../../../../wit/worlds-v0.3.0/worlds.wit"),
+            "cf97e98080ad37f6c1c92fecce3c5749f38d1544924a181173a68cc4be86a778",
+        ),
     ];
 
     /// Copies of released packages that other releases carry in their `deps/`.
@@ -1172,6 +1182,26 @@ mod tests {
         (
             "worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit",
             include_str!("../../../../wit/worlds-v0.2.0/deps/contracts-0.2.0/contracts.wit"),
+            "v0.2.0/contracts.wit",
+        ),
+        (
+            "worlds-v0.3.0/deps/host-0.1.0/host.wit",
+            include_str!("../../../../wit/worlds-v0.3.0/deps/host-0.1.0/host.wit"),
+            "v0.1.0/deps/host/host.wit",
+        ),
+        (
+            "worlds-v0.3.0/deps/host-0.2.0/host.wit",
+            include_str!("../../../../wit/worlds-v0.3.0/deps/host-0.2.0/host.wit"),
+            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+        ),
+        (
+            "worlds-v0.3.0/deps/contracts-0.1.0/contracts.wit",
+            include_str!("../../../../wit/worlds-v0.3.0/deps/contracts-0.1.0/contracts.wit"),
+            "v0.1.0/contracts.wit",
+        ),
+        (
+            "worlds-v0.3.0/deps/contracts-0.2.0/contracts.wit",
+            include_str!("../../../../wit/worlds-v0.3.0/deps/contracts-0.2.0/contracts.wit"),
             "v0.2.0/contracts.wit",
         ),
     ];
@@ -1286,6 +1316,60 @@ mod tests {
             assert_eq!(
                 text, original_text,
                 "wit/{path} must be a byte-identical copy of wit/{original}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_host_0_3_0_worlds_export_the_released_contracts_unchanged() {
+        let file = |path: &str| RELEASED_WIT.iter().find(|(p, ..)| *p == path).unwrap().1;
+        let mut resolve = wit_parser::Resolve::new();
+        let mut worlds = None;
+        for path in [
+            "v0.1.0/deps/host/host.wit",
+            "v0.1.0/contracts.wit",
+            "v0.2.0/contracts.wit",
+            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+            "worlds-v0.3.0/deps/host-0.3.0/host.wit",
+            "worlds-v0.3.0/worlds.wit",
+        ] {
+            worlds = Some(resolve.push_str(path, file(path)).unwrap());
+        }
+        let worlds = [worlds.unwrap()];
+        for (world, export) in [
+            (
+                "airlock:worlds/artifact-delivery-adapter@0.3.0",
+                "airlock:contracts/artifact-delivery@0.2.0",
+            ),
+            (
+                "airlock:worlds/source-retrieval-adapter@0.3.0",
+                "airlock:contracts/source-retrieval@0.1.0",
+            ),
+        ] {
+            let id = resolve.select_world(&worlds, Some(world)).unwrap();
+            let w = &resolve.worlds[id];
+            let mut exports: Vec<String> = w
+                .exports
+                .keys()
+                .map(|k| resolve.name_world_key(k))
+                .collect();
+            exports.sort();
+            assert_eq!(exports, [export], "{world}");
+            let mut imports: Vec<String> = w
+                .imports
+                .keys()
+                .map(|k| resolve.name_world_key(k))
+                .collect();
+            imports.sort();
+            assert_eq!(
+                imports,
+                [
+                    "airlock:host/context@0.2.0",
+                    "airlock:host/log@0.1.0",
+                    "airlock:host/settings@0.3.0",
+                    "airlock:host/upstream@0.1.0"
+                ],
+                "{world}"
             );
         }
     }

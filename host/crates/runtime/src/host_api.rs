@@ -1,10 +1,12 @@
-//! The versions of `airlock:host` this host provides, and the `context` interface of 0.2.0.
+//! The versions of `airlock:host` this host provides, the `context` interface of 0.2.0
+//! and the `settings` interface of 0.3.0.
 //!
 //! Rule: a component records the host version it targets through its imports, and the host
 //! links it only when every `airlock:host` interface it imports exists at exactly the
 //! version it names. The targeted version is the highest among those imports; a component
 //! that imports nothing from `airlock:host` targets none. One implementation serves every
-//! version: 0.2.0 imports `upstream` and `log` at 0.1.0, unchanged.
+//! version: 0.2.0 imports `upstream` and `log` at 0.1.0, unchanged; 0.3.0 imports those
+//! and `context` at 0.2.0, unchanged.
 //!
 //! Accepted imports (anything else under `airlock:host` is refused at load, naming the
 //! import and its version; wasmtime's own semver matching would link `upstream@0.1.1` to
@@ -15,11 +17,13 @@
 //! | `airlock:host/upstream@0.1.0` | 0.1.0 | 0.1.0 |
 //! | `airlock:host/log@0.1.0` | 0.1.0 | 0.1.0 |
 //! | `airlock:host/context@0.2.0` | 0.2.0 | 0.2.0 |
+//! | `airlock:host/settings@0.3.0` | 0.3.0 | 0.3.0 |
 //!
 //! `context` answers from the call's [`CallContext`](super::CallContext) and deadline:
 //! `current-intent` is present only when the call carries an idempotency key (an intent
 //! with an effect, or a host-supplied key); `remaining-ms` counts down to the deadline
-//! set when the call's Store was created.
+//! set when the call's Store was created. `settings` answers from the mapping manifest's
+//! `[settings]` (the reviewed revision's; the model never reaches them).
 
 use std::time::Instant;
 
@@ -40,7 +44,21 @@ mod bindings {
     });
 }
 
+mod bindings_0_3_0 {
+    wasmtime::component::bindgen!({
+        path: "../../../wit/worlds-v0.3.0",
+        world: "airlock:host/adapter-host@0.3.0",
+        imports: { default: async },
+        with: {
+            "airlock:host/upstream@0.1.0": crate::bindings::airlock::host::upstream,
+            "airlock:host/log@0.1.0": crate::bindings::airlock::host::log,
+            "airlock:host/context@0.2.0": super::bindings::airlock::host0_2_0::context,
+        },
+    });
+}
+
 use bindings::airlock::host0_2_0::context;
+use bindings_0_3_0::airlock::host0_3_0::settings;
 
 /// A released version of `airlock:host`, oldest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -51,6 +69,9 @@ pub enum HostVersion {
     /// `airlock:host@0.2.0`: adds `context`.
     #[serde(rename = "0.2.0")]
     V0_2_0,
+    /// `airlock:host@0.3.0`: adds `settings`.
+    #[serde(rename = "0.3.0")]
+    V0_3_0,
 }
 
 impl HostVersion {
@@ -59,6 +80,7 @@ impl HostVersion {
         match self {
             Self::V0_1_0 => "0.1.0",
             Self::V0_2_0 => "0.2.0",
+            Self::V0_3_0 => "0.3.0",
         }
     }
 }
@@ -77,6 +99,7 @@ pub const HOST_INTERFACES: &[(&str, HostVersion)] = &[
     ("upstream", HostVersion::V0_1_0),
     ("log", HostVersion::V0_1_0),
     ("context", HostVersion::V0_2_0),
+    ("settings", HostVersion::V0_3_0),
 ];
 
 /// Judges one import name: `Ok(None)` when it is not under `airlock:host`, `Ok(Some(v))`
@@ -105,12 +128,16 @@ pub fn host_import(name: &str) -> Result<Option<HostVersion>> {
             provided()
         );
     };
-    let known = [HostVersion::V0_1_0, HostVersion::V0_2_0]
-        .into_iter()
-        .find(|v| v.as_str() == version);
+    let known = [
+        HostVersion::V0_1_0,
+        HostVersion::V0_2_0,
+        HostVersion::V0_3_0,
+    ]
+    .into_iter()
+    .find(|v| v.as_str() == version);
     let Some(known) = known else {
         bail!(
-            "the component imports `{name}`, built against airlock:host {version}, which this host does not provide (it provides airlock:host 0.1.0 and 0.2.0: {})",
+            "the component imports `{name}`, built against airlock:host {version}, which this host does not provide (it provides airlock:host 0.1.0, 0.2.0 and 0.3.0: {})",
             provided()
         );
     };
@@ -157,11 +184,27 @@ pub fn component_host_version(bytes: &[u8]) -> Result<Option<HostVersion>> {
     )
 }
 
-/// Adds `airlock:host/context@0.2.0` to `linker` (0.1.0's interfaces are linked by the
-/// caller, once, for every version).
+/// Adds `airlock:host/context@0.2.0` and `airlock:host/settings@0.3.0` to `linker`
+/// (0.1.0's interfaces are linked by the caller, once, for every version).
 pub(super) fn add_to_linker(linker: &mut Linker<CallState>) -> Result<()> {
     context::add_to_linker::<CallState, HasSelf<CallState>>(linker, |s| s)
+        .map_err(anyhow::Error::from)?;
+    settings::add_to_linker::<CallState, HasSelf<CallState>>(linker, |s| s)
         .map_err(anyhow::Error::from)
+}
+
+impl settings::Host for CallState {
+    async fn get(&mut self, name: String) -> Option<settings::Value> {
+        self.settings.get(&name).map(|v| match v {
+            crate::manifest::SettingValue::Text(t) => settings::Value::Text(t.clone()),
+            crate::manifest::SettingValue::Integer(i) => settings::Value::Integer(*i),
+            crate::manifest::SettingValue::Boolean(b) => settings::Value::Boolean(*b),
+        })
+    }
+
+    async fn names(&mut self) -> Vec<String> {
+        self.settings.keys().cloned().collect()
+    }
 }
 
 impl context::Host for CallState {
@@ -208,6 +251,12 @@ mod tests {
             host_version(["airlock:host/context@0.2.0"]).unwrap(),
             Some(HostVersion::V0_2_0)
         );
+        let v3 = [
+            "airlock:host/upstream@0.1.0",
+            "airlock:host/settings@0.3.0",
+            "airlock:host/context@0.2.0",
+        ];
+        assert_eq!(host_version(v3).unwrap(), Some(HostVersion::V0_3_0));
         // A look-alike package is not the host's.
         assert_eq!(
             host_version(["airlock:hostile/context@9.0.0"]).unwrap(),
@@ -218,7 +267,15 @@ mod tests {
     #[test]
     fn host_imports_at_versions_this_host_lacks_are_refused_by_name() {
         for (import, needle) in [
-            ("airlock:host/context@0.3.0", "airlock:host 0.3.0"),
+            ("airlock:host/context@0.4.0", "airlock:host 0.4.0"),
+            (
+                "airlock:host/context@0.3.0",
+                "airlock:host 0.3.0 has no interface `context`",
+            ),
+            (
+                "airlock:host/settings@0.2.0",
+                "airlock:host 0.2.0 has no interface `settings`",
+            ),
             ("airlock:host/upstream@0.1.1", "airlock:host 0.1.1"),
             ("airlock:host/upstream@1.0.0", "airlock:host 1.0.0"),
             (

@@ -304,7 +304,7 @@ impl Runtime {
         bindings::AdapterHost::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
             .map_err(anyhow::Error::from)
             .context("linking airlock:host@0.1.0")?;
-        host_api::add_to_linker(&mut linker).context("linking airlock:host@0.2.0")?;
+        host_api::add_to_linker(&mut linker).context("linking airlock:host@0.2.0 and 0.3.0")?;
         let pre = linker
             .instantiate_pre(&component)
             .map_err(anyhow::Error::from)
@@ -362,6 +362,7 @@ impl Runtime {
             component_sha256: manifest.pinned_sha256().to_string(),
             limits: manifest.limits.clone(),
             grants: manifest.grants.clone(),
+            settings: Arc::new(manifest.settings.clone()),
             env,
             permits: Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(manifest.limits.max_concurrent_calls).unwrap_or(1),
@@ -447,6 +448,8 @@ pub struct Adapter {
     component_sha256: String,
     limits: Limits,
     grants: Grants,
+    /// The manifest's `[settings]` (`airlock:host/settings@0.3.0`).
+    settings: Arc<manifest::Settings>,
     env: Vec<(String, String)>,
     permits: Arc<tokio::sync::Semaphore>,
     pre: InstancePre<CallState>,
@@ -829,6 +832,7 @@ impl Adapter {
             },
             flooded,
             bridge: self.bridge(grant, context),
+            settings: self.settings.clone(),
         };
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
@@ -1361,6 +1365,8 @@ pub struct CallState {
     /// Set when the guest tried to write past its stdout/stderr budget.
     flooded: Arc<std::sync::atomic::AtomicBool>,
     bridge: UpstreamBridge,
+    /// The mapping's settings, the same for every call of one loaded revision.
+    settings: Arc<manifest::Settings>,
 }
 
 impl WasiView for CallState {

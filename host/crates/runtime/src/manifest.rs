@@ -45,6 +45,11 @@
 //!
 //! [grants]                                             # empty: no filesystem, network, env
 //!
+//! [settings]                 # optional: the operator's values the adapter reads through
+//! repository = "/srv/repo"   # airlock:host/settings@0.3.0 (never the model's): a string
+//! max-results = 20           # (<= 4096 bytes), an integer or a boolean each; names
+//! follow-links = false       # [a-z][a-z0-9-]*, at most 64 settings
+//!
 //! [limits]
 //! memory_mib = 64            # all memories and tables together; default 64, ceiling 1024
 //! deadline_ms = 5000         # wall clock per call; default 5000, ceiling 60000
@@ -98,6 +103,87 @@ pub struct MappingManifest {
     /// The grants, validated and resolved against the manifest's folder.
     pub grants: Grants,
     pub limits: Limits,
+    /// `[settings]`: the operator's values for this mapping, by name (sorted), handed to
+    /// the adapter through `airlock:host/settings@0.3.0`.
+    pub settings: Settings,
+}
+
+/// Most settings one manifest may set.
+pub const MAX_SETTINGS: usize = 64;
+/// Longest text setting, in bytes.
+pub const MAX_SETTING_TEXT: usize = 4096;
+
+/// A mapping's settings by name ([`MappingManifest::settings`]).
+pub type Settings = std::collections::BTreeMap<String, SettingValue>;
+
+/// One setting's value, as the manifest writes it and the host API hands it over.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum SettingValue {
+    /// A TOML string.
+    Text(String),
+    /// A TOML integer.
+    Integer(i64),
+    /// A TOML boolean.
+    Boolean(bool),
+}
+
+impl std::fmt::Display for SettingValue {
+    /// As TOML writes it: a quoted, escaped string, a number, `true`/`false`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Text(t) => write!(f, "{t:?}"),
+            Self::Integer(i) => write!(f, "{i}"),
+            Self::Boolean(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// The settings of `raw` (the `[settings]` table), checked.
+///
+/// # Errors
+/// More than [`MAX_SETTINGS`]; a name that is not `[a-z][a-z0-9-]*` of at most 64
+/// characters; a value that is not a string, an integer or a boolean; a string longer than
+/// [`MAX_SETTING_TEXT`] bytes or holding a NUL.
+fn settings(raw: toml::Table, src: &str) -> Result<Settings> {
+    if raw.len() > MAX_SETTINGS {
+        bail!(
+            "mapping manifest {src}: [settings] sets {} values, more than {MAX_SETTINGS}",
+            raw.len()
+        );
+    }
+    let mut out = Settings::new();
+    for (name, value) in raw {
+        let shown: String = name.chars().take(64).collect();
+        let name_ok = name.len() <= 64
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !name_ok {
+            bail!(
+                "mapping manifest {src}: [settings] name {shown:?} must be 1-64 characters of a-z, 0-9, `-`, starting with a letter"
+            );
+        }
+        let value = match value {
+            toml::Value::String(s) if s.len() > MAX_SETTING_TEXT => bail!(
+                "mapping manifest {src}: [settings] {name} is {} bytes, more than {MAX_SETTING_TEXT}",
+                s.len()
+            ),
+            toml::Value::String(s) if s.contains('\0') => {
+                bail!("mapping manifest {src}: [settings] {name} holds a NUL character")
+            }
+            toml::Value::String(s) => SettingValue::Text(s),
+            toml::Value::Integer(i) => SettingValue::Integer(i),
+            toml::Value::Boolean(b) => SettingValue::Boolean(b),
+            other => bail!(
+                "mapping manifest {src}: [settings] {name} is a {}: a setting is a string, an integer or a boolean",
+                other.type_str()
+            ),
+        };
+        out.insert(name, value);
+    }
+    Ok(out)
 }
 
 /// `[mapping]`.
@@ -302,6 +388,8 @@ struct RawManifest {
     grants: GrantsSection,
     #[serde(default)]
     limits: Limits,
+    #[serde(default)]
+    settings: toml::Table,
 }
 
 fn empty_upstream() -> UpstreamSection {
@@ -340,6 +428,7 @@ impl MappingManifest {
             toml::from_str(text).with_context(|| format!("mapping manifest {source}"))?;
         let grants = Grants::resolve(&raw.grants, base)
             .with_context(|| format!("mapping manifest {source}: [grants]"))?;
+        let settings = settings(raw.settings, source)?;
         let m = MappingManifest {
             source: source.to_string(),
             mapping: raw.mapping,
@@ -349,6 +438,7 @@ impl MappingManifest {
             grants_section: raw.grants,
             grants,
             limits: raw.limits,
+            settings,
         };
         m.validate()?;
         Ok(m)
@@ -600,6 +690,61 @@ effect = "read"
 [limits]
 deadline_ms = 100
 "#;
+
+    #[test]
+    fn settings_are_strings_integers_or_booleans_under_plain_names() {
+        let with = |table: &str| format!("{GOOD}[settings]\n{table}\n");
+        let m = MappingManifest::parse(
+            &with("repository = \"/srv/repo\"\nmax-results = 20\nfollow = false"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            m.settings.iter().collect::<Vec<_>>(),
+            [
+                (&"follow".to_string(), &SettingValue::Boolean(false)),
+                (&"max-results".to_string(), &SettingValue::Integer(20)),
+                (
+                    &"repository".to_string(),
+                    &SettingValue::Text("/srv/repo".into())
+                ),
+            ]
+        );
+        assert!(
+            MappingManifest::parse(GOOD, "t")
+                .unwrap()
+                .settings
+                .is_empty()
+        );
+        let refused = |table: &str| {
+            format!(
+                "{:#}",
+                MappingManifest::parse(&with(table), "t").unwrap_err()
+            )
+        };
+        for (table, needle) in [
+            ("ratio = 0.5", "ratio is a float"),
+            ("paths = [\"a\"]", "paths is a array"),
+            ("nested = { a = 1 }", "nested is a table"),
+            ("when = 1979-05-27", "when is a datetime"),
+            ("Upper = 1", "must be 1-64 characters"),
+            ("\"with space\" = 1", "must be 1-64 characters"),
+            ("\"1st\" = 1", "must be 1-64 characters"),
+            ("under_score = 1", "must be 1-64 characters"),
+            ("nul = \"a\\u0000b\"", "holds a NUL"),
+        ] {
+            let e = refused(table);
+            assert!(e.contains(needle), "{table}: {e}");
+        }
+        let long = format!("big = \"{}\"", "x".repeat(MAX_SETTING_TEXT + 1));
+        assert!(refused(&long).contains("more than 4096"));
+        let many: String = (0..=MAX_SETTINGS)
+            .map(|i| format!("s{i} = {i}\n"))
+            .collect();
+        assert!(refused(&many).contains("more than 64"));
+        let name = format!("{} = 1", "a".repeat(65));
+        assert!(refused(&name).contains("must be 1-64 characters"));
+    }
 
     /// A delivery mapping offering `deliver`, with `extra` lines in its capability.
     fn delivery(extra: &str) -> String {

@@ -820,14 +820,27 @@ fn handle_roles_tell_policy_and_receipts_what_a_handle_means() {
     let d = crate::contract::load_contract("airlock:contracts/artifact-delivery@0.2.0").unwrap();
     assert_eq!(d.handle_role("artifact-ref"), Some(HandleRole::Content));
     assert_eq!(d.handle_role("destination-ref"), Some(HandleRole::Scope));
-    assert_eq!(d.functions["deliver"].confirms.as_deref(), Some("artifact-sha256"));
+    assert_eq!(
+        d.functions["deliver"].confirms.as_deref(),
+        Some("artifact-sha256")
+    );
 }
 
 #[test]
 fn roles_and_receipts_that_do_not_fit_are_refused_with_their_line() {
     let e = roles_refused(false, r#"role = "scope""#, r#"role = "target""#);
-    assert_has(&e, &["pkg/contract.toml:6", "role `target` is not one of scope, content"]);
-    let e = roles_refused(false, r#"identity = ["sha256"], role"#, r#"identity = [], role"#);
+    assert_has(
+        &e,
+        &[
+            "pkg/contract.toml:6",
+            "role `target` is not one of scope, content",
+        ],
+    );
+    let e = roles_refused(
+        false,
+        r#"identity = ["sha256"], role"#,
+        r#"identity = [], role"#,
+    );
     assert_has(&e, &["handle `box-ref`", "list `sha256` in its identity"]);
     // One scope and one content per call: two, or a list of them, is ambiguous.
     let e = roles_refused(
@@ -841,16 +854,32 @@ fn roles_and_receipts_that_do_not_fit_are_refused_with_their_line() {
         "record docks-request { limit: option<u32> }",
         "record docks-request { limit: option<u32>, near: list<dock-ref> }",
     );
-    assert_has(&e, &["function `docks` takes any number of handles of role scope"]);
+    assert_has(
+        &e,
+        &["function `docks` takes any number of handles of role scope"],
+    );
     // What a receipt confirms is a string field of the result, of a call naming content.
     let e = roles_refused(false, r#"confirms = "box-sha256""#, r#"confirms = "nope""#);
-    assert_has(&e, &["pkg/contract.toml:14", "confirms `nope`", "string field `nope`"]);
+    assert_has(
+        &e,
+        &[
+            "pkg/contract.toml:14",
+            "confirms `nope`",
+            "string field `nope`",
+        ],
+    );
     let e = roles_refused(
         false,
         r#"docks = { class = "read", idempotent = true }"#,
         r#"docks = { class = "read", idempotent = true, confirms = "label" }"#,
     );
-    assert_has(&e, &["function `docks` confirms `label`", "a handle of role content"]);
+    assert_has(
+        &e,
+        &[
+            "function `docks` confirms `label`",
+            "a handle of role content",
+        ],
+    );
     let e = roles_refused(false, r#"confirms = "box-sha256""#, r#"confirms = 3"#);
     assert_has(&e, &["pkg/contract.toml"]);
 }
