@@ -17,6 +17,12 @@
 //! everywhere; `isError` is `invalid-request` for a search, `not-found` for a read; an
 //! answer of another shape is `upstream-failed` naming the tool; titles and snippets are
 //! bounded. An entity `open_nodes` does not return is `not-found`.
+//!
+//! A search never shows an entity of type `airlock-record`: those are the records the
+//! `knowledge-edits` adapter keeps in the same graph (one per change it made, holding its
+//! idempotency key and the observations it added), bookkeeping for the host's
+//! reconciliation and undo, not knowledge. A read takes only a reference a search
+//! returned (the host resolves the token), so no record is read either.
 
 use airlock_sdk::source_retrieval::prelude::*;
 use serde::Deserialize;
@@ -42,7 +48,10 @@ impl Guest for MemoryGraph {
     fn search(request: SearchRequest) -> Result<Vec<SourceHit>, ContractError> {
         // Sent upstream: `search_nodes {"query": <the request's query>}`.
         let graph: Graph = search_tool("search_nodes", &json!({ "query": request.query }))?;
-        let entities = graph.entities.into_iter().take(request.limit_or(10, 50));
+        // Never the knowledge-edits adapter's records (its bookkeeping, not knowledge).
+        let shown = |e: &Entity| e.entity_type != "airlock-record";
+        let entities = graph.entities.into_iter().filter(shown);
+        let entities = entities.take(request.limit_or(10, 50));
         let hit = |e: Entity| {
             let title = format!("{} ({})", e.name, e.entity_type);
             SourceHit::new(e.name, title).with_snippet(e.observations.first())

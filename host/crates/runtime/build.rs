@@ -34,6 +34,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("outbox-delivery", "adapters/outbox-delivery"),
     ("memory-graph", "adapters/memory-graph"),
     ("workspace-edits", "adapters/workspace-edits"),
+    ("knowledge-edits", "adapters/knowledge-edits"),
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
     ("hostile", "fixtures/adapters/hostile"),

@@ -27,6 +27,7 @@ mod hostile;
 mod http;
 mod http_upstream;
 mod inspector;
+mod knowledge_edits;
 mod lifecycle;
 mod memory_graph;
 mod multi_host;

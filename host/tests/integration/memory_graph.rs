@@ -11,9 +11,16 @@ use crate::common::*;
 use airlock::pipeline::Category;
 use serde_json::{Value, json};
 
-/// The graph each deployment starts with.
+/// The graph each deployment starts with: four entities, a relation, and a record the
+/// `knowledge-edits` adapter keeps in the same graph (never shown: its observation
+/// mentions Babbage, like two entities do).
 fn seed() -> String {
     [
+        json!({"type": "entity", "name": "airlock-changes/idk_00000000000000000000000000000001",
+               "entityType": "airlock-record",
+               "observations": [json!({"op": "remember", "entity": "Ada Lovelace",
+                   "entity_type": "person", "created": false,
+                   "added": ["Worked with Charles Babbage"]}).to_string()]}),
         json!({"type": "entity", "name": "Ada Lovelace", "entityType": "person",
                "observations": ["Wrote the first published algorithm", "Worked with Charles Babbage"]}),
         json!({"type": "entity", "name": "Analytical Engine", "entityType": "machine",
@@ -201,6 +208,15 @@ async fn a_search_and_a_read_over_the_published_memory_server() {
         text,
         format!("# Long Note (note)\n\n- {}\n", "y".repeat(5_000))
     );
+
+    // The knowledge-edits adapter's records are bookkeeping, never shown: not by their
+    // name or type, not by the observation text they hold.
+    for query in ["airlock", "idk_", "\"op\""] {
+        let none = call(&client, "search_memory", json!({ "query": query }))
+            .await
+            .unwrap();
+        assert_eq!(hits(&none), Vec::<Value>::new(), "{query}");
+    }
 
     // Nothing matches: no hits, not an error.
     let none = call(&client, "search_memory", json!({"query": "zebra"}))

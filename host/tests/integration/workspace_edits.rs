@@ -8,7 +8,6 @@
 
 use std::path::{Path, PathBuf};
 
-use rmcp::model::CallToolResult;
 use serde_json::json;
 use sha2::Digest as _;
 
@@ -48,34 +47,10 @@ fn deployment(ws: &Path, packages: &[&Path]) -> Deployment {
         .tables(&contracts)
 }
 
-fn approval_in(text: &str) -> String {
-    let at = text
-        .find("apr_")
-        .unwrap_or_else(|| panic!("no approval id in {text}"));
-    text[at..at + 28].to_string()
-}
-
 fn records(ws: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(ws.join(".airlock-changes"))
         .map(|d| d.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default()
-}
-
-/// Calls `tool`, which needs a person's approval: asserts the refusal, approves it out of
-/// band as `bob`, calls again and returns that answer.
-async fn approved_call(
-    d: &Deployment,
-    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
-    tool: &str,
-    args: serde_json::Value,
-) -> CallToolResult {
-    let r = call(client, tool, args.clone()).await.unwrap();
-    let text = assert_refused(&r, Category::ApprovalRequired);
-    let id = approval_in(&text);
-    d.airlock_ok(&["approvals", "approve", &id, "--by", "bob", "--yes"]);
-    let done = call(client, tool, args).await.unwrap();
-    assert_ne!(done.is_error, Some(true), "{}", text_of(&done));
-    done
 }
 
 #[tokio::test]
@@ -223,67 +198,6 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     d.airlock_ok(&["trace", "verify"]);
 }
 
-/// `airlock intents compensate INTENT --config CONFIG --json`, answering the approval it
-/// asks for with `approvals DECISION` (`approve` or `deny`) as `carol` from another
-/// process, as a person at another terminal would. Returns (success, stdout, stderr).
-fn compensate(
-    d: &Deployment,
-    config: &str,
-    intent: &str,
-    decision: &str,
-) -> (bool, String, String) {
-    use std::io::BufRead as _;
-    let mut child = std::process::Command::new(airlock_bin())
-        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
-        .env("AIRLOCK_STATE_DIR", d.state_dir())
-        .args([
-            "intents",
-            "compensate",
-            intent,
-            "--config",
-            config,
-            "--json",
-            "--wait",
-            "120",
-        ])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut seen = String::new();
-    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
-        let line = line.unwrap();
-        seen.push_str(&line);
-        seen.push('\n');
-        if let Some(at) = line.find("airlock approvals approve apr_") {
-            let id = approval_in(&line[at..]);
-            let mut args = vec!["approvals", decision, &id, "--by", "carol"];
-            if decision == "approve" {
-                args.push("--yes");
-            }
-            d.airlock_ok(&args);
-        }
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        seen,
-    )
-}
-
-/// The completed intent of `capability` (the newest).
-fn completed(d: &Deployment, capability: &str) -> serde_json::Value {
-    let list = d.airlock_json(&["intents", "list", "--state", "completed"]);
-    list.as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["capability"] == capability)
-        .unwrap_or_else(|| panic!("no completed {capability} in {list}"))
-        .clone()
-}
-
 /// A completed write is undone out of band (`airlock intents compensate`): the undo is an
 /// ordinary call of `restore` that policy sends to a person, whose summary names the
 /// intent undone and the digest restored; denied, nothing changes; approved, the file is
@@ -422,17 +336,6 @@ async fn handles_changed_in_the_database_undo_nothing() {
         std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
         "new text\n"
     );
-}
-
-/// `node` on this machine's PATH, by its full path (a connection gets no environment, so
-/// a command it runs is named in full).
-fn node() -> String {
-    std::env::split_paths(&std::env::var_os("PATH").unwrap())
-        .map(|d| d.join("node"))
-        .find(|p| p.is_file())
-        .expect("node on PATH")
-        .display()
-        .to_string()
 }
 
 /// A deployment whose workspace server loses the answer to the first `write_file` whose

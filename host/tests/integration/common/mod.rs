@@ -1,7 +1,10 @@
 //! Shared test kit: real `airlock serve` processes, real fixture servers, real components.
 #![allow(dead_code)]
 
+pub mod operator;
 pub mod pg;
+
+pub use operator::*;
 
 use std::path::{Path, PathBuf};
 
