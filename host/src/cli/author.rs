@@ -653,14 +653,7 @@ fn component_file(name: &str) -> String {
 
 /// The Rust type name for adapter `name`: `my-notes` → `MyNotes`.
 fn type_name(name: &str) -> String {
-    name.split(['-', '_'])
-        .map(|part| {
-            let mut c = part.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
+    crate::contract::skeleton::upper_camel(&name.replace('_', "-"))
 }
 
 fn lib_rs(t: &ContractTemplate, name: &str, connection: &str) -> String {
@@ -713,6 +706,33 @@ fn lib_rs(t: &ContractTemplate, name: &str, connection: &str) -> String {
     o
 }
 
+/// The start of every generated mapping: what it is (`note`: more comment lines), then
+/// `[mapping]`, `[component]` (not pinned yet) and an empty `[upstream]`.
+fn mapping_head(name: &str, contract: &str, connection: &str, note: &str) -> String {
+    format!(
+        r#"# The mapping of `{name}`: what a reviewer approves and the host enforces.
+# Deny by default: no upstream tool, no filesystem, network or environment.
+{note}
+[mapping]
+name = "{name}"
+contract = "{contract}"
+connection = "{connection}"
+
+[component]
+file = "{file}"
+# sha256 = "<hex>"  written by `airlock pack mapping.toml`
+
+[upstream]
+# The only upstream tools the adapter may call (the names src/lib.rs uses); any other
+# name is refused and never sent. `airlock snapshots show DIGEST --tool NAME` shows one.
+tools = []
+# URI prefixes the adapter may read with upstream::read_resource; [] = none.
+resources = []
+"#,
+        file = component_file(name),
+    )
+}
+
 /// The end of every generated mapping: no grants, the host's default limits written out.
 const GRANTS_AND_LIMITS: &str = r#"
 # No grants: the adapter reaches nothing but its upstream tools.
@@ -730,29 +750,7 @@ max_upstream_requests = 32
 "#;
 
 fn mapping_toml(t: &ContractTemplate, name: &str, connection: &str) -> String {
-    let mut o = format!(
-        r#"# The mapping of `{name}`: what a reviewer approves and the host enforces.
-# Deny by default: no upstream tool, no filesystem, network or environment.
-
-[mapping]
-name = "{name}"
-contract = "{contract}"
-connection = "{connection}"
-
-[component]
-file = "{file}"
-# sha256 = "<hex>"  written by `airlock pack mapping.toml`
-
-[upstream]
-# The only upstream tools the adapter may call (the names src/lib.rs uses); any other
-# name is refused and never sent. `airlock snapshots show DIGEST --tool NAME` shows one.
-tools = []
-# URI prefixes the adapter may read with upstream::read_resource; [] = none.
-resources = []
-"#,
-        contract = t.interface,
-        file = component_file(name),
-    );
+    let mut o = mapping_head(name, t.interface, connection, "");
     for f in t.functions {
         let Some(suffix) = f.capability else {
             let _ = write!(
@@ -953,31 +951,14 @@ fn package_mapping_toml(
     name: &str,
     connection: &str,
 ) -> String {
-    let mut o = format!(
-        r#"# The mapping of `{name}`: what a reviewer approves and the host enforces.
-# Deny by default: no upstream tool, no filesystem, network or environment.
-# It binds the operator contract package {package} (wit/): a reviewer approves
-# the package (`airlock contracts approve`) before this mapping.
-
-[mapping]
-name = "{name}"
-contract = "{contract}"
-connection = "{connection}"
-
-[component]
-file = "{file}"
-# sha256 = "<hex>"  written by `airlock pack mapping.toml`
-
-[upstream]
-# The only upstream tools the adapter may call (the names src/lib.rs uses); any other
-# name is refused and never sent. `airlock snapshots show DIGEST --tool NAME` shows one.
-tools = []
-# URI prefixes the adapter may read with upstream::read_resource; [] = none.
-resources = []
-"#,
-        package = package.name,
-        contract = s.interface,
-        file = component_file(name),
+    let mut o = mapping_head(
+        name,
+        &s.interface,
+        connection,
+        &format!(
+            "# It binds the operator contract package {} (wit/): a reviewer approves\n# the package (`airlock contracts approve`) before this mapping.\n",
+            package.name
+        ),
     );
     let contract = package.interfaces.get(&s.interface);
     for f in &s.functions {

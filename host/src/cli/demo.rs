@@ -793,29 +793,49 @@ fn workspace_config(
     package: &std::path::Path,
 ) -> Result<ServeConfig> {
     let exe = std::env::current_exe().context("locating the airlock executable")?;
+    let args = ["fixture", "workspace-server", "--root"]
+        .into_iter()
+        .map(str::to_string)
+        .chain([ws.display().to_string()])
+        .collect();
+    Ok(ServeConfig {
+        contract_packages: vec![package.to_path_buf()],
+        ..publisher_config(dir, "workspace", exe, args, &[ws])
+    })
+}
+
+/// A serve configuration in `dir` (state in `dir/state`, the default compiled cache):
+/// connection `name` running `command args` in `dir` with an empty environment, confined
+/// with read-write access to `writable` only; requester `demo-operator` (role operator),
+/// profile `publisher` (everything); the built-in policy.
+fn publisher_config(
+    dir: &std::path::Path,
+    name: &str,
+    command: std::path::PathBuf,
+    args: Vec<String>,
+    writable: &[&std::path::Path],
+) -> ServeConfig {
+    use crate::upstream::confine::{Access, Confinement, PathGrant};
     let mut connections = BTreeMap::new();
     connections.insert(
-        "workspace".to_string(),
+        name.to_string(),
         StdioServer {
-            command: exe,
-            args: vec![
-                "fixture".into(),
-                "workspace-server".into(),
-                "--root".into(),
-                ws.display().to_string(),
-            ],
+            command,
+            args,
             cwd: dir.to_path_buf(),
             env: BTreeMap::new(),
             owner: None,
             credential_scope: None,
             identity_files: vec![],
-            // Confined: it may read and write its workspace, nothing else.
-            confine: Some(crate::upstream::confine::Confinement {
-                paths: vec![crate::upstream::confine::PathGrant {
-                    path: ws.to_path_buf(),
-                    access: crate::upstream::confine::Access::ReadWrite,
-                }],
-                ..crate::upstream::confine::Confinement::deny_by_default()
+            confine: Some(Confinement {
+                paths: writable
+                    .iter()
+                    .map(|p| PathGrant {
+                        path: p.to_path_buf(),
+                        access: Access::ReadWrite,
+                    })
+                    .collect(),
+                ..Confinement::deny_by_default()
             }),
         }
         .into(),
@@ -825,18 +845,17 @@ fn workspace_config(
         "publisher".to_string(),
         crate::config::Profile::everything("publisher"),
     );
-    Ok(ServeConfig {
+    ServeConfig {
         connections,
         state_dir: Some(dir.join("state")),
         cache_dir: crate::config::default_cache_dir(),
-        contract_packages: vec![package.to_path_buf()],
         profiles,
         requester: crate::config::RequesterConfig {
             name: "demo-operator".into(),
             roles: vec!["operator".into()],
         },
         ..ServeConfig::empty()
-    })
+    }
 }
 
 /// The life of the delivered call in `host`'s trace (its events linked by the call id of
@@ -954,48 +973,10 @@ fn delivery_config(
         log.display().to_string(),
     ];
     args.extend(server_args.iter().map(|a| a.to_string()));
-    let mut connections = BTreeMap::new();
-    connections.insert(
-        "outbox".to_string(),
-        StdioServer {
-            command: exe,
-            args,
-            cwd: dir.clone(),
-            env: BTreeMap::new(),
-            owner: None,
-            credential_scope: None,
-            identity_files: vec![],
-            // Confined: it may write its outbox and its call log, nothing else.
-            confine: Some(crate::upstream::confine::Confinement {
-                paths: [&outbox, &log]
-                    .into_iter()
-                    .map(|p| crate::upstream::confine::PathGrant {
-                        path: p.clone(),
-                        access: crate::upstream::confine::Access::ReadWrite,
-                    })
-                    .collect(),
-                ..crate::upstream::confine::Confinement::deny_by_default()
-            }),
-        }
-        .into(),
-    );
-    let mut profiles = BTreeMap::new();
-    profiles.insert(
-        "publisher".to_string(),
-        crate::config::Profile::everything("publisher"),
-    );
-    let requester = crate::config::RequesterConfig {
-        name: "demo-operator".into(),
-        roles: vec!["operator".into()],
-    };
+    // Confined: it may write its outbox and its call log, nothing else.
     let config = ServeConfig {
-        connections,
-        state_dir: Some(dir.join("state")),
-        cache_dir: crate::config::default_cache_dir(),
         policy_files: vec![policy],
-        profiles,
-        requester,
-        ..ServeConfig::empty()
+        ..publisher_config(&dir, "outbox", exe, args, &[&outbox, &log])
     };
     Ok((config, outbox, log))
 }

@@ -198,24 +198,22 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     d.airlock_ok(&["trace", "verify"]);
 }
 
-/// A completed write is undone out of band (`airlock intents compensate`): the undo is an
-/// ordinary call of `restore` that policy sends to a person, whose summary names the
-/// intent undone and the digest restored; denied, nothing changes; approved, the file is
-/// back and the new intent records what it compensates; once compensated, never again.
-#[tokio::test]
-async fn a_completed_write_is_compensated_out_of_band_once_a_person_approves() {
+/// A workspace whose `notes.md` said "old text", the package and mappings approved, and
+/// one approved write of "new text" to it done through a served client (then closed);
+/// with the configuration's path.
+async fn written() -> (tempfile::TempDir, Deployment, PathBuf) {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
     let d = deployment(ws.path(), &[]);
     let config = d.write_config();
-    let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "workspace", "--config", config]);
+    let path = config.to_str().unwrap();
+    d.airlock_ok(&["discover", "workspace", "--config", path]);
     d.airlock_ok(&[
         "contracts",
         "approve",
         PACKAGE,
         "--config",
-        config,
+        path,
         "--reviewer",
         "alice",
     ]);
@@ -224,6 +222,17 @@ async fn a_completed_write_is_compensated_out_of_band_once_a_person_approves() {
     let args = json!({"path": "notes.md", "content": "new text\n"});
     approved_call(&d, &client, "write_workspace_file", args).await;
     client.cancel().await.unwrap();
+    (ws, d, config)
+}
+
+/// A completed write is undone out of band (`airlock intents compensate`): the undo is an
+/// ordinary call of `restore` that policy sends to a person, whose summary names the
+/// intent undone and the digest restored; denied, nothing changes; approved, the file is
+/// back and the new intent records what it compensates; once compensated, never again.
+#[tokio::test]
+async fn a_completed_write_is_compensated_out_of_band_once_a_person_approves() {
+    let (ws, d, config) = written().await;
+    let config = config.to_str().unwrap();
     let write = completed(&d, "write_workspace_file");
     let id = write["id"].as_str().unwrap().to_string();
     // What the write's result carried is kept with its intent, to undo it by.
@@ -290,26 +299,8 @@ async fn a_completed_write_is_compensated_out_of_band_once_a_person_approves() {
 /// undone by them and no person is even asked.
 #[tokio::test]
 async fn handles_changed_in_the_database_undo_nothing() {
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
-    let d = deployment(ws.path(), &[]);
-    let config = d.write_config();
+    let (ws, d, config) = written().await;
     let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "workspace", "--config", config]);
-    d.airlock_ok(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
-    d.approve_all();
-    let client = d.serve_unreviewed().await;
-    let args = json!({"path": "notes.md", "content": "new text\n"});
-    approved_call(&d, &client, "write_workspace_file", args).await;
-    client.cancel().await.unwrap();
     let id = completed(&d, "write_workspace_file")["id"]
         .as_str()
         .unwrap()

@@ -1320,86 +1320,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_host_0_3_0_worlds_export_the_released_contracts_unchanged() {
+    /// Resolves the released `files` (dependencies first) and checks that each world of
+    /// `worlds` exports exactly its contract and imports exactly `imports`.
+    fn check_worlds(files: &[&str], worlds: [(&str, &str); 2], imports: &[&str]) {
         let file = |path: &str| RELEASED_WIT.iter().find(|(p, ..)| *p == path).unwrap().1;
         let mut resolve = wit_parser::Resolve::new();
-        let mut worlds = None;
-        for path in [
-            "v0.1.0/deps/host/host.wit",
-            "v0.1.0/contracts.wit",
-            "v0.2.0/contracts.wit",
-            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
-            "worlds-v0.3.0/deps/host-0.3.0/host.wit",
-            "worlds-v0.3.0/worlds.wit",
-        ] {
-            worlds = Some(resolve.push_str(path, file(path)).unwrap());
+        let mut last = None;
+        for path in files {
+            last = Some(resolve.push_str(path, file(path)).unwrap());
         }
-        let worlds = [worlds.unwrap()];
-        for (world, export) in [
-            (
-                "airlock:worlds/artifact-delivery-adapter@0.3.0",
-                "airlock:contracts/artifact-delivery@0.2.0",
-            ),
-            (
-                "airlock:worlds/source-retrieval-adapter@0.3.0",
-                "airlock:contracts/source-retrieval@0.1.0",
-            ),
-        ] {
-            let id = resolve.select_world(&worlds, Some(world)).unwrap();
-            let w = &resolve.worlds[id];
-            let mut exports: Vec<String> = w
-                .exports
-                .keys()
-                .map(|k| resolve.name_world_key(k))
-                .collect();
-            exports.sort();
-            assert_eq!(exports, [export], "{world}");
-            let mut imports: Vec<String> = w
-                .imports
-                .keys()
-                .map(|k| resolve.name_world_key(k))
-                .collect();
-            imports.sort();
-            assert_eq!(
-                imports,
-                [
-                    "airlock:host/context@0.2.0",
-                    "airlock:host/log@0.1.0",
-                    "airlock:host/settings@0.3.0",
-                    "airlock:host/upstream@0.1.0"
-                ],
-                "{world}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_host_0_2_0_worlds_export_the_released_contracts_unchanged() {
-        let file = |path: &str| RELEASED_WIT.iter().find(|(p, ..)| *p == path).unwrap().1;
-        let mut resolve = wit_parser::Resolve::new();
-        let mut worlds = None;
-        for path in [
-            "v0.1.0/deps/host/host.wit",
-            "v0.1.0/contracts.wit",
-            "v0.2.0/contracts.wit",
-            "worlds-v0.2.0/deps/host-0.2.0/host.wit",
-            "worlds-v0.2.0/worlds.wit",
-        ] {
-            worlds = Some(resolve.push_str(path, file(path)).unwrap());
-        }
-        let worlds = [worlds.unwrap()];
-        for (world, export) in [
-            (
-                "airlock:worlds/artifact-delivery-adapter@0.2.0",
-                "airlock:contracts/artifact-delivery@0.2.0",
-            ),
-            (
-                "airlock:worlds/source-retrieval-adapter@0.2.0",
-                "airlock:contracts/source-retrieval@0.1.0",
-            ),
-        ] {
-            let id = resolve.select_world(&worlds, Some(world)).unwrap();
+        let packages = [last.unwrap()];
+        for (world, export) in worlds {
+            let id = resolve.select_world(&packages, Some(world)).unwrap();
             let w = &resolve.worlds[id];
             let names = |keys: &mut dyn Iterator<Item = &wit_parser::WorldKey>| {
                 let mut names: Vec<String> = keys.map(|k| resolve.name_world_key(k)).collect();
@@ -1407,16 +1339,66 @@ mod tests {
                 names
             };
             assert_eq!(names(&mut w.exports.keys()), [export], "{world}");
-            assert_eq!(
-                names(&mut w.imports.keys()),
-                [
-                    "airlock:host/context@0.2.0",
-                    "airlock:host/log@0.1.0",
-                    "airlock:host/upstream@0.1.0"
-                ],
-                "{world}"
-            );
+            assert_eq!(names(&mut w.imports.keys()), imports, "{world}");
         }
+    }
+
+    #[test]
+    fn the_host_0_3_0_worlds_export_the_released_contracts_unchanged() {
+        check_worlds(
+            &[
+                "v0.1.0/deps/host/host.wit",
+                "v0.1.0/contracts.wit",
+                "v0.2.0/contracts.wit",
+                "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+                "worlds-v0.3.0/deps/host-0.3.0/host.wit",
+                "worlds-v0.3.0/worlds.wit",
+            ],
+            [
+                (
+                    "airlock:worlds/artifact-delivery-adapter@0.3.0",
+                    "airlock:contracts/artifact-delivery@0.2.0",
+                ),
+                (
+                    "airlock:worlds/source-retrieval-adapter@0.3.0",
+                    "airlock:contracts/source-retrieval@0.1.0",
+                ),
+            ],
+            &[
+                "airlock:host/context@0.2.0",
+                "airlock:host/log@0.1.0",
+                "airlock:host/settings@0.3.0",
+                "airlock:host/upstream@0.1.0",
+            ],
+        );
+    }
+
+    #[test]
+    fn the_host_0_2_0_worlds_export_the_released_contracts_unchanged() {
+        check_worlds(
+            &[
+                "v0.1.0/deps/host/host.wit",
+                "v0.1.0/contracts.wit",
+                "v0.2.0/contracts.wit",
+                "worlds-v0.2.0/deps/host-0.2.0/host.wit",
+                "worlds-v0.2.0/worlds.wit",
+            ],
+            [
+                (
+                    "airlock:worlds/artifact-delivery-adapter@0.2.0",
+                    "airlock:contracts/artifact-delivery@0.2.0",
+                ),
+                (
+                    "airlock:worlds/source-retrieval-adapter@0.2.0",
+                    "airlock:contracts/source-retrieval@0.1.0",
+                ),
+            ],
+            &[
+                "airlock:host/context@0.2.0",
+                "airlock:host/log@0.1.0",
+                "airlock:host/upstream@0.1.0",
+            ],
+        );
     }
 
     #[test]
