@@ -122,7 +122,7 @@ fn quoted(text: &str) -> String {
 /// handle the arguments name as `Kind "locator" (fact value, ...)` with the facts the result
 /// that minted it reported (an artifact's title, media type and sha256; a change's path and
 /// the digests before and after, which is what an undo restores), then the other arguments
-/// ([`argument_lines`]), then the arguments' digest.
+/// (`argument_lines`), then the arguments' digest.
 pub fn summarize(n: &Normalized) -> String {
     let cap = n.capability();
     let class = cap.semantics.class;
