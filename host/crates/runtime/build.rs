@@ -35,6 +35,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("memory-graph", "adapters/memory-graph"),
     ("workspace-edits", "adapters/workspace-edits"),
     ("knowledge-edits", "adapters/knowledge-edits"),
+    ("version-control", "adapters/version-control"),
     ("rogue-call", "fixtures/adapters/rogue-call"),
     ("spin-forever", "fixtures/adapters/spin-forever"),
     ("hostile", "fixtures/adapters/hostile"),

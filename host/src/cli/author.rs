@@ -844,14 +844,17 @@ fn package_lib_rs(
         .imports
         .iter()
         .filter_map(|i| {
+            // The SDK's module of each host interface it provides.
             let module = match i.as_str() {
-                "airlock:host/upstream@0.1.0" => "upstream",
-                "airlock:host/log@0.1.0" => "log",
+                "airlock:host/upstream@0.1.0" => "bindings::airlock::host::upstream",
+                "airlock:host/log@0.1.0" => "bindings::airlock::host::log",
+                "airlock:host/context@0.2.0" => "bindings_host::airlock::host0_2_0::context",
+                "airlock:host/settings@0.3.0" => {
+                    "bindings_host_0_3_0::airlock::host0_3_0::settings"
+                }
                 _ => return None,
             };
-            Some(format!(
-                "            \"{i}\": airlock_sdk::bindings::airlock::host::{module},\n"
-            ))
+            Some(format!("            \"{i}\": airlock_sdk::{module},\n"))
         })
         .collect();
     let _ = writeln!(

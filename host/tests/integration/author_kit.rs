@@ -434,11 +434,14 @@ fn new_list_names_the_contracts_this_host_supports() {
 fn the_crate_new_writes_builds_to_a_component_for_every_contract() {
     let temp = tempfile::tempdir().unwrap();
     let package = workspace().join("contracts/workspace-edits");
+    let vcs = workspace().join("contracts/version-control");
     for (contract, name) in [
         ("airlock:contracts/source-retrieval@0.1.0", "gen-retrieval"),
         ("artifact-delivery", "gen-delivery"),
         // An operator's package folder: bindings from its own WIT.
         (package.to_str().unwrap(), "gen-edits"),
+        // One whose world targets airlock:host@0.3.0 (context and settings from the SDK).
+        (vcs.to_str().unwrap(), "gen-vcs"),
     ] {
         let dir = temp.path().join(name);
         let out = author_airlock(

@@ -40,4 +40,5 @@ mod serve;
 mod sessions;
 mod store_suite;
 mod store_trust;
+mod version_control;
 mod workspace_edits;

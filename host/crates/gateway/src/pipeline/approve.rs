@@ -185,12 +185,17 @@ pub fn summarize(n: &Normalized) -> String {
 /// of several lines) is named by its size and sha256.
 const QUOTED_ARGUMENT_CHARS: usize = 80;
 
+/// Most items of a list of strings the summary shows one by one (each as a string
+/// argument); a longer list is named by its size and sha256.
+const QUOTED_LIST_ITEMS: usize = 16;
+
 /// The model's arguments that are neither handles (listed with their facts) nor
 /// host-supplied, in the request record's order, as `Arguments: name "text", name 3,
-/// content 24 bytes sha256 HEX.`: a short one-line string quoted (escaped), a number or
-/// boolean as is, anything longer or structured by its size and the sha256 of its bytes
-/// (of its JSON text when structured), so a person can compare it with what the upstream
-/// reports afterwards. `None` when there is none.
+/// files ["a.md", "b.md"], content 24 bytes sha256 HEX.`: a short one-line string quoted
+/// (escaped), a number or boolean as is, a short list of such strings item by item,
+/// anything longer or structured by its size and the sha256 of its bytes (of its JSON
+/// text when structured), so a person can compare it with what the upstream reports
+/// afterwards. `None` when there is none.
 fn argument_lines(n: &Normalized) -> Option<String> {
     use crate::contract::Shape;
     let cap = n.capability();
@@ -212,6 +217,20 @@ fn argument_lines(n: &Normalized) -> Option<String> {
                 }
                 Value::String(t) => {
                     format!("{name} {} bytes sha256 {}", t.len(), digest(t.as_bytes()))
+                }
+                // A short list of short one-line strings (file names, labels) is shown.
+                Value::Array(items)
+                    if items.len() <= QUOTED_LIST_ITEMS
+                        && items.iter().all(|i| {
+                            i.as_str().is_some_and(|t| {
+                                t.chars().count() <= QUOTED_ARGUMENT_CHARS
+                                    && !t.contains(['\n', '\r'])
+                            })
+                        }) =>
+                {
+                    let shown: Vec<String> =
+                        items.iter().filter_map(Value::as_str).map(quoted).collect();
+                    format!("{name} [{}]", shown.join(", "))
                 }
                 Value::Number(_) | Value::Bool(_) => format!("{name} {v}"),
                 Value::Null => format!("{name} null"),

@@ -363,8 +363,8 @@ async fn reconcile_now(
             // The query returns `result<option<T>, _>`; `T` is the record found.
             let inner = unknown
                 .mapping
-                .query
-                .as_ref()
+                .queries
+                .get(&record.intent.capability)
                 .and_then(|q| q.result.as_ref())
                 .and_then(|shape| match shape {
                     crate::contract::Shape::Result { ok: Some(ok), .. } => match &**ok {

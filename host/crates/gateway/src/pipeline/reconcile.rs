@@ -56,7 +56,7 @@ pub enum Finding {
 /// closed (before, or by the query itself: the answer that was lost is often the
 /// connection's last).
 pub async fn query(host: &Host, mapping: &Arc<ActiveMapping>, intent: &IntentRecord) -> Finding {
-    let Some(function) = &mapping.query else {
+    let Some(function) = mapping.queries.get(&intent.intent.capability) else {
         return Finding::Undecided("the contract has no query for this capability".into());
     };
     let mut finding = Finding::Undecided("not asked".into());

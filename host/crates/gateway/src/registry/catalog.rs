@@ -52,9 +52,11 @@ pub struct ActiveMapping {
     pub contract: Arc<crate::contract::Contract>,
     /// The reviewed data class (`[mapping] data_class`).
     pub data_class: String,
-    /// The contract's host-only query function, when a capability of this mapping is
-    /// reconciled through one ([`crate::contract::Contract::query_function`]).
-    pub query: Option<ContractFunction>,
+    /// The contract's host-only query function of each capability reconciled through one
+    /// ([`crate::contract::Contract::query_function`]), by capability name: only those
+    /// the mapping keeps `queryable`. Each intent is asked with its own capability's query
+    /// (two capabilities of one mapping may have different ones).
+    pub queries: std::collections::BTreeMap<String, ContractFunction>,
     /// Set once the intents this mapping's calls left open (unknown, or prepared by a
     /// host that stopped) were reconciled: no call of the mapping runs before.
     pub reconciled: tokio::sync::OnceCell<()>,

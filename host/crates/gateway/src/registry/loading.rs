@@ -407,11 +407,19 @@ pub(super) fn assemble(
         generation: super::catalog::next_generation(),
         contract: p.contract.clone(),
         data_class: m.mapping.data_class.clone(),
-        query: m
+        queries: m
             .capabilities
             .iter()
-            .find_map(|c| p.contract.query_function(&c.function))
-            .and_then(|q| p.contract.functions.get(q).cloned()),
+            .filter_map(|c| {
+                // As the capability serves: the contract's declaration, narrowed.
+                let queryable = m.semantics(c, &p.contract).is_some_and(|s| s.queryable);
+                let q = p
+                    .contract
+                    .query_function(&c.function)
+                    .filter(|_| queryable)?;
+                Some((c.name.clone(), p.contract.functions.get(q)?.clone()))
+            })
+            .collect(),
         reconciled: tokio::sync::OnceCell::new(),
         swept: std::sync::Mutex::new(None),
         record: ArcSwap::from_pointee(record),
