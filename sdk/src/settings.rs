@@ -12,8 +12,8 @@
 //! (`wit/worlds-v0.3.0/worlds.wit`), which exports the same contract interface as the
 //! older worlds. A host older than 0.3.0 refuses such a component at load.
 //!
-//! In a native test, [`crate::testing::Upstream::from_mapping`] answers the mapping's
-//! `[settings]`, and [`crate::testing::Upstream::setting`] sets one.
+//! In a native test (the `testing` feature), `testing::Upstream::from_mapping` answers the
+//! mapping's `[settings]`, and `testing::Upstream::setting` sets one.
 
 pub use crate::bindings_host_0_3_0::airlock::host0_3_0::settings::Value;
 

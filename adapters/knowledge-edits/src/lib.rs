@@ -20,7 +20,7 @@
 //! The server has no idempotency keys and no history, so the adapter keeps both in the
 //! graph, through the same tools: a **record** entity per call, named
 //! `airlock-changes/<idempotency key>`, of type `airlock-record` (the `memory-graph`
-//! adapter never shows that type), whose observations are JSON entries ([`Entry`]). Before
+//! adapter never shows that type), whose observations are JSON entries (`Entry`). Before
 //! `remember` adds anything it records what it will newly add (the request's observations,
 //! repeats dropped, less those the entity already has) and whether it creates the entity;
 //! if the server then added less (something else added one meanwhile), the record is

@@ -173,6 +173,9 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
             && text.contains(&sha("old text\n")),
         "{text}"
     );
+    // The change is named on its own line with its facts; neither its handle token nor
+    // the host-supplied idempotency key is listed among the model's arguments.
+    assert!(!text.contains("Arguments:"), "{text}");
     d.airlock_ok(&[
         "approvals",
         "approve",
@@ -590,5 +593,146 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
     assert_eq!(
         unloaded, 2,
         "unloaded when changed, and when marked erroneous"
+    );
+}
+
+/// What a person approving a write sees of the model's arguments: a short one-line
+/// string quoted with every control and direction character escaped, a longer one by
+/// its size and sha256 only.
+#[tokio::test]
+async fn the_summary_shows_hostile_arguments_escaped_and_long_ones_by_digest() {
+    let (_ws, d, _config) = written().await;
+    let client = d.serve_unreviewed().await;
+    let hostile = "a\u{1b}[2J\u{202e}dm.b";
+    let r = call(
+        &client,
+        "write_workspace_file",
+        json!({"path": hostile, "content": "x"}),
+    )
+    .await
+    .unwrap();
+    let text = assert_refused(&r, Category::ApprovalRequired);
+    assert!(
+        text.contains(r#"Arguments: path "a\u{1b}[2J\u{202e}dm.b", content "x"."#),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{202e}'),
+        "{text}"
+    );
+    // 81 characters on one line: by size and digest, not cut to a look-alike prefix.
+    let long = "b".repeat(81);
+    let r = call(
+        &client,
+        "write_workspace_file",
+        json!({"path": long, "content": "x"}),
+    )
+    .await
+    .unwrap();
+    let text = assert_refused(&r, Category::ApprovalRequired);
+    assert!(
+        text.contains(&format!("path 81 bytes sha256 {}", sha(&long))),
+        "{text}"
+    );
+    client.cancel().await.unwrap();
+}
+
+/// A compensation whose undo fails (the file changed since) is an intent of its own,
+/// failed: it may be tried again, and it is no completed effect to compensate itself;
+/// a row the trace does not prove (its requester edited) undoes nothing, asking no one.
+#[tokio::test]
+async fn a_failed_compensation_is_tried_again_and_a_row_the_trace_does_not_prove_undoes_nothing() {
+    let (ws, d, config) = written().await;
+    let config = config.to_str().unwrap();
+    let id = completed(&d, "write_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let notes = ws.path().join("notes.md");
+    std::fs::write(&notes, "edited by a person\n").unwrap();
+    let (ok, _, err) = compensate(&d, config, &id, "approve");
+    assert!(!ok, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&notes).unwrap(),
+        "edited by a person\n"
+    );
+    let failed = d.airlock_json(&["intents", "list", "--state", "failed"]);
+    let undo = failed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["compensates"] == id.as_str())
+        .unwrap_or_else(|| panic!("the failed compensation is recorded: {failed}"))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Only a completed effect is compensated.
+    let (ok, _, err) = compensate(&d, config, &undo, "approve");
+    assert!(
+        !ok && err.contains("only a completed effect can be compensated"),
+        "{err}"
+    );
+    // The file back as the write left it: tried again, undone.
+    std::fs::write(&notes, "new text\n").unwrap();
+    let (ok, out, err) = compensate(&d, config, &id, "approve");
+    assert!(ok, "a failed compensation may be tried again: {err}");
+    let done: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(done["intent"]["compensates"], id.as_str());
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "old text\n");
+    // The undo has no undo of its own: its intent keeps no handle, though its result
+    // carried one.
+    assert!(done["intent"].get("handles").is_none(), "{done}");
+    assert!(done["result"]["change"].is_string(), "{done}");
+    // A row edited in the database is not what the trace recorded: refused before
+    // anything else is looked at, and no person is asked.
+    let db = rusqlite::Connection::open(d.state_dir().join("airlock.db")).unwrap();
+    db.execute(
+        "UPDATE intents SET requester = 'mallory' WHERE id = ?1",
+        [&id],
+    )
+    .unwrap();
+    drop(db);
+    let (ok, _, err) = compensate(&d, config, &id, "approve");
+    assert!(!ok, "{err}");
+    assert!(err.contains("is not what the trace recorded"), "{err}");
+    assert!(!err.contains("apr_"), "no person was asked: {err}");
+}
+
+/// Nobody decides within `--wait`: nothing is undone and the request is withdrawn
+/// (revoked), so no one approves a compensation nobody waits for any more.
+#[tokio::test]
+async fn a_compensation_nobody_decides_in_time_is_withdrawn() {
+    let (ws, d, config) = written().await;
+    let config = config.to_str().unwrap();
+    let id = completed(&d, "write_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = std::process::Command::new(airlock_bin())
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("AIRLOCK_STATE_DIR", d.state_dir())
+        .args([
+            "intents",
+            "compensate",
+            &id,
+            "--config",
+            config,
+            "--wait",
+            "1",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("within 1 s: nothing was undone"), "{err}");
+    let approval = approval_in(&err);
+    assert_eq!(
+        d.airlock_json(&["approvals", "show", &approval])["state"],
+        "revoked"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
     );
 }

@@ -812,9 +812,17 @@ impl InterfaceLoad<'_> {
                         None
                     }
                 };
-            if role == Some(HandleRole::Content) && !identity.iter().any(|f| f == "sha256") {
+            // Content is identified by its digest: a `sha256` string beside the handle in
+            // every record that mints one (else the approval would bind no digest).
+            let digest_beside = functions
+                .values()
+                .filter_map(|f| f.result.as_ref())
+                .all(|r| string_beside(r, kind_name, "sha256"));
+            if role == Some(HandleRole::Content)
+                && (!identity.iter().any(|f| f == "sha256") || !digest_beside)
+            {
                 self.problems.push_with(|| format!(
-                    "{}: handle `{kind_name}`: a content handle is identified by its digest: list `sha256` in its identity (a string field beside it)",
+                    "{}: handle `{kind_name}`: a content handle is identified by its digest: list `sha256` in its identity, a string field beside it in every record that returns one",
                     (self.at)(kind.span())
                 ));
             }
@@ -1000,6 +1008,30 @@ fn is_string_alias(resolve: &Resolve, id: TypeId) -> bool {
 }
 
 /// Whether a value of `shape` may hold a handle of `kind`.
+/// Whether every record in `shape` that has a field holding a handle of `kind` directly
+/// also has a string field `fact` (true when no record has one).
+fn string_beside(shape: &Shape, kind: &str, fact: &str) -> bool {
+    match shape {
+        Shape::Record(fields) => {
+            let holds = fields
+                .iter()
+                .any(|(_, s, _)| matches!(s, Shape::Handle(k) if k == kind));
+            let has = fields
+                .iter()
+                .any(|(n, s, _)| n == fact && matches!(s, Shape::String));
+            (!holds || has) && fields.iter().all(|(_, s, _)| string_beside(s, kind, fact))
+        }
+        Shape::List(s) | Shape::Option(s) => string_beside(s, kind, fact),
+        Shape::Tuple(items) => items.iter().all(|s| string_beside(s, kind, fact)),
+        Shape::Variant(cases) => cases
+            .iter()
+            .flat_map(|(_, s)| s)
+            .all(|s| string_beside(s, kind, fact)),
+        Shape::Result { ok, err } => ok.iter().chain(err).all(|s| string_beside(s, kind, fact)),
+        _ => true,
+    }
+}
+
 /// How many handles of `kind` a value of `shape` holds at most (a list: any number,
 /// counted as `usize::MAX`).
 fn occurrences(shape: &Shape, kind: &str) -> usize {

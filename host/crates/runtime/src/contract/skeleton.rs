@@ -108,11 +108,12 @@ pub fn skeletons(files: &PackageFiles, package: &ContractPackage) -> Result<Vec<
                     .map_or("()".to_string(), |t| rust_type(&resolve, t, &mut types));
                 FunctionSkeleton {
                     wit_name: f.name.clone(),
-                    rust_name: snake(&f.name),
+                    // wit-bindgen escapes a keyword function name as it does a field.
+                    rust_name: field(&f.name),
                     example_args: f
                         .params
                         .iter()
-                        .map(|p| example(&resolve, &p.ty, 0))
+                        .map(|p| example(&resolve, &p.ty, 0, &mut types))
                         .collect(),
                     error_with_message: f.result.as_ref().and_then(|t| error_of(&resolve, t)),
                     params,
@@ -260,8 +261,14 @@ fn typedef(
 /// Deepest nesting [`example`] writes out before it stops (contracts allow 32).
 const EXAMPLE_DEPTH: usize = 40;
 
-/// A Rust expression of type `ty`: empty, zero, `None`, the first case.
-fn example(resolve: &Resolve, ty: &Type, depth: usize) -> String {
+/// A Rust expression of type `ty`: empty, zero, `None`, the first case; the named types
+/// it writes out are added to `named` (the `use` line imports them).
+fn example(
+    resolve: &Resolve,
+    ty: &Type,
+    depth: usize,
+    named: &mut std::collections::BTreeSet<String>,
+) -> String {
     match ty {
         Type::Bool => "false".into(),
         Type::U8
@@ -279,6 +286,17 @@ fn example(resolve: &Resolve, ty: &Type, depth: usize) -> String {
         Type::Id(id) if depth < EXAMPLE_DEPTH => {
             let def = &resolve.types[*id];
             let name = def.name.as_deref().map(upper_camel);
+            if let Some(n) = &name
+                && matches!(
+                    def.kind,
+                    TypeDefKind::Record(_)
+                        | TypeDefKind::Variant(_)
+                        | TypeDefKind::Enum(_)
+                        | TypeDefKind::Flags(_)
+                )
+            {
+                named.insert(n.clone());
+            }
             match &def.kind {
                 TypeDefKind::Record(r) => format!(
                     "{} {{ {} }}",
@@ -288,7 +306,7 @@ fn example(resolve: &Resolve, ty: &Type, depth: usize) -> String {
                         .map(|f| format!(
                             "{}: {}",
                             field(&f.name),
-                            example(resolve, &f.ty, depth + 1)
+                            example(resolve, &f.ty, depth + 1, named)
                         ))
                         .collect::<Vec<_>>()
                         .join(", ")
@@ -299,7 +317,7 @@ fn example(resolve: &Resolve, ty: &Type, depth: usize) -> String {
                             "{}::{}({})",
                             name.unwrap_or_default(),
                             upper_camel(&c.name),
-                            example(resolve, t, depth + 1)
+                            example(resolve, t, depth + 1, named)
                         ),
                         None => format!("{}::{}", name.unwrap_or_default(), upper_camel(&c.name)),
                     },
@@ -316,7 +334,7 @@ fn example(resolve: &Resolve, ty: &Type, depth: usize) -> String {
                     "({}{})",
                     t.types
                         .iter()
-                        .map(|t| example(resolve, t, depth + 1))
+                        .map(|t| example(resolve, t, depth + 1, named))
                         .collect::<Vec<_>>()
                         .join(", "),
                     if t.types.len() == 1 { "," } else { "" }
@@ -324,9 +342,9 @@ fn example(resolve: &Resolve, ty: &Type, depth: usize) -> String {
                 TypeDefKind::Result(r) => format!(
                     "Ok({})",
                     r.ok.as_ref()
-                        .map_or("()".into(), |t| example(resolve, t, depth + 1))
+                        .map_or("()".into(), |t| example(resolve, t, depth + 1, named))
                 ),
-                TypeDefKind::Type(t) => example(resolve, t, depth + 1),
+                TypeDefKind::Type(t) => example(resolve, t, depth + 1, named),
                 TypeDefKind::Handle(Handle::Own(_) | Handle::Borrow(_)) => "unreachable!()".into(),
                 _ => "unreachable!()".into(),
             }
@@ -464,5 +482,77 @@ mod tests {
         assert_eq!(field("media-type"), "media_type");
         assert_eq!(upper_camel("contract-error"), "ContractError");
         assert_eq!(upper_camel("a"), "A");
+    }
+
+    /// A package with a function named by a Rust keyword (`match`), `type` fields, a
+    /// record inside an option inside a list, a record directly in a request, and a
+    /// variant error with no string case: the skeleton names what wit-bindgen 0.61
+    /// generates (`match_`), and imports every named type its example arguments write,
+    /// so the generated crate and its test compile.
+    #[test]
+    fn keyword_functions_and_nested_records_are_named_and_imported_as_wit_bindgen_does() {
+        let wit = r#"package example:odd@1.0.0;
+
+interface odd {
+    record item {
+        %type: string,
+        tag: option<string>,
+    }
+
+    record match-request {
+        items: list<option<item>>,
+        inner: item,
+        %type: u32,
+    }
+
+    record found {
+        count: u32,
+    }
+
+    variant odd-error {
+        not-found,
+        busy(u32),
+    }
+
+    %match: func(request: match-request) -> result<found, string>;
+
+    other: func(request: match-request) -> result<found, odd-error>;
+}
+
+world odd-adapter {
+    export odd;
+}
+"#;
+        let sidecar = "format = 1\npackage = \"example:odd@1.0.0\"\n\n[interfaces.odd.functions]\nmatch = { class = \"read\", idempotent = true }\nother = { class = \"read\", idempotent = true }\n";
+        let files =
+            PackageFiles::new("pkg", [(package::SIDECAR, sidecar), ("odd.wit", wit)]).unwrap();
+        let loaded = package::load(&files).unwrap();
+        let s = &skeletons(&files, &loaded).unwrap()[0];
+        let [find, other] = s.functions.as_slice() else {
+            panic!("{:?}", s.functions)
+        };
+        assert_eq!(find.wit_name, "match");
+        assert_eq!(
+            find.rust_name, "match_",
+            "wit-bindgen escapes a keyword function"
+        );
+        assert_eq!(
+            find.params,
+            [("request".to_string(), "MatchRequest".to_string())]
+        );
+        assert_eq!(
+            find.example_args,
+            [
+                "MatchRequest { items: Vec::new(), inner: Item { type_: String::new(), tag: None }, type_: 0 }"
+            ]
+        );
+        assert!(
+            s.types.contains(&"Item".to_string()),
+            "the test writes `Item {{ .. }}`, so it is imported: {:?}",
+            s.types
+        );
+        assert_eq!(find.error_with_message.as_deref(), Some("MESSAGE.into()"));
+        // No string case: no error with a message (the function is `unimplemented!`).
+        assert_eq!(other.error_with_message, None);
     }
 }

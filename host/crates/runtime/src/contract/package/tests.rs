@@ -883,3 +883,53 @@ fn roles_and_receipts_that_do_not_fit_are_refused_with_their_line() {
     let e = roles_refused(false, r#"confirms = "box-sha256""#, r#"confirms = 3"#);
     assert_has(&e, &["pkg/contract.toml"]);
 }
+
+/// A content handle is identified by its digest: `sha256` must be a string field beside
+/// it in the records that mint it. A number, or a `sha256` only beside it in a request,
+/// would leave the approval binding no digest and `confirms` checking nothing.
+#[test]
+fn a_content_handle_minted_without_a_string_sha256_beside_it_is_refused() {
+    let e = roles_refused(
+        true,
+        "record box { box: box-ref, sha256: string, bytes: u64 }",
+        "record box { box: box-ref, sha256: u64, bytes: u64 }",
+    );
+    assert_has(&e, &["handle `box-ref`", "sha256"]);
+}
+
+/// The same, when `sha256` is beside the content handle only in a request record, never
+/// in the record that mints it.
+#[test]
+fn a_content_handle_whose_sha256_is_only_beside_it_in_a_request_is_refused() {
+    let wit = ROLES_WIT
+        .replacen(
+            "record box { box: box-ref, sha256: string, bytes: u64 }",
+            "record box { box: box-ref, bytes: u64 }",
+            1,
+        )
+        .replacen(
+            "record send-request { box: box-ref,",
+            "record send-request { box: box-ref, sha256: string,",
+            1,
+        );
+    let e = load_err(ROLES_SIDECAR, &wit);
+    assert_has(&e, &["handle `box-ref`", "sha256"]);
+}
+
+/// `confirms` checks a result against the content the call named: a function whose
+/// result has the string field but whose request names no content handle is refused.
+#[test]
+fn confirms_without_a_content_handle_in_the_request_is_refused() {
+    let e = roles_refused(
+        false,
+        r#"pack = { class = "local-transformation", idempotent = false }"#,
+        r#"pack = { class = "local-transformation", idempotent = false, confirms = "sha256" }"#,
+    );
+    assert_has(
+        &e,
+        &[
+            "function `pack` confirms `sha256`",
+            "a handle of role content",
+        ],
+    );
+}
