@@ -112,9 +112,19 @@ pub fn approval_schema() -> Value {
     })
 }
 
+/// `text` quoted and escaped (Rust's `{:?}`: control and direction characters escaped);
+/// longer than [`QUOTED_ARGUMENT_CHARS`] characters, its start, then `…` with its length
+/// and sha256, so that two long texts with one start never look alike.
 fn quoted(text: &str) -> String {
-    let clipped: String = text.chars().take(80).collect();
-    format!("{clipped:?}")
+    let count = text.chars().count();
+    if count <= QUOTED_ARGUMENT_CHARS {
+        return format!("{text:?}");
+    }
+    let clipped: String = text.chars().take(QUOTED_ARGUMENT_CHARS).collect();
+    format!(
+        "{clipped:?}… ({count} characters, sha256 {})",
+        hex::encode(sha2::Sha256::digest(text.as_bytes()))
+    )
 }
 
 /// The deterministic description of what approving `n` lets happen: the capability, its
@@ -751,6 +761,7 @@ pub fn prove_receipt(
 
 #[cfg(test)]
 mod tests {
+
     //! [`prove_receipt`] branch by branch, on hand-made proofs: the branches a DB writer
     //! without the key cannot reach through the host (two requests for one approval, a
     //! decision recorded before its request, a decision on an in-band request, a call
@@ -929,5 +940,23 @@ mod tests {
             &prove(&in_band, ApprovalState::Pending, true),
             "its use already",
         );
+    }
+
+    #[test]
+    fn a_long_quoted_text_is_clipped_with_its_length_and_digest() {
+        assert_eq!(quoted("a\u{1b}b"), "\"a\\u{1b}b\"");
+        let short = "x".repeat(QUOTED_ARGUMENT_CHARS);
+        assert_eq!(quoted(&short), format!("{short:?}"));
+        let (a, b) = (format!("{short}-one"), format!("{short}-two"));
+        let (qa, qb) = (quoted(&a), quoted(&b));
+        assert_ne!(qa, qb, "two long texts with one start do not look alike");
+        assert!(
+            qa.starts_with(&format!("{short:?}… (84 characters, sha256 ")),
+            "{qa}"
+        );
+        assert!(qa.ends_with(&format!(
+            "{})",
+            hex::encode(sha2::Sha256::digest(a.as_bytes()))
+        )));
     }
 }
