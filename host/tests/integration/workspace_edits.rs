@@ -25,6 +25,15 @@ fn sha(text: &str) -> String {
 /// `workspace-edits` mapping, and `packages` as the configuration's `[[contract]]` folders
 /// (none: the repository's `contracts/workspace-edits`).
 fn deployment(ws: &Path, packages: &[&Path]) -> Deployment {
+    deployment_edited(ws, packages, |t| t)
+}
+
+/// [`deployment`] with the `workspace-edits` mapping's text passed through `edit`.
+fn deployment_edited(
+    ws: &Path,
+    packages: &[&Path],
+    edit: impl FnOnce(String) -> String,
+) -> Deployment {
     let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
     let repository = workspace().join("contracts/workspace-edits");
     let packages = if packages.is_empty() {
@@ -43,7 +52,7 @@ fn deployment(ws: &Path, packages: &[&Path]) -> Deployment {
             ws.display().to_string(),
             confined(&[(ws, "read-write")])
         ))
-        .mapping("workspace-edits")
+        .mapping_edited("workspace-edits", edit)
         .tables(&contracts)
 }
 
@@ -205,9 +214,16 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
 /// one approved write of "new text" to it done through a served client (then closed);
 /// with the configuration's path.
 async fn written() -> (tempfile::TempDir, Deployment, PathBuf) {
+    written_edited(|t| t).await
+}
+
+/// [`written`] with the mapping's text passed through `edit`.
+async fn written_edited(
+    edit: impl FnOnce(String) -> String,
+) -> (tempfile::TempDir, Deployment, PathBuf) {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
-    let d = deployment(ws.path(), &[]);
+    let d = deployment_edited(ws.path(), &[], edit);
     let config = d.write_config();
     let path = config.to_str().unwrap();
     d.airlock_ok(&["discover", "workspace", "--config", path]);
@@ -731,6 +747,35 @@ async fn a_compensation_nobody_decides_in_time_is_withdrawn() {
         d.airlock_json(&["approvals", "show", &approval])["state"],
         "revoked"
     );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
+    );
+}
+
+/// A mapping that narrows `write` to not compensable: its completed writes keep nothing
+/// to undo by, and `intents compensate` refuses them without asking anyone.
+#[tokio::test]
+async fn a_write_the_mapping_declares_not_compensable_is_not_compensated() {
+    let (ws, d, config) = written_edited(|t| {
+        t.replacen(
+            "effect = \"reversible-mutation\"",
+            "effect = \"reversible-mutation\"\ncompensable = false",
+            1,
+        )
+    })
+    .await;
+    let config = config.to_str().unwrap();
+    let write = completed(&d, "write_workspace_file");
+    assert!(write.get("handles").is_none(), "nothing kept: {write}");
+    let id = write["id"].as_str().unwrap().to_string();
+    let (ok, _, err) = compensate(&d, config, &id, "approve");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("its mapping declares it not compensable"),
+        "{err}"
+    );
+    assert!(!err.contains("apr_"), "no person was asked: {err}");
     assert_eq!(
         std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
         "new text\n"
