@@ -820,7 +820,7 @@ manifest = "mapping.toml"
 
 /// `src/lib.rs` of an adapter for a contract package: bindings for its world from `wit/`,
 /// every function of its interface answering "not written yet" (its error with a message,
-/// else `unimplemented!`) and a native test of the first function the model may call.
+/// else a panic saying so) and a native test of the first function the model may call.
 fn package_lib_rs(
     package: &crate::contract::package::ContractPackage,
     s: &crate::contract::skeleton::Skeleton,
@@ -922,7 +922,9 @@ fn package_lib_rs(
                 let _ = writeln!(o, "        Err({})", e.replace("MESSAGE", &message));
             }
             None => {
-                let _ = writeln!(o, "        unimplemented!({message})");
+                // No error case carries a message: stop the call with a panic that says
+                // what to write (the host reports a trapped adapter, and nothing is sent).
+                let _ = writeln!(o, "        panic!({message})");
             }
         }
         let _ = writeln!(o, "    }}");

@@ -130,18 +130,7 @@ fn deployment(dir: &Path) -> Deployment {
 fn approved(d: Deployment) -> Deployment {
     let config = d.write_config();
     let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "memory", "--config", config]);
-    let approved = d.airlock_json(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
-    assert_eq!(approved["state"], "approved");
-    d.approve_all();
+    approve_operator(&d, "memory", config, PACKAGE);
     d
 }
 

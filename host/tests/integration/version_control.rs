@@ -143,18 +143,7 @@ fn deployment(repo: &Path) -> Deployment {
 fn approved(d: Deployment) -> Deployment {
     let config = d.write_config();
     let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "git", "--config", config]);
-    let approved = d.airlock_json(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
-    assert_eq!(approved["state"], "approved");
-    d.approve_all();
+    approve_operator(&d, "git", config, PACKAGE);
     d
 }
 

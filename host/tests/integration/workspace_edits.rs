@@ -69,19 +69,8 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     let d = deployment(ws.path(), &[]);
     let config = d.write_config();
     let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "workspace", "--config", config]);
     // The package is the operator's: served only once approved.
-    let approved = d.airlock_json(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
-    assert_eq!(approved["state"], "approved");
-    d.approve_all();
+    approve_operator(&d, "workspace", config, PACKAGE);
     // The reviewer's view resolves the operator contract like the host does.
     let shown = d.airlock_json(&["review", "show", "workspace-edits", "--config", config]);
     let caps = shown["capabilities"].as_array().unwrap();
@@ -226,17 +215,7 @@ async fn written_edited(
     let d = deployment_edited(ws.path(), &[], edit);
     let config = d.write_config();
     let path = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "workspace", "--config", path]);
-    d.airlock_ok(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        path,
-        "--reviewer",
-        "alice",
-    ]);
-    d.approve_all();
+    approve_operator(&d, "workspace", path, PACKAGE);
     let client = d.serve_unreviewed().await;
     let args = json!({"path": "notes.md", "content": "new text\n"});
     approved_call(&d, &client, "write_workspace_file", args).await;
@@ -378,17 +357,7 @@ fn lossy(ws: &Path, contain: &str, lost: &Path) -> Deployment {
         ));
     let config = d.write_config();
     let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "workspace", "--config", config]);
-    d.airlock_ok(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
-    d.approve_all();
+    approve_operator(&d, "workspace", config, PACKAGE);
     d
 }
 
@@ -516,17 +485,7 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
     let d = deployment(ws.path(), &[pkg.path(), next.path()]);
     let config = d.write_config();
     let config = config.to_str().unwrap();
-    d.airlock_ok(&["discover", "workspace", "--config", config]);
-    d.airlock_ok(&[
-        "contracts",
-        "approve",
-        PACKAGE,
-        "--config",
-        config,
-        "--reviewer",
-        "alice",
-    ]);
-    d.approve_all();
+    approve_operator(&d, "workspace", config, PACKAGE);
     let client = d.serve_unreviewed().await;
     let both = ["restore_workspace_file", "write_workspace_file"];
     offered_becomes(&client, &both).await;

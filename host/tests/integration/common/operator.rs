@@ -106,3 +106,21 @@ pub fn node() -> String {
         .display()
         .to_string()
 }
+
+/// As a reviewer would for an operator contract: discovers `connection` with the
+/// configuration at `config`, approves contract package `package` (as `alice`), then
+/// approves every mapping.
+pub fn approve_operator(d: &Deployment, connection: &str, config: &str, package: &str) {
+    d.airlock_ok(&["discover", connection, "--config", config]);
+    let approved = d.airlock_json(&[
+        "contracts",
+        "approve",
+        package,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    assert_eq!(approved["state"], "approved", "{approved}");
+    d.approve_all();
+}

@@ -552,7 +552,7 @@ world odd-adapter {
             s.types
         );
         assert_eq!(find.error_with_message.as_deref(), Some("MESSAGE.into()"));
-        // No string case: no error with a message (the function is `unimplemented!`).
+        // No string case: no error with a message (the generated function panics, saying so).
         assert_eq!(other.error_with_message, None);
     }
 }
