@@ -289,14 +289,7 @@ async fn an_approved_remember_adds_once_and_is_forgotten_by_its_reference() {
         seed(),
         "nothing was recorded upstream"
     );
-    d.airlock_ok(&[
-        "approvals",
-        "approve",
-        &approval_in(&text),
-        "--by",
-        "bob",
-        "--yes",
-    ]);
+    approve_as_bob(&d, &text);
 
     // One approval, one addition: only what Ada did not have, once (the repeat in the
     // request too).
@@ -371,14 +364,7 @@ async fn an_approved_remember_adds_once_and_is_forgotten_by_its_reference() {
             && text.contains(&sha_of(&[MENABREA])),
         "{text}"
     );
-    d.airlock_ok(&[
-        "approvals",
-        "approve",
-        &approval_in(&text),
-        "--by",
-        "bob",
-        "--yes",
-    ]);
+    approve_as_bob(&d, &text);
     let forgot = call(
         &client,
         "forget_observations",

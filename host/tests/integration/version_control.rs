@@ -411,14 +411,7 @@ async fn an_approved_branch_and_commit_happen_once_and_nothing_unapproved_reache
     );
     assert_eq!(git(repo, &["symbolic-ref", "HEAD"]), "refs/heads/main");
     assert_eq!(staged(repo), "", "nothing staged while unapproved");
-    d.airlock_ok(&[
-        "approvals",
-        "approve",
-        &approval_in(&text),
-        "--by",
-        "bob",
-        "--yes",
-    ]);
+    approve_as_bob(&d, &text);
     let done = call(&client, "commit_files", commit.clone()).await.unwrap();
     let done = result(&done);
     let head = git(repo, &["rev-parse", "refs/heads/fix/readme-typo"]);

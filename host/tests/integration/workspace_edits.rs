@@ -174,14 +174,7 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
     // The change is named on its own line with its facts; neither its handle token nor
     // the host-supplied idempotency key is listed among the model's arguments.
     assert!(!text.contains("Arguments:"), "{text}");
-    d.airlock_ok(&[
-        "approvals",
-        "approve",
-        &approval_in(&text),
-        "--by",
-        "bob",
-        "--yes",
-    ]);
+    approve_as_bob(&d, &text);
     let r = call(
         &client,
         "restore_workspace_file",

@@ -124,3 +124,15 @@ pub fn approve_operator(d: &Deployment, connection: &str, config: &str, package:
     assert_eq!(approved["state"], "approved", "{approved}");
     d.approve_all();
 }
+
+/// Approves, out of band as `bob`, the approval request `text` (a refusal's words) names.
+pub fn approve_as_bob(d: &Deployment, text: &str) {
+    d.airlock_ok(&[
+        "approvals",
+        "approve",
+        &approval_in(text),
+        "--by",
+        "bob",
+        "--yes",
+    ]);
+}
