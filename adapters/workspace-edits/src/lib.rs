@@ -1,11 +1,13 @@
-//! `workspace-edits`: the operator contract `example:workspace-edits@1.0.0`
-//! (`contracts/workspace-edits/`, not built into Airlock) over the reference filesystem MCP
-//! server, `@modelcontextprotocol/server-filesystem`.
+//! `workspace-edits`: the operator contract `example:workspace-edits@1.1.0`
+//! (`contracts/workspace-edits-1.1/`, not built into Airlock) over the reference filesystem
+//! MCP server, `@modelcontextprotocol/server-filesystem`. 1.1.0 only adds `edit` to 1.0.0,
+//! so this component also serves a mapping bound to 1.0.0 (`contracts/workspace-edits/`).
 //!
 //! Upstream tools (the mapping lists exactly these): `list_allowed_directories` (the first
 //! allowed directory is the workspace), `read_text_file {path}`, `write_file {path,
-//! content}`, `create_directory {path}`. The server answers in text; a refusal is a tool
-//! result with `isError` and Node's error text (`ENOENT: …`).
+//! content}`, `edit_file {path, edits: [{oldText, newText}]}`, `create_directory {path}`.
+//! The server answers in text; a refusal is a tool result with `isError` and Node's error
+//! text (`ENOENT: …`).
 //!
 //! The server has no idempotency keys and no history, so the adapter keeps both in the
 //! workspace, through the same tools: before it writes a file it records the change
@@ -16,6 +18,14 @@
 //! - `written(key)` (reconciliation) reads the record and the file: the file has the
 //!   written digest → the change; it still has the digest before → none (the write never
 //!   landed); anything else → `conflict`;
+//! - `edit` is a `write` whose text the adapter computes before it sends anything: the
+//!   file's text with each `old-text` replaced, and the record carries that text's digest.
+//!   `edit_file` replaces the *first* occurrence of an old text and, when there is none,
+//!   falls back to a match that ignores each line's surrounding whitespace and re-indents
+//!   the new text: what it writes is then not a function of the request a person approved.
+//!   So the adapter sends only edits that match exactly once, where the server's first,
+//!   exact path applies and its result is the adapter's; it normalizes `\r\n` to `\n` as
+//!   the server does.
 //! - `restore(change)` puts the text before back, refused as `conflict` when the file no
 //!   longer has the written digest (restoring would lose what changed since), and as
 //!   `invalid-request` when the file did not exist before (this server cannot delete).
@@ -30,8 +40,8 @@ use sha2::Digest as _;
 #[allow(missing_docs, clippy::all)]
 mod bindings {
     wit_bindgen::generate!({
-        path: "../../contracts/workspace-edits",
-        world: "example:workspace-edits/workspace-edits-adapter@1.0.0",
+        path: "../../contracts/workspace-edits-1.1",
+        world: "example:workspace-edits/workspace-edits-adapter@1.1.0",
         with: {
             "airlock:host/upstream@0.1.0": airlock_sdk::bindings::airlock::host::upstream,
             "airlock:host/log@0.1.0": airlock_sdk::bindings::airlock::host::log,
@@ -40,7 +50,8 @@ mod bindings {
 }
 
 use bindings::exports::example::workspace_edits::workspace_edits::{
-    Change, ContractError, Guest, RestoreRequest, WriteRequest, WrittenRequest,
+    Change, ContractError, EditRequest, Guest, RestoreRequest, TextEdit, WriteRequest,
+    WrittenRequest,
 };
 
 /// The folder, inside the workspace, where the adapter records each change.
@@ -147,6 +158,52 @@ fn write_file(full: &str, content: &str) -> Result<(), ContractError> {
     })
 }
 
+/// The upstream's line-ending normalization: every `\r\n` read as `\n`.
+fn normalized(text: &str) -> String {
+    text.replace("\r\n", "\n")
+}
+
+/// `text` (already [`normalized`]) with `edits` applied in order, each `old-text` required
+/// to occur exactly once in the text as the edits before it left it.
+///
+/// # Errors
+///
+/// `invalid-request` naming the edit (1-based) whose old text is empty, missing or not
+/// unique.
+fn edited(text: &str, edits: &[TextEdit]) -> Result<String, ContractError> {
+    if edits.is_empty() {
+        return Err(ContractError::InvalidRequest(
+            "no edits: give at least one {old-text, new-text}".into(),
+        ));
+    }
+    let mut text = text.to_owned();
+    for (n, edit) in edits.iter().enumerate() {
+        let old = normalized(&edit.old_text);
+        let n = n + 1;
+        if old.is_empty() {
+            return Err(ContractError::InvalidRequest(format!(
+                "edit {n}: the old text is empty; give text the file holds exactly once"
+            )));
+        }
+        // Occurrences may overlap (`aa` in `aaa`): look again one character further on.
+        let step = old.chars().next().map_or(1, char::len_utf8);
+        let at = text.find(old.as_str());
+        let again = at.and_then(|at| text[at + step..].find(old.as_str()));
+        let (Some(at), None) = (at, again) else {
+            let why = if at.is_some() {
+                "occurs more than once; include more of its surroundings"
+            } else {
+                "is not in the file (it must match exactly, whitespace and all)"
+            };
+            return Err(ContractError::InvalidRequest(format!(
+                "edit {n}: the old text {why}"
+            )));
+        };
+        text.replace_range(at..at + old.len(), &normalized(&edit.new_text));
+    }
+    Ok(text)
+}
+
 /// The record of the change made under `key`, if any.
 fn record(root: &str, key: &str) -> Result<Option<Record>, ContractError> {
     if key.is_empty()
@@ -166,14 +223,8 @@ fn record(root: &str, key: &str) -> Result<Option<Record>, ContractError> {
     }
 }
 
-/// Records `rec` under `key`, then writes `content` to `full`.
-fn apply(
-    root: &str,
-    key: &str,
-    rec: &Record,
-    full: &str,
-    content: &str,
-) -> Result<(), ContractError> {
+/// Records `rec` under `key` (before anything changes, so that `written` can tell later).
+fn record_change(root: &str, key: &str, rec: &Record) -> Result<(), ContractError> {
     call(
         "create_directory",
         &serde_json::json!({"path": format!("{root}/{RECORDS}")}),
@@ -184,7 +235,18 @@ fn apply(
     })?;
     let text =
         serde_json::to_string(rec).map_err(|e| ContractError::UpstreamFailed(e.to_string()))?;
-    write_file(&format!("{root}/{RECORDS}/{key}.json"), &text)?;
+    write_file(&format!("{root}/{RECORDS}/{key}.json"), &text)
+}
+
+/// Records `rec` under `key`, then writes `content` to `full`.
+fn apply(
+    root: &str,
+    key: &str,
+    rec: &Record,
+    full: &str,
+    content: &str,
+) -> Result<(), ContractError> {
+    record_change(root, key, rec)?;
     write_file(full, content)
 }
 
@@ -213,6 +275,47 @@ impl Guest for WorkspaceEdits {
             bytes: request.content.len() as u64,
         };
         apply(&root, &key, &rec, &full, &request.content)?;
+        Ok(rec.change(&key))
+    }
+
+    fn edit(request: EditRequest) -> Result<Change, ContractError> {
+        let key = request.idempotency_key;
+        let root = workspace()?;
+        let full = inside(&root, &request.path)?;
+        if let Some(done) = record(&root, &key)? {
+            log::info(&format!(
+                "edit {key}: already recorded, nothing edited again"
+            ));
+            return Ok(done.change(&key));
+        }
+        let before = read(&full)?.ok_or(ContractError::NotFound)?;
+        let after = edited(&normalized(&before), &request.edits)?;
+        if after.len() > MAX_FILE_BYTES {
+            return Err(ContractError::InvalidRequest(format!(
+                "the edited file would be larger than {MAX_FILE_BYTES} bytes"
+            )));
+        }
+        let rec = Record {
+            path: request.path.clone(),
+            before_sha256: Some(sha256(&before)),
+            before: Some(before),
+            after_sha256: sha256(&after),
+            bytes: after.len() as u64,
+        };
+        record_change(&root, &key, &rec)?;
+        let edits: Vec<serde_json::Value> = request
+            .edits
+            .iter()
+            .map(|e| serde_json::json!({"oldText": e.old_text, "newText": e.new_text}))
+            .collect();
+        call(
+            "edit_file",
+            &serde_json::json!({"path": full, "edits": edits, "dryRun": false}),
+        )
+        .map_err(|e| match e {
+            Ok(message) => ContractError::Unavailable(message),
+            Err(e) => e,
+        })?;
         Ok(rec.change(&key))
     }
 
@@ -276,6 +379,7 @@ bindings::export!(WorkspaceEdits with_types_in bindings);
 #[cfg(not(target_arch = "wasm32"))]
 const _: () = {
     let _ = <WorkspaceEdits as Guest>::write;
+    let _ = <WorkspaceEdits as Guest>::edit;
     let _ = <WorkspaceEdits as Guest>::written;
     let _ = <WorkspaceEdits as Guest>::restore;
 };
@@ -305,6 +409,69 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    fn edit(old: &str, new: &str) -> TextEdit {
+        TextEdit {
+            old_text: old.into(),
+            new_text: new.into(),
+        }
+    }
+
+    #[test]
+    fn edits_apply_in_order_each_matching_exactly_once() {
+        let text = "alpha\nbeta\ngamma\n";
+        assert_eq!(
+            edited(text, &[edit("beta", "BETA"), edit("BETA\ngamma", "delta")]).unwrap(),
+            "alpha\ndelta\n"
+        );
+        // CRLF in the request reads as LF, as the server reads it.
+        assert_eq!(
+            edited(text, &[edit("alpha\r\nbeta", "x\r\ny")]).unwrap(),
+            "x\ny\ngamma\n"
+        );
+        assert_eq!(normalized("a\r\nb\r\n"), "a\nb\n");
+        // A new text containing its old text is applied once.
+        assert_eq!(edited("ab", &[edit("a", "aa")]).unwrap(), "aab");
+        for (edits, why) in [
+            (vec![], "no edits"),
+            (vec![edit("", "x")], "edit 1: the old text is empty"),
+            (
+                vec![edit("delta", "x")],
+                "edit 1: the old text is not in the file",
+            ),
+            (
+                vec![edit("a", "x")],
+                "edit 1: the old text occurs more than once",
+            ),
+            // After the first edit, `beta` is gone.
+            (
+                vec![edit("beta", "b"), edit("beta", "x")],
+                "edit 2: the old text is not",
+            ),
+        ] {
+            match edited(text, &edits) {
+                Err(ContractError::InvalidRequest(m)) => assert!(m.starts_with(why), "{m}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn overlapping_and_whitespace_flexible_matches_are_refused() {
+        let refused = |text: &str, old: &str| {
+            matches!(
+                edited(text, &[edit(old, "x")]),
+                Err(ContractError::InvalidRequest(_))
+            )
+        };
+        assert!(refused("aaa", "aa"), "two overlapping occurrences");
+        assert!(refused("ééé", "éé"), "overlapping, multi-byte");
+        assert!(refused("éaé", "é"), "two occurrences, multi-byte");
+        // The server would find `indented` by its trimmed line and re-indent the new text;
+        // what it wrote would not be what was approved, so the adapter refuses.
+        assert!(refused("    indented\n", "indented \n"));
+        assert_eq!(edited("xaay", &[edit("aa", "b")]).unwrap(), "xby");
     }
 
     #[test]

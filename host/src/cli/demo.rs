@@ -43,7 +43,7 @@ pub const BUNDLED_DELIVERY_COMPONENT: &[u8] = include_bytes!(concat!(
     "/outbox-delivery/outbox_delivery.wasm"
 ));
 /// The bundled workspace-edits adapter's pinned manifest (it binds the operator contract
-/// `example:workspace-edits@1.0.0`).
+/// `example:workspace-edits@1.1.0`).
 pub const BUNDLED_WORKSPACE_MANIFEST: &str = include_str!(concat!(
     env!("AIRLOCK_ADAPTER_BUNDLE"),
     "/workspace-edits/mapping.toml"
@@ -53,24 +53,24 @@ pub const BUNDLED_WORKSPACE_COMPONENT: &[u8] = include_bytes!(concat!(
     env!("AIRLOCK_ADAPTER_BUNDLE"),
     "/workspace-edits/workspace_edits.wasm"
 ));
-/// The operator contract package `contracts/workspace-edits`, file by file (its path in
+/// The operator contract package `contracts/workspace-edits-1.1`, file by file (its path in
 /// the package, its text): the demo writes it out as an operator's folder.
 const WORKSPACE_PACKAGE: [(&str, &str); 3] = [
     (
         "contract.toml",
-        include_str!("../../../contracts/workspace-edits/contract.toml"),
+        include_str!("../../../contracts/workspace-edits-1.1/contract.toml"),
     ),
     (
         "workspace.wit",
-        include_str!("../../../contracts/workspace-edits/workspace.wit"),
+        include_str!("../../../contracts/workspace-edits-1.1/workspace.wit"),
     ),
     (
         "deps/host/host.wit",
-        include_str!("../../../contracts/workspace-edits/deps/host/host.wit"),
+        include_str!("../../../contracts/workspace-edits-1.1/deps/host/host.wit"),
     ),
 ];
 /// The operator contract's package name.
-const WORKSPACE_CONTRACT: &str = "example:workspace-edits@1.0.0";
+const WORKSPACE_CONTRACT: &str = "example:workspace-edits@1.1.0";
 
 /// The example policy (`airlock.example.cedar`), which the delivery scene runs under.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../airlock.example.cedar");
@@ -546,7 +546,7 @@ async fn delivery_scene<W: std::io::Write>(
     Ok(())
 }
 
-/// An operator's own contract (`example:workspace-edits@1.0.0`, not built into Airlock)
+/// An operator's own contract (`example:workspace-edits@1.1.0`, not built into Airlock)
 /// reviewed and approved; a workspace edit through it over the bundled workspace fixture
 /// server (the reference filesystem server's tools, so no Node.js is needed here; the tests
 /// run the published server), which the built-in policy sends to a person; done once; then
@@ -658,8 +658,9 @@ async fn workspace_scene<W: std::io::Write>(
     };
 
     p.step("a workspace edit (a reversible mutation): the built-in policy asks a person")?;
-    let args = json!({"path": "plan.md", "content": "# Plan\n\nShip on Friday.\n"});
-    let asked = call("write_workspace_file", args.clone()).await?;
+    let args =
+        json!({"path": "plan.md", "edits": [{"old-text": "Thursday", "new-text": "Friday"}]});
+    let asked = call("edit_workspace_file", args.clone()).await?;
     let text = result_text(&asked);
     let id = text
         .find("apr_")
@@ -680,26 +681,32 @@ async fn workspace_scene<W: std::io::Write>(
         None,
         host.config().approvals.ttl,
     )?;
-    let done = call("write_workspace_file", args.clone()).await?;
+    let done = call("edit_workspace_file", args.clone()).await?;
     if done.is_error == Some(true) {
-        bail!("the approved write failed: {}", result_text(&done));
+        bail!("the approved edit failed: {}", result_text(&done));
+    }
+    if read() != "# Plan\n\nShip on Friday.\n" {
+        bail!(
+            "the approved edit did not make the approved text: {:?}",
+            read()
+        );
     }
     let change = done.structured_content.clone().unwrap_or_default()["result"].clone();
     p.line(format!(
-        "written: {} {} -> {} ({} bytes); the file now says {:?}",
+        "edited: {} {} -> {} ({} bytes); the file now says {:?}",
         change["path"].as_str().unwrap_or("?"),
         crate::registry::short(change["before-sha256"].as_str().unwrap_or("")),
         crate::registry::short(change["after-sha256"].as_str().unwrap_or("")),
         change["bytes"],
         read().lines().last().unwrap_or("")
     ))?;
-    let again = call("write_workspace_file", args).await?;
+    let again = call("edit_workspace_file", args).await?;
     p.line(format!(
         "the same call again: {}",
         result_text(&again).lines().next().unwrap_or("")
     ))?;
     if changes() != 1 {
-        bail!("expected exactly one write, found {} records", changes());
+        bail!("expected exactly one edit, found {} records", changes());
     }
     p.line("changes the workspace server recorded: 1 (done once)")?;
 
@@ -715,7 +722,7 @@ async fn workspace_scene<W: std::io::Write>(
         })?
         .into_iter()
         .next()
-        .context("the write left no completed intent")?;
+        .context("the edit left no completed intent")?;
     let original = intent.intent.id.clone();
     p.line(format!(
         "$ airlock intents compensate {original} --config airlock.toml"

@@ -273,10 +273,10 @@ version.
 
 Example:
   airlock contracts list --config airlock.toml
-  airlock contracts show example:workspace@1.0.0 --config airlock.toml
-  airlock contracts diff example:workspace@1.0.0 contracts/workspace-edits-1.1 --config airlock.toml
-  airlock contracts diff approved:example:workspace@1.0.0 contracts/workspace-edits --config airlock.toml
-  airlock contracts approve example:workspace@1.0.0 --config airlock.toml --reviewer alice")]
+  airlock contracts show example:workspace-edits@1.1.0 --config airlock.toml
+  airlock contracts diff example:workspace-edits@1.0.0 contracts/workspace-edits-1.1 --config airlock.toml
+  airlock contracts diff approved:example:workspace-edits@1.0.0 example:workspace-edits@1.1.0 --config airlock.toml
+  airlock contracts approve example:workspace-edits@1.1.0 --config airlock.toml --reviewer alice")]
     Contracts {
         #[command(subcommand)]
         action: ContractsAction,
@@ -288,7 +288,7 @@ Example:
 Example:
   airlock new --list
   airlock new source-retrieval my-notes --connection notes
-  airlock new contracts/workspace-edits my-edits
+  airlock new contracts/workspace-edits-1.1 my-edits
   airlock pack my-notes/mapping.toml
 The crate depends on the SDK by path: --sdk PATH, or the `sdk` folder of the checkout this
 airlock was built from (printed). src/lib.rs implements every contract function with its
@@ -875,8 +875,9 @@ enum Fixture {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Four tools of the reference filesystem server (`list_allowed_directories`,
-    /// `read_text_file`, `write_file`, `create_directory`) confined to `--root DIR`.
+    /// Five tools of the reference filesystem server (`list_allowed_directories`,
+    /// `read_text_file`, `write_file`, `edit_file`, `create_directory`) confined to
+    /// `--root DIR`.
     WorkspaceServer {
         /// Arguments for the fixture server (e.g. `--root DIR --call-log FILE`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -1,5 +1,5 @@
 //! An operator-defined contract over a real published server:
-//! `example:workspace-edits@1.0.0` (`contracts/workspace-edits/`, named by the serve
+//! `example:workspace-edits@1.1.0` (`contracts/workspace-edits-1.1/`, named by the serve
 //! configuration, not built into Airlock) through the `workspace-edits` adapter over
 //! `@modelcontextprotocol/server-filesystem`, with a real MCP client. The write is a
 //! `reversible-mutation`, so the built-in policy asks a person first: a write nobody
@@ -15,7 +15,7 @@ use airlock::pipeline::Category;
 
 use crate::common::*;
 
-const PACKAGE: &str = "example:workspace-edits@1.0.0";
+const PACKAGE: &str = "example:workspace-edits@1.1.0";
 
 fn sha(text: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
@@ -35,7 +35,7 @@ fn deployment_edited(
     edit: impl FnOnce(String) -> String,
 ) -> Deployment {
     let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
-    let repository = workspace().join("contracts/workspace-edits");
+    let repository = workspace().join("contracts/workspace-edits-1.1");
     let packages = if packages.is_empty() {
         vec![repository.as_path()]
     } else {
@@ -83,7 +83,14 @@ async fn an_approved_write_lands_once_and_is_undone_by_its_reference() {
 
     let tools = client.peer().list_all_tools().await.unwrap();
     let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(names, ["restore_workspace_file", "write_workspace_file"]);
+    assert_eq!(
+        names,
+        [
+            "edit_workspace_file",
+            "restore_workspace_file",
+            "write_workspace_file"
+        ]
+    );
     let write = tools
         .iter()
         .find(|t| t.name == "write_workspace_file")
@@ -320,10 +327,10 @@ async fn handles_changed_in_the_database_undo_nothing() {
     );
 }
 
-/// A deployment whose workspace server loses the answer to the first `write_file` whose
+/// A deployment whose workspace server loses the answer to the first call of `tool` whose
 /// arguments contain `contain` (the connection dies with that request unanswered, once),
 /// the operator package approved and every mapping approved; `lost` exists once it did.
-fn lossy(ws: &Path, contain: &str, lost: &Path) -> Deployment {
+fn lossy(ws: &Path, tool: &str, contain: &str, lost: &Path) -> Deployment {
     let server = node_modules().join("@modelcontextprotocol/server-filesystem/dist/index.js");
     let d = Deployment::with_notes()
         .connection(&format!(
@@ -332,7 +339,7 @@ fn lossy(ws: &Path, contain: &str, lost: &Path) -> Deployment {
                 "fixture",
                 "lose-answer",
                 "--tool",
-                "write_file",
+                tool,
                 "--arguments-contain",
                 contain,
                 "--once",
@@ -346,7 +353,7 @@ fn lossy(ws: &Path, contain: &str, lost: &Path) -> Deployment {
         .mapping("workspace-edits")
         .tables(&format!(
             "[[contract]]\npath = {:?}\n",
-            workspace().join("contracts/workspace-edits").display().to_string()
+            workspace().join("contracts/workspace-edits-1.1").display().to_string()
         ));
     let config = d.write_config();
     let config = config.to_str().unwrap();
@@ -364,7 +371,7 @@ async fn a_write_whose_answer_is_lost_is_reconciled_by_reading_the_file_back() {
     let state = tempfile::tempdir().unwrap();
     let lost = state.path().join("lost");
     std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
-    let d = lossy(ws.path(), "new text", &lost);
+    let d = lossy(ws.path(), "write_file", "new text", &lost);
     let client = d.serve_unreviewed().await;
 
     let args = json!({"path": "notes.md", "content": "new text\n"});
@@ -405,7 +412,7 @@ async fn a_write_lost_before_the_file_changed_is_reconciled_as_nothing_happened(
     let state = tempfile::tempdir().unwrap();
     let lost = state.path().join("lost");
     std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
-    let d = lossy(ws.path(), ".airlock-changes", &lost);
+    let d = lossy(ws.path(), "write_file", ".airlock-changes", &lost);
     let client = d.serve_unreviewed().await;
 
     let args = json!({"path": "notes.md", "content": "new text\n"});
@@ -468,27 +475,31 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
         let to = pkg.path().join(file);
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::copy(
-            workspace().join("contracts/workspace-edits").join(file),
+            workspace().join("contracts/workspace-edits-1.1").join(file),
             &to,
         )
         .unwrap();
     }
-    // A second package, 1.1.0, configured from the start but written only later.
+    // A second package, 1.2.0, configured from the start but written only later.
     let next = tempfile::tempdir().unwrap();
     let d = deployment(ws.path(), &[pkg.path(), next.path()]);
     let config = d.write_config();
     let config = config.to_str().unwrap();
     approve_operator(&d, "workspace", config, PACKAGE);
     let client = d.serve_unreviewed().await;
-    let both = ["restore_workspace_file", "write_workspace_file"];
+    let both = [
+        "edit_workspace_file",
+        "restore_workspace_file",
+        "write_workspace_file",
+    ];
     offered_becomes(&client, &both).await;
 
     // A new version with a new required argument, approved while serving: a migration.
-    // The mapping bound to 1.0.0 keeps serving 1.0.0's schema until it is reviewed again.
+    // The mapping bound to 1.1.0 keeps serving 1.1.0's schema until it is reviewed again.
     for file in ["contract.toml", "workspace.wit", "deps/host/host.wit"] {
         let text = std::fs::read_to_string(pkg.path().join(file)).unwrap();
         let text = text
-            .replace("workspace-edits@1.0.0", "workspace-edits@1.1.0")
+            .replace("workspace-edits@1.1.0", "workspace-edits@1.2.0")
             .replace(
                 "        content: string,\n",
                 "        content: string,\n        mode: string,\n",
@@ -497,7 +508,7 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::write(to, text).unwrap();
     }
-    let newer = "example:workspace-edits@1.1.0";
+    let newer = "example:workspace-edits@1.2.0";
     d.airlock_ok(&[
         "contracts",
         "approve",
@@ -518,7 +529,7 @@ async fn a_serving_host_follows_its_contract_packages_and_their_reviews() {
     assert_eq!(
         write.input_schema["required"],
         json!(["path", "content"]),
-        "still 1.0.0's schema"
+        "still 1.1.0's schema"
     );
 
     let wit = pkg.path().join("workspace.wit");
@@ -725,6 +736,319 @@ async fn a_write_the_mapping_declares_not_compensable_is_not_compensated() {
     assert!(!ok, "{err}");
     assert!(
         err.contains("its mapping declares it not compensable"),
+        "{err}"
+    );
+    assert!(!err.contains("apr_"), "no person was asked: {err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "new text\n"
+    );
+}
+
+/// A file with Windows line endings, and what `edit_workspace_file` with [`beta_edit`]
+/// makes of it: the server reads `\r\n` as `\n` in the whole file.
+const CRLF_FILE: &str = "alpha\r\nbeta\r\ngamma\r\n";
+/// See [`CRLF_FILE`].
+const EDITED_FILE: &str = "alpha\nBETA\ngamma\n";
+
+/// Arguments of an edit of `notes.md` replacing `beta` with `BETA` (fields not in the
+/// record's order: the summary shows them in that order whatever the model sent).
+fn beta_edit() -> serde_json::Value {
+    json!({"edits": [{"new-text": "BETA", "old-text": "beta"}], "path": "notes.md"})
+}
+
+/// `edit` (1.1.0) over the server's `edit_file`: the person approves exact replacements,
+/// the adapter computes the text they make before anything is sent (and refuses an old
+/// text that is missing or not unique, where the server would guess), one approval edits
+/// once, and the change is undone byte for byte, line endings included.
+#[tokio::test]
+async fn an_approved_edit_replaces_exactly_the_approved_text_once_and_is_undone() {
+    let ws = tempfile::tempdir().unwrap();
+    let notes = ws.path().join("notes.md");
+    std::fs::write(&notes, CRLF_FILE).unwrap();
+    let d = deployment(ws.path(), &[]);
+    let config = d.write_config();
+    approve_operator(&d, "workspace", config.to_str().unwrap(), PACKAGE);
+    let client = d.serve_unreviewed().await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    let edit = tools
+        .iter()
+        .find(|t| t.name == "edit_workspace_file")
+        .unwrap();
+    assert_eq!(edit.input_schema["required"], json!(["path", "edits"]));
+    assert_eq!(
+        edit.input_schema["properties"]["edits"]["items"]["required"],
+        json!(["old-text", "new-text"]),
+        "{:?}",
+        edit.input_schema
+    );
+
+    // Nobody approved yet: nothing reaches the server, and the person sees the edits.
+    let r = call(&client, "edit_workspace_file", beta_edit())
+        .await
+        .unwrap();
+    let text = assert_refused(&r, Category::ApprovalRequired);
+    assert!(
+        text.contains(r#"Arguments: path "notes.md", edits [{old-text "beta", new-text "BETA"}]."#),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), CRLF_FILE);
+    assert!(records(ws.path()).is_empty());
+    approve_as_bob(&d, &text);
+    let done = call(&client, "edit_workspace_file", beta_edit())
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{}", text_of(&done));
+    let change = done.structured_content.clone().unwrap()["result"].clone();
+    assert_eq!(change["before-sha256"], sha(CRLF_FILE));
+    assert_eq!(
+        change["after-sha256"],
+        sha(EDITED_FILE),
+        "the digest the adapter computed is what the server wrote"
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), EDITED_FILE);
+    assert_eq!(records(ws.path()).len(), 1);
+    // The receipt is spent: the same edit asks again.
+    let again = call(&client, "edit_workspace_file", beta_edit())
+        .await
+        .unwrap();
+    assert_refused(&again, Category::ApprovalRequired);
+
+    // Approved but not exact: refused by the adapter before anything is recorded or sent
+    // (the server would have matched `  gamma` by its trimmed line and re-indented).
+    for (old, why) in [
+        ("  gamma", "is not in the file"),
+        ("a", "occurs more than once"),
+    ] {
+        let args = json!({"path": "notes.md", "edits": [{"old-text": old, "new-text": "x"}]});
+        let r = call(&client, "edit_workspace_file", args.clone())
+            .await
+            .unwrap();
+        approve_as_bob(&d, &assert_refused(&r, Category::ApprovalRequired));
+        let r = call(&client, "edit_workspace_file", args).await.unwrap();
+        assert_eq!(r.is_error, Some(true), "{}", text_of(&r));
+        assert!(text_of(&r).contains(why), "{}", text_of(&r));
+        assert_eq!(std::fs::read_to_string(&notes).unwrap(), EDITED_FILE);
+        assert_eq!(records(ws.path()).len(), 1, "nothing recorded for {old:?}");
+    }
+
+    // Undone by its reference: the text before, `\r\n` and all.
+    let args = json!({"change": change["change"]});
+    approved_call(&d, &client, "restore_workspace_file", args).await;
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), CRLF_FILE);
+    client.cancel().await.unwrap();
+    d.airlock_ok(&["trace", "verify"]);
+}
+
+/// An edit whose answer is lost after the server edited the file is reconciled through
+/// the same query as a write (the record names the digest the edit makes), kept once,
+/// and compensated out of band back to the text before.
+#[tokio::test]
+async fn an_edit_whose_answer_is_lost_is_reconciled_and_then_compensated() {
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let lost = state.path().join("lost");
+    let notes = ws.path().join("notes.md");
+    std::fs::write(&notes, CRLF_FILE).unwrap();
+    let d = lossy(ws.path(), "edit_file", "BETA", &lost);
+    let client = d.serve_unreviewed().await;
+    let done = approved_call(&d, &client, "edit_workspace_file", beta_edit()).await;
+    assert!(lost.exists(), "the answer was lost");
+    let s = done.structured_content.clone().unwrap();
+    assert_eq!(s["reconciled"]["method"], "query", "{s}");
+    assert_eq!(s["result"]["after-sha256"], sha(EDITED_FILE));
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), EDITED_FILE);
+    assert_eq!(records(ws.path()).len(), 1, "edited once, never again");
+    client.cancel().await.unwrap();
+    let id = completed(&d, "edit_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let config = d.write_config();
+    let (ok, _, err) = compensate(&d, config.to_str().unwrap(), &id, "approve");
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), CRLF_FILE);
+    d.airlock_ok(&["trace", "verify"]);
+}
+
+/// A migration with the real packages: the mapping's reviewed revision is bound to
+/// `example:workspace-edits@1.0.0` (write and restore); the adapter's next revision, bound
+/// to 1.1.0, adds `edit_workspace_file`. With the manifest changed on disk, the 1.0.0
+/// revision keeps serving (1.1.0 is approved as a contract, but the mapping is not yet
+/// reviewed against it); once a reviewer approves the new revision, `edit` is offered.
+/// The same component serves both: its 1.1.0 export satisfies 1.0.0 (component-model
+/// semver).
+#[tokio::test]
+async fn a_revision_bound_to_1_0_0_serves_until_its_1_1_0_revision_is_approved() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.md"), "old text\n").unwrap();
+    let old = workspace().join("contracts/workspace-edits");
+    let new = workspace().join("contracts/workspace-edits-1.1");
+    let d = deployment_edited(ws.path(), &[&old, &new], |t| {
+        let t = t
+            .replace("workspace-edits@1.1.0", "workspace-edits@1.0.0")
+            .replace("\"edit_file\", ", "");
+        let at = t.find("[[capability]]\nfunction = \"edit\"").unwrap();
+        let end = at + t[at..].find("\n\n").unwrap() + 2;
+        format!("{}{}", &t[..at], &t[end..])
+    })
+    .watched();
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    approve_operator(&d, "workspace", config, "example:workspace-edits@1.0.0");
+    let client = d.serve_unreviewed().await;
+    let old_names = ["restore_workspace_file", "write_workspace_file"];
+    offered_becomes(&client, &old_names).await;
+    approved_call(
+        &d,
+        &client,
+        "write_workspace_file",
+        json!({"path": "notes.md", "content": "one\n"}),
+    )
+    .await;
+
+    // The new version: an addition, nothing breaking, approved as a contract.
+    let diff = d.airlock_ok(&[
+        "contracts",
+        "diff",
+        "example:workspace-edits@1.0.0",
+        PACKAGE,
+        "--config",
+        config,
+    ]);
+    assert!(diff.contains("function edit"), "{diff}");
+    assert!(diff.contains("\n0 breaking"), "{diff}");
+    d.airlock_ok(&[
+        "contracts",
+        "approve",
+        PACKAGE,
+        "--config",
+        config,
+        "--reviewer",
+        "alice",
+    ]);
+    // The adapter's next revision arrives: staged, the reviewed 1.0.0 revision serves on.
+    let manifest = d.mapping_dir("workspace-edits").join("mapping.toml");
+    let next = std::fs::read_to_string(bundle().join("workspace-edits/mapping.toml")).unwrap();
+    std::fs::write(&manifest, next).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !d.trace().iter().any(|e| e["kind"] == "mapping-staged") {
+        assert!(std::time::Instant::now() < deadline, "never staged");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    offered_becomes(&client, &old_names).await;
+    let r = call(&client, "edit_workspace_file", beta_edit()).await;
+    assert_eq!(r.as_ref().err().and_then(error_code), Some(-32602), "{r:?}");
+
+    // Reviewed against 1.1.0: swapped in, and the edit is offered.
+    d.approve("workspace-edits", "alice", &[]);
+    offered_becomes(
+        &client,
+        &[
+            "edit_workspace_file",
+            "restore_workspace_file",
+            "write_workspace_file",
+        ],
+    )
+    .await;
+    std::fs::write(ws.path().join("notes.md"), "alpha\nbeta\n").unwrap();
+    approved_call(&d, &client, "edit_workspace_file", beta_edit()).await;
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "alpha\nBETA\n"
+    );
+    client.cancel().await.unwrap();
+    let shown = d.airlock_json(&["review", "show", "workspace-edits", "--config", config]);
+    assert_eq!(shown["current"]["revision"], 2, "{shown}");
+    d.airlock_ok(&["trace", "verify"]);
+}
+
+/// What `intents compensate` refuses before any person is asked, with the reason and
+/// what to do: a profile the undo is not offered to, a revision that maps no undo, and a
+/// mapping whose contract stopped serving. Nothing is undone by any of them.
+#[tokio::test]
+async fn a_compensation_the_host_cannot_offer_is_refused_before_anyone_is_asked() {
+    let (ws, d, config) = written().await;
+    let config_path = config.to_str().unwrap().to_string();
+    let id = completed(&d, "write_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let refused = |config: &str, profile: Option<&str>, want: &str| {
+        let mut args = vec![
+            "intents",
+            "compensate",
+            &id,
+            "--config",
+            config,
+            "--wait",
+            "5",
+        ];
+        if let Some(p) = profile {
+            args.extend(["--profile", p]);
+        }
+        let out = d.airlock(&args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(!err.contains("apr_"), "no person was asked: {err}");
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+            "new text\n"
+        );
+    };
+    // A profile that offers the write but not its undo.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let narrow = d.dir.path().join("narrow.toml");
+    std::fs::write(
+        &narrow,
+        format!(
+            "{text}\n[[profile]]\nname = \"writer\"\ncapabilities = [\"write_workspace_file\"]\n"
+        ),
+    )
+    .unwrap();
+    refused(
+        narrow.to_str().unwrap(),
+        Some("writer"),
+        "is not offered `restore_workspace_file`: choose a profile that is (--profile)",
+    );
+    // A contract marked erroneous: its mappings no longer serve.
+    d.airlock_ok(&[
+        "contracts",
+        "mark-erroneous",
+        PACKAGE,
+        "--config",
+        &config_path,
+        "--reviewer",
+        "bob",
+        "--reason",
+        "found wrong",
+    ]);
+    refused(
+        &config_path,
+        None,
+        "was marked erroneous by bob: found wrong",
+    );
+}
+
+/// A revision that maps the write but not its undo: the completed write is kept, but
+/// compensating it is refused, saying which function a revision must map.
+#[tokio::test]
+async fn a_write_whose_mapping_offers_no_undo_is_not_compensated() {
+    let (ws, d, config) = written_edited(|t| {
+        let at = t.find("[[capability]]\nfunction = \"restore\"").unwrap();
+        let end = at + t[at..].find("\n\n").unwrap() + 2;
+        format!("{}{}", &t[..at], &t[end..])
+    })
+    .await;
+    let id = completed(&d, "write_workspace_file")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (ok, _, err) = compensate(&d, config.to_str().unwrap(), &id, "approve");
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("offers no capability for `restore`, the undo of `write`"),
         "{err}"
     );
     assert!(!err.contains("apr_"), "no person was asked: {err}");

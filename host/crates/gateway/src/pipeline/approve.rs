@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
+use crate::contract::Shape;
 use crate::host::Host;
 use crate::pipeline::authorize::{Authorized, PendingApproval};
 use crate::pipeline::candidate::{Asker, ElicitAnswer, Retry};
@@ -195,67 +196,105 @@ pub fn summarize(n: &Normalized) -> String {
 /// of several lines) is named by its size and sha256.
 const QUOTED_ARGUMENT_CHARS: usize = 80;
 
-/// Most items of a list of strings the summary shows one by one (each as a string
-/// argument); a longer list is named by its size and sha256.
+/// Most items of a list, or fields of a structured value, the summary shows one by one; a
+/// larger one is named by its size and sha256.
 const QUOTED_LIST_ITEMS: usize = 16;
+
+/// How deep the summary shows structured values (a list of records is depth 2); deeper
+/// ones are named by their size and sha256.
+const SHOWN_DEPTH: usize = 2;
 
 /// The model's arguments that are neither handles (listed with their facts) nor
 /// host-supplied, in the request record's order, as `Arguments: name "text", name 3,
-/// files ["a.md", "b.md"], content 24 bytes sha256 HEX.`: a short one-line string quoted
-/// (escaped), a number or boolean as is, a short list of such strings item by item,
-/// anything longer or structured by its size and the sha256 of its bytes (of its JSON
-/// text when structured), so a person can compare it with what the upstream reports
-/// afterwards. `None` when there is none.
+/// files ["a.md", "b.md"], edits [{old-text "a", new-text "b"}], content 24 bytes sha256
+/// HEX.`: a short one-line string quoted (escaped), a number or boolean as is, a short list
+/// or record of such values item by item (two levels deep), anything longer by its size and
+/// the sha256 of its bytes (of its JSON text when structured), so a person can compare it
+/// with what the upstream reports afterwards. `None` when there is none.
 fn argument_lines(n: &Normalized) -> Option<String> {
-    use crate::contract::Shape;
     let cap = n.capability();
     let Some((_, Shape::Record(fields))) = cap.function.params.first() else {
         return None;
     };
     let args = &n.candidate().arguments;
-    let digest = |bytes: &[u8]| hex::encode(sha2::Sha256::digest(bytes));
     let shown: Vec<String> = fields
         .iter()
         .filter(|(_, s, _)| !matches!(s, Shape::Handle(_) | Shape::HostSupplied(_)))
-        .filter_map(|(name, _, _)| {
-            let v = args.get(name)?;
-            Some(match v {
-                Value::String(t)
-                    if t.chars().count() <= QUOTED_ARGUMENT_CHARS && !t.contains(['\n', '\r']) =>
-                {
-                    format!("{name} {}", quoted(t))
-                }
-                Value::String(t) => {
-                    format!("{name} {} bytes sha256 {}", t.len(), digest(t.as_bytes()))
-                }
-                // A short list of short one-line strings (file names, labels) is shown.
-                Value::Array(items)
-                    if items.len() <= QUOTED_LIST_ITEMS
-                        && items.iter().all(|i| {
-                            i.as_str().is_some_and(|t| {
-                                t.chars().count() <= QUOTED_ARGUMENT_CHARS
-                                    && !t.contains(['\n', '\r'])
-                            })
-                        }) =>
-                {
-                    let shown: Vec<String> =
-                        items.iter().filter_map(Value::as_str).map(quoted).collect();
-                    format!("{name} [{}]", shown.join(", "))
-                }
-                Value::Number(_) | Value::Bool(_) => format!("{name} {v}"),
-                Value::Null => format!("{name} null"),
-                other => {
-                    let text = other.to_string();
-                    format!(
-                        "{name} {} bytes of JSON sha256 {}",
-                        text.len(),
-                        digest(text.as_bytes())
-                    )
-                }
-            })
+        .filter_map(|(name, shape, _)| {
+            Some(format!(
+                "{name} {}",
+                shown_value(args.get(name)?, Some(shape), 0)
+            ))
         })
         .collect();
     (!shown.is_empty()).then(|| format!("Arguments: {}.", shown.join(", ")))
+}
+
+/// One argument value as [`argument_lines`] shows it, `depth` levels inside the arguments;
+/// a record's fields in the order its `shape` declares them (whatever order the model sent).
+fn shown_value(v: &Value, shape: Option<&Shape>, depth: usize) -> String {
+    let digest = |bytes: &[u8]| hex::encode(sha2::Sha256::digest(bytes));
+    let shape = match shape {
+        Some(Shape::Option(inner)) => Some(&**inner),
+        other => other,
+    };
+    match v {
+        Value::String(t)
+            if t.chars().count() <= QUOTED_ARGUMENT_CHARS && !t.contains(['\n', '\r']) =>
+        {
+            quoted(t)
+        }
+        Value::String(t) => format!("{} bytes sha256 {}", t.len(), digest(t.as_bytes())),
+        Value::Number(_) | Value::Bool(_) | Value::Null => v.to_string(),
+        Value::Array(items) if depth < SHOWN_DEPTH && items.len() <= QUOTED_LIST_ITEMS => {
+            let inner = match shape {
+                Some(Shape::List(inner)) => Some(&**inner),
+                _ => None,
+            };
+            let shown: Vec<String> = items
+                .iter()
+                .map(|i| shown_value(i, inner, depth + 1))
+                .collect();
+            format!("[{}]", shown.join(", "))
+        }
+        Value::Object(fields) if depth < SHOWN_DEPTH && fields.len() <= QUOTED_LIST_ITEMS => {
+            let declared: Vec<(&str, Option<&Shape>)> = match shape {
+                Some(Shape::Record(declared)) => declared
+                    .iter()
+                    .map(|(name, s, _)| (name.as_str(), Some(s)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            // Declared fields first, in their order; anything else after, as sent.
+            let ordered = declared
+                .iter()
+                .filter_map(|(name, s)| Some((*name, fields.get(*name)?, *s)))
+                .chain(
+                    fields
+                        .iter()
+                        .filter(|(k, _)| !declared.iter().any(|(name, _)| name == k))
+                        .map(|(k, f)| (k.as_str(), f, None)),
+                );
+            let shown: Vec<String> = ordered
+                .map(|(k, f, s)| {
+                    // Record fields are WIT names; anything else is quoted.
+                    let plain =
+                        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+                    let key = if plain { k.to_owned() } else { quoted(k) };
+                    format!("{key} {}", shown_value(f, s, depth + 1))
+                })
+                .collect();
+            format!("{{{}}}", shown.join(", "))
+        }
+        other => {
+            let text = other.to_string();
+            format!(
+                "{} bytes of JSON sha256 {}",
+                text.len(),
+                digest(text.as_bytes())
+            )
+        }
+    }
 }
 
 /// Gets a person's approval for `pending` (see the module rules), in the order they
@@ -958,5 +997,55 @@ mod tests {
             "{})",
             hex::encode(sha2::Sha256::digest(a.as_bytes()))
         )));
+    }
+
+    #[test]
+    fn structured_arguments_are_shown_two_levels_deep_and_deeper_by_digest() {
+        use serde_json::json;
+        let sha = |v: &Value| hex::encode(sha2::Sha256::digest(v.to_string().as_bytes()));
+        assert_eq!(
+            shown_value(&json!([{"old-text": "a", "new-text": "b\n"}]), None, 0),
+            format!(
+                r#"[{{old-text "a", new-text 2 bytes sha256 {}}}]"#,
+                hex::encode(sha2::Sha256::digest(b"b\n"))
+            )
+        );
+        assert_eq!(
+            shown_value(&json!([1, true, null]), None, 0),
+            "[1, true, null]"
+        );
+        // A record's fields in their declared order, whatever order they came in.
+        let edit = Shape::Record(vec![
+            ("old-text".into(), Shape::String, None),
+            ("new-text".into(), Shape::String, None),
+        ]);
+        let edits = Shape::Option(Box::new(Shape::List(Box::new(edit))));
+        assert_eq!(
+            shown_value(
+                &json!([{"new-text": "b", "extra": 1, "old-text": "a"}]),
+                Some(&edits),
+                0
+            ),
+            r#"[{old-text "a", new-text "b", extra 1}]"#
+        );
+        // A key that is not a WIT name is quoted, escapes and all.
+        assert_eq!(
+            shown_value(&json!({"a b\u{202e}": 1}), None, 0),
+            r#"{"a b\u{202e}" 1}"#
+        );
+        let inner = json!([1]);
+        assert_eq!(
+            shown_value(&json!([[inner]]), None, 0),
+            format!("[[3 bytes of JSON sha256 {}]]", sha(&inner))
+        );
+        let long: Value = (0..=QUOTED_LIST_ITEMS).map(|i| json!(i)).collect();
+        assert_eq!(
+            shown_value(&long, None, 0),
+            format!(
+                "{} bytes of JSON sha256 {}",
+                long.to_string().len(),
+                sha(&long)
+            )
+        );
     }
 }
