@@ -408,10 +408,23 @@ enum Source {
     },
 }
 
-/// Whether `contract` names a package folder rather than a built-in contract: it holds a
-/// path separator or names an existing folder.
-fn is_folder(contract: &str) -> bool {
-    contract.contains('/') && !contract.contains(':') || Path::new(contract).is_dir()
+/// Whether `contract` names a package folder rather than a built-in contract, given
+/// whether a folder of that name exists here (`folder_here`): a path with a separator is a
+/// folder; a built-in contract's name is the built-in.
+///
+/// # Errors
+/// A built-in contract's name when a folder of that name exists here too (which one was
+/// meant is not knowable: the error says how to name each).
+fn names_folder(contract: &str, folder_here: bool) -> Result<bool> {
+    if contract.contains('/') && !contract.contains(':') {
+        return Ok(true);
+    }
+    match (template(contract).is_ok(), folder_here) {
+        (true, true) => bail!(
+            "`{contract}` names both a built-in contract and a folder here: write `./{contract}` for the folder's package, or run `airlock new` from another folder for the built-in"
+        ),
+        (built_in, here) => Ok(!built_in && here),
+    }
 }
 
 /// The source `contract` names.
@@ -421,7 +434,7 @@ fn is_folder(contract: &str) -> bool {
 /// problems, each with its file and line), or one whose worlds export none of its
 /// interfaces alone.
 fn source(contract: &str) -> Result<Source> {
-    if !is_folder(contract) {
+    if !names_folder(contract, Path::new(contract).is_dir())? {
         return template(contract).map(Source::Template);
     }
     use crate::contract::{package, skeleton};
@@ -1315,6 +1328,24 @@ mod tests {
         // A name that is neither a built-in contract nor a folder.
         let e = format!("{:#}", new_crate(&options("no-such-contract")).unwrap_err());
         assert!(e.contains("unknown contract"), "{e}");
+    }
+
+    #[test]
+    fn a_built_in_name_that_is_also_a_folder_here_is_refused_as_ambiguous() {
+        assert!(!names_folder("source-retrieval", false).unwrap());
+        assert!(
+            !names_folder("airlock:contracts/source-retrieval@0.1.0", false).unwrap(),
+            "a full interface name is never a path"
+        );
+        let e = format!("{:#}", names_folder("source-retrieval", true).unwrap_err());
+        assert!(e.contains("write `./source-retrieval`"), "{e}");
+        assert!(names_folder("./source-retrieval", true).unwrap());
+        assert!(names_folder("contracts/workspace-edits", false).unwrap());
+        assert!(names_folder("my-package", true).unwrap());
+        assert!(
+            !names_folder("my-package", false).unwrap(),
+            "neither: `new` then names the built-ins"
+        );
     }
 
     #[test]

@@ -678,6 +678,10 @@ pub struct ReviewShow {
     /// The operator's settings of the latest revision's recorded manifest (`[settings]`,
     /// which the adapter reads through `airlock:host/settings@0.3.0`); empty without one.
     pub settings: crate::runtime::manifest::Settings,
+    /// Why the latest revision's recorded manifest does not parse, when it does not (its
+    /// settings are then unknown, not empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manifest_problem: Option<String>,
     /// The `airlock:host` version the revision's component targets (from its imports),
     /// when the component was read (`--config`) and is the revision's.
     pub host_version: Option<HostVersion>,
@@ -867,14 +871,21 @@ pub fn review_show(
     });
     let (host_version, host_version_source) = shown_host_version(config, name, &current);
     let tampered = registry.prove(&current)?;
-    let settings = current
+    let parsed = current
         .manifest_text
         .as_deref()
-        .and_then(|t| crate::registry::manifest::MappingManifest::parse(t, name).ok())
-        .map(|m| m.settings)
-        .unwrap_or_default();
+        .map(|t| crate::registry::manifest::MappingManifest::parse(t, name));
+    let manifest_problem = match &parsed {
+        Some(Err(e)) => Some(format!("{e:#}")),
+        _ => None,
+    };
+    let settings = match parsed {
+        Some(Ok(m)) => m.settings,
+        _ => Default::default(),
+    };
     Ok(ReviewShow {
         settings,
+        manifest_problem,
         tampered,
         capabilities: shown_capabilities(current.manifest_text.as_deref(), &{
             // The contracts a host of `config` serves (the built-ins without one).
@@ -939,6 +950,13 @@ impl ReviewShow {
         };
         if c.manifest_text.is_none() {
             let _ = writeln!(o, "  capabilities: unknown (no manifest text recorded)");
+        }
+        if let Some(problem) = &self.manifest_problem {
+            let _ = writeln!(
+                o,
+                "  recorded manifest does not parse ({}): capabilities and settings unknown",
+                problem.escape_debug()
+            );
         }
         for cap in &self.capabilities {
             let effect = match (&cap.effect, &cap.problem) {

@@ -111,6 +111,35 @@ async fn a_0_3_0_adapter_reads_the_reviewed_settings_and_a_changed_setting_needs
         "{text}"
     );
 
+    // A recorded manifest that no longer parses (edited in the store) is said, not shown as
+    // "no settings"; its hostile text reaches the terminal escaped.
+    let db = d.database();
+    let kept: String = db
+        .query_row(
+            "SELECT manifest_text FROM mappings WHERE name = 'settings-echo'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    db.execute(
+        "UPDATE mappings SET manifest_text = ?1 WHERE name = 'settings-echo'",
+        ["[mapping\u{1b}[2J"],
+    )
+    .unwrap();
+    let text = d.airlock_ok(&["review", "show", "settings-echo", "--config", config]);
+    assert!(
+        text.contains("recorded manifest does not parse (") && !text.contains('\u{1b}'),
+        "{text}"
+    );
+    let shown = d.airlock_json(&["review", "show", "settings-echo", "--config", config]);
+    assert!(shown["manifest_problem"].is_string(), "{shown:#}");
+    db.execute(
+        "UPDATE mappings SET manifest_text = ?1 WHERE name = 'settings-echo'",
+        [&kept],
+    )
+    .unwrap();
+    drop(db);
+
     let client = d.serve_unreviewed().await;
     let hits = ok_call(&client, "echo_settings", json!({"query": ""})).await;
     let titles: Vec<&str> = hits
