@@ -759,6 +759,8 @@ max_output_bytes = 262144
 max_output_items = 64
 max_result_bytes = 1048576
 max_concurrent_calls = 8
+queue_timeout_ms = 250
+max_queued_calls = 64
 max_upstream_requests = 32
 "#;
 

@@ -1931,6 +1931,8 @@ impl Review {
             ("max_result_bytes", l.max_result_bytes.to_string()),
             ("max_stdio_bytes", l.max_stdio_bytes.to_string()),
             ("max_concurrent_calls", l.max_concurrent_calls.to_string()),
+            ("queue_timeout_ms", l.queue_timeout_ms.to_string()),
+            ("max_queued_calls", l.max_queued_calls.to_string()),
             ("max_upstream_requests", l.max_upstream_requests.to_string()),
             (
                 "fuel",

@@ -969,9 +969,79 @@ async fn calls_past_the_concurrency_limit_are_rate_limited() {
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let refused = attack(&client, "ping").await;
-    assert_refused(&refused, Category::RateLimited);
+    let text = assert_refused(&refused, Category::RateLimited);
+    // It waited its queue_timeout_ms (250 by default) for the one instance, then was told
+    // when to try again.
+    assert!(
+        text.contains("concurrent calls for the 2") && text.contains("try again in about 250 ms"),
+        "{text}"
+    );
     assert_refused(&spinner.await.unwrap(), Category::Interrupted);
     assert_still_serving(&client).await;
+}
+
+/// A burst over the concurrency cap waits its turn instead of being refused at once: with
+/// one instance, a call arriving while another sleeps 400 ms runs after it (its wait is
+/// the `execute.queue` stage of its trace event); with no queue, it is refused at once,
+/// having run nothing.
+#[tokio::test]
+async fn calls_past_the_concurrency_limit_wait_in_a_bounded_queue() {
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace(
+                "[limits]",
+                "[limits]\nmax_concurrent_calls = 1\nqueue_timeout_ms = 3000",
+            )
+        })
+        .mapping("source-library");
+    let client = std::sync::Arc::new(d.serve().await);
+    let sleeper = {
+        let client = client.clone();
+        tokio::spawn(async move { outcome(&client, "sleep-ms 400").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        outcome(&client, "ping").await,
+        "pong",
+        "it waited, then ran"
+    );
+    assert_eq!(sleeper.await.unwrap(), "slept 400 ms");
+    let waited: Vec<u64> = d
+        .trace()
+        .into_iter()
+        .filter(|e| e["kind"] == "call-outcome")
+        .filter_map(|e| e["payload"]["stages_us"]["execute.queue"].as_u64())
+        .collect();
+    assert_eq!(waited.len(), 1, "only the second call queued: {waited:?}");
+    assert!(
+        waited[0] >= 150_000,
+        "it waited for the sleeper: {waited:?}"
+    );
+    drop(client);
+
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace(
+                "[limits]",
+                "[limits]\nmax_concurrent_calls = 1\nmax_queued_calls = 0",
+            )
+        })
+        .mapping("source-library");
+    let client = std::sync::Arc::new(d.serve().await);
+    let sleeper = {
+        let client = client.clone();
+        tokio::spawn(async move { outcome(&client, "sleep-ms 400").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let refused = attack(&client, "ping").await;
+    let text = assert_refused(&refused, Category::RateLimited);
+    assert!(text.contains("its queue is full"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "refused at once"
+    );
+    assert_eq!(sleeper.await.unwrap(), "slept 400 ms");
 }
 
 /// A call already running when the server announces a catalogue change sends nothing more
@@ -1223,4 +1293,117 @@ async fn a_call_the_client_cancels_stops_at_once_and_gets_no_answer() {
         "stopped when cancelled ({:?} after the call started), not at the 2 s deadline: {elapsed:?}; {outcome}",
         cancelled_at.duration_since(call_sent)
     );
+}
+
+/// `airlock serve` for `d` with its log (stderr) written to `log`.
+async fn serve_logging_to(d: &Deployment, log: &Path) -> Client {
+    use rmcp::ServiceExt as _;
+    let file = std::fs::File::create(log).unwrap();
+    let (transport, _) = rmcp::transport::TokioChildProcess::builder(d.serve_command())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    ().serve(transport).await.unwrap()
+}
+
+/// The `call refused` lines of the log at `log`.
+fn refusal_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("call refused:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every refused call leaves one log line naming its call, capability, mapping,
+/// connection and category: a rate-limited call at WARN, invalid arguments and an unknown
+/// tool at INFO; a completed call none. A flood is bounded per category and second, and
+/// the next line says how many were dropped: lines written plus lines dropped is every
+/// refusal.
+#[tokio::test]
+async fn every_refused_call_leaves_one_log_line_and_a_flood_is_bounded() {
+    let d = Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace(
+                "[limits]",
+                "[limits]\nmax_concurrent_calls = 1\nmax_queued_calls = 0",
+            )
+        })
+        .mapping("source-library");
+    d.approve_all();
+    let log = d.dir.path().join("serve.log");
+    let client = std::sync::Arc::new(serve_logging_to(&d, &log).await);
+    assert_eq!(outcome(&client, "ping").await, "pong");
+    let sleeper = {
+        let client = client.clone();
+        tokio::spawn(async move { outcome(&client, "sleep-ms 500").await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_refused(&attack(&client, "ping").await, Category::RateLimited);
+    sleeper.await.unwrap();
+    let r = call(&client, "search_sources", json!({"query": 7}))
+        .await
+        .unwrap();
+    assert_refused(&r, Category::InvalidRequest);
+    assert!(call(&client, "no_such\u{1b}tool", json!({})).await.is_err());
+    let lines = refusal_lines(&log);
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert!(
+        lines[0].contains(" WARN ")
+            && lines[0].contains("capability=hostile_search")
+            && lines[0].contains("mapping=hostile ")
+            && lines[0].contains("connection=notes ")
+            && lines[0].contains("category=\"rate limited\""),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains(" INFO ")
+            && lines[1].contains("mapping=source-library ")
+            && lines[1].contains("category=\"invalid request\""),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].contains("mapping=- ") && !lines[2].contains('\u{1b}'),
+        "an unknown tool, its name escaped: {}",
+        lines[2]
+    );
+
+    // A flood: 40 refusals at once, then one more a second later.
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let client = client.clone();
+        flood.spawn(async move {
+            call(&client, "search_sources", json!({"query": 7}))
+                .await
+                .unwrap()
+        });
+    }
+    while let Some(r) = flood.join_next().await {
+        assert_refused(&r.unwrap(), Category::InvalidRequest);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = call(&client, "search_sources", json!({"query": 7}))
+        .await
+        .unwrap();
+    assert_refused(&r, Category::InvalidRequest);
+    let lines = refusal_lines(&log);
+    let flood = &lines[3..];
+    let dropped: u64 = flood
+        .iter()
+        .map(|l| {
+            let at = l.find("dropped=").unwrap() + "dropped=".len();
+            l[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert!(flood.len() < 41, "bounded: {} lines", flood.len());
+    assert!(dropped > 0, "{flood:#?}");
+    assert_eq!(flood.len() as u64 + dropped, 41, "{flood:#?}");
 }

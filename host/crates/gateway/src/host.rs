@@ -46,6 +46,9 @@ pub struct Host {
     /// Where adapter calls are recorded as fixtures (`serve --record`); unset: nothing is
     /// kept (one check per call).
     recorder: std::sync::OnceLock<Arc<crate::record::Recorder>>,
+    /// One log line per refused call, bounded per category
+    /// ([`crate::pipeline::refusals`]).
+    refusals: crate::pipeline::refusals::RefusalLog,
 }
 
 impl Host {
@@ -115,6 +118,7 @@ impl Host {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             recorder: std::sync::OnceLock::new(),
+            refusals: crate::pipeline::refusals::RefusalLog::default(),
             instance,
         })
     }
@@ -144,6 +148,11 @@ impl Host {
     /// This host process's instance id (`hst_…`, see the field's rule).
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// The log of refused calls ([`crate::pipeline::refusals`]).
+    pub fn refusals(&self) -> &crate::pipeline::refusals::RefusalLog {
+        &self.refusals
     }
 
     /// The live registry.

@@ -367,6 +367,7 @@ impl Runtime {
             permits: Arc::new(tokio::sync::Semaphore::new(
                 usize::try_from(manifest.limits.max_concurrent_calls).unwrap_or(1),
             )),
+            queued: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             pre,
             functions,
             spare: std::sync::Mutex::new(None),
@@ -451,7 +452,11 @@ pub struct Adapter {
     /// The manifest's `[settings]` (`airlock:host/settings@0.3.0`).
     settings: Arc<manifest::Settings>,
     env: Vec<(String, String)>,
+    /// One per call that may run at once (`limits.max_concurrent_calls`); tokio's
+    /// semaphore is fair, so queued calls get them in arrival order.
     permits: Arc<tokio::sync::Semaphore>,
+    /// Calls waiting for a permit now (at most `limits.max_queued_calls`).
+    queued: Arc<std::sync::atomic::AtomicU64>,
     pre: InstancePre<CallState>,
     functions: Vec<(String, ComponentExportIndex)>,
     /// An instance made after the previous call, for the next one (module rules).
@@ -636,8 +641,9 @@ pub enum CallFailure {
     OutputFlood(u64),
     /// The adapter returned a value larger than its budget (bytes).
     ResultTooLarge(u64),
-    /// The adapter already runs its maximum number of concurrent calls.
-    Busy(u64),
+    /// The adapter already ran its maximum number of concurrent calls for as long as the
+    /// call could wait for one of them (or its queue was full).
+    Busy(Busy),
     /// The guest trapped (panic, stack overflow, unreachable...). Detail for the log.
     Trapped(String),
     /// The host failed to instantiate or call (a broken invariant). Detail for the log.
@@ -662,6 +668,29 @@ impl CallFailure {
             Self::Cancelled => "cancelled",
             Self::Host(_) => "host",
         }
+    }
+}
+
+/// Why a call found no free instance ([`CallFailure::Busy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    /// The adapter's `limits.max_concurrent_calls`.
+    pub max_concurrent_calls: u64,
+    /// The adapter's `limits.queue_timeout_ms`: how long a call may wait for an instance.
+    pub queue_timeout_ms: u64,
+    /// How long this call waited (zero when it did not queue).
+    pub waited: Duration,
+    /// The queue already held `limits.max_queued_calls` calls (or queuing is off), so the
+    /// call did not wait.
+    pub queue_full: bool,
+}
+
+/// Leaves an adapter's queue when dropped (the wait ended, timed out, or was abandoned).
+struct InQueue<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for InQueue<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -757,6 +786,8 @@ pub struct CallTimings {
     pub upstream: Duration,
     /// From the instance's start to its return, upstream waits included.
     pub run: Duration,
+    /// Waiting for one of the adapter's `max_concurrent_calls` (zero when one was free).
+    pub queue: Duration,
 }
 
 /// Drops a call's Store off the response path with no thread hand-off: in a task of the
@@ -1042,6 +1073,53 @@ impl LoadedAdapter {
         self.host_version
     }
 
+    /// A permit to run one call: at once when fewer than `max_concurrent_calls` run;
+    /// otherwise after waiting in the adapter's queue, in arrival order, at most
+    /// `queue_timeout_ms`, with at most `max_queued_calls` waiting (README "Adapter
+    /// budgets"). Returns the permit and how long the call waited.
+    ///
+    /// # Errors
+    /// [`Busy`] when the queue is full or off (`queue_timeout_ms = 0`), when the wait
+    /// timed out, or when `cancel` fired while waiting (`waited` then says how long).
+    async fn admit(
+        &self,
+        cancel: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<(tokio::sync::OwnedSemaphorePermit, Duration), Busy> {
+        use std::sync::atomic::Ordering;
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Ok((permit, Duration::ZERO));
+        }
+        let l = &self.limits;
+        let busy = |waited: Duration, queue_full: bool| Busy {
+            max_concurrent_calls: l.max_concurrent_calls,
+            queue_timeout_ms: l.queue_timeout_ms,
+            waited,
+            queue_full,
+        };
+        let place = self.queued.fetch_add(1, Ordering::AcqRel);
+        let _in_queue = InQueue(&self.queued);
+        if l.queue_timeout_ms == 0 || place >= l.max_queued_calls {
+            return Err(busy(Duration::ZERO, true));
+        }
+        let started = Instant::now();
+        let wait = tokio::time::timeout(
+            Duration::from_millis(l.queue_timeout_ms),
+            self.permits.clone().acquire_owned(),
+        );
+        let permit = match cancel {
+            Some(cancel) => tokio::select! {
+                permit = wait => permit,
+                () = cancel.cancelled() => return Err(busy(started.elapsed(), false)),
+            },
+            None => wait.await,
+        };
+        match permit {
+            Ok(Ok(permit)) => Ok((permit, started.elapsed())),
+            // Timed out (the semaphore is never closed).
+            _ => Err(busy(started.elapsed(), false)),
+        }
+    }
+
     /// Instantiates the adapter in a fresh Store and calls its contract function
     /// `function` with `params`, under the mapping's limits and `grant`, serving the call
     /// described by `context`.
@@ -1063,8 +1141,13 @@ impl LoadedAdapter {
             timings: CallTimings::default(),
             exchanges: Vec::new(),
         };
-        let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
-            return failed(CallFailure::Busy(self.limits.max_concurrent_calls));
+        let (_permit, queued_for) = match self.admit(context.cancel.as_ref()).await {
+            Ok(admitted) => admitted,
+            Err(busy) => {
+                let mut refused = failed(CallFailure::Busy(busy));
+                refused.timings.queue = busy.waited;
+                return refused;
+            }
         };
         let store_cancel = context.cancel.clone();
         let refill = grant.clone();
@@ -1088,6 +1171,7 @@ impl LoadedAdapter {
         let mut timings = CallTimings {
             store: started.elapsed(),
             spare: spare.is_some(),
+            queue: queued_for,
             ..CallTimings::default()
         };
         let run = async {

@@ -3,7 +3,8 @@
 //!
 //! Rule: a manifest is read strictly. Unknown keys, a missing component pin, a capability
 //! that names a function the contract lacks, two capabilities with one name, a limit of
-//! zero or above the host ceiling: each is an error that names the file and the key.
+//! zero (but the queue's, where zero turns queuing off) or above the host ceiling: each is
+//! an error that names the file and the key.
 //! Grants are deny by default: see [`crate::grants`] for their accepted forms.
 //!
 //! Effects are confirmed, never taken: each `[[capability]]` repeats the effect class its
@@ -59,7 +60,11 @@
 //! max_result_bytes = 1048576 # the adapter's return value as JSON; default 1 MiB, ceiling 16 MiB
 //! max_stdio_bytes = 65536    # captured stdout and stderr, each; default 64 KiB, ceiling 1 MiB
 //! # fuel = 1000000000        # optional instruction budget per call; ceiling 10^12
-//! max_concurrent_calls = 8   # instances of this adapter at once; more are refused; ceiling 256
+//! max_concurrent_calls = 8   # instances of this adapter at once; ceiling 256
+//! queue_timeout_ms = 250     # how long a call past them waits for one, in arrival order,
+//!                            # before it is refused as rate limited; 0 refuses at once;
+//!                            # ceiling 10000
+//! max_queued_calls = 64      # calls waiting at once; one more is refused at once; ceiling 4096
 //! max_upstream_requests = 32 # upstream requests one call may make; ceiling 1024
 //! ```
 
@@ -84,6 +89,10 @@ pub const MAX_RESULT_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_STDIO_BYTES: u64 = 1024 * 1024;
 /// Host-wide ceiling on `limits.max_concurrent_calls`.
 pub const MAX_CONCURRENT_CALLS: u64 = 256;
+/// Host-wide ceiling on `limits.queue_timeout_ms`.
+pub const MAX_QUEUE_TIMEOUT_MS: u64 = 10_000;
+/// Host-wide ceiling on `limits.max_queued_calls`.
+pub const MAX_QUEUED_CALLS: u64 = 4096;
 /// Host-wide ceiling on `limits.max_upstream_requests`.
 pub const MAX_UPSTREAM_REQUESTS: u64 = 1024;
 /// Host-wide ceiling on `limits.fuel`.
@@ -349,8 +358,14 @@ pub struct Limits {
     pub max_stdio_bytes: u64,
     /// Instruction budget per call (wasmtime fuel); `None` = only the deadline bounds it.
     pub fuel: Option<u64>,
-    /// Calls of this adapter running at once; one more is refused as rate limited.
+    /// Calls of this adapter running at once; one more waits in the adapter's queue.
     pub max_concurrent_calls: u64,
+    /// How long a call waits for one of `max_concurrent_calls`, in milliseconds, before it
+    /// is refused as rate limited; 0 refuses at once.
+    pub queue_timeout_ms: u64,
+    /// Calls waiting for one of `max_concurrent_calls` at once; one more is refused at
+    /// once (0: none waits).
+    pub max_queued_calls: u64,
     /// Upstream requests (tools/call, resources/read) one call may make.
     pub max_upstream_requests: u64,
 }
@@ -370,6 +385,8 @@ impl Default for Limits {
             max_stdio_bytes: 64 * 1024,
             fuel: None,
             max_concurrent_calls: 8,
+            queue_timeout_ms: 250,
+            max_queued_calls: 64,
             max_upstream_requests: 32,
         }
     }
@@ -555,6 +572,16 @@ impl MappingManifest {
             if value == 0 || value > ceiling {
                 bail!(
                     "mapping manifest {src}: [limits] {key} = {value} is outside 1..={ceiling} (the host ceiling)"
+                );
+            }
+        }
+        for (key, value, ceiling) in [
+            ("queue_timeout_ms", l.queue_timeout_ms, MAX_QUEUE_TIMEOUT_MS),
+            ("max_queued_calls", l.max_queued_calls, MAX_QUEUED_CALLS),
+        ] {
+            if value > ceiling {
+                bail!(
+                    "mapping manifest {src}: [limits] {key} = {value} is outside 0..={ceiling} (the host ceiling)"
                 );
             }
         }
@@ -903,7 +930,23 @@ description = "Deliver."
         assert_eq!(m.limits.memory_mib, 64);
         assert_eq!(m.limits.max_output_items, 64);
         assert_eq!(m.limits.allowed_media_types, ["text/*", "application/json"]);
+        assert_eq!(
+            (m.limits.queue_timeout_ms, m.limits.max_queued_calls),
+            (250, 64)
+        );
         verify_pin(&m, b"hello").unwrap();
+        // The queue may be turned off (0) and set to its ceilings exactly.
+        for queue in [
+            "queue_timeout_ms = 0\nmax_queued_calls = 0",
+            "queue_timeout_ms = 10000\nmax_queued_calls = 4096",
+        ] {
+            let m = MappingManifest::parse(&GOOD.replace("deadline_ms = 100", queue), "q.toml")
+                .unwrap();
+            assert_eq!(
+                m.limits.queue_timeout_ms == 0,
+                m.limits.max_queued_calls == 0
+            );
+        }
         let narrowed = GOOD.replace(
             "deadline_ms = 100",
             "max_output_items = 2\nallowed_media_types = [\"text/markdown\", \"image/*\"]",
@@ -1026,6 +1069,18 @@ description = "Deliver."
             (
                 GOOD.replace("deadline_ms = 100", "memory_mib = 0"),
                 "memory_mib",
+            ),
+            (
+                GOOD.replace("deadline_ms = 100", "queue_timeout_ms = 10001"),
+                "queue_timeout_ms = 10001 is outside 0..=10000",
+            ),
+            (
+                GOOD.replace("deadline_ms = 100", "max_queued_calls = 4097"),
+                "max_queued_calls = 4097 is outside 0..=4096",
+            ),
+            (
+                GOOD.replace("deadline_ms = 100", "max_queued_calls = -1"),
+                "max_queued_calls",
             ),
             (GOOD.replace("[upstream]", "[upstream]\nextra = 1"), "extra"),
             (

@@ -185,7 +185,7 @@ pub(super) fn authorize(
             }))
         }
         Verdict::Deny(category) => {
-            tracing::info!(capability = %cap.name, category = category.as_str(), "denied by policy");
+            tracing::debug!(capability = %cap.name, category = category.as_str(), "denied by policy");
             Err(denial(category))
         }
     }

@@ -40,6 +40,7 @@ pub mod outcome;
 pub mod recheck;
 pub mod reconcile;
 pub mod references;
+pub mod refusals;
 pub mod session;
 
 use std::sync::Arc;
@@ -78,6 +79,9 @@ pub struct Call {
     unknown: Option<UnknownEffect>,
     /// Cancelled when the model-facing request is.
     cancel: Option<tokio_util::sync::CancellationToken>,
+    /// The mapping serving the call's capability, once normalization found it (named in
+    /// the log line of a refusal, [`refusals`]).
+    mapping: Option<Arc<crate::registry::live::ActiveMapping>>,
 }
 
 /// What the host needs to reconcile a call whose effect ended unknown.
@@ -109,6 +113,7 @@ impl Call {
             intent: None,
             unknown: None,
             cancel: None,
+            mapping: None,
         }
     }
 
@@ -196,6 +201,7 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     };
     let mut call = Call::new(candidate.session.clone());
     call.cancel = candidate.cancel.clone();
+    let capability = candidate.name.clone();
     let mut outcome = stages(host, &mut call, candidate, asker).await;
     let failed = finish_off_worker(host, &mut call, &outcome).await.err();
     if failed.is_none()
@@ -203,6 +209,21 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     {
         // The unknown outcome is durable; now find out what happened.
         outcome = reconcile_now(host, &call, unknown, outcome).await;
+    }
+    let refused = match &outcome {
+        Outcome::Refused { category, detail } => Some((*category, detail.as_str())),
+        Outcome::Invalid { message } => Some((Category::InvalidRequest, message.as_str())),
+        _ => None,
+    };
+    if let Some((category, detail)) = refused {
+        host.refusals().refused(&refusals::Refusal {
+            call: &call.id,
+            capability: &capability,
+            mapping: call.mapping.as_deref().map(|m| m.name.as_str()),
+            connection: call.mapping.as_deref().map(|m| m.connection.name.as_str()),
+            category,
+            detail,
+        });
     }
     Finished {
         call: call.id.clone(),
@@ -290,6 +311,9 @@ async fn stages(
         let executed = execute::execute(host, call, ready, cancel).await;
         call.stage("execute");
         let t = executed.timings();
+        if !t.queue.is_zero() {
+            call.detail("execute.queue", t.queue);
+        }
         if t.spare {
             call.detail("execute.spare", t.instantiate);
         } else {

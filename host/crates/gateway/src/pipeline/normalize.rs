@@ -172,6 +172,7 @@ pub(super) async fn normalize(
     };
     let cap = &catalog.capabilities[index];
     let mapping = &cap.mapping;
+    call.mapping = Some(mapping.clone());
     if !session
         .profile()
         .includes(&cap.name, &mapping.connection.name)
@@ -215,7 +216,7 @@ pub(super) async fn normalize(
         Ok(locator)
     })
     .map_err(|e| {
-        tracing::info!(capability = %cap.name, error = %e, "refused arguments before the adapter");
+        tracing::debug!(capability = %cap.name, error = %e, "refused arguments before the adapter");
         Outcome::refused(
             Category::InvalidRequest,
             format!(

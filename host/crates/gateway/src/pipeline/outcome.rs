@@ -506,10 +506,21 @@ fn refused_answer(r: &RefusedAnswer, effectful: bool) -> Outcome {
 fn contained(mapping: &str, failure: CallFailure, effectful: bool) -> Outcome {
     let unknown = |why: &str| unknown_outcome(&format!("{why} after it may have acted upstream"));
     match failure {
-        CallFailure::Busy(n) => Outcome::refused(
+        CallFailure::Busy(b) if b.queue_full => Outcome::refused(
             Category::RateLimited,
             format!(
-                "the adapter already runs its maximum of {n} concurrent calls; try again shortly"
+                "the adapter already runs its maximum of {} concurrent calls and its queue is full; try again in about {} ms",
+                b.max_concurrent_calls,
+                b.queue_timeout_ms.max(100)
+            ),
+        ),
+        CallFailure::Busy(b) => Outcome::refused(
+            Category::RateLimited,
+            format!(
+                "the adapter ran its maximum of {} concurrent calls for the {} ms this call waited; try again in about {} ms",
+                b.max_concurrent_calls,
+                b.waited.as_millis(),
+                b.queue_timeout_ms.max(100)
             ),
         ),
         CallFailure::DeadlineExceeded(d) if effectful => unknown(&format!(

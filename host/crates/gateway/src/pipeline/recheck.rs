@@ -84,7 +84,7 @@ fn refused(
             "session": session.id_text(),
         }),
     );
-    tracing::info!(capability = %cap.name, mapping = %cap.mapping.name, changed, "refused before the adapter: {}: {detail}", category.as_str());
+    tracing::debug!(capability = %cap.name, mapping = %cap.mapping.name, changed, "refused before the adapter: {}: {detail}", category.as_str());
     Outcome::refused(category, detail)
 }
 
