@@ -787,6 +787,93 @@ fn a_legacy_session_serves_only_the_principal_that_opened_it() {
     assert_eq!(r.status, 401, "{r:?}");
 }
 
+/// Legacy sessions end: a principal's third session closes its least recently used one,
+/// a session unused for `session_idle` is closed, a `DELETE` ends one; a request for an
+/// ended session is 404 (the client initializes again), and each opening and end is
+/// traced under the sha256 of the session id, never the id.
+#[test]
+fn legacy_sessions_end_when_idle_or_crowded_and_each_end_is_traced() {
+    use sha2::Digest as _;
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .policy(POLICY)
+        .top("default_profile = \"searcher\"\n")
+        .tables(PROFILES)
+        .tables(&auth_tables().replace(
+            "[http]\n",
+            "[http]\nsession_idle = \"3s\"\nmax_sessions_per_principal = 2\n",
+        ));
+    d.approve_all();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let host = format!("Host: {}", s.addr);
+    let alice = alice();
+    let send = |method: &str, session: Option<&str>, body: &str| {
+        let mut head = format!(
+            "{method} /mcp HTTP/1.1\r\n{host}\r\nAuthorization: Bearer {alice}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+            body.len()
+        );
+        if let Some(id) = session {
+            head.push_str(&format!(
+                "\r\nMcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25"
+            ));
+        }
+        raw(&s.addr, &head, body.as_bytes())
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "1"}}})
+    .to_string();
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).to_string();
+    let open = || {
+        let r = send("POST", None, &init);
+        assert_eq!(r.status, 200, "{r:?}");
+        r.header("mcp-session-id").unwrap().to_string()
+    };
+    let status = |id: &str| send("POST", Some(id), &list).status;
+    let (a, b) = (open(), open());
+    assert_eq!(status(&a), 200);
+    // A third: b, the least recently used, is closed.
+    let c = open();
+    assert_eq!(status(&b), 404, "evicted");
+    assert_eq!((status(&a), status(&c)), (200, 200));
+    // A DELETE ends one.
+    assert_eq!(send("DELETE", Some(&c), "").status / 100, 2);
+    assert_eq!(status(&c), 404, "deleted");
+    // Unused for longer than session_idle (3 s; swept every 750 ms): closed.
+    std::thread::sleep(Duration::from_millis(4500));
+    assert_eq!(status(&a), 404, "idle");
+
+    let digest = |id: &str| hex::encode(sha2::Sha256::digest(id.as_bytes()));
+    let trace = d.trace();
+    let ended: Vec<(String, String)> = trace
+        .iter()
+        .filter(|e| e["kind"] == "mcp-session-ended")
+        .map(|e| {
+            (
+                e["subject"].as_str().unwrap().to_string(),
+                e["payload"]["why"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (digest(&b), "evicted".to_string()),
+            (digest(&c), "deleted".to_string()),
+            (digest(&a), "idle".to_string()),
+        ]
+    );
+    let opened = trace
+        .iter()
+        .filter(|e| e["kind"] == "mcp-session-opened" && e["payload"]["requester"] == "alice")
+        .count();
+    assert_eq!(opened, 3);
+    let text = serde_json::to_string(&trace).unwrap();
+    for id in [&a, &b, &c] {
+        assert!(!text.contains(id.as_str()), "a session id is never traced");
+    }
+}
+
 #[test]
 fn without_auth_only_loopback_and_the_configured_requester() {
     let d = Deployment::with_notes()

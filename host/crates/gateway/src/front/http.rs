@@ -20,6 +20,13 @@
 //! 5. A declared `Content-Length` over `max_body_bytes` is 413 before any body byte is
 //!    read; rmcp enforces the same ceiling while streaming a body without one.
 //!
+//! **Legacy sessions end.** A 2025-11-25 MCP session unused for `session_idle` is closed;
+//! a principal holds at most `max_sessions_per_principal` of them, and opening one more
+//! closes its least recently used one first. Each opening and each end is traced
+//! (`mcp-session-opened`, `mcp-session-ended` with why), and while any is open the count
+//! is logged at INFO once a minute. A request for an ended session gets 404, so the
+//! client initializes again (Streamable HTTP, "Session Management").
+//!
 //! Then rmcp's [`StreamableHttpService`] serves the request: 2026-07-28 requests
 //! statelessly, 2025-11-25 clients in sessions (`legacy_session_mode`), and the status
 //! codes of the Streamable HTTP transport (405 for `GET`/`DELETE` on the stateless
@@ -49,6 +56,10 @@
 //!                                # "scheme://host:*"; [] = any request with an Origin is
 //!                                # refused (no browser may call)
 //! max_body_bytes = 4194304       # request body ceiling (default 4 MiB, at most 64 MiB)
+//! session_idle = "5m"            # a legacy MCP session unused this long is closed
+//!                                # (default 5 minutes; 1 s to 24 h)
+//! max_sessions_per_principal = 16  # legacy sessions one principal holds; one more
+//!                                # closes its least recently used (default 16; 1 to 1024)
 //!
 //! [http.auth]                    # see crate::front::auth
 //! ```
@@ -99,6 +110,18 @@ pub const MAX_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// Most principals whose sessions are kept at once.
 pub const MAX_CACHED_PRINCIPALS: usize = 1024;
 
+/// Default `session_idle`.
+pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(300);
+
+/// Default `max_sessions_per_principal`.
+pub const DEFAULT_MAX_SESSIONS_PER_PRINCIPAL: usize = 16;
+
+/// The largest `max_sessions_per_principal` a configuration may set.
+pub const MAX_MAX_SESSIONS_PER_PRINCIPAL: usize = 1024;
+
+/// How often the count of open legacy sessions is logged while any is open.
+const SESSION_COUNT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The header-size ceiling of one request (hyper answers 431 above it).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 
@@ -112,6 +135,8 @@ pub struct RawHttp {
     allowed_hosts: Option<Vec<String>>,
     allowed_origins: Option<Vec<String>>,
     max_body_bytes: Option<u64>,
+    session_idle: Option<String>,
+    max_sessions_per_principal: Option<u64>,
     auth: Option<RawAuth>,
 }
 
@@ -125,6 +150,10 @@ pub struct HttpSettings {
     pub allowed_origins: Option<Vec<String>>,
     /// Request body ceiling in bytes.
     pub max_body_bytes: usize,
+    /// A legacy MCP session unused this long is closed.
+    pub session_idle: Duration,
+    /// Legacy MCP sessions one principal holds at once.
+    pub max_sessions_per_principal: usize,
     /// `[http.auth]`: bearer tokens required; `None` = loopback only, as `[requester]`.
     pub auth: Option<AuthSettings>,
 }
@@ -135,6 +164,8 @@ impl Default for HttpSettings {
             allowed_hosts: None,
             allowed_origins: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            session_idle: DEFAULT_SESSION_IDLE,
+            max_sessions_per_principal: DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
             auth: None,
         }
     }
@@ -171,6 +202,25 @@ impl HttpSettings {
             }
             Some(n) => n as usize,
         };
+        let session_idle = match &raw.session_idle {
+            None => DEFAULT_SESSION_IDLE,
+            Some(text) => {
+                let d = humantime::parse_duration(text).with_context(|| {
+                    format!("[http] session_idle `{text}`: expected a duration such as \"5m\" or \"90s\"")
+                })?;
+                if d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600) {
+                    bail!("[http] session_idle `{text}` must be between 1s and 24h");
+                }
+                d
+            }
+        };
+        let max_sessions_per_principal = match raw.max_sessions_per_principal {
+            None => DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+            Some(n) if n == 0 || n > MAX_MAX_SESSIONS_PER_PRINCIPAL as u64 => bail!(
+                "[http] max_sessions_per_principal {n} must be between 1 and {MAX_MAX_SESSIONS_PER_PRINCIPAL}"
+            ),
+            Some(n) => n as usize,
+        };
         let auth = raw
             .auth
             .map(|a| AuthSettings::from_raw(a, base))
@@ -179,6 +229,8 @@ impl HttpSettings {
             allowed_hosts: raw.allowed_hosts,
             allowed_origins: raw.allowed_origins,
             max_body_bytes,
+            session_idle,
+            max_sessions_per_principal,
             auth,
         })
     }
@@ -309,8 +361,53 @@ struct HttpFront {
     mcp: StreamableHttpService<McpFront, LocalSessionManager>,
     sessions_manager: Arc<LocalSessionManager>,
     principals: Mutex<lru::LruCache<Arc<str>, Arc<Session>>>,
-    /// Legacy MCP session id → the principal that opened it.
-    legacy: Mutex<HashMap<String, Arc<str>>>,
+    /// Legacy MCP session id → who opened it and when it was last used.
+    legacy: Mutex<HashMap<String, LegacySession>>,
+    /// `[http] session_idle`.
+    session_idle: Duration,
+    /// `[http] max_sessions_per_principal`.
+    max_sessions_per_principal: usize,
+}
+
+/// A legacy MCP session this front opened.
+struct LegacySession {
+    /// The principal that opened it (only it may use it).
+    owner: Arc<str>,
+    /// Its requester's name, for the trace.
+    requester: String,
+    opened: std::time::Instant,
+    last_used: std::time::Instant,
+}
+
+/// Why a legacy MCP session ended (traced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SessionEnd {
+    /// The client sent `DELETE`.
+    Deleted,
+    /// Unused for `session_idle`.
+    Idle,
+    /// Its principal opened one more than `max_sessions_per_principal`; it was the least
+    /// recently used.
+    Evicted,
+    /// rmcp no longer has it (its transport ended).
+    Gone,
+}
+
+impl SessionEnd {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Deleted => "deleted",
+            Self::Idle => "idle",
+            Self::Evicted => "evicted",
+            Self::Gone => "gone",
+        }
+    }
+}
+
+/// The trace's name for a legacy session: the sha256 of its id (the id is a credential).
+fn session_digest(id: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(id.as_bytes()))
 }
 
 /// Loads `config`, starts the host, and serves MCP over HTTP on `addr` until the process
@@ -353,6 +450,7 @@ pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> 
     );
     eprintln!("airlock: serving MCP over HTTP at http://{local}{MCP_PATH}");
     let front = Arc::new(front);
+    HttpFront::sweep_sessions(&front);
     let live = front.host.live().clone();
     // Serves until SIGTERM/SIGINT; then the calls in flight drain and every upstream
     // process group is stopped (crate::shutdown::run).
@@ -440,7 +538,11 @@ impl HttpFront {
             rmcp_config = rmcp_config
                 .with_allowed_origins(allowed_origins.iter().map(|o| with_default_port(o)));
         }
-        let sessions_manager = Arc::new(LocalSessionManager::default());
+        // rmcp's own idle timer is a backstop behind ours (`sweep_sessions`), which traces.
+        let mut sessions_manager = LocalSessionManager::default();
+        sessions_manager.session_config.keep_alive =
+            Some(settings.session_idle + Duration::from_secs(60));
+        let sessions_manager = Arc::new(sessions_manager);
         let for_factory = host.clone();
         let mcp = StreamableHttpService::new(
             move || Ok(McpFront::http(for_factory.clone())),
@@ -461,6 +563,8 @@ impl HttpFront {
                 NonZeroUsize::new(MAX_CACHED_PRINCIPALS).expect("non-zero"),
             )),
             legacy: Mutex::default(),
+            session_idle: settings.session_idle,
+            max_sessions_per_principal: settings.max_sessions_per_principal,
         })
     }
 
@@ -496,8 +600,11 @@ impl HttpFront {
                     .legacy
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .get(id)
-                    .cloned();
+                    .get_mut(id)
+                    .map(|s| {
+                        s.last_used = std::time::Instant::now();
+                        s.owner.clone()
+                    });
                 match owner {
                     None => return plain(StatusCode::NOT_FOUND, "Not Found: Session not found"),
                     Some(owner) if owner != bound.key => {
@@ -532,6 +639,7 @@ impl HttpFront {
             }
         }
         let key = bound.key.clone();
+        let requester = bound.session.requester().name.clone();
         let deleting = req.method() == Method::DELETE;
         req.extensions_mut().insert(bound);
         let response = self.mcp.handle(req).await;
@@ -542,42 +650,159 @@ impl HttpFront {
                     .get(SESSION_HEADER)
                     .and_then(|v| v.to_str().ok())
                 {
-                    self.remember_session(id, key).await;
+                    self.remember_session(id, key, requester).await;
                 }
             }
             Some(Ok(id)) if deleting && response.status().is_success() => {
-                self.legacy
+                let ended = self
+                    .legacy
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&id);
+                if let Some(s) = ended {
+                    self.trace_end(&id, &s, SessionEnd::Deleted);
+                }
             }
             Some(_) => {}
         }
         response
     }
 
-    /// Records a new legacy session's owner; past [`MAX_CACHED_PRINCIPALS`] records, drops
-    /// those of sessions rmcp no longer has.
-    async fn remember_session(&self, id: &str, key: Arc<str>) {
-        let crowded = {
+    /// Records a new legacy session of principal `key` (traced); when the principal then
+    /// holds more than `max_sessions_per_principal`, closes its least recently used one.
+    /// Past [`MAX_CACHED_PRINCIPALS`] records, forgets those rmcp no longer has.
+    async fn remember_session(&self, id: &str, key: Arc<str>, requester: String) {
+        let now = std::time::Instant::now();
+        self.host.registry().trace(
+            crate::registry::events::MCP_SESSION_OPENED,
+            &session_digest(id),
+            serde_json::json!({"requester": &requester}),
+        );
+        let (evicted, crowded) = {
             let mut legacy = self.legacy.lock().unwrap_or_else(|e| e.into_inner());
-            legacy.insert(id.to_string(), key);
-            legacy.len() > MAX_CACHED_PRINCIPALS
-        };
-        if crowded {
-            let live: std::collections::HashSet<String> = self
-                .sessions_manager
-                .sessions
-                .read()
-                .await
-                .keys()
-                .map(|k| k.to_string())
+            legacy.insert(
+                id.to_string(),
+                LegacySession {
+                    owner: key.clone(),
+                    requester,
+                    opened: now,
+                    last_used: now,
+                },
+            );
+            let mut own: Vec<(&String, std::time::Instant)> = legacy
+                .iter()
+                .filter(|(_, s)| s.owner == key)
+                .map(|(id, s)| (id, s.last_used))
                 .collect();
-            self.legacy
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|id, _| live.contains(id));
+            let evicted = if own.len() > self.max_sessions_per_principal {
+                own.sort_by_key(|(_, used)| *used);
+                let oldest = own[0].0.clone();
+                legacy.remove(&oldest).map(|s| (oldest, s))
+            } else {
+                None
+            };
+            (evicted, legacy.len() > MAX_CACHED_PRINCIPALS)
+        };
+        if let Some((old, s)) = evicted {
+            self.close(&old).await;
+            self.trace_end(&old, &s, SessionEnd::Evicted);
         }
+        if crowded {
+            self.forget_gone().await;
+        }
+    }
+
+    /// Closes legacy session `id` in rmcp (its worker stops; a later request is 404).
+    async fn close(&self, id: &str) {
+        use rmcp::transport::streamable_http_server::session::SessionManager as _;
+        let id: rmcp::transport::streamable_http_server::session::SessionId = Arc::from(id);
+        if let Err(e) = self.sessions_manager.close_session(&id).await {
+            tracing::debug!("closing an MCP session rmcp no longer had: {e}");
+        }
+    }
+
+    /// Traces the end of legacy session `id`.
+    fn trace_end(&self, id: &str, s: &LegacySession, why: SessionEnd) {
+        tracing::debug!(requester = %s.requester, why = why.as_str(), "legacy MCP session ended");
+        self.host.registry().trace(
+            crate::registry::events::MCP_SESSION_ENDED,
+            &session_digest(id),
+            serde_json::json!({
+                "requester": &s.requester,
+                "why": why.as_str(),
+                "open_ms": s.opened.elapsed().as_millis() as u64,
+            }),
+        );
+    }
+
+    /// Forgets (and traces) the legacy sessions rmcp no longer has.
+    async fn forget_gone(&self) {
+        let live: std::collections::HashSet<String> = self
+            .sessions_manager
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        let gone: Vec<(String, LegacySession)> = {
+            let mut legacy = self.legacy.lock().unwrap_or_else(|e| e.into_inner());
+            let ids: Vec<String> = legacy
+                .keys()
+                .filter(|id| !live.contains(*id))
+                .cloned()
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| legacy.remove(&id).map(|s| (id, s)))
+                .collect()
+        };
+        for (id, s) in gone {
+            self.trace_end(&id, &s, SessionEnd::Gone);
+        }
+    }
+
+    /// Closes the legacy sessions unused for `session_idle`, forgets those rmcp lost, and
+    /// logs how many are open once a minute while any is: every quarter of `session_idle`
+    /// (at most every 15 s), until the front is dropped.
+    fn sweep_sessions(front: &Arc<Self>) {
+        let weak = Arc::downgrade(front);
+        let every =
+            (front.session_idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(15));
+        tokio::spawn(async move {
+            let mut logged = std::time::Instant::now();
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(front) = weak.upgrade() else { return };
+                let idle: Vec<(String, LegacySession)> = {
+                    let mut legacy = front.legacy.lock().unwrap_or_else(|e| e.into_inner());
+                    let ids: Vec<String> = legacy
+                        .iter()
+                        .filter(|(_, s)| s.last_used.elapsed() >= front.session_idle)
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    ids.into_iter()
+                        .filter_map(|id| legacy.remove(&id).map(|s| (id, s)))
+                        .collect()
+                };
+                for (id, s) in idle {
+                    front.close(&id).await;
+                    front.trace_end(&id, &s, SessionEnd::Idle);
+                }
+                front.forget_gone().await;
+                if logged.elapsed() >= SESSION_COUNT_LOG_INTERVAL {
+                    logged = std::time::Instant::now();
+                    let (open, principals) = {
+                        let legacy = front.legacy.lock().unwrap_or_else(|e| e.into_inner());
+                        let owners: std::collections::HashSet<&Arc<str>> =
+                            legacy.values().map(|s| &s.owner).collect();
+                        (legacy.len(), owners.len())
+                    };
+                    if open > 0 {
+                        tracing::info!(open, principals, "legacy MCP sessions open");
+                    }
+                }
+            }
+        });
     }
 
     fn check_host_and_origin<B>(&self, req: &Request<B>) -> Result<(), Refusal> {
@@ -1001,6 +1226,32 @@ mod tests {
         };
         assert!(parse("max_body_bytes = 0").is_err());
         assert!(parse("max_body_bytes = 1000000000").is_err());
+        assert_eq!(
+            (s.session_idle, s.max_sessions_per_principal),
+            (DEFAULT_SESSION_IDLE, DEFAULT_MAX_SESSIONS_PER_PRINCIPAL)
+        );
+        for bad in [
+            "session_idle = \"0s\"",
+            "session_idle = \"25h\"",
+            "session_idle = \"soon\"",
+            "session_idle = 5",
+            "max_sessions_per_principal = 0",
+            "max_sessions_per_principal = 1025",
+            "max_sessions_per_principal = -1",
+        ] {
+            let refused = toml::from_str::<RawHttp>(bad)
+                .map_err(anyhow::Error::from)
+                .and_then(|raw| HttpSettings::from_raw(Some(raw), base));
+            assert!(refused.is_err(), "{bad}");
+        }
+        let s = parse("session_idle = \"24h\"\nmax_sessions_per_principal = 1024").unwrap();
+        assert_eq!(
+            (s.session_idle, s.max_sessions_per_principal),
+            (Duration::from_secs(24 * 3600), 1024),
+            "the ceilings themselves are accepted"
+        );
+        let s = parse("session_idle = \"1s\"").unwrap();
+        assert_eq!(s.session_idle, Duration::from_secs(1));
         assert!(parse("allowed_hosts = [\"a b\"]").is_err());
         assert!(parse("allowed_origins = [\"example.com\"]").is_err());
         let s = parse(

@@ -94,6 +94,13 @@ pub mod events {
 
     /// A session opened: its requester, profile and transport (stage `bound`).
     pub const SESSION_OPENED: &str = "session-opened";
+    /// A legacy (2025-11-25) MCP session opened on the HTTP front: its requester and the
+    /// sha256 of its `Mcp-Session-Id` (the id itself is a credential and never traced).
+    pub const MCP_SESSION_OPENED: &str = "mcp-session-opened";
+    /// A legacy MCP session ended: why (`deleted` by the client, `idle` past
+    /// `session_idle`, `evicted` as the oldest idle one past `max_sessions_per_principal`,
+    /// `gone` when the transport closed it) and how long it was open.
+    pub const MCP_SESSION_ENDED: &str = "mcp-session-ended";
     /// A session was offered a catalogue different from its previous one: the RFC 8785
     /// digest of the exact list, in order, and the capability names (stage `offered`).
     pub const CATALOG_OFFERED: &str = "catalog-offered";
