@@ -57,8 +57,24 @@ use bindings::exports::example::workspace_edits::workspace_edits::{
 /// The folder, inside the workspace, where the adapter records each change.
 const RECORDS: &str = ".airlock-changes";
 
-/// Longest file the adapter writes or restores (bytes).
-const MAX_FILE_BYTES: usize = 1 << 20;
+/// Longest file the adapter reads, writes or restores (bytes). The mapping's
+/// `max_output_bytes` (8 MiB) holds a `read_text_file` answer of a file this long even when
+/// every character needs a six-byte JSON escape, in both copies the server sends (text and
+/// `structuredContent`); a longer file is refused before anything is recorded. (A file
+/// whose answer exceeds the budget is discarded unread by the host, which then cannot know
+/// that nothing was sent, and reports the effect's outcome as unknown.)
+const MAX_FILE_BYTES: usize = 512 << 10;
+
+/// `invalid-request` when `text` (the file before the change) is longer than
+/// [`MAX_FILE_BYTES`].
+fn small_enough(path: &str, text: Option<&str>) -> Result<(), ContractError> {
+    match text {
+        Some(t) if t.len() > MAX_FILE_BYTES => Err(ContractError::InvalidRequest(format!(
+            "`{path}` is larger than {MAX_FILE_BYTES} bytes; this adapter changes smaller files only"
+        ))),
+        _ => Ok(()),
+    }
+}
 
 /// The adapter; it keeps no state between calls (the workspace holds the records).
 struct WorkspaceEdits;
@@ -267,6 +283,7 @@ impl Guest for WorkspaceEdits {
             return Ok(done.change(&key));
         }
         let before = read(&full)?;
+        small_enough(&request.path, before.as_deref())?;
         let rec = Record {
             path: request.path.clone(),
             before_sha256: before.as_deref().map(sha256),
@@ -289,6 +306,7 @@ impl Guest for WorkspaceEdits {
             return Ok(done.change(&key));
         }
         let before = read(&full)?.ok_or(ContractError::NotFound)?;
+        small_enough(&request.path, Some(&before))?;
         let after = edited(&normalized(&before), &request.edits)?;
         if after.len() > MAX_FILE_BYTES {
             return Err(ContractError::InvalidRequest(format!(

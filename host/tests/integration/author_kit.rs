@@ -428,6 +428,23 @@ fn new_list_names_the_contracts_this_host_supports() {
         String::from_utf8_lossy(&out.stderr)
             .contains("unknown contract `link-check`; this host supports")
     );
+    // A folder here named like a built-in: which one is meant is not knowable.
+    std::fs::create_dir(temp.path().join("source-retrieval")).unwrap();
+    let out = author_airlock(temp.path(), &["new", "source-retrieval", "x"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("write `./source-retrieval`"), "{err}");
+    assert!(!temp.path().join("x").exists(), "nothing written");
+    // A folder without a separator that names no built-in is the package folder.
+    let out = author_airlock(temp.path(), &["new", "source-retrieval-kit", "y"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown contract"),
+        "no such folder: the built-ins are named"
+    );
+    std::fs::create_dir(temp.path().join("my-package")).unwrap();
+    let out = author_airlock(temp.path(), &["new", "my-package", "z"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no contract.toml"), "read as a folder: {err}");
 }
 
 #[test]

@@ -1057,3 +1057,39 @@ async fn a_write_whose_mapping_offers_no_undo_is_not_compensated() {
         "new text\n"
     );
 }
+
+/// An edit of a file that does not exist is `not-found`, and one of a file larger than the
+/// adapter changes is refused as such (not reported as an unknown outcome): in both cases
+/// nothing is recorded, sent or created, and a person's approval is spent on a refusal.
+#[tokio::test]
+async fn an_edit_of_a_missing_or_too_large_file_is_refused_and_records_nothing() {
+    let ws = tempfile::tempdir().unwrap();
+    let big = format!("alpha\nbeta\n{}", "y".repeat(600 << 10));
+    std::fs::write(ws.path().join("big.md"), &big).unwrap();
+    let d = deployment(ws.path(), &[]);
+    let config = d.write_config();
+    approve_operator(&d, "workspace", config.to_str().unwrap(), PACKAGE);
+    let client = d.serve_unreviewed().await;
+    for (path, want) in [
+        ("missing.md", "not-found"),
+        ("big.md", "is larger than 524288 bytes"),
+    ] {
+        let args = json!({"path": path, "edits": [{"old-text": "beta", "new-text": "BETA"}]});
+        let r = call(&client, "edit_workspace_file", args.clone())
+            .await
+            .unwrap();
+        approve_as_bob(&d, &assert_refused(&r, Category::ApprovalRequired));
+        let r = call(&client, "edit_workspace_file", args).await.unwrap();
+        let text = assert_refused(&r, Category::InvalidRequest);
+        assert!(text.contains(want), "{path}: {text}");
+        assert!(records(ws.path()).is_empty(), "{path}");
+    }
+    assert!(!ws.path().join("missing.md").exists());
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("big.md")).unwrap(),
+        big
+    );
+    let unknown = d.airlock_json(&["intents", "list", "--state", "unknown"]);
+    assert_eq!(unknown.as_array().unwrap().len(), 0, "{unknown}");
+    client.cancel().await.unwrap();
+}

@@ -1038,7 +1038,36 @@ mod tests {
             shown_value(&json!([[inner]]), None, 0),
             format!("[[3 bytes of JSON sha256 {}]]", sha(&inner))
         );
-        let long: Value = (0..=QUOTED_LIST_ITEMS).map(|i| json!(i)).collect();
+        // Records deeper than two levels, and with more than 16 fields, by digest too.
+        let deep = json!([{"a": 1}]);
+        assert_eq!(
+            shown_value(&json!([deep]), None, 0),
+            format!(
+                "[[{} bytes of JSON sha256 {}]]",
+                r#"{"a":1}"#.len(),
+                sha(&json!({"a": 1}))
+            )
+        );
+        let wide: serde_json::Map<String, Value> =
+            (0..17).map(|i| (format!("f{i}"), json!(i))).collect();
+        let wide = Value::Object(wide);
+        assert!(
+            shown_value(&wide, None, 0).ends_with(&format!("bytes of JSON sha256 {}", sha(&wide)))
+        );
+        // Only WIT-like names go unquoted; strings inside records are escaped like any.
+        for (key, shown) in [("", r#""""#), ("a b", r#""a b""#), ("а", r#""а""#)] {
+            let mut m = serde_json::Map::new();
+            m.insert(key.to_owned(), json!(1));
+            assert_eq!(
+                shown_value(&Value::Object(m), None, 0),
+                format!("{{{shown} 1}}")
+            );
+        }
+        assert_eq!(
+            shown_value(&json!([{"old-text": "a\u{202e}b"}]), None, 0),
+            r#"[{old-text "a\u{202e}b"}]"#
+        );
+        let long: Value = (0..17).map(|i| json!(i)).collect();
         assert_eq!(
             shown_value(&long, None, 0),
             format!(
