@@ -388,6 +388,59 @@ async fn a_killed_upstream_leaves_the_list_is_reaped_and_comes_back() {
     client.cancel().await.unwrap();
 }
 
+/// An upstream that stops answering (frozen with SIGSTOP) is taken out of service after
+/// three calls in a row ran into their deadline: `stalled`, traced and announced, its tools
+/// gone, so later calls do not wait for deadlines; once it answers again (SIGCONT; the
+/// host probes it with `ping`) it is `ready` and serves, with no restart.
+#[tokio::test]
+async fn a_frozen_upstream_is_stalled_after_three_missed_deadlines_and_recovers() {
+    let d = Deployment::with_notes().mapping_edited("source-library", |t| {
+        t.replace("deadline_ms = 5000", "deadline_ms = 400")
+    });
+    d.approve_all();
+    let (client, notices, airlock) = serve_counting(&d).await;
+    let search = || call(&client, "search_sources", json!({"query": "wal"}));
+    assert_ne!(search().await.unwrap().is_error, Some(true));
+    let server = upstream_child(airlock, "notes-server").await;
+    kill(server, libc::SIGSTOP);
+    for _ in 0..3 {
+        let r = search().await.unwrap();
+        assert_refused(&r, airlock::pipeline::Category::Interrupted);
+    }
+    let (ok, names) = until_names(&client, 10, |names| names.is_empty()).await;
+    assert!(ok, "its tools leave the list: {names:?}");
+    let seen = notices.count();
+    assert!(seen > 0, "the client was told the list changed");
+    // A call now is refused at once, not after a deadline.
+    let started = Instant::now();
+    match search().await {
+        Ok(r) => assert_eq!(r.is_error, Some(true), "{}", text_of(&r)),
+        Err(e) => assert!(error_code(&e).is_some(), "{e}"),
+    }
+    assert!(started.elapsed() < Duration::from_millis(300));
+
+    kill(server, libc::SIGCONT);
+    let (ok, names) = until_names(&client, 10, |names| {
+        names == ["retrieve_source", "search_sources"]
+    })
+    .await;
+    assert!(ok, "back once it answers: {names:?}");
+    assert_ne!(search().await.unwrap().is_error, Some(true));
+    assert_eq!(
+        upstream_child(airlock, "notes-server").await,
+        server,
+        "the same process: not restarted"
+    );
+    let states = connection_states(&d, "notes");
+    let names: Vec<&str> = states.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(names, ["connecting", "ready", "stalled", "ready"]);
+    assert!(
+        states[2].1.contains("3 requests in a row unanswered"),
+        "{states:?}"
+    );
+    client.cancel().await.unwrap();
+}
+
 /// The notes connection run as `sh -c 'sleep & exec notes-server'`: the server has a
 /// child of its own in its process group.
 fn notes_with_a_grandchild(d: Deployment) -> Deployment {

@@ -23,6 +23,11 @@
 //!   behind a line bridge, so every rule above about messages (budget, JSON-RPC checks,
 //!   degrading, `list_changed`) holds for it too; it has no process, and "exited" means
 //!   its HTTP client stopped.
+//! - A server that leaves [`STALL_AFTER`] requests in a row unanswered until their
+//!   callers stopped waiting (their deadline passed, or the caller went away) is
+//!   **stalled** ([`Connection::is_stalled`], [`Connection::until_stalled`]); any answer
+//!   it then gives — to a request or to [`Connection::ping`] — ends that. A cancellation
+//!   the caller asked for does not count.
 //! - Which tools and resources a particular adapter may reach is decided one layer up
 //!   (the runtime's upstream bridge); this layer only transports.
 //!
@@ -263,6 +268,40 @@ pub struct Connection {
     outbound: Option<Arc<direct::Outbound>>,
     /// The next direct request's id ([`direct::FIRST_ID`] up).
     next_direct: AtomicU64,
+    /// Requests in a row left unanswered until their callers stopped waiting.
+    stall: Arc<Stall>,
+}
+
+/// Requests in a row a server leaves unanswered until their callers stop waiting before it
+/// counts as stalled.
+pub const STALL_AFTER: u32 = 3;
+
+/// How many requests in a row a server left unanswered (module rules), and who waits for
+/// that to reach [`STALL_AFTER`].
+#[derive(Default)]
+struct Stall {
+    unanswered: std::sync::atomic::AtomicU32,
+    changed: tokio::sync::Notify,
+}
+
+impl Stall {
+    /// A request's caller stopped waiting before its answer came.
+    fn missed(&self) {
+        if self.unanswered.fetch_add(1, Ordering::AcqRel) + 1 == STALL_AFTER {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// The server answered a request.
+    fn answered(&self) {
+        if self.unanswered.swap(0, Ordering::AcqRel) >= STALL_AFTER {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn is_stalled(&self) -> bool {
+        self.unanswered.load(Ordering::Acquire) >= STALL_AFTER
+    }
 }
 
 impl Drop for Connection {
@@ -845,6 +884,7 @@ impl Connection {
             http,
             outbound,
             next_direct: AtomicU64::new(direct::FIRST_ID),
+            stall: Arc::default(),
         }
     }
 }
@@ -1371,6 +1411,43 @@ impl Connection {
             && self.tap.degraded.get().is_none()
     }
 
+    /// True while the server has left [`STALL_AFTER`] or more requests in a row unanswered
+    /// until their callers stopped waiting (module rules), and answered nothing since.
+    pub fn is_stalled(&self) -> bool {
+        self.stall.is_stalled()
+    }
+
+    /// Requests in a row the server left unanswered (0 once it answers one).
+    pub fn unanswered_in_a_row(&self) -> u32 {
+        self.stall.unanswered.load(Ordering::Acquire)
+    }
+
+    /// Returns once the connection [is stalled](Self::is_stalled) (at once if it is).
+    pub async fn until_stalled(&self) {
+        loop {
+            let changed = self.stall.changed.notified();
+            if self.is_stalled() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Sends MCP `ping` and waits at most `timeout` for its answer (which, like any
+    /// answer, ends a stall). A ping whose timeout passes does not count as a missed
+    /// request.
+    ///
+    /// # Errors
+    /// As [`Connection::call_tool`]: unavailable (closed, degraded, no answer in time) or
+    /// a protocol error.
+    pub async fn ping(&self, timeout: Duration) -> Result<(), UpstreamFailure> {
+        let request = ClientRequest::PingRequest(rmcp::model::PingRequest::default());
+        self.request_counted(request, timeout, None, false)
+            .await
+            .map(|_| ())
+            .map_err(|(failure, _)| failure)
+    }
+
     /// True while the rmcp client is running (the server has not closed the connection)
     /// and the connection is not degraded.
     pub fn is_open(&self) -> bool {
@@ -1701,6 +1778,18 @@ impl Connection {
         timeout: Duration,
         cancel: Option<&CancellationToken>,
     ) -> Result<(ServerResult, Option<Value>, String), (UpstreamFailure, Option<String>)> {
+        self.request_counted(request, timeout, cancel, true).await
+    }
+
+    /// [`Connection::request`]; when `counts`, a request left unanswered until its caller
+    /// stopped waiting counts toward a stall (module rules), and any answer ends one.
+    async fn request_counted(
+        &self,
+        request: ClientRequest,
+        timeout: Duration,
+        cancel: Option<&CancellationToken>,
+        counts: bool,
+    ) -> Result<(ServerResult, Option<Value>, String), (UpstreamFailure, Option<String>)> {
         if self.tap.degraded.get().is_some() {
             return Err((self.degraded_failure(), None));
         }
@@ -1716,6 +1805,7 @@ impl Connection {
         let mut unsettled = Unsettled {
             peer,
             tap: &self.tap,
+            stall: counts.then_some(&*self.stall),
             id: Some(id.clone()),
             key: key.clone(),
         };
@@ -1744,14 +1834,21 @@ impl Connection {
         let (failure, reason) = match answered {
             Ok(result) => {
                 unsettled.id = None;
+                self.stall.answered();
                 return Ok((result, raw, id.to_string()));
             }
             Err(Ok(failure)) => {
                 unsettled.id = None;
+                if failure.answered() {
+                    self.stall.answered();
+                }
                 return Err((failure, Some(id.to_string())));
             }
             Err(Err(cancelled)) => cancelled,
         };
+        if counts && !matches!(failure, UpstreamFailure::Cancelled) {
+            self.stall.missed();
+        }
         let _ = peer
             .notify_cancelled(CancelledNotificationParam::new(
                 Some(id.clone()),
@@ -1810,6 +1907,7 @@ impl Connection {
         let mut unsettled = DirectUnsettled {
             out,
             tap: &self.tap,
+            stall: &self.stall,
             id: Some(id),
         };
         let cancelled = async {
@@ -1832,6 +1930,7 @@ impl Connection {
         let answer = match answered {
             Ok(answer) => {
                 unsettled.id = None;
+                self.stall.answered();
                 answer
             }
             Err(Ok(failure)) => {
@@ -1839,6 +1938,9 @@ impl Connection {
                 return Err((failure, Some(key.clone())));
             }
             Err(Err((failure, reason))) => {
+                if !matches!(failure, UpstreamFailure::Cancelled) {
+                    self.stall.missed();
+                }
                 unsettled.cancel(reason);
                 return Err((failure, Some(key.clone())));
             }
@@ -1934,6 +2036,8 @@ const READ_RESOURCE: (&str, &str) = ("resources/read", "ReadResourceResult");
 struct Unsettled<'a> {
     peer: &'a rmcp::service::Peer<RoleClient>,
     tap: &'a Tap,
+    /// Where a request dropped unsettled counts as missed (`None`: it does not).
+    stall: Option<&'a Stall>,
     /// `None` once settled.
     id: Option<rmcp::model::RequestId>,
     key: String,
@@ -1944,6 +2048,9 @@ impl Drop for Unsettled<'_> {
         let Some(id) = self.id.take() else {
             return;
         };
+        if let Some(stall) = self.stall {
+            stall.missed();
+        }
         self.tap.take_raw(&self.key);
         let peer = self.peer.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -1966,6 +2073,7 @@ impl Drop for Unsettled<'_> {
 struct DirectUnsettled<'a> {
     out: &'a direct::Outbound,
     tap: &'a Tap,
+    stall: &'a Stall,
     /// `None` once settled.
     id: Option<u64>,
 }
@@ -1983,6 +2091,9 @@ impl DirectUnsettled<'_> {
 
 impl Drop for DirectUnsettled<'_> {
     fn drop(&mut self) {
+        if self.id.is_some() {
+            self.stall.missed();
+        }
         self.cancel("the caller stopped waiting");
     }
 }

@@ -11,6 +11,8 @@
 //! | `connecting`, `disconnected` | `ready` | started within `start_timeout`, discovered, snapshot recorded, mappings judged |
 //! | `connecting`, `ready` | `disconnected` | it failed to start (or in time), or its server exited: restarted in the background, waiting 0.5 s, doubling up to 30 s ([`MIN_RESTART_INTERVAL`]) |
 //! | `ready` | `degraded` | its server broke the protocol: refused, not restarted by itself |
+//! | `ready` | `stalled` | its server left [`STALL_AFTER`](crate::upstream::STALL_AFTER) requests in a row unanswered until their callers stopped waiting (their deadlines): refused, and probed with `ping` every [`STALL_PROBE_INTERVAL`] |
+//! | `stalled` | `ready` | it answered (a probe, or a request still in flight) |
 //! | any | `stopped` | the host is shutting down |
 //!
 //! Every transition is traced (`connection-state`) and logged. A connection whose server
@@ -69,6 +71,8 @@ pub enum ConnectionStatus {
     Disconnected(String),
     /// Its server broke the protocol: refused, and not restarted by itself.
     Degraded(String),
+    /// Its server stopped answering (module table): refused, probed until it answers.
+    Stalled(String),
     /// The host is shutting down; its server was stopped.
     Stopped,
 }
@@ -81,6 +85,7 @@ impl ConnectionStatus {
             Self::Ready => "ready",
             Self::Disconnected(_) => "disconnected",
             Self::Degraded(_) => "degraded",
+            Self::Stalled(_) => "stalled",
             Self::Stopped => "stopped",
         }
     }
@@ -88,7 +93,7 @@ impl ConnectionStatus {
     /// Why it is not ready (the host's words), if it says.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            Self::Disconnected(why) | Self::Degraded(why) => Some(why),
+            Self::Disconnected(why) | Self::Degraded(why) | Self::Stalled(why) => Some(why),
             _ => None,
         }
     }
@@ -165,9 +170,11 @@ impl ConnectionState {
         self.status.load_full()
     }
 
-    /// False after a re-discovery failed, until one succeeds.
+    /// False after a re-discovery failed, until one succeeds, and while its server is
+    /// stalled.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire) && self.connection().is_open()
+        let conn = self.connection();
+        self.healthy.load(Ordering::Acquire) && conn.is_open() && !conn.is_stalled()
     }
 
     /// True when the server announced a change the current snapshot does not cover, or
@@ -191,6 +198,51 @@ pub const START_WAIT_FACTOR: u32 = 3;
 pub const MIN_RESTART_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 /// Longest wait between two restart attempts of a connection that keeps failing.
 const MAX_RESTART_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How often a stalled connection is probed with `ping`.
+pub const STALL_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a probe waits for its answer.
+const STALL_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Takes a stalled connection out of service and probes it until it answers. Returns
+/// whether its watcher goes on: `true` once it answered (in service again) or its server
+/// exited (the watcher then restarts it); `false` when it was replaced or the host is
+/// closing or gone.
+async fn probe_stalled(
+    host: &std::sync::Weak<Live>,
+    state: &std::sync::Weak<ConnectionState>,
+    conn: &Arc<Connection>,
+) -> bool {
+    {
+        let (Some(h), Some(s)) = (host.upgrade(), state.upgrade()) else {
+            return false;
+        };
+        h.connection_stalled(&s);
+    }
+    loop {
+        if conn.has_exited() {
+            return true;
+        }
+        if !conn.is_stalled() || conn.ping(STALL_PROBE_TIMEOUT).await.is_ok() {
+            let (Some(h), Some(s)) = (host.upgrade(), state.upgrade()) else {
+                return false;
+            };
+            if !Arc::ptr_eq(conn, &s.connection()) {
+                return false;
+            }
+            h.connection_answered(&s);
+            return true;
+        }
+        tokio::time::sleep(STALL_PROBE_INTERVAL).await;
+        let (Some(h), Some(s)) = (host.upgrade(), state.upgrade()) else {
+            return false;
+        };
+        if h.is_closing() || !Arc::ptr_eq(conn, &s.connection()) {
+            return false;
+        }
+    }
+}
 
 fn h_again(host: &std::sync::Weak<Live>) -> Option<Arc<Live>> {
     host.upgrade()
@@ -563,6 +615,28 @@ impl Live {
         }
     }
 
+    /// A stalled connection (module table) out of service until it answers again.
+    fn connection_stalled(&self, state: &ConnectionState) {
+        let conn = state.connection();
+        let why = format!(
+            "its server left {} requests in a row unanswered until their callers stopped waiting",
+            conn.unanswered_in_a_row()
+        );
+        let was_ready = *state.status() == ConnectionStatus::Ready;
+        self.set_status(state, ConnectionStatus::Stalled(why));
+        if was_ready {
+            self.notify_changed();
+        }
+    }
+
+    /// A stalled connection answered: in service again.
+    fn connection_answered(&self, state: &ConnectionState) {
+        if matches!(*state.status(), ConnectionStatus::Stalled(_)) {
+            self.set_status(state, ConnectionStatus::Ready);
+            self.notify_changed();
+        }
+    }
+
     /// Watches one connection: re-snapshots it whenever its server announces a list
     /// change (and every `snapshot_interval`); the moment its server goes away, takes it
     /// out of service and restarts it with backoff.
@@ -586,6 +660,7 @@ impl Live {
                     Changed(bool),
                     Gone,
                     Degraded,
+                    Stalled,
                 }
                 let woke = if conn.has_exited() {
                     Woke::Gone
@@ -595,6 +670,7 @@ impl Live {
                         () = periodic => Woke::Changed(true),
                         () = conn.until_gone() => Woke::Gone,
                         () = conn.until_degraded() => Woke::Degraded,
+                        () = conn.until_stalled() => Woke::Stalled,
                     }
                 };
                 let (Some(h), Some(s)) = (host.upgrade(), state.upgrade()) else {
@@ -615,6 +691,13 @@ impl Live {
                         // Not restarted by itself (a server that broke the protocol).
                         h.connection_lost(&s, true);
                         return;
+                    }
+                    Woke::Stalled => {
+                        drop((h, s));
+                        if !probe_stalled(&host, &state, &conn).await {
+                            return;
+                        }
+                        continue;
                     }
                 };
                 if let Err(e) = h.refresh(&s, forced).await {
