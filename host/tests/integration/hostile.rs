@@ -955,13 +955,18 @@ async fn a_call_may_make_only_its_budget_of_upstream_requests() {
     client.cancel().await.unwrap();
 }
 
+/// `hostile` with `limits` (TOML lines) added to its `[limits]`, beside `source-library`.
+fn hostile_limited(limits: &str) -> Deployment {
+    Deployment::with_notes()
+        .mapping_edited("hostile", |t| {
+            t.replace("[limits]", &format!("[limits]\n{limits}"))
+        })
+        .mapping("source-library")
+}
+
 #[tokio::test]
 async fn calls_past_the_concurrency_limit_are_rate_limited() {
-    let d = Deployment::with_notes()
-        .mapping_edited("hostile", |t| {
-            t.replace("[limits]", "[limits]\nmax_concurrent_calls = 1")
-        })
-        .mapping("source-library");
+    let d = hostile_limited("max_concurrent_calls = 1");
     let client = std::sync::Arc::new(d.serve().await);
     let spinner = {
         let client = client.clone();
@@ -986,14 +991,7 @@ async fn calls_past_the_concurrency_limit_are_rate_limited() {
 /// having run nothing.
 #[tokio::test]
 async fn calls_past_the_concurrency_limit_wait_in_a_bounded_queue() {
-    let d = Deployment::with_notes()
-        .mapping_edited("hostile", |t| {
-            t.replace(
-                "[limits]",
-                "[limits]\nmax_concurrent_calls = 1\nqueue_timeout_ms = 3000",
-            )
-        })
-        .mapping("source-library");
+    let d = hostile_limited("max_concurrent_calls = 1\nqueue_timeout_ms = 3000");
     let client = std::sync::Arc::new(d.serve().await);
     let sleeper = {
         let client = client.clone();
@@ -1019,14 +1017,7 @@ async fn calls_past_the_concurrency_limit_wait_in_a_bounded_queue() {
     );
     drop(client);
 
-    let d = Deployment::with_notes()
-        .mapping_edited("hostile", |t| {
-            t.replace(
-                "[limits]",
-                "[limits]\nmax_concurrent_calls = 1\nmax_queued_calls = 0",
-            )
-        })
-        .mapping("source-library");
+    let d = hostile_limited("max_concurrent_calls = 1\nmax_queued_calls = 0");
     let client = std::sync::Arc::new(d.serve().await);
     let sleeper = {
         let client = client.clone();
@@ -1323,14 +1314,7 @@ fn refusal_lines(log: &Path) -> Vec<String> {
 /// refusal.
 #[tokio::test]
 async fn every_refused_call_leaves_one_log_line_and_a_flood_is_bounded() {
-    let d = Deployment::with_notes()
-        .mapping_edited("hostile", |t| {
-            t.replace(
-                "[limits]",
-                "[limits]\nmax_concurrent_calls = 1\nmax_queued_calls = 0",
-            )
-        })
-        .mapping("source-library");
+    let d = hostile_limited("max_concurrent_calls = 1\nmax_queued_calls = 0");
     d.approve_all();
     let log = d.dir.path().join("serve.log");
     let client = std::sync::Arc::new(serve_logging_to(&d, &log).await);

@@ -56,6 +56,15 @@ fn deployment_edited(
         .tables(&contracts)
 }
 
+/// `intents compensate` of the completed intent of `capability`, approved as `carol`, with
+/// the deployment's configuration: (success, stderr).
+fn compensate_completed(d: &Deployment, capability: &str) -> (bool, String) {
+    let id = completed(d, capability)["id"].as_str().unwrap().to_string();
+    let config = d.write_config();
+    let (ok, _, err) = compensate(d, config.to_str().unwrap(), &id, "approve");
+    (ok, err)
+}
+
 fn records(ws: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(ws.join(".airlock-changes"))
         .map(|d| d.map(|e| e.unwrap().path()).collect())
@@ -389,12 +398,7 @@ async fn a_write_whose_answer_is_lost_is_reconciled_by_reading_the_file_back() {
     assert_eq!(records(ws.path()).len(), 1, "written once, never again");
     client.cancel().await.unwrap();
     // The reconciled write kept what its query found, so it can be undone like any other.
-    let id = completed(&d, "write_workspace_file")["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let config = d.write_config();
-    let (ok, _, err) = compensate(&d, config.to_str().unwrap(), &id, "approve");
+    let (ok, err) = compensate_completed(&d, "write_workspace_file");
     assert!(ok, "{err}");
     assert_eq!(
         std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
@@ -860,12 +864,7 @@ async fn an_edit_whose_answer_is_lost_is_reconciled_and_then_compensated() {
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), EDITED_FILE);
     assert_eq!(records(ws.path()).len(), 1, "edited once, never again");
     client.cancel().await.unwrap();
-    let id = completed(&d, "edit_workspace_file")["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let config = d.write_config();
-    let (ok, _, err) = compensate(&d, config.to_str().unwrap(), &id, "approve");
+    let (ok, err) = compensate_completed(&d, "edit_workspace_file");
     assert!(ok, "{err}");
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), CRLF_FILE);
     d.airlock_ok(&["trace", "verify"]);
