@@ -192,6 +192,8 @@ class Client:
 
     def post(self, method, params, notification=False):
         """Sends one message; returns its answer (None for a notification or on failure)."""
+        if self.era == "legacy" and self.session is None and method != "initialize":
+            return None  # the session ended: the next round initializes again
         self.next_id += 1
         message = {"jsonrpc": "2.0", "method": method}
         if not notification:
@@ -222,15 +224,24 @@ class Client:
             self.session = reply.getheader("Mcp-Session-Id")
         if notification:
             return None
+        if reply.status == 404 and self.session:
+            # The session ended (idle, or evicted past max_sessions_per_principal): a client
+            # initializes again.
+            self.stats.record(method, took, "session ended (404)")
+            self.session = None
+            return None
         answer = None
-        if reply.getheader("Content-Type", "").startswith("text/event-stream"):
-            for line in body.splitlines():
-                if line.startswith("data:") and line[5:].strip():
-                    data = json.loads(line[5:])
-                    if data.get("id") == message["id"]:
-                        answer = data
-        elif body.strip():
-            answer = json.loads(body)
+        try:
+            if reply.getheader("Content-Type", "").startswith("text/event-stream"):
+                for line in body.splitlines():
+                    if line.startswith("data:") and line[5:].strip():
+                        data = json.loads(line[5:])
+                        if data.get("id") == message["id"]:
+                            answer = data
+            elif body.strip():
+                answer = json.loads(body)
+        except ValueError:
+            answer = None
         if answer is None:
             self.stats.record(method, took, f"unanswered (HTTP {reply.status})")
         elif "error" in answer:
@@ -264,6 +275,8 @@ class Client:
             self.post("notifications/initialized", {}, notification=True)
         self.post("tools/list", {})
         for i in range(5):
+            if self.era == "legacy" and self.session is None:
+                return
             word = WORDS[(round_ + i) % len(WORDS)]
             first = self.first_reference(word)
             if first:
@@ -312,7 +325,11 @@ def main():
         client = Client(host.port, args.era, stats)
         n = 0
         while not stop.is_set():
-            client.research(n)
+            try:
+                client.research(n)
+            except Exception as e:  # a bench keeps going; the failure is counted
+                stats.record("worker", 0.0, f"worker error: {type(e).__name__}")
+                client = Client(host.port, args.era, stats)
             n += 1
 
     def sampler():
