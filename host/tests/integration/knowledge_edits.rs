@@ -142,19 +142,7 @@ fn lossy(dir: &Path, tool: &str, contain: &str, lost: &Path) -> Deployment {
     let d = Deployment::with_notes()
         .connection(&format!(
             "[[connection]]\nname = \"memory\"\ncommand = \"@airlock\"\nargs = {:?}\nenv = {{ MEMORY_FILE_PATH = {:?} }}\nconfine = false\n",
-            [
-                "fixture",
-                "lose-answer",
-                "--tool",
-                tool,
-                "--arguments-contain",
-                contain,
-                "--once",
-                lost.to_str().unwrap(),
-                "--",
-                &node(),
-                server.to_str().unwrap(),
-            ],
+            lose_answer_args(tool, contain, lost, &[&node(), server.to_str().unwrap()]),
             graph_file(dir).display().to_string(),
         ))
         .mapping("knowledge-edits")

@@ -154,22 +154,18 @@ fn lossy(repo: &Path, tool: &str, contain: &str, lost: &Path) -> Deployment {
     let python = real_python();
     let d = Deployment::with_notes().connection(&format!(
         "[[connection]]\nname = \"git\"\ncommand = \"@airlock\"\nargs = {:?}\n{}confine = false\n",
-        [
-            "fixture",
-            "lose-answer",
-            "--tool",
+        lose_answer_args(
             tool,
-            "--arguments-contain",
             contain,
-            "--once",
-            lost.to_str().unwrap(),
-            "--",
-            python.to_str().unwrap(),
-            "-m",
-            "mcp_server_git",
-            "--repository",
-            repo.to_str().unwrap(),
-        ],
+            lost,
+            &[
+                python.to_str().unwrap(),
+                "-m",
+                "mcp_server_git",
+                "--repository",
+                repo.to_str().unwrap(),
+            ],
+        ),
         server_env(),
     ));
     approved(mapping(d, repo))

@@ -344,20 +344,12 @@ fn lossy(ws: &Path, tool: &str, contain: &str, lost: &Path) -> Deployment {
     let d = Deployment::with_notes()
         .connection(&format!(
             "[[connection]]\nname = \"workspace\"\ncommand = \"@airlock\"\nargs = {:?}\nconfine = false\n",
-            [
-                "fixture",
-                "lose-answer",
-                "--tool",
+            lose_answer_args(
                 tool,
-                "--arguments-contain",
                 contain,
-                "--once",
-                lost.to_str().unwrap(),
-                "--",
-                &node(),
-                server.to_str().unwrap(),
-                ws.to_str().unwrap(),
-            ]
+                lost,
+                &[&node(), server.to_str().unwrap(), ws.to_str().unwrap()]
+            )
         ))
         .mapping("workspace-edits")
         .tables(&format!(

@@ -136,3 +136,31 @@ pub fn approve_as_bob(d: &Deployment, text: &str) {
         "--yes",
     ]);
 }
+
+/// The `args` of a connection that runs `server` (a command and its arguments) through
+/// `airlock fixture lose-answer`: the first `tool` call whose arguments (as JSON text)
+/// contain `contain` reaches the server, then the connection dies with it unanswered,
+/// once; `lost` exists once it did.
+pub fn lose_answer_args(
+    tool: &str,
+    contain: &str,
+    lost: &std::path::Path,
+    server: &[&str],
+) -> Vec<String> {
+    let lost = lost.to_str().unwrap();
+    [
+        "fixture",
+        "lose-answer",
+        "--tool",
+        tool,
+        "--arguments-contain",
+        contain,
+        "--once",
+        lost,
+        "--",
+    ]
+    .iter()
+    .chain(server)
+    .map(|s| (*s).to_string())
+    .collect()
+}
