@@ -236,6 +236,21 @@ impl Trace for NoCallTrace {
     ) -> anyhow::Result<Vec<String>> {
         self.0.intents_open_in_trace_only(mapping, limit)
     }
+    fn archive_mark(&self) -> anyhow::Result<Option<airlock::store::archive::Archived>> {
+        self.0.archive_mark()
+    }
+    fn archive_trace(
+        &self,
+        request: &airlock::store::archive::ArchiveRequest,
+    ) -> anyhow::Result<airlock::store::archive::ArchiveReport> {
+        self.0.archive_trace(request)
+    }
+    fn export_trace(
+        &self,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<airlock::store::archive::Exported> {
+        self.0.export_trace(dir)
+    }
 }
 
 impl Approvals for NoCallTrace {

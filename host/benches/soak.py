@@ -2,7 +2,7 @@
 """Soak: `airlock serve --http` under sustained use by many MCP clients, with faults.
 
     python3 host/benches/soak.py [--airlock BIN] [--workers N] [--minutes M] [--faults]
-                                 [--era legacy|stateless] [--json]
+                                 [--era legacy|stateless] [--retain DURATION] [--json]
 
 Starts `airlock serve --http 127.0.0.1:0` over the bundled notes server and the
 `source-library` adapter (reviewed in a temporary state folder), then runs N worker threads
@@ -17,12 +17,16 @@ stateless requests. Every request carries an id and must get its answer.
 (SIGSTOP) for 8 s, then killed (SIGKILL, the host restarts it), then a burst of 200
 legacy sessions opened and never closed.
 
-Every 10 s it samples the host: RSS, open file descriptors, threads, and the state folder's
-bytes (the store and its WAL). At the end it prints calls/s, p50 and p99 per method,
+`--retain 2m` serves with `[trace] retain = "2m"`: old events are archived into segment
+files (the state folder's `trace-archive`), so the store should stop growing.
+
+Every 10 s it samples the host: RSS, open file descriptors, threads, the state folder's
+bytes (the store, its WAL and the trace journals, not the archive) and the archive's. At the end it prints calls/s, p50 and p99 per method,
 answers by outcome (ok, each refusal category, transport errors, requests left
 unanswered), the samples per minute, and whether RSS, descriptors and threads plateau
 after warm-up (from minute 3 on, within 5 % of their mean; with shorter runs, from half
-way). `--json` prints the same as one JSON document.
+way), the store's too, and the trace's bytes per tools/call (what the store and the archive
+gained, over the calls). `--json` prints the same as one JSON document.
 
 BIN defaults to target/release/airlock when it exists, else target/debug/airlock; the
 pinned adapter comes from the build's bundle, target/airlock/adapters. This is a benchmark,
@@ -68,6 +72,7 @@ def parse_args():
     p.add_argument("--minutes", type=float, default=1.0, help="how long (default 1)")
     p.add_argument("--faults", action="store_true", help="freeze, kill, and a burst of unclosed sessions")
     p.add_argument("--era", choices=["legacy", "stateless"], default="legacy")
+    p.add_argument("--retain", metavar="DURATION", help='serve with [trace] retain = DURATION (e.g. "2m")')
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (state, serve.log)")
     return p.parse_args()
@@ -76,7 +81,7 @@ def parse_args():
 class Host:
     """A running `airlock serve --http` in a temporary folder."""
 
-    def __init__(self, airlock):
+    def __init__(self, airlock, retain=None):
         self.dir = tempfile.mkdtemp(prefix="airlock-soak-")
         self.state = os.path.join(self.dir, "state")
         mappings = os.path.join(self.dir, "mappings", "source-library")
@@ -88,6 +93,8 @@ class Host:
                 f'[[connection]]\nname = "notes"\ncommand = "@airlock"\nargs = ["fixture", "notes-server"]\n'
                 f'[[mapping]]\nmanifest = {json.dumps(os.path.join(mappings, "mapping.toml"))}\n'
             )
+            if retain:
+                f.write(f"[trace]\nretain = {json.dumps(retain)}\n")
         env = dict(os.environ, AIRLOCK_STATE_DIR=self.state, AIRLOCK_LOG="warn")
         for args in (
             ["discover", "notes", "--config", self.config],
@@ -132,10 +139,27 @@ class Host:
         rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) * 1024
         threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
         fds = len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-        store = sum(
-            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(self.state) for f in fs
-        )
-        return {"rss": rss, "fds": fds, "threads": threads, "store": store}
+        archive_dir = os.path.join(self.state, "trace-archive")
+
+        def size(top, skip=None):
+            total = 0
+            for d, dirs, fs in os.walk(top):
+                if skip:
+                    dirs[:] = [x for x in dirs if os.path.join(d, x) != skip]
+                for f in fs:
+                    try:
+                        total += os.path.getsize(os.path.join(d, f))
+                    except OSError:
+                        pass
+            return total
+
+        return {
+            "rss": rss,
+            "fds": fds,
+            "threads": threads,
+            "store": size(self.state, archive_dir),
+            "archive": size(archive_dir),
+        }
 
     def stop(self, keep=False):
         self.proc.send_signal(signal.SIGTERM)
@@ -314,7 +338,7 @@ def plateau(samples, key, minutes):
 
 def main():
     args = parse_args()
-    host = Host(args.airlock)
+    host = Host(args.airlock, args.retain)
     stats = Stats()
     stop = threading.Event()
     samples, faults = [], []
@@ -392,7 +416,13 @@ def main():
         "outcomes": dict(stats.outcomes.most_common()),
         "faults": faults,
         "samples": samples,
-        "plateau": {k: plateau(samples, k, args.minutes) for k in ("rss", "fds", "threads")},
+        "retain": args.retain,
+        "plateau": {k: plateau(samples, k, args.minutes) for k in ("rss", "fds", "threads", "store")},
+        "trace_bytes_per_call": (
+            round((samples[-1]["store"] + samples[-1]["archive"] - samples[0]["store"] - samples[0]["archive"])
+                  / len(stats.latency["tools/call"]))
+            if len(samples) > 1 and stats.latency["tools/call"] else None
+        ),
         "store_bytes_per_minute": (
             round((samples[-1]["store"] - samples[0]["store"]) / ((samples[-1]["t"] - samples[0]["t"]) / 60))
             if len(samples) > 1 and samples[-1]["t"] > samples[0]["t"] else None
@@ -409,12 +439,13 @@ def main():
     print("answers: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()))
     if faults:
         print("faults: " + ", ".join(f"{what} at {t} s" for what, t in faults))
-    print("  t(s)   RSS(MiB)  fds  threads  store(MiB)  answers")
+    print("  t(s)   RSS(MiB)  fds  threads  store(MiB)  archive(MiB)  answers")
     for s in samples:
         print(f"  {s['t']:>4}   {s['rss'] / 2**20:>8.1f}  {s['fds']:>3}  {s['threads']:>7}  "
-              f"{s['store'] / 2**20:>10.2f}  {s['answers']:>7}")
+              f"{s['store'] / 2**20:>10.2f}  {s['archive'] / 2**20:>12.2f}  {s['answers']:>7}")
     print(f"plateau (within 5 % after warm-up): {report['plateau']}; "
           f"store {report['store_bytes_per_minute']} bytes/min; "
+          f"trace {report['trace_bytes_per_call']} bytes per tools/call; "
           f"`call refused` log lines {report['log_lines_call_refused']}")
 
 

@@ -203,9 +203,17 @@ Each event is MACed (HMAC-SHA256) with the host key: the state folder's trace.ke
 MACed with the key) anchors the head outside the database: `airlock serve` appends one to
 <state_dir>/trace-checkpoints.jsonl every [trace] checkpoint_interval and at shutdown.
 
+Retention: with [trace] retain = \"30d\" (and/or retain_events = N), `serve` seals older
+events into segment files (<state_dir>/trace-archive, or [trace] archive_dir) and deletes
+them from the store, keeping what is still needed; a `trace-archived` event in the chain
+names each segment, so `verify` still proves everything after it and `verify --archive DIR`
+checks the segments themselves.
+
 Example:
   airlock trace checkpoint >> /mnt/elsewhere/airlock-checkpoints.jsonl
-  airlock trace verify --checkpoint /mnt/elsewhere/airlock-checkpoints.jsonl")]
+  airlock trace verify --checkpoint /mnt/elsewhere/airlock-checkpoints.jsonl
+  airlock trace archive --older-than 30d
+  airlock trace verify --archive ~/.local/state/airlock/trace-archive")]
     Trace {
         #[command(subcommand)]
         action: TraceAction,
@@ -641,6 +649,40 @@ enum TraceAction {
         /// trace checkpoint` prints and `serve` appends).
         #[arg(long, value_name = "FILE")]
         checkpoint: Option<PathBuf>,
+        /// Also check the segment files in DIR (the archive folder, or a copy of it with
+        /// `trace export`'s file): each one's MACs and links from event 1, each against
+        /// the `trace-archived` event that sealed it, and any checkpoint naming an archived
+        /// event.
+        #[arg(long, value_name = "DIR")]
+        archive: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Seal the oldest events into segment files in the archive folder and delete them
+    /// from the store, keeping what is still needed (what `serve` does every so often
+    /// under [trace] retain); repeats until nothing more is old enough.
+    Archive {
+        /// Archive events older than this (e.g. "30d", "12h").
+        #[arg(long, value_name = "DURATION", required_unless_present = "keep_events")]
+        older_than: Option<String>,
+        /// Archive all but the newest N events, whatever their age.
+        #[arg(long, value_name = "N")]
+        keep_events: Option<i64>,
+        /// The archive folder [default: <state_dir>/trace-archive].
+        #[arg(long, value_name = "DIR")]
+        archive: Option<PathBuf>,
+        /// Print JSON (one report per pass).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the events not yet archived (all of them when nothing was) as one segment
+    /// file in DIR; with the archive folder's segments copied beside it, `trace verify
+    /// --archive DIR` checks the whole trace from event 1.
+    Export {
+        /// The folder to write into (created private; an existing file is not replaced).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -1352,12 +1394,16 @@ fn review(action: ReviewAction, state_dir: Option<PathBuf>) -> Result<()> {
 /// [`Tampered`] (exit status 3) once the verification is printed.
 fn trace(action: TraceAction, state_dir: Option<PathBuf>) -> Result<()> {
     init_logging("warn");
-    let registry = registry_for(state_dir)?;
+    let registry = registry_for(state_dir.clone())?;
     match action {
         TraceAction::Checkpoint => {
             output::emit_text(&registry.store().trace_checkpoint()?.to_line())
         }
-        TraceAction::Verify { checkpoint, json } => {
+        TraceAction::Verify {
+            checkpoint,
+            archive,
+            json,
+        } => {
             let checkpoints = match &checkpoint {
                 None => Vec::new(),
                 Some(file) => crate::store::Checkpoint::parse_lines(
@@ -1367,11 +1413,112 @@ fn trace(action: TraceAction, state_dir: Option<PathBuf>) -> Result<()> {
                 .with_context(|| format!("checkpoint file {}", file.display()))?,
             };
             let v = registry.store().verify_trace_against(&checkpoints)?;
-            output::emit(json, &v, crate::cli::operate::verification_text)?;
-            if v.first_bad.is_some() {
+            let Some(dir) = archive else {
+                output::emit(json, &v, crate::cli::operate::verification_text)?;
+                if v.first_bad.is_some() {
+                    return Err(anyhow::Error::new(Tampered));
+                }
+                return Ok(());
+            };
+            // A mark that does not verify is already the store's finding.
+            let mark = registry.store().archive_mark().unwrap_or(None);
+            let segments = crate::store::archive::verify_segments(
+                &dir,
+                registry.store().trace_key(),
+                mark.as_ref(),
+                &checkpoints,
+            )?;
+            let shown = output::WithMember {
+                value: &v,
+                name: "archive",
+                extra: &segments,
+            };
+            output::emit(json, &shown, |_| {
+                crate::cli::operate::verification_text(&v)
+                    + &crate::cli::operate::segments_text(&segments)
+            })?;
+            if v.first_bad.is_some() || segments.first_bad.is_some() {
                 return Err(anyhow::Error::new(Tampered));
             }
             Ok(())
+        }
+        TraceAction::Archive {
+            older_than,
+            keep_events,
+            archive,
+            json,
+        } => {
+            let retain = older_than
+                .as_deref()
+                .map(|text| {
+                    humantime::parse_duration(text).with_context(|| {
+                        format!("--older-than `{text}`: expected a duration such as \"30d\"")
+                    })
+                })
+                .transpose()?;
+            if let Some(n) = keep_events
+                && n < 0
+            {
+                anyhow::bail!("--keep-events {n} must be at least 0");
+            }
+            let dir = match archive {
+                Some(dir) => dir,
+                None => state_dir
+                    .clone()
+                    .or_else(crate::config::default_state_dir)
+                    .context("no state folder to hold the archive: pass --archive DIR")?
+                    .join(crate::config::ARCHIVE_DIR),
+            };
+            let settings = crate::config::TraceSettings {
+                retain,
+                retain_events: keep_events,
+                ..crate::config::TraceSettings::default()
+            };
+            let mut reports = Vec::new();
+            loop {
+                let request = crate::registry::retention::request(
+                    &settings,
+                    dir.clone(),
+                    crate::store::now_ms(),
+                );
+                let report = registry.store().archive_trace(&request)?;
+                // Another pass only after a full segment: each pass appends its own mark,
+                // which a count bound would otherwise seal next, forever.
+                let again = report
+                    .sealed
+                    .as_ref()
+                    .is_some_and(|a| a.mark.to_seq - a.mark.from_seq + 1 >= request.max_events);
+                if !json {
+                    match crate::registry::retention::report_line(&report) {
+                        Some(line) => eprintln!("{line}"),
+                        None if reports.is_empty() => {
+                            eprintln!("nothing to archive: no event is old enough")
+                        }
+                        None => {}
+                    }
+                }
+                reports.push(report);
+                if !again {
+                    break;
+                }
+            }
+            if json {
+                output::emit_lines(true, &reports, |_| String::new())?;
+            }
+            Ok(())
+        }
+        TraceAction::Export { out, json } => {
+            let exported = registry.store().export_trace(&out)?;
+            output::emit(json, &exported, |e| {
+                format!(
+                    "events {}..={} written to {} ({} bytes, sha256 {})\n",
+                    e.from_seq,
+                    e.to_seq,
+                    e.path.display(),
+                    e.bytes,
+                    e.sha256
+                )
+            })
         }
         TraceAction::List { after, limit, json } => {
             let events = registry.store().trace(after, limit)?;

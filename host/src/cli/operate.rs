@@ -1218,6 +1218,29 @@ pub fn verification_text(v: &crate::store::TraceVerification) -> String {
     o
 }
 
+/// The text of a segments check ([`crate::store::archive::verify_segments`]).
+pub fn segments_text(v: &crate::store::archive::SegmentsVerification) -> String {
+    let mut o = match &v.first_bad {
+        None => format!(
+            "archive intact: {} segment(s) in {}, events 1..={}\n",
+            v.segments,
+            v.dir.display(),
+            v.through_seq
+        ),
+        Some((seq, why)) => format!(
+            "archive TAMPERED at event {seq}: {why} ({} segment(s) in {})\n",
+            v.segments,
+            v.dir.display()
+        ),
+    };
+    for line in &v.coverage {
+        o.push_str("  ");
+        o.push_str(line);
+        o.push('\n');
+    }
+    o
+}
+
 /// Opens the registry of a state folder given directly (commands without `--config`): its
 /// SQLite database, or the shared PostgreSQL store `--store` names (the folder, if any,
 /// then only provides the key file when AIRLOCK_TRACE_KEY is not set). Every command that

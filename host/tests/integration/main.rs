@@ -36,6 +36,7 @@ mod python_server;
 mod registry;
 mod reload;
 mod replay;
+mod retention;
 mod serve;
 mod sessions;
 mod store_suite;

@@ -980,7 +980,8 @@ mod postgres_only {
             store.trace(0, 10).unwrap()
         };
         // Exactly the state a schema-1 build leaves: no reference_bindings table (2), no
-        // index of intent state events (3), no contract reviews (4), no compensation (5).
+        // index of intent state events (3), no contract reviews (4), no compensation (5),
+        // no deletion of archived events (6).
         pg::exec(
             &target,
             "DROP TABLE reference_bindings; DROP INDEX trace_events_intent_states; \
@@ -989,6 +990,12 @@ mod postgres_only {
              DROP TRIGGER intents_keep_compensates ON intents; \
              DROP TRIGGER intents_handles_once ON intents; \
              ALTER TABLE intents DROP COLUMN compensates, DROP COLUMN handles; \
+             DROP INDEX trace_events_archives; \
+             DROP TRIGGER trace_events_delete_archived_only ON trace_events; \
+             DROP FUNCTION airlock_trace_delete(); \
+             DROP TRIGGER trace_events_append_only ON trace_events; \
+             CREATE TRIGGER trace_events_append_only BEFORE UPDATE OR DELETE ON trace_events \
+                 FOR EACH ROW EXECUTE FUNCTION airlock_refuse('trace events are append-only'); \
              UPDATE airlock_schema SET version = 1",
         )
         .unwrap();
@@ -1007,6 +1014,10 @@ mod postgres_only {
             vec![vec![Some("1".to_owned())]]
         );
         assert_eq!(store.contract_reviews().unwrap(), []);
+        // After migration 6: events are still append-only until archived.
+        let refused = pg::exec(&target, "DELETE FROM trace_events").unwrap_err();
+        assert!(refused.contains("only archived events"), "{refused}");
+        assert!(pg::exec(&target, "UPDATE trace_events SET subject = 'x'").is_err());
         let r = reference("ref_after", "ses_a", airlock::store::now_ms() + 60_000);
         store
             .write_references("ses_a", std::slice::from_ref(&r), &[])
@@ -1237,5 +1248,94 @@ mod postgres_only {
                 "{backend}: append_events {append:.0} µs, find_approval {find:.0} µs, create+approve+consume {consume:.0} µs"
             );
         }
+    }
+}
+
+/// An archive pass's request: everything older than now, into `dir`.
+fn archive_request(dir: &std::path::Path) -> airlock::store::archive::ArchiveRequest {
+    airlock::store::archive::ArchiveRequest {
+        dir: dir.to_path_buf(),
+        before_ms: u64::MAX,
+        max_events: 100_000,
+        keep_events: None,
+        now_ms: airlock::store::now_ms(),
+    }
+}
+
+both! {
+    fn an_archive_pass_keeps_what_is_still_needed_and_every_host_still_verifies(db, store) {
+        use airlock::store::archive::verify_segments;
+        let folder = tempfile::tempdir().unwrap();
+        let archive = folder.path().join("archive");
+        let pending = store
+            .create_approval(
+                &request(ApprovalMode::OutOfBand, 60_000),
+                vec![NewEvent::new("approval-requested", "call_1", json!({}))],
+            )
+            .unwrap();
+        for n in [1, 2] {
+            let created = NewEvent::new(
+                "intent-created",
+                format!("call_{n}"),
+                json!({"intent": format!("int_{n}"), "intent_state": "prepared"}),
+            );
+            store.create_intent(&intent(n), vec![created]).unwrap();
+        }
+        let closed = NewEvent::new("call-outcome", "call_2", json!({"intent": "int_2", "intent_state": "completed"}));
+        store.set_intent_state("int_2", IntentState::Completed, vec![closed]).unwrap();
+        store.append_trace("mapping-revision", "library", &json!({"revision": 1})).unwrap();
+        for i in 0..20 {
+            store.append_trace("call-outcome", "c", &json!({"i": i})).unwrap();
+        }
+        let before = db.count("trace_events");
+        let report = store.archive_trace(&archive_request(&archive)).unwrap();
+        let sealed = report.sealed.expect("a segment");
+        assert_eq!((sealed.mark.from_seq, sealed.mark.to_seq), (1, before));
+        // The pending approval's request, the open intent's creation, the mapping's event.
+        assert_eq!(sealed.mark.kept.len(), 3, "{:?}", sealed.mark);
+        assert_eq!(report.deleted as i64, before - 3);
+        assert_eq!(db.count("trace_events"), 4, "the kept events and the mark");
+        // Every host proves what it needs and verifies the chain.
+        let other = db.open();
+        for s in [&store, &other] {
+            let v = s.verify_trace().unwrap();
+            assert_eq!(v.first_bad, None, "{v:?}");
+            assert_eq!(v.archived_to, Some(before));
+            assert_eq!(s.approval_proofs(&pending.id).unwrap().len(), 1);
+            assert_eq!(s.intent_proofs("int_1").unwrap().len(), 1);
+            assert!(s.intent_proofs("int_2").unwrap().is_empty(), "closed: archived");
+            assert_eq!(s.mapping_proofs("library").unwrap().len(), 1);
+            assert_eq!(s.trace_missing_from(1).unwrap(), 0);
+        }
+        let mark = other.archive_mark().unwrap();
+        let segments = verify_segments(&archive, other.trace_key(), mark.as_ref(), &[]).unwrap();
+        assert_eq!(segments.first_bad, None, "{segments:?}");
+        assert_eq!(segments.through_seq, before);
+        // The database refuses deleting an event after the archived range.
+        assert!(refused_directly(&db, "DELETE FROM trace_events WHERE kind = 'trace-archived'"));
+        // Deleting a kept proof is found: by the chain check and by a receipt's whole-trace test.
+        let kept = sealed.mark.kept[0];
+        db.try_exec(&format!("DELETE FROM trace_events WHERE seq = {kept}")).unwrap();
+        let v = other.verify_trace().unwrap();
+        assert!(v.first_bad.unwrap().1.contains("proofs still needed were deleted"));
+        assert_eq!(other.trace_missing_from(1).unwrap(), 1);
+    }
+
+    fn once_an_intent_closes_the_next_pass_lets_its_events_go(db, store) {
+        let folder = tempfile::tempdir().unwrap();
+        let archive = folder.path().join("archive");
+        let created = NewEvent::new("intent-created", "call_1", json!({"intent": "int_1", "intent_state": "prepared"}));
+        store.create_intent(&intent(1), vec![created]).unwrap();
+        let first = store.archive_trace(&archive_request(&archive)).unwrap().sealed.unwrap();
+        assert_eq!(first.mark.kept, vec![1]);
+        let closed = NewEvent::new("call-outcome", "call_1", json!({"intent": "int_1", "intent_state": "completed"}));
+        store.set_intent_state("int_1", IntentState::Completed, vec![closed]).unwrap();
+        let second = store.archive_trace(&archive_request(&archive)).unwrap().sealed.unwrap();
+        assert!(second.mark.kept.is_empty(), "{:?}", second.mark);
+        assert_eq!(db.count("trace_events"), 1, "only the newest mark");
+        assert_eq!(store.verify_trace().unwrap().first_bad, None);
+        let mark = store.archive_mark().unwrap();
+        let s = airlock::store::archive::verify_segments(&archive, store.trace_key(), mark.as_ref(), &[]).unwrap();
+        assert_eq!((s.first_bad, s.segments, s.through_seq), (None, 2, 3));
     }
 }

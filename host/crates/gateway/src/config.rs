@@ -91,6 +91,10 @@
 //! checkpoint_file = "anchor/trace-checkpoints.jsonl"  # append-only; default
 //!                                # <state_dir>/trace-checkpoints.jsonl
 //! checkpoint_interval = "5m"     # default 5m (1s..=1d); "off" = only at shutdown
+//! retain = "30d"                 # archive events older than this (1s..=100 years);
+//!                                # default: keep every event in the store
+//! retain_events = 10000000       # and/or keep at most this many (1000..=2^32-1)
+//! archive_dir = "archive"        # segment files; default <state_dir>/trace-archive
 //!
 //! [http]                         # `serve --http`: see crate::front::http
 //! [http.auth]                    # bearer tokens: see crate::front::auth
@@ -182,7 +186,20 @@ pub struct TraceSettings {
     pub checkpoint_file: Option<PathBuf>,
     /// `checkpoint_interval`; `None` = only at shutdown.
     pub checkpoint_interval: Option<std::time::Duration>,
+    /// `retain`: how long events stay in the store before they are archived
+    /// ([`crate::store::archive`]); `None` (the default) keeps them by age.
+    pub retain: Option<std::time::Duration>,
+    /// `retain_events`: at most this many events stay in the store (the oldest beyond
+    /// are archived, whatever their age); `None` (the default) = no bound by count.
+    pub retain_events: Option<i64>,
+    /// `archive_dir`, resolved against the configuration's folder; default
+    /// [`ARCHIVE_DIR`] in the state folder.
+    pub archive_dir: Option<PathBuf>,
 }
+
+/// The archive folder's name in the state folder when `[trace] archive_dir` does not
+/// name one.
+pub const ARCHIVE_DIR: &str = "trace-archive";
 
 impl Default for TraceSettings {
     fn default() -> Self {
@@ -190,6 +207,9 @@ impl Default for TraceSettings {
             key: None,
             checkpoint_file: None,
             checkpoint_interval: Some(DEFAULT_CHECKPOINT_INTERVAL),
+            retain: None,
+            retain_events: None,
+            archive_dir: None,
         }
     }
 }
@@ -212,6 +232,18 @@ impl TraceSettings {
         self.checkpoint_file
             .clone()
             .unwrap_or_else(|| state_dir.join(crate::store::key::CHECKPOINT_FILE))
+    }
+
+    /// The archive folder: `archive_dir`, else [`ARCHIVE_DIR`] in `state_dir`.
+    pub fn archive_path(&self, state_dir: &Path) -> PathBuf {
+        self.archive_dir
+            .clone()
+            .unwrap_or_else(|| state_dir.join(ARCHIVE_DIR))
+    }
+
+    /// Whether events are archived at all (`retain` or `retain_events` is set).
+    pub fn archives(&self) -> bool {
+        self.retain.is_some() || self.retain_events.is_some()
     }
 }
 
@@ -502,6 +534,9 @@ struct RawTrace {
     key: Option<String>,
     checkpoint_file: Option<PathBuf>,
     checkpoint_interval: Option<String>,
+    retain: Option<String>,
+    retain_events: Option<i64>,
+    archive_dir: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -914,6 +949,24 @@ fn trace(
             24 * 3600,
         )?),
     };
+    trace.retain = t
+        .retain
+        .map(|text| parse_bounded_duration("[trace] retain", &text, 1, 100 * 365 * 24 * 3600))
+        .transpose()?;
+    trace.retain_events = match t.retain_events {
+        Some(n) if !(1_000..=i64::from(u32::MAX)).contains(&n) => bail!(
+            "[trace] retain_events {n} must be between 1000 and {} (events kept in the store)",
+            u32::MAX
+        ),
+        other => other,
+    };
+    trace.archive_dir = t.archive_dir.map(|d| base.join(d));
+    if trace.archive_dir.is_some() && !trace.archives() {
+        bail!(
+            "[trace] archive_dir is set but neither retain nor retain_events is: nothing \
+             would be archived (set retain = \"30d\", for example)"
+        );
+    }
     Ok(trace)
 }
 
@@ -1424,8 +1477,29 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
             cfg.trace.checkpoint_path(Path::new("/state")),
             dir.path().join("anchor/c.jsonl")
         );
+        let retained = ServeConfig::parse(
+            &format!(
+                "{MAPPING}[trace]\nretain = \"30d\"\nretain_events = 5000\narchive_dir = \"old\"\n"
+            ),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            retained.trace.retain,
+            Some(std::time::Duration::from_secs(30 * 86_400))
+        );
+        assert_eq!(retained.trace.retain_events, Some(5000));
+        assert_eq!(
+            retained.trace.archive_path(Path::new("/state")),
+            dir.path().join("old")
+        );
         let defaults = ServeConfig::parse(MAPPING, dir.path()).unwrap();
         assert_eq!(defaults.trace, TraceSettings::default());
+        assert!(!defaults.trace.archives(), "by default every event stays");
+        assert_eq!(
+            defaults.trace.archive_path(Path::new("/state")),
+            Path::new("/state/trace-archive")
+        );
         assert_eq!(
             defaults.trace.checkpoint_path(Path::new("/state")),
             Path::new("/state/trace-checkpoints.jsonl")
@@ -1442,6 +1516,24 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
             ),
             ("[trace]\ncheckpoint_interval = \"10ms\"\n", "between 1 s"),
             ("[trace]\nkeys = \"k\"\n", "unknown field"),
+            (
+                "[trace]\nretain = \"0s\"\n",
+                "[trace] retain `0s` must be between 1 s",
+            ),
+            (
+                "[trace]\nretain = \"forever\"\n",
+                "[trace] retain `forever`",
+            ),
+            (
+                "[trace]\nretain_events = 10\n",
+                "retain_events 10 must be between 1000",
+            ),
+            ("[trace]\nretain_events = -1\n", "must be between 1000"),
+            ("[trace]\nretain_events = \"many\"\n", "retain_events"),
+            (
+                "[trace]\narchive_dir = \"a\"\n",
+                "neither retain nor retain_events",
+            ),
         ] {
             let err = ServeConfig::parse(&format!("{MAPPING}{table}{secrets}"), dir.path())
                 .map(|_| ())

@@ -54,6 +54,7 @@ use anyhow::{Context, anyhow, bail};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 pub mod approvals;
+pub mod archive;
 pub mod contracts;
 pub mod intents;
 pub mod journal;
@@ -81,7 +82,7 @@ pub use target::{Target, open};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -381,6 +382,19 @@ CREATE TRIGGER intents_handles_once BEFORE UPDATE OF handles ON intents
     WHEN OLD.handles IS NOT NULL AND NEW.handles IS NOT OLD.handles
     BEGIN SELECT RAISE(ABORT, 'an intent''s handles are written once'); END;
 "#,
+    // 12 → 13: trace retention (archive.rs). Archived events may be deleted, and only
+    // they: the trigger refuses deleting any event after the newest `trace-archived`
+    // event's range. The partial index finds that event without a scan.
+    r#"
+CREATE INDEX trace_events_archives ON trace_events (seq) WHERE kind = 'trace-archived';
+DROP TRIGGER trace_events_no_delete;
+CREATE TRIGGER trace_events_no_delete BEFORE DELETE ON trace_events
+    WHEN OLD.seq > coalesce((SELECT json_extract(payload, '$.to_seq') FROM trace_events
+        WHERE kind = 'trace-archived' ORDER BY seq DESC LIMIT 1), 0)
+BEGIN
+    SELECT RAISE(ABORT, 'trace events are append-only: only archived events may be deleted');
+END;
+"#,
 ];
 
 /// Columns of `contract_reviews`, in [`rows::contract`]'s order.
@@ -428,6 +442,185 @@ fn intents_open_in_trace_only_sql() -> &'static str {
 /// payload names how many unkeyed events precede it and their head hash, and its MAC
 /// covers that head.
 pub const TRACE_KEYED: &str = "trace-keyed";
+
+/// The newest `trace-archived` event (SQLite), through the partial index
+/// `trace_events_archives` (the kind term repeats its WHERE clause).
+const NEWEST_MARK_SQL: &str = "SELECT seq, at_ms, kind, subject, payload, prev_hash, hash, key_id \
+     FROM trace_events WHERE kind = 'trace-archived' ORDER BY seq DESC LIMIT 1";
+
+/// The SQLite store's side of an archive pass ([`archive::ArchiveBackend`]).
+struct SqliteArchive<'s>(&'s SqliteStore);
+
+impl archive::ArchiveBackend for SqliteArchive<'_> {
+    fn newest_mark_event(&self) -> anyhow::Result<Option<StoredEvent>> {
+        let conn = self.0.lock_all_moved()?;
+        Ok(conn
+            .prepare_cached(NEWEST_MARK_SQL)?
+            .query_row([], |r| rows::stored_event(r))
+            .optional()?)
+    }
+
+    fn events_after(
+        &self,
+        after: i64,
+        through: i64,
+        limit: i64,
+    ) -> anyhow::Result<Vec<StoredEvent>> {
+        let conn = self.0.lock();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > ?1 AND seq <= ?2 \
+             ORDER BY seq LIMIT ?3"
+        ))?;
+        let events = stmt
+            .query_map(params![after, through, limit], |r| rows::stored_event(r))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(events)
+    }
+
+    fn times_after(&self, after: i64, limit: i64) -> anyhow::Result<Vec<(i64, i64)>> {
+        let conn = self.0.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, at_ms FROM trace_events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let times = stmt
+            .query_map(params![after, limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(times)
+    }
+
+    fn head_seq(&self) -> anyhow::Result<i64> {
+        let conn = self.0.lock();
+        Ok(conn
+            .prepare_cached("SELECT coalesce(max(seq), 0) FROM trace_events")?
+            .query_row([], |r| r.get(0))?)
+    }
+
+    fn events_at(&self, seqs: &[i64]) -> anyhow::Result<Vec<StoredEvent>> {
+        let conn = self.0.lock();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {TRACE_COLUMNS} FROM trace_events \
+             WHERE seq IN (SELECT value FROM json_each(?1)) ORDER BY seq"
+        ))?;
+        let events = stmt
+            .query_map(params![serde_json::to_string(seqs)?], |r| {
+                rows::stored_event(r)
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(events)
+    }
+
+    fn needs(&self, now_ms: u64) -> anyhow::Result<archive::Needs> {
+        let conn = self.0.lock();
+        let ids =
+            |sql: &str, now: Option<i64>| -> rusqlite::Result<std::collections::HashSet<String>> {
+                let mut stmt = conn.prepare_cached(sql)?;
+                match now {
+                    Some(now) => stmt.query_map(params![now], |r| r.get(0))?.collect(),
+                    None => stmt.query_map([], |r| r.get(0))?.collect(),
+                }
+            };
+        Ok(archive::Needs {
+            approvals: ids(
+                "SELECT id FROM approvals WHERE state IN ('pending', 'approved') \
+                 OR expires_ms > ?1 \
+                 OR intent_id IN (SELECT id FROM intents WHERE state IN ('prepared', 'unknown'))",
+                Some(ms_to_sql(now_ms)?),
+            )?,
+            intents: ids(
+                "SELECT id FROM intents WHERE state IN ('prepared', 'unknown')",
+                None,
+            )?,
+        })
+    }
+
+    fn intent_closed_in_trace(&self, id: &str) -> anyhow::Result<bool> {
+        let conn = self.0.lock();
+        // The terms repeat the index trace_events_intent_states' definition.
+        let closed: Option<i64> = conn
+            .prepare_cached(
+                "SELECT 1 FROM trace_events \
+                 WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+                 AND json_extract(payload, '$.intent_state') IS NOT NULL \
+                 AND json_extract(payload, '$.intent') = ?1 \
+                 AND json_extract(payload, '$.intent_state') IN ('completed', 'failed') LIMIT 1",
+            )?
+            .query_row(params![id], |r| r.get(0))
+            .optional()?;
+        Ok(closed.is_some())
+    }
+
+    fn append_mark(
+        &self,
+        previous: Option<i64>,
+        mark: &archive::ArchiveMark,
+    ) -> anyhow::Result<i64> {
+        let mut conn = self.0.lock_in_order()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let newest: Option<i64> = tx
+            .prepare_cached(NEWEST_MARK_SQL)?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        if newest != previous {
+            bail!(
+                "another process archived the trace meanwhile (its newest mark is now event \
+                 {newest:?}); this pass's segment {} will be replaced by the next pass",
+                mark.segment
+            );
+        }
+        let event = NewEvent::new(
+            archive::TRACE_ARCHIVED,
+            "trace",
+            serde_json::to_value(mark)?,
+        );
+        let (seq, _) =
+            trace::append_in(&tx, &self.0.key, &[event])?.context("appending the archive mark")?;
+        tx.commit()?;
+        Ok(seq)
+    }
+
+    fn delete_archived(&self, to_seq: i64, kept: &[i64], limit: i64) -> anyhow::Result<u64> {
+        let mut conn = self.0.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx
+            .prepare_cached(
+                "DELETE FROM trace_events WHERE seq IN (SELECT seq FROM trace_events \
+             WHERE seq <= ?1 AND seq NOT IN (SELECT value FROM json_each(?2)) \
+             ORDER BY seq LIMIT ?3)",
+            )?
+            .execute(params![to_seq, serde_json::to_string(kept)?, limit])?;
+        tx.commit()?;
+        Ok(n as u64)
+    }
+
+    fn reclaim(&self) -> anyhow::Result<u64> {
+        let (mode, page): (i64, i64) = {
+            let conn = self.0.lock();
+            (
+                conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))?,
+                conn.pragma_query_value(None, "page_size", |r| r.get(0))?,
+            )
+        };
+        if mode != 2 {
+            // Not incremental: the freed pages are reused by new events instead.
+            return Ok(0);
+        }
+        let mut pages = 0i64;
+        loop {
+            let conn = self.0.lock();
+            let free: i64 = conn.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+            if free == 0 {
+                break;
+            }
+            let step = free.min(RECLAIM_PAGES);
+            conn.execute_batch(&format!("PRAGMA incremental_vacuum({step})"))?;
+            pages += step;
+        }
+        Ok(u64::try_from(pages * page).unwrap_or(0))
+    }
+}
+
+/// Pages an incremental vacuum step gives back per hold of the connection.
+const RECLAIM_PAGES: i64 = 1_000;
 
 /// What the store's refusals suggest instead of fixing the path.
 const ELSEWHERE: &str = "or choose another --state-dir";
@@ -722,8 +915,11 @@ pub struct TraceEvent {
 /// Result of [`Trace::verify_trace`] and [`Trace::verify_trace_against`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TraceVerification {
-    /// Number of events in the trace.
+    /// Number of events in the trace (in the store).
     pub events: u64,
+    /// The newest archived seq: events up to it are in segment files
+    /// ([`archive`]), only the kept ones in the store; `None` when nothing was archived.
+    pub archived_to: Option<i64>,
     /// Recorded hash of the last event, or 64 zeros for an empty trace.
     pub head: String,
     /// The first bad seq and why, in words; `None` when the whole chain (and every
@@ -979,6 +1175,36 @@ pub trait Trace: Send + Sync {
     /// # Errors
     /// The store fails.
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64>;
+
+    /// The newest archive mark ([`archive`]): what the newest `trace-archived` event
+    /// says, its MAC checked; `None` when nothing was archived.
+    ///
+    /// # Errors
+    /// The store fails, or that event does not verify with the host key or does not
+    /// parse (what it says cannot be trusted).
+    fn archive_mark(&self) -> anyhow::Result<Option<archive::Archived>>;
+
+    /// One archive pass ([`archive`] has the rule): seals the oldest events older than
+    /// `request.before_ms` into a segment file in `request.dir`, keeps what is still
+    /// needed, deletes the rest from the store and gives the space back. Runs off the
+    /// call path; each step holds the store briefly.
+    ///
+    /// # Errors
+    /// The store fails; the events to seal do not verify (nothing is sealed); the newest
+    /// mark does not verify; the folder or file cannot be written; another process sealed
+    /// a segment meanwhile. Nothing is lost on any of them.
+    fn archive_trace(
+        &self,
+        request: &archive::ArchiveRequest,
+    ) -> anyhow::Result<archive::ArchiveReport>;
+
+    /// Writes the stored events after the newest archive mark (from event 1 when there
+    /// is none) through the head as one segment file in `dir`; with
+    /// the archive folder's segments beside it, the folder verifies from event 1.
+    ///
+    /// # Errors
+    /// The store fails, the trace is empty past the mark, or the file cannot be written.
+    fn export_trace(&self, dir: &Path) -> anyhow::Result<archive::Exported>;
 }
 
 /// Approval requests and their receipts: a person's decision
@@ -1372,6 +1598,13 @@ impl SqliteStore {
             | OpenFlags::SQLITE_OPEN_NOFOLLOW;
         let mut conn = Connection::open_with_flags(path, flags)
             .with_context(|| format!("opening state database {shown}"))?;
+        if !exists || std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+            // Before the first table: a new database gives archived events' space back
+            // (archive.rs); one made before schema 13 reuses it for new events instead
+            // (`PRAGMA auto_vacuum = INCREMENTAL` then `VACUUM`, by hand, converts it).
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                .with_context(|| format!("configuring state database {shown}"))?;
+        }
         configure(&conn).with_context(|| format!("configuring state database {shown}"))?;
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |row| row.get(0))
@@ -2362,6 +2595,11 @@ impl Trace for SqliteStore {
         let mut run = || -> anyhow::Result<TraceVerification> {
             // One read transaction: a consistent view even while others append.
             let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let mark = tx
+                .prepare_cached(NEWEST_MARK_SQL)?
+                .query_row([], |r| rows::stored_event(r))
+                .optional()?
+                .map(|e| archive::Archived::from_event(&self.key, &e).map_err(|why| (e.seq, why)));
             let mut stmt = tx.prepare(&format!(
                 "SELECT {TRACE_COLUMNS} FROM trace_events ORDER BY seq"
             ))?;
@@ -2369,7 +2607,7 @@ impl Trace for SqliteStore {
             let wanted: std::collections::BTreeSet<i64> =
                 checkpoints.iter().map(|(_, c)| c.seq).collect();
             let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
-            let mut chain = ChainCheck::new(&self.key);
+            let mut chain = ChainCheck::after_mark(&self.key, mark);
             while let Some(row) = rows.next()? {
                 let stored = rows::stored_event(row)?;
                 if wanted.contains(&stored.seq) {
@@ -2438,14 +2676,49 @@ impl Trace for SqliteStore {
     }
 
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
+        let mark = self.archive_mark()?;
         let conn = self.lock_all_moved()?;
-        let (count, head): (i64, i64) = conn
-            .prepare_cached(
-                "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= ?1",
-            )
-            .and_then(|mut stmt| stmt.query_row(params![seq], |r| Ok((r.get(0)?, r.get(1)?))))
-            .with_context(|| self.context("counting the trace's events"))?;
-        Ok(missing(seq, count, head))
+        let run = || -> rusqlite::Result<u64> {
+            let to = mark.as_ref().map_or(0, |a| a.mark.to_seq);
+            let (count, head): (i64, i64) = conn
+                .prepare_cached(
+                    "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= ?1",
+                )?
+                .query_row(params![seq.max(to + 1)], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let below: Vec<i64> = match &mark {
+                Some(a) if seq <= to => conn
+                    .prepare_cached("SELECT seq FROM trace_events WHERE seq >= ?1 AND seq <= ?2")?
+                    .query_map(params![seq, a.mark.to_seq], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?,
+                _ => Vec::new(),
+            };
+            Ok(archive::missing_from(
+                seq,
+                mark.as_ref(),
+                &below,
+                count,
+                head,
+            ))
+        };
+        run().with_context(|| self.context("counting the trace's events"))
+    }
+
+    fn archive_mark(&self) -> anyhow::Result<Option<archive::Archived>> {
+        let backend = SqliteArchive(self);
+        archive::newest_mark(&backend, &self.key)
+    }
+
+    fn archive_trace(
+        &self,
+        request: &archive::ArchiveRequest,
+    ) -> anyhow::Result<archive::ArchiveReport> {
+        archive::run_pass(&SqliteArchive(self), &self.key, request)
+            .with_context(|| self.context("archiving the trace"))
+    }
+
+    fn export_trace(&self, dir: &Path) -> anyhow::Result<archive::Exported> {
+        archive::export(&SqliteArchive(self), &self.key, dir)
+            .with_context(|| self.context("exporting the trace"))
     }
 
     fn trace_checkpoint(&self) -> anyhow::Result<Checkpoint> {
@@ -2622,7 +2895,8 @@ fn with_revision(mut events: Vec<NewEvent>, revision: i64) -> Vec<NewEvent> {
 }
 
 /// One trace row as stored.
-struct StoredEvent {
+#[derive(Debug)]
+pub(crate) struct StoredEvent {
     seq: i64,
     at: i64,
     kind: String,
@@ -2634,7 +2908,7 @@ struct StoredEvent {
 }
 
 /// The verification of a chain, one stored event at a time (in seq order).
-struct ChainCheck<'k> {
+pub(crate) struct ChainCheck<'k> {
     key: &'k TraceKey,
     events: u64,
     expected_seq: i64,
@@ -2643,23 +2917,71 @@ struct ChainCheck<'k> {
     keyed_from: Option<i64>,
     unkeyed: u64,
     first_bad: Option<(i64, String)>,
+    /// The store's newest archive mark: the events up to its `to_seq` are only checked
+    /// one by one (and must be ones it kept), the chain starts after it.
+    archived: Option<archive::Archived>,
+    /// The kept events up to the mark seen so far.
+    kept_seen: u64,
 }
 
 impl<'k> ChainCheck<'k> {
-    fn new(key: &'k TraceKey) -> Self {
+    /// The check of a whole trace, from event 1 and 64 zeros.
+    pub(crate) fn new(key: &'k TraceKey) -> Self {
+        Self::starting(key, 1, GENESIS_HASH.to_owned())
+    }
+
+    /// The check of a run of events that starts at `seq` and links to `prev` (a segment).
+    pub(crate) fn starting(key: &'k TraceKey, seq: i64, prev: String) -> Self {
         Self {
             key,
             events: 0,
-            expected_seq: 1,
-            prev: GENESIS_HASH.to_owned(),
+            expected_seq: seq,
+            prev,
             keyed_from: None,
             unkeyed: 0,
             first_bad: None,
+            archived: None,
+            kept_seen: 0,
         }
     }
 
-    fn next(&mut self, e: StoredEvent) -> anyhow::Result<()> {
+    /// The check of a store whose newest archive mark is `mark` (verified), or whose mark
+    /// is bad (`Err((seq, why))`: the fault is reported first, and the chain is checked
+    /// from event 1).
+    pub(crate) fn after_mark(
+        key: &'k TraceKey,
+        mark: Option<Result<archive::Archived, (i64, String)>>,
+    ) -> Self {
+        match mark {
+            None => Self::new(key),
+            Some(Err(fault)) => {
+                let mut check = Self::new(key);
+                check.first_bad = Some(fault);
+                check
+            }
+            Some(Ok(a)) => {
+                let mut check = Self::starting(key, a.mark.to_seq + 1, a.mark.head.clone());
+                check.archived = Some(a);
+                check
+            }
+        }
+    }
+
+    /// The first fault so far.
+    pub(crate) fn first_bad(&self) -> Option<&(i64, String)> {
+        self.first_bad.as_ref()
+    }
+
+    pub(crate) fn next(&mut self, e: StoredEvent) -> anyhow::Result<()> {
         self.events += 1;
+        if let Some(a) = self.archived.take_if(|a| e.seq <= a.mark.to_seq) {
+            let fault = self.check_below_mark(&a, &e);
+            self.archived = Some(a);
+            if self.first_bad.is_none() {
+                self.first_bad = fault;
+            }
+            return Ok(());
+        }
         if self.first_bad.is_none() {
             self.first_bad = self.check(&e)?;
         }
@@ -2748,6 +3070,41 @@ impl<'k> ChainCheck<'k> {
         Ok(None)
     }
 
+    /// An event stored up to the archive mark `a`: it must be MACed with the key (kept
+    /// events are keyed; one still awaiting deletion was checked in its segment and must
+    /// still be genuine), and counts toward the kept ones when `a` lists it.
+    fn check_below_mark(
+        &mut self,
+        a: &archive::Archived,
+        e: &StoredEvent,
+    ) -> Option<(i64, String)> {
+        let seq = e.seq;
+        let genuine = e.key_id.as_deref() == Some(self.key.id())
+            && self.key.verify_event(
+                seq,
+                e.at,
+                &e.kind,
+                &e.subject,
+                &e.payload,
+                &e.prev_hash,
+                &e.hash,
+            );
+        if a.mark.kept.binary_search(&seq).is_ok() {
+            self.kept_seen += 1;
+        }
+        (!genuine).then(|| {
+            (
+                seq,
+                format!(
+                    "event {seq}, kept in the store when events up to {} were archived (event \
+                     {}), was altered: its stored bytes no longer match its MAC under this \
+                     host's key",
+                    a.mark.to_seq, a.event_seq
+                ),
+            )
+        })
+    }
+
     /// An event from before schema 7: unkeyed, so accepted only before the first keyed
     /// one, in the canonical form the store wrote, with its sha256 hash.
     fn check_unkeyed(&self, e: &StoredEvent) -> anyhow::Result<Option<(i64, String)>> {
@@ -2811,6 +3168,22 @@ impl<'k> ChainCheck<'k> {
         recorded: &std::collections::BTreeMap<i64, String>,
     ) -> TraceVerification {
         let last = self.expected_seq - 1;
+        if let Some(a) = &self.archived
+            && self.first_bad.is_none()
+            && self.kept_seen < a.mark.kept.len() as u64
+        {
+            self.first_bad = Some((
+                a.mark.to_seq,
+                format!(
+                    "{} of the {} events kept in the store when events up to {} were archived \
+                     (event {}) are missing: proofs still needed were deleted",
+                    a.mark.kept.len() as u64 - self.kept_seen,
+                    a.mark.kept.len(),
+                    a.mark.to_seq,
+                    a.event_seq
+                ),
+            ));
+        }
         if self.first_bad.is_none() && self.events > 0 && self.keyed_from.is_none() {
             self.first_bad = Some((
                 last,
@@ -2822,6 +3195,7 @@ impl<'k> ChainCheck<'k> {
             ));
         }
         let mut anchored: Option<i64> = None;
+        let mut archived_points = 0u64;
         for (line, c) in checkpoints {
             let fault = if !self.key.verifies(c) {
                 Some((
@@ -2855,6 +3229,25 @@ impl<'k> ChainCheck<'k> {
                         )
                     },
                 ))
+            } else if let Some(a) = self
+                .archived
+                .as_ref()
+                .filter(|a| c.seq <= a.mark.to_seq && !recorded.contains_key(&c.seq))
+            {
+                if c.seq == a.mark.to_seq && c.head != a.mark.head {
+                    Some((
+                        c.seq,
+                        format!(
+                            "event {}'s MAC is not the one the checkpoint on line {line} \
+                             recorded ({}), but the archive mark (event {}) says {}: the \
+                             chain up to it was rewritten",
+                            c.seq, c.head, a.event_seq, a.mark.head
+                        ),
+                    ))
+                } else {
+                    archived_points += 1;
+                    None
+                }
             } else if c.seq > 0 && recorded.get(&c.seq) != Some(&c.head) {
                 Some((
                     c.seq,
@@ -2873,6 +3266,23 @@ impl<'k> ChainCheck<'k> {
             }
         }
         let mut coverage = Vec::new();
+        if let Some(a) = &self.archived {
+            coverage.push(format!(
+                "events 1..={}: archived into segments, the newest ({}) sealed by event {} \
+                 with its head; {} of them kept in the store, each MAC-checked on its own; \
+                 `airlock trace verify --archive DIR` checks the segments",
+                a.mark.to_seq,
+                a.mark.segment,
+                a.event_seq,
+                a.mark.kept.len()
+            ));
+        }
+        if archived_points > 0 {
+            coverage.push(format!(
+                "{archived_points} checkpoint(s) name archived events: --archive DIR checks them \
+                 against the segments"
+            ));
+        }
         match self.keyed_from {
             Some(first) if last >= first => coverage.push(format!(
                 "events {first}..={last}: each MACed with key {} ({}) over its stored bytes \
@@ -2907,6 +3317,7 @@ impl<'k> ChainCheck<'k> {
         }
         TraceVerification {
             events: self.events,
+            archived_to: self.archived.as_ref().map(|a| a.mark.to_seq),
             head: self.prev,
             first_bad: self.first_bad,
             key_id: self.key.id().to_owned(),

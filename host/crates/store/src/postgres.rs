@@ -64,6 +64,7 @@ use super::approvals::{
     DecisionEffect, INTENT_COLUMNS, IntentHandle, IntentRecord, IntentState, NewApproval,
     NewIntent, ReceiptBinding, ReceiptRefusal, random_id,
 };
+use super::archive;
 use super::contracts::{self, ContractRecord, ContractReviews, NewContractApproval};
 use super::intents::{ATTEMPT_COLUMNS, AttemptRecord, AttemptState, IntentFilter, Resolution};
 use super::key::{self, Checkpoint, TraceKey};
@@ -75,12 +76,13 @@ use super::{
     Approvals, CONNECTION_SELECT, ChainCheck, ConnectionRecord, ConnectionRevision, Connections,
     GENESIS_HASH, Hosts, Intents, MAPPING_COLUMNS, MIN_PREFIX, MappingRecord, MappingState,
     Mappings, NewMappingRevision, NewObservation, SNAPSHOT_SUMMARY_SELECT, SnapshotObservation,
-    SnapshotSummary, Snapshots, StoredSnapshot, TRACE_COLUMNS, TRACE_KEYED, Trace, TraceEvent,
-    TraceVerification, canonical, is_hex, ms_to_sql, new_connection_id, now_ms, with_revision,
+    SnapshotSummary, Snapshots, StoredEvent, StoredSnapshot, TRACE_COLUMNS, TRACE_KEYED, Trace,
+    TraceEvent, TraceVerification, canonical, is_hex, ms_to_sql, new_connection_id, now_ms,
+    with_revision,
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
-pub const PG_SCHEMA_VERSION: i64 = 5;
+pub const PG_SCHEMA_VERSION: i64 = 6;
 
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
@@ -351,6 +353,25 @@ CREATE TRIGGER intents_keep_compensates BEFORE UPDATE OF compensates ON intents
 CREATE TRIGGER intents_handles_once BEFORE UPDATE OF handles ON intents
     FOR EACH ROW WHEN (OLD.handles IS NOT NULL AND NEW.handles IS DISTINCT FROM OLD.handles)
     EXECUTE FUNCTION airlock_refuse('an intent''s handles are written once');
+"#,
+    // 5 → 6: trace retention, as SQLite's migration 13: archived events may be deleted,
+    // and only they (a trigger's WHEN cannot hold a subquery here, so a function decides).
+    r#"
+CREATE INDEX trace_events_archives ON trace_events (seq) WHERE kind = 'trace-archived';
+CREATE FUNCTION airlock_trace_delete() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF OLD.seq > coalesce((SELECT (payload::jsonb ->> 'to_seq')::bigint FROM trace_events
+            WHERE kind = 'trace-archived' ORDER BY seq DESC LIMIT 1), 0) THEN
+        RAISE EXCEPTION 'trace events are append-only: only archived events may be deleted';
+    END IF;
+    RETURN OLD;
+END
+$fn$;
+DROP TRIGGER trace_events_append_only ON trace_events;
+CREATE TRIGGER trace_events_append_only BEFORE UPDATE ON trace_events
+    FOR EACH ROW EXECUTE FUNCTION airlock_refuse('trace events are append-only');
+CREATE TRIGGER trace_events_delete_archived_only BEFORE DELETE ON trace_events
+    FOR EACH ROW EXECUTE FUNCTION airlock_trace_delete();
 "#,
 ];
 
@@ -1260,6 +1281,197 @@ async fn append_in(
     Ok(())
 }
 
+/// The newest `trace-archived` event, through the partial index `trace_events_archives`.
+const NEWEST_MARK_SQL: &str = "SELECT seq, at_ms, kind, subject, payload, prev_hash, hash, key_id \
+     FROM trace_events WHERE kind = 'trace-archived' ORDER BY seq DESC LIMIT 1";
+
+/// The PostgreSQL store's side of an archive pass ([`archive::ArchiveBackend`]). Several
+/// hosts may run passes: the mark is appended under the write lock only if no other host
+/// sealed one meanwhile.
+struct PgArchive<'s>(&'s PostgresStore);
+
+impl archive::ArchiveBackend for PgArchive<'_> {
+    fn newest_mark_event(&self) -> anyhow::Result<Option<StoredEvent>> {
+        self.0.read("reading the newest archive mark", async |c| {
+            let row = c.query_opt(NEWEST_MARK_SQL, &[]).await.map_err(db)?;
+            row.as_ref().map(rows::stored_event).transpose()
+        })
+    }
+
+    fn events_after(
+        &self,
+        after: i64,
+        through: i64,
+        limit: i64,
+    ) -> anyhow::Result<Vec<StoredEvent>> {
+        self.0.read("reading events to archive", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq > $1 AND seq <= $2 \
+                     ORDER BY seq LIMIT $3"
+                ),
+                &[&after, &through, &limit],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::stored_event)
+            .collect()
+        })
+    }
+
+    fn times_after(&self, after: i64, limit: i64) -> anyhow::Result<Vec<(i64, i64)>> {
+        self.0.read("reading event times", async |c| {
+            Ok(c.query(
+                "SELECT seq, at_ms FROM trace_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                &[&after, &limit],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+        })
+    }
+
+    fn head_seq(&self) -> anyhow::Result<i64> {
+        self.0.read("reading the trace head", async |c| {
+            Ok(
+                c.query_one("SELECT coalesce(max(seq), 0) FROM trace_events", &[])
+                    .await
+                    .map_err(db)?
+                    .get(0),
+            )
+        })
+    }
+
+    fn events_at(&self, seqs: &[i64]) -> anyhow::Result<Vec<StoredEvent>> {
+        let seqs = seqs.to_vec();
+        self.0.read("reading kept events", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {TRACE_COLUMNS} FROM trace_events \
+                     WHERE seq = ANY($1::bigint[]) ORDER BY seq"
+                ),
+                &[&seqs],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::stored_event)
+            .collect()
+        })
+    }
+
+    fn needs(&self, now_ms: u64) -> anyhow::Result<archive::Needs> {
+        let now = ms_to_sql(now_ms)?;
+        self.0.read("reading what the trace must keep", async |c| {
+            let ids = |rows: Vec<Row>| rows.iter().map(|r| r.get::<_, String>(0)).collect();
+            Ok(archive::Needs {
+                approvals: ids(c
+                    .query(
+                        "SELECT id FROM approvals WHERE state IN ('pending', 'approved') \
+                         OR expires_ms > $1 OR intent_id IN \
+                         (SELECT id FROM intents WHERE state IN ('prepared', 'unknown'))",
+                        &[&now],
+                    )
+                    .await
+                    .map_err(db)?),
+                intents: ids(c
+                    .query(
+                        "SELECT id FROM intents WHERE state IN ('prepared', 'unknown')",
+                        &[],
+                    )
+                    .await
+                    .map_err(db)?),
+            })
+        })
+    }
+
+    fn intent_closed_in_trace(&self, id: &str) -> anyhow::Result<bool> {
+        self.0.read("reading an intent's closing event", async |c| {
+            // The terms repeat the index trace_events_intent_states' definition.
+            Ok(c
+                .query_opt(
+                    "SELECT 1 FROM trace_events \
+                     WHERE kind IN ('call-outcome', 'call-refused', 'intent-resolved', 'intent-held') \
+                     AND (payload::jsonb ->> 'intent_state') IS NOT NULL \
+                     AND (payload::jsonb ->> 'intent') = $1 \
+                     AND (payload::jsonb ->> 'intent_state') IN ('completed', 'failed') LIMIT 1",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?
+                .is_some())
+        })
+    }
+
+    fn append_mark(
+        &self,
+        previous: Option<i64>,
+        mark: &archive::ArchiveMark,
+    ) -> anyhow::Result<i64> {
+        let key = &self.0.key;
+        let event = NewEvent::new(
+            archive::TRACE_ARCHIVED,
+            "trace",
+            serde_json::to_value(mark)?,
+        );
+        self.0.write("appending the archive mark", async |tx| {
+            let newest: Option<i64> = tx
+                .query_opt(NEWEST_MARK_SQL, &[])
+                .await
+                .map_err(db)?
+                .map(|r| r.get(0));
+            if newest != previous {
+                bail!(
+                    "another host archived the trace meanwhile (its newest mark is now event \
+                     {newest:?}); this pass's segment {} will be replaced by the next pass",
+                    mark.segment
+                );
+            }
+            append_in(tx, key, std::slice::from_ref(&event)).await?;
+            Ok(tx
+                .query_one("SELECT max(seq) FROM trace_events", &[])
+                .await
+                .map_err(db)?
+                .get(0))
+        })
+    }
+
+    fn delete_archived(&self, to_seq: i64, kept: &[i64], limit: i64) -> anyhow::Result<u64> {
+        let kept = kept.to_vec();
+        self.0.write("deleting archived events", async |tx| {
+            tx.execute(
+                "DELETE FROM trace_events WHERE seq IN (SELECT seq FROM trace_events \
+                 WHERE seq <= $1 AND NOT (seq = ANY($2::bigint[])) ORDER BY seq LIMIT $3)",
+                &[&to_seq, &kept, &limit],
+            )
+            .await
+            .map_err(db)
+        })
+    }
+
+    fn reclaim(&self) -> anyhow::Result<u64> {
+        // VACUUM (not FULL) makes the deleted rows' space reusable without locking out
+        // writers; it returns to the file system only what ends the table.
+        self.0.read("vacuuming the trace", async |c| {
+            let size = async || -> anyhow::Result<i64> {
+                Ok(
+                    c.query_one("SELECT pg_total_relation_size('trace_events')", &[])
+                        .await
+                        .map_err(db)?
+                        .get(0),
+                )
+            };
+            let before = size().await?;
+            c.c.batch_execute("VACUUM trace_events").await.map_err(db)?;
+            let after = size().await?;
+            Ok(u64::try_from(before - after).unwrap_or(0))
+        })
+    }
+}
+
 /// Tells every listening host, at commit of `tx`, that `what` changed.
 async fn notify(tx: &Sql<'_, Transaction<'_>>, what: &str) -> anyhow::Result<()> {
     tx.execute("SELECT pg_notify($1, $2)", &[&CHANGES_CHANNEL, &what])
@@ -1976,7 +2188,15 @@ impl Trace for PostgresStore {
             let wanted: std::collections::BTreeSet<i64> =
                 checkpoints.iter().map(|(_, c)| c.seq).collect();
             let mut recorded: std::collections::BTreeMap<i64, String> = Default::default();
-            let mut chain = ChainCheck::new(&self.key);
+            let mark = tx
+                .query_opt(NEWEST_MARK_SQL, &[])
+                .await
+                .map_err(db)?
+                .as_ref()
+                .map(rows::stored_event)
+                .transpose()?
+                .map(|e| archive::Archived::from_event(&self.key, &e).map_err(|why| (e.seq, why)));
+            let mut chain = ChainCheck::after_mark(&self.key, mark);
             let mut after = i64::MIN;
             loop {
                 let rows = tx
@@ -2050,17 +2270,56 @@ impl Trace for PostgresStore {
     }
 
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
-        let (count, head): (i64, i64) = self.read("counting the trace's events", async |c| {
-            let row = c
-                .query_one(
-                    "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= $1",
-                    &[&seq],
-                )
-                .await
-                .map_err(db)?;
-            Ok((row.get(0), row.get(1)))
-        })?;
-        Ok(super::missing(seq, count, head))
+        let mark = self.archive_mark()?;
+        let to = mark.as_ref().map_or(0, |a| a.mark.to_seq);
+        let (count, head, below): (i64, i64, Vec<i64>) =
+            self.read("counting the trace's events", async |c| {
+                let row = c
+                    .query_one(
+                        "SELECT count(*), coalesce(max(seq), 0) FROM trace_events WHERE seq >= $1",
+                        &[&seq.max(to + 1)],
+                    )
+                    .await
+                    .map_err(db)?;
+                let below = if seq <= to {
+                    c.query(
+                        "SELECT seq FROM trace_events WHERE seq >= $1 AND seq <= $2",
+                        &[&seq, &to],
+                    )
+                    .await
+                    .map_err(db)?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+                } else {
+                    Vec::new()
+                };
+                Ok((row.get(0), row.get(1), below))
+            })?;
+        Ok(archive::missing_from(
+            seq,
+            mark.as_ref(),
+            &below,
+            count,
+            head,
+        ))
+    }
+
+    fn archive_mark(&self) -> anyhow::Result<Option<archive::Archived>> {
+        archive::newest_mark(&PgArchive(self), &self.key)
+    }
+
+    fn archive_trace(
+        &self,
+        request: &archive::ArchiveRequest,
+    ) -> anyhow::Result<archive::ArchiveReport> {
+        archive::run_pass(&PgArchive(self), &self.key, request)
+            .with_context(|| self.context("archiving the trace"))
+    }
+
+    fn export_trace(&self, dir: &Path) -> anyhow::Result<archive::Exported> {
+        archive::export(&PgArchive(self), &self.key, dir)
+            .with_context(|| self.context("exporting the trace"))
     }
 
     fn intent_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {

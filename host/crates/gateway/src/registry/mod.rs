@@ -41,6 +41,7 @@ pub mod live;
 pub mod loading;
 pub use airlock_runtime::manifest;
 pub mod reload;
+pub mod retention;
 pub mod sync;
 #[cfg(test)]
 mod testkit;
@@ -159,6 +160,10 @@ pub mod events {
     /// in the store): revision, the state and digests the row claims, and why it is not
     /// proven. The mapping is refused.
     pub const MAPPING_TAMPERED: &str = "mapping-tampered";
+    /// The oldest events were sealed into a segment file and left the store (written by
+    /// the store itself, [`crate::store::archive`]): the segment's range, the MAC it starts
+    /// from, its head, the file's sha256 and the events up to its end the store kept.
+    pub const TRACE_ARCHIVED: &str = crate::store::archive::TRACE_ARCHIVED;
 }
 
 /// sha256 (hex) of a file's bytes, streamed.

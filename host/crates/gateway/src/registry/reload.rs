@@ -104,6 +104,7 @@ pub fn spawn_background(host: &Arc<Host>) -> Result<()> {
         }
     });
     crate::registry::anchor::spawn_interval(host);
+    crate::registry::retention::spawn(host);
     if let Some(dir) = host.config().mappings_dir.clone() {
         watch_mappings(host, dir)?;
     }
