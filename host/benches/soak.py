@@ -190,13 +190,24 @@ def descendants(pid):
 class Stats:
     def __init__(self):
         self.lock = threading.Lock()
+        self.began = time.monotonic()
         self.latency = collections.defaultdict(list)
         self.outcomes = collections.Counter()
+        # The first answers that are not an answer (unanswered, transport errors, HTTP
+        # errors): when, to what, and what came back, to explain them.
+        self.anomalies = []
 
-    def record(self, method, seconds, outcome):
+    def record(self, method, seconds, outcome, detail=None):
         with self.lock:
             self.latency[method].append(seconds)
             self.outcomes[outcome] += 1
+            if detail is not None and len(self.anomalies) < 20:
+                self.anomalies.append({
+                    "t": round(time.monotonic() - self.began, 1),
+                    "method": method,
+                    "outcome": outcome,
+                    "detail": detail[:300],
+                })
 
 
 class Client:
@@ -241,7 +252,7 @@ class Client:
         except (OSError, http.client.HTTPException) as e:
             self.conn.close()
             self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            self.stats.record(method, time.monotonic() - started, f"transport error: {type(e).__name__}")
+            self.stats.record(method, time.monotonic() - started, f"transport error: {type(e).__name__}", str(e))
             return None
         took = time.monotonic() - started
         if method == "initialize":
@@ -267,7 +278,8 @@ class Client:
         except ValueError:
             answer = None
         if answer is None:
-            self.stats.record(method, took, f"unanswered (HTTP {reply.status})")
+            self.stats.record(method, took, f"unanswered (HTTP {reply.status})",
+                              f"{reply.getheader('Content-Type', '')}: {body}")
         elif "error" in answer:
             self.stats.record(method, took, f"JSON-RPC error {answer['error'].get('code')}")
         elif answer["result"].get("isError"):
@@ -428,6 +440,7 @@ def main():
             if len(samples) > 1 and samples[-1]["t"] > samples[0]["t"] else None
         ),
         "log_lines_call_refused": log.count("call refused:"),
+        "anomalies": stats.anomalies,
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -439,6 +452,8 @@ def main():
     print("answers: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()))
     if faults:
         print("faults: " + ", ".join(f"{what} at {t} s" for what, t in faults))
+    for a in stats.anomalies:
+        print(f"  at {a['t']} s, {a['method']}: {a['outcome']}: {a['detail']!r}")
     print("  t(s)   RSS(MiB)  fds  threads  store(MiB)  archive(MiB)  answers")
     for s in samples:
         print(f"  {s['t']:>4}   {s['rss'] / 2**20:>8.1f}  {s['fds']:>3}  {s['threads']:>7}  "

@@ -874,6 +874,127 @@ fn legacy_sessions_end_when_idle_or_crowded_and_each_end_is_traced() {
     }
 }
 
+/// Every descendant process of `parent` (through `/proc/*/task/*/children`).
+fn descendant_pids(parent: u32) -> Vec<u32> {
+    let mut found = vec![parent];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                found.extend(
+                    text.split_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// A session whose answer is still being written is never closed to make room: with
+/// both of a principal's sessions waiting on a frozen upstream, a third `initialize` is
+/// refused with 429 and `Retry-After`, both waiting calls are answered, and once they
+/// are, the third opens (closing the least recently used idle one).
+#[test]
+fn a_session_with_a_request_in_flight_is_never_closed_to_make_room() {
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .policy(POLICY)
+        .top("default_profile = \"searcher\"\n")
+        .tables(PROFILES)
+        .tables(&auth_tables().replace("[http]\n", "[http]\nmax_sessions_per_principal = 2\n"));
+    d.approve_all();
+    let s = serve_http(&d, "127.0.0.1:0");
+    let addr = s.addr.clone();
+    let alice = alice();
+    let send = move |session: Option<&str>, body: &str| {
+        let mut head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {alice}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+            body.len()
+        );
+        if let Some(id) = session {
+            head.push_str(&format!(
+                "\r\nMcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25"
+            ));
+        }
+        raw(&addr, &head, body.as_bytes())
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "1"}}})
+    .to_string();
+    let open = |send: &dyn Fn(Option<&str>, &str) -> Reply| {
+        let r = send(None, &init);
+        (r.status, r.header("mcp-session-id").map(str::to_string), r)
+    };
+    let (_, a, _) = open(&send);
+    let (_, b, _) = open(&send);
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let notes = descendant_pids(s.child.id())
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("notes-server"))
+        })
+        .expect("the notes server");
+    let signal = |sig: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &notes.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let waiting: Vec<_> = [(a.clone(), 7), (b.clone(), 8)]
+        .into_iter()
+        .map(|(id, n)| {
+            let send = send.clone();
+            std::thread::spawn(move || {
+                let call = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                    "params": {"name": "search_sources", "arguments": {"query": "wal"}}})
+                .to_string();
+                (n, send(Some(&id), &call))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1000));
+    let (status, id, r) = open(&send);
+    assert_eq!(status, 429, "{r:?}");
+    assert_eq!(id, None, "no session is kept");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert!(r.body.contains("request in flight"), "{r:?}");
+    for w in waiting {
+        let (n, r) = w.join().unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(
+            r.body.contains(&format!("\"id\":{n}")) && r.body.contains("\"result\""),
+            "the waiting call {n} is answered: {r:?}"
+        );
+    }
+    signal("-CONT");
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).to_string();
+    assert_eq!(
+        send(Some(&b), &list).status,
+        200,
+        "b is now the most recently used"
+    );
+    let (status, c, r) = open(&send);
+    assert_eq!(status, 200, "{r:?}");
+    assert_eq!(
+        send(Some(&a), &list).status,
+        404,
+        "the least recently used idle one made room"
+    );
+    assert_eq!(send(Some(&b), &list).status, 200);
+    assert_eq!(send(Some(c.as_deref().unwrap()), &list).status, 200);
+}
+
 #[test]
 fn without_auth_only_loopback_and_the_configured_requester() {
     let d = Deployment::with_notes()

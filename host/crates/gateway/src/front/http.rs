@@ -22,7 +22,9 @@
 //!
 //! **Legacy sessions end.** A 2025-11-25 MCP session unused for `session_idle` is closed;
 //! a principal holds at most `max_sessions_per_principal` of them, and opening one more
-//! closes its least recently used one first. Each opening and each end is traced
+//! closes its least recently used one that has no request in flight (a session whose
+//! answer is still being written is never closed to make room; when every one has one,
+//! the new session is refused with 429 and `Retry-After: 1`). Each opening and each end is traced
 //! (`mcp-session-opened`, `mcp-session-ended` with why), and while any is open the count
 //! is logged at INFO once a minute. A request for an ended session gets 404, so the
 //! client initializes again (Streamable HTTP, "Session Management").
@@ -311,6 +313,7 @@ impl McpFront {
         Self {
             host,
             session: super::Bound::Http(PerRequest::default()),
+            ended: super::EndsWithFront::new(),
         }
     }
 }
@@ -342,6 +345,24 @@ impl PerRequest {
 }
 
 type Body = BoxBody<Bytes, Infallible>;
+
+/// The answer to an `initialize` that would exceed `max` legacy sessions while each of
+/// the principal's sessions has a request in flight: 429 with `Retry-After: 1` (RFC 6585
+/// §4, RFC 9110 §10.2.3); nothing of the new session is kept.
+fn too_many_sessions(max: usize) -> Response<Body> {
+    let mut response = plain(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!(
+            "Too Many Requests: this principal already holds {max} MCP sessions, each with a \
+             request in flight (max_sessions_per_principal); retry when one has answered"
+        ),
+    );
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        hyper::header::HeaderValue::from_static("1"),
+    );
+    response
+}
 
 /// A response that ends a request before the MCP endpoint (boxed: it is the error side
 /// of the checks).
@@ -377,6 +398,28 @@ struct LegacySession {
     requester: String,
     opened: std::time::Instant,
     last_used: std::time::Instant,
+    /// Its `POST` requests whose answer is not yet written out (the body of each response
+    /// holds an [`InFlight`]; a `GET` stream is not counted): a session with one is never
+    /// closed to make room.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One request of a legacy session whose response is still being written: counted in its
+/// session's `in_flight` from before rmcp sees the request until the response body is
+/// dropped (sent, or the client went away).
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn start(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Why a legacy MCP session ended (traced).
@@ -587,6 +630,7 @@ impl HttpFront {
             .headers()
             .get(SESSION_HEADER)
             .map(|v| v.to_str().map(str::to_string));
+        let mut in_flight: Option<InFlight> = None;
         match &session_id {
             None => {}
             Some(Err(_)) => {
@@ -603,8 +647,18 @@ impl HttpFront {
                     .get_mut(id)
                     .map(|s| {
                         s.last_used = std::time::Instant::now();
-                        s.owner.clone()
+                        // A POST carries a request whose answer follows (a GET is the
+                        // session's standing stream, not an answer). Counted under the
+                        // lock that eviction takes: a session is never chosen between
+                        // this request's lookup and its start.
+                        let started =
+                            (req.method() == Method::POST).then(|| InFlight::start(&s.in_flight));
+                        (s.owner.clone(), started)
                     });
+                let owner = owner.map(|(owner, guard)| {
+                    in_flight = guard;
+                    owner
+                });
                 match owner {
                     None => return plain(StatusCode::NOT_FOUND, "Not Found: Session not found"),
                     Some(owner) if owner != bound.key => {
@@ -643,14 +697,28 @@ impl HttpFront {
         let deleting = req.method() == Method::DELETE;
         req.extensions_mut().insert(bound);
         let response = self.mcp.handle(req).await;
+        // The session's request stays in flight until its response body is dropped.
+        let response = match in_flight {
+            None => response,
+            Some(guard) => response.map(|body| {
+                body.map_frame(move |frame| {
+                    let _ = &guard;
+                    frame
+                })
+                .boxed()
+            }),
+        };
         match session_id {
             None => {
-                if let Some(id) = response
+                let opened = response
                     .headers()
                     .get(SESSION_HEADER)
                     .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                if let Some(id) = opened
+                    && !self.remember_session(&id, key, requester).await
                 {
-                    self.remember_session(id, key, requester).await;
+                    return too_many_sessions(self.max_sessions_per_principal);
                 }
             }
             Some(Ok(id)) if deleting && response.status().is_success() => {
@@ -668,41 +736,68 @@ impl HttpFront {
         response
     }
 
-    /// Records a new legacy session of principal `key` (traced); when the principal then
-    /// holds more than `max_sessions_per_principal`, closes its least recently used one.
+    /// Records a new legacy session `id` of principal `key` (traced); when the principal
+    /// then holds more than `max_sessions_per_principal`, closes its least recently used
+    /// session that has no request in flight. When every other one has a request in
+    /// flight, closes the new one instead and returns `false` (the caller answers 429):
+    /// closing a session with a request in flight would leave that request unanswered.
     /// Past [`MAX_CACHED_PRINCIPALS`] records, forgets those rmcp no longer has.
-    async fn remember_session(&self, id: &str, key: Arc<str>, requester: String) {
+    async fn remember_session(&self, id: &str, key: Arc<str>, requester: String) -> bool {
         let now = std::time::Instant::now();
+        // `Err(n)`: the principal's `n` sessions all have a request in flight.
+        let (evicted, crowded) = {
+            let mut legacy = self.legacy.lock().unwrap_or_else(|e| e.into_inner());
+            let own: Vec<(String, std::time::Instant, usize)> = legacy
+                .iter()
+                .filter(|(_, s)| s.owner == key)
+                .map(|(id, s)| {
+                    let busy = s.in_flight.load(std::sync::atomic::Ordering::Acquire);
+                    (id.clone(), s.last_used, busy)
+                })
+                .collect();
+            let evicted = if own.len() >= self.max_sessions_per_principal {
+                match own
+                    .iter()
+                    .filter(|(_, _, busy)| *busy == 0)
+                    .min_by_key(|(_, used, _)| *used)
+                {
+                    Some((oldest, _, _)) => Ok(legacy.remove(oldest).map(|s| (oldest.clone(), s))),
+                    None => Err(own.len()),
+                }
+            } else {
+                Ok(None)
+            };
+            if evicted.is_ok() {
+                legacy.insert(
+                    id.to_string(),
+                    LegacySession {
+                        owner: key.clone(),
+                        requester: requester.clone(),
+                        opened: now,
+                        last_used: now,
+                        in_flight: Arc::default(),
+                    },
+                );
+            }
+            (evicted, legacy.len() > MAX_CACHED_PRINCIPALS)
+        };
+        let evicted = match evicted {
+            Ok(evicted) => evicted,
+            Err(busy) => {
+                self.close(id).await;
+                tracing::warn!(
+                    requester = %requester,
+                    sessions = busy,
+                    "refused a new legacy MCP session: every session of this principal has a request in flight (max_sessions_per_principal)"
+                );
+                return false;
+            }
+        };
         self.host.registry().trace(
             crate::registry::events::MCP_SESSION_OPENED,
             &session_digest(id),
             serde_json::json!({"requester": &requester}),
         );
-        let (evicted, crowded) = {
-            let mut legacy = self.legacy.lock().unwrap_or_else(|e| e.into_inner());
-            legacy.insert(
-                id.to_string(),
-                LegacySession {
-                    owner: key.clone(),
-                    requester,
-                    opened: now,
-                    last_used: now,
-                },
-            );
-            let mut own: Vec<(&String, std::time::Instant)> = legacy
-                .iter()
-                .filter(|(_, s)| s.owner == key)
-                .map(|(id, s)| (id, s.last_used))
-                .collect();
-            let evicted = if own.len() > self.max_sessions_per_principal {
-                own.sort_by_key(|(_, used)| *used);
-                let oldest = own[0].0.clone();
-                legacy.remove(&oldest).map(|s| (oldest, s))
-            } else {
-                None
-            };
-            (evicted, legacy.len() > MAX_CACHED_PRINCIPALS)
-        };
         if let Some((old, s)) = evicted {
             self.close(&old).await;
             self.trace_end(&old, &s, SessionEnd::Evicted);
@@ -710,6 +805,7 @@ impl HttpFront {
         if crowded {
             self.forget_gone().await;
         }
+        true
     }
 
     /// Closes legacy session `id` in rmcp (its worker stops; a later request is 404).

@@ -62,6 +62,24 @@ pub const TOOLS_LIST_TTL_MS: u64 = 60_000;
 pub struct McpFront {
     host: Arc<Host>,
     session: Bound,
+    /// Shared by every clone of this front; cancelled when the last one is dropped, that
+    /// is when the session's service ended: what runs for the session stops with it.
+    ended: Arc<EndsWithFront>,
+}
+
+/// Cancels its token when dropped (see [`McpFront`]'s `ended`).
+struct EndsWithFront(tokio_util::sync::CancellationToken);
+
+impl EndsWithFront {
+    fn new() -> Arc<Self> {
+        Arc::new(Self(tokio_util::sync::CancellationToken::new()))
+    }
+}
+
+impl Drop for EndsWithFront {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 /// Where a front's session comes from.
@@ -79,6 +97,7 @@ impl McpFront {
         Self {
             host,
             session: Bound::Fixed(session),
+            ended: EndsWithFront::new(),
         }
     }
 
@@ -351,13 +370,23 @@ impl ServerHandler for McpFront {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        // Tell this client whenever what could be offered changes.
+        // Tell this client whenever what could be offered changes, until its session ends
+        // (the task holds the session's peer: it must not outlive it).
         let mut changes = self.host.live().changes();
         let peer = context.peer;
+        let ended = self.ended.0.clone();
         tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                if peer.notify_tool_list_changed().await.is_err() || peer.is_transport_closed() {
-                    return;
+            loop {
+                tokio::select! {
+                    () = ended.cancelled() => return,
+                    changed = changes.changed() => {
+                        if changed.is_err()
+                            || peer.notify_tool_list_changed().await.is_err()
+                            || peer.is_transport_closed()
+                        {
+                            return;
+                        }
+                    }
                 }
             }
         });
@@ -368,6 +397,43 @@ impl ServerHandler for McpFront {
 mod tests {
     use super::*;
     use crate::pipeline::Category;
+
+    /// A session's catalogue watcher (the task that sends it
+    /// `notifications/tools/list_changed`) ends with the session, not at the next change:
+    /// it holds the session's peer, and a long-lived host opens many sessions (the soak of
+    /// issue 37 saw ~5 KiB per ended session kept until a change came).
+    #[tokio::test]
+    async fn a_sessions_catalogue_watcher_ends_with_the_session() {
+        use crate::registry::testkit;
+        let notes = testkit::Notes::serve(airlock_fixture_notes::ServeOptions::default()).await;
+        let state = tempfile::tempdir().unwrap();
+        let config = testkit::config(&notes.url, state.path(), "");
+        let host = Host::start_with(&config, vec![]).await.unwrap();
+        let base = host.live().listeners();
+        for round in 0..3 {
+            let front = host.front(None).unwrap();
+            let (server_io, client_io) = tokio::io::duplex(1 << 16);
+            let server = tokio::spawn(async move {
+                let running = rmcp::serve_server(front, server_io).await.unwrap();
+                let _ = running.waiting().await;
+            });
+            let client = rmcp::serve_client((), client_io).await.unwrap();
+            testkit::until("the session watches the catalogue", || {
+                host.live().listeners() == base + 1
+            })
+            .await;
+            client.cancel().await.unwrap();
+            server.await.unwrap();
+            testkit::until_within(
+                &format!("round {round}: the ended session's watcher is gone"),
+                Duration::from_secs(10),
+                || host.live().listeners() == base,
+            )
+            .await;
+        }
+        // No change was announced meanwhile: nothing but the session's end stopped them.
+        assert_eq!(*host.live().changes().borrow(), 0);
+    }
 
     #[test]
     fn only_an_unknown_tool_is_a_protocol_error() {

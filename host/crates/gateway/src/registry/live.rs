@@ -267,6 +267,12 @@ impl Live {
         self.changes.subscribe()
     }
 
+    /// How many receivers of [`Live::changes`] are alive (each front session's watcher
+    /// holds one while its session lives).
+    pub fn listeners(&self) -> usize {
+        self.changes.receiver_count()
+    }
+
     /// The serve configuration.
     pub fn config(&self) -> &ServeConfig {
         &self.config

@@ -44,7 +44,7 @@ pub mod reload;
 pub mod retention;
 pub mod sync;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
