@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::common::Deployment;
 
@@ -28,16 +28,7 @@ async fn searched<H: rmcp::ClientHandler>(
     client: &rmcp::service::RunningService<rmcp::RoleClient, H>,
     n: usize,
 ) {
-    for i in 0..n {
-        let r = crate::common::call(
-            client,
-            "search_sources",
-            json!({"query": format!("wal {i}")}),
-        )
-        .await
-        .unwrap();
-        assert_ne!(r.is_error, Some(true), "{r:?}");
-    }
+    crate::common::searched(client, "wal", n).await;
 }
 
 fn verify_archive(d: &Deployment, dir: &Path) -> std::process::Output {

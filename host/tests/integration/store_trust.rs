@@ -772,16 +772,7 @@ async fn answered<H: rmcp::ClientHandler>(
     client: &rmcp::service::RunningService<rmcp::RoleClient, H>,
     n: usize,
 ) {
-    for i in 0..n {
-        let r = crate::common::call(
-            client,
-            "search_sources",
-            json!({"query": format!("checkpoint {i}")}),
-        )
-        .await
-        .unwrap();
-        assert_ne!(r.is_error, Some(true), "{r:?}");
-    }
+    crate::common::searched(client, "checkpoint", n).await;
 }
 
 fn outcomes(trace: &[Value]) -> usize {

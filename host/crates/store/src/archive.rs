@@ -131,17 +131,7 @@ impl Archived {
         if e.kind != TRACE_ARCHIVED {
             return Err(format!("event {seq} is a `{}` event, not a mark", e.kind));
         }
-        if e.key_id.as_deref() != Some(key.id())
-            || !key.verify_event(
-                seq,
-                e.at,
-                &e.kind,
-                &e.subject,
-                &e.payload,
-                &e.prev_hash,
-                &e.hash,
-            )
-        {
+        if !e.is_genuine(key) {
             return Err(format!(
                 "event {seq} (`{TRACE_ARCHIVED}`) does not verify with this host's key {}: it \
                  was altered or forged, so what it says was archived cannot be trusted",

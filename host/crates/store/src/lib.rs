@@ -2907,6 +2907,23 @@ pub(crate) struct StoredEvent {
     key_id: Option<String>,
 }
 
+impl StoredEvent {
+    /// Whether this event is MACed with `key` (its `key_id`) and its stored bytes still
+    /// match that MAC: an authentic event, whatever its place in the chain.
+    pub(crate) fn is_genuine(&self, key: &TraceKey) -> bool {
+        self.key_id.as_deref() == Some(key.id())
+            && key.verify_event(
+                self.seq,
+                self.at,
+                &self.kind,
+                &self.subject,
+                &self.payload,
+                &self.prev_hash,
+                &self.hash,
+            )
+    }
+}
+
 /// The verification of a chain, one stored event at a time (in seq order).
 pub(crate) struct ChainCheck<'k> {
     key: &'k TraceKey,
@@ -3079,16 +3096,7 @@ impl<'k> ChainCheck<'k> {
         e: &StoredEvent,
     ) -> Option<(i64, String)> {
         let seq = e.seq;
-        let genuine = e.key_id.as_deref() == Some(self.key.id())
-            && self.key.verify_event(
-                seq,
-                e.at,
-                &e.kind,
-                &e.subject,
-                &e.payload,
-                &e.prev_hash,
-                &e.hash,
-            );
+        let genuine = e.is_genuine(self.key);
         if a.mark.kept.binary_search(&seq).is_ok() {
             self.kept_seen += 1;
         }

@@ -665,6 +665,25 @@ impl rmcp::ClientHandler for Notices {
     }
 }
 
+/// `n` calls of `search_sources` (queries `"{query} 0"`, `"{query} 1"`…) through
+/// `client`, each answered without an error.
+pub async fn searched<H: rmcp::ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    query: &str,
+    n: usize,
+) {
+    for i in 0..n {
+        let r = call(
+            client,
+            "search_sources",
+            serde_json::json!({"query": format!("{query} {i}")}),
+        )
+        .await
+        .unwrap();
+        assert_ne!(r.is_error, Some(true), "{r:?}");
+    }
+}
+
 /// Calls `name` with JSON object `args`.
 pub async fn call<H: rmcp::ClientHandler>(
     client: &RunningService<RoleClient, H>,
