@@ -438,7 +438,13 @@ pub(crate) fn run_pass(
             to,
             prev_hash,
         )?;
-        let event_seq = backend.append_mark(previous.as_ref().map(|p| p.event_seq), &mark)?;
+        let event_seq = match backend.append_mark(previous.as_ref().map(|p| p.event_seq), &mark) {
+            Ok(seq) => seq,
+            Err(e) => {
+                withdraw(backend, key, &request.dir, &mark.segment);
+                return Err(e);
+            }
+        };
         report.deleted += delete_all(backend, &mark)?;
         report.archived_to = mark.to_seq;
         report.segment_bytes = bytes;
@@ -446,6 +452,28 @@ pub(crate) fn run_pass(
     }
     report.reclaimed_bytes = backend.reclaim()?;
     Ok(report)
+}
+
+/// Removes segment file `segment` from `dir` after its mark could not be appended,
+/// unless the newest mark names that very file (another pass sealed the same range: the
+/// same bytes). Left behind, a file no mark names would overlap the next pass's segment
+/// and fail `verify_segments`. A failure here is logged: the folder then holds a file
+/// `verify_segments` reports, and nothing else is affected.
+fn withdraw(backend: &dyn ArchiveBackend, key: &TraceKey, dir: &Path, segment: &str) {
+    let named = newest_mark(backend, key)
+        .ok()
+        .flatten()
+        .is_some_and(|a| a.mark.segment == segment);
+    if named {
+        return;
+    }
+    if let Err(e) = std::fs::remove_file(dir.join(segment)) {
+        tracing::warn!(
+            "could not remove the unsealed segment {} ({e}): `trace verify --archive` will \
+             report it; delete it by hand",
+            dir.join(segment).display()
+        );
+    }
 }
 
 /// Deletes every stored event up to `mark.to_seq` it does not keep, a batch per
@@ -1540,6 +1568,87 @@ mod tests {
             store.export_trace(&copy).is_err(),
             "an existing file is not replaced"
         );
+    }
+
+    /// A backend whose mark is appended only after another store sealed a segment first
+    /// (two passes at once: `serve` and `airlock trace archive`).
+    struct Racing<'s> {
+        inner: crate::SqliteArchive<'s>,
+        other: &'s SqliteStore,
+        dir: PathBuf,
+        max_events: i64,
+    }
+
+    impl ArchiveBackend for Racing<'_> {
+        fn newest_mark_event(&self) -> anyhow::Result<Option<StoredEvent>> {
+            self.inner.newest_mark_event()
+        }
+        fn events_after(&self, a: i64, t: i64, l: i64) -> anyhow::Result<Vec<StoredEvent>> {
+            self.inner.events_after(a, t, l)
+        }
+        fn times_after(&self, a: i64, l: i64) -> anyhow::Result<Vec<(i64, i64)>> {
+            self.inner.times_after(a, l)
+        }
+        fn head_seq(&self) -> anyhow::Result<i64> {
+            self.inner.head_seq()
+        }
+        fn events_at(&self, seqs: &[i64]) -> anyhow::Result<Vec<StoredEvent>> {
+            self.inner.events_at(seqs)
+        }
+        fn needs(&self, now_ms: u64) -> anyhow::Result<Needs> {
+            self.inner.needs(now_ms)
+        }
+        fn intent_closed_in_trace(&self, id: &str) -> anyhow::Result<bool> {
+            self.inner.intent_closed_in_trace(id)
+        }
+        fn append_mark(&self, previous: Option<i64>, mark: &ArchiveMark) -> anyhow::Result<i64> {
+            self.other
+                .archive_trace(&ArchiveRequest {
+                    max_events: self.max_events,
+                    ..request(&self.dir)
+                })
+                .unwrap();
+            self.inner.append_mark(previous, mark)
+        }
+        fn delete_archived(&self, to: i64, kept: &[i64], limit: i64) -> anyhow::Result<u64> {
+            self.inner.delete_archived(to, kept, limit)
+        }
+        fn reclaim(&self) -> anyhow::Result<u64> {
+            self.inner.reclaim()
+        }
+    }
+
+    /// Of two passes at once, one seals; the other's segment is withdrawn (unless it is
+    /// the very file the winner sealed), and the folder still verifies.
+    #[test]
+    fn the_loser_of_two_passes_at_once_leaves_no_segment_behind() {
+        let (d, store, dir) = open();
+        append(&store, 10);
+        let other = SqliteStore::open(&d.path().join("state")).unwrap();
+        for (winner_max, loser_file) in [(4, Some(segment_name(1, 10))), (100, None)] {
+            let racing = Racing {
+                inner: crate::SqliteArchive(&store),
+                other: &other,
+                dir: dir.clone(),
+                max_events: winner_max,
+            };
+            let err = run_pass(&racing, store.key(), &request(&dir)).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("archived the trace meanwhile"),
+                "{err:#}"
+            );
+            if let Some(file) = loser_file {
+                assert!(
+                    !dir.join(file).exists(),
+                    "the unsealed segment is withdrawn"
+                );
+            }
+            let mark = store.archive_mark().unwrap();
+            let s = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
+            assert_eq!(s.first_bad, None, "{s:?}");
+            assert_eq!(store.verify_trace().unwrap().first_bad, None);
+            append(&store, 3);
+        }
     }
 
     /// A new database vacuums incrementally, and a pass gives the space back.
