@@ -37,6 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufRead as _, Read as _, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
@@ -56,6 +57,9 @@ pub const SEGMENT_FORMAT: &str = "airlock-trace-segment/1";
 /// Most events one pass seals into one segment unless asked otherwise (a first pass over
 /// a large trace makes several segments, one per pass).
 pub const DEFAULT_SEGMENT_EVENTS: i64 = 100_000;
+
+/// The file in the archive folder a pass holds an exclusive `flock` on.
+pub const LOCK_FILE: &str = ".archive.lock";
 
 /// Events read from the store per hold of its connection while a segment is written.
 pub(crate) const READ_CHUNK: i64 = 2_000;
@@ -414,6 +418,25 @@ pub(crate) fn run_pass(
     request: &ArchiveRequest,
 ) -> anyhow::Result<ArchiveReport> {
     let mut report = ArchiveReport::default();
+    // One pass at a time per folder (serve's and `airlock trace archive`'s), held to the
+    // end: what this pass finds unsealed in the folder is then a failed pass's.
+    airlock_core::private_fs::ensure_private_dir(
+        &request.dir,
+        "trace archive folder",
+        "or choose another [trace] archive_dir",
+    )?;
+    let lock_path = request.dir.join(LOCK_FILE);
+    let folder_lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&lock_path)
+        .with_context(|| format!("opening {}", lock_path.display()))?;
+    folder_lock
+        .lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
     let previous = match backend.newest_mark_event()? {
         None => None,
         Some(e) => Some(Archived::from_event(key, &e).map_err(|why| {
@@ -544,11 +567,19 @@ fn seal(
     prev_hash: String,
 ) -> anyhow::Result<(ArchiveMark, u64)> {
     let dir = &request.dir;
-    airlock_core::private_fs::ensure_private_dir(
-        dir,
-        "trace archive folder",
-        "or choose another [trace] archive_dir",
-    )?;
+    // Segment files that start where this one does were written by a pass that failed
+    // (or was killed) before its mark: no mark names them (the newest ends at `from - 1`,
+    // and the folder is locked), and left they would overlap this one.
+    for entry in std::fs::read_dir(dir)
+        .with_context(|| format!("reading the archive folder {}", dir.display()))?
+    {
+        let entry = entry?;
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if parse_segment_name(&file).is_some_and(|(f, _)| f == from) {
+            std::fs::remove_file(entry.path())
+                .with_context(|| format!("removing the unsealed {}", entry.path().display()))?;
+        }
+    }
     let name = segment_name(from, to);
     let temp = dir.join(format!(".{name}.tmp"));
     // A temporary file of a pass that failed is ours to replace.
@@ -1457,10 +1488,11 @@ mod tests {
             "{err:#}"
         );
         assert_eq!(stored_seqs(&store).len(), 4);
-        assert!(
-            std::fs::read_dir(&dir).unwrap().next().is_none(),
-            "no segment or temporary file is left"
-        );
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, [LOCK_FILE], "no segment or temporary file is left");
     }
 
     /// Removing, editing or cutting a segment file is found offline.
@@ -1618,18 +1650,21 @@ mod tests {
         }
     }
 
-    /// Of two passes at once, one seals; the other's segment is withdrawn (unless it is
-    /// the very file the winner sealed), and the folder still verifies.
+    /// Of two passes at once into two folders (two hosts of one shared store; passes into
+    /// one folder wait for each other), one seals; the other withdraws its segment
+    /// (unless it is the very file the winner sealed, byte for byte), and the winner's
+    /// folder verifies.
     #[test]
     fn the_loser_of_two_passes_at_once_leaves_no_segment_behind() {
         let (d, store, dir) = open();
+        let winners = d.path().join("winner");
         append(&store, 10);
         let other = SqliteStore::open(&d.path().join("state")).unwrap();
         for (winner_max, loser_file) in [(4, Some(segment_name(1, 10))), (100, None)] {
             let racing = Racing {
                 inner: crate::SqliteArchive(&store),
                 other: &other,
-                dir: dir.clone(),
+                dir: winners.clone(),
                 max_events: winner_max,
             };
             let err = run_pass(&racing, store.key(), &request(&dir)).unwrap_err();
@@ -1644,11 +1679,38 @@ mod tests {
                 );
             }
             let mark = store.archive_mark().unwrap();
-            let s = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
+            let s = verify_segments(&winners, store.key(), mark.as_ref(), &[]).unwrap();
             assert_eq!(s.first_bad, None, "{s:?}");
             assert_eq!(store.verify_trace().unwrap().first_bad, None);
             append(&store, 3);
         }
+    }
+
+    /// A segment file a killed pass left (no mark names it) is removed by the next pass
+    /// that starts there, so the folder still verifies.
+    #[test]
+    fn a_killed_passs_segment_is_removed_by_the_next_pass() {
+        let (_d, store, dir) = open();
+        append(&store, 6);
+        store
+            .archive_trace(&ArchiveRequest {
+                max_events: 3,
+                ..request(&dir)
+            })
+            .unwrap();
+        let orphan = dir.join(segment_name(4, 9));
+        std::fs::write(&orphan, "left by a killed pass\n").unwrap();
+        let m = store
+            .archive_trace(&request(&dir))
+            .unwrap()
+            .sealed
+            .unwrap()
+            .mark;
+        assert_eq!(m.from_seq, 4);
+        assert!(!orphan.exists() || m.segment == segment_name(4, 9));
+        let mark = store.archive_mark().unwrap();
+        let s = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
+        assert_eq!(s.first_bad, None, "{s:?}");
     }
 
     /// A new database vacuums incrementally, and a pass gives the space back.
