@@ -879,6 +879,7 @@ pub fn verify_segments(
     let mut marks: Vec<Archived> = Vec::new();
     let mut found: BTreeMap<String, (i64, i64, String, String)> = BTreeMap::new();
     let (mut expected, mut prev) = (1i64, GENESIS_HASH.to_owned());
+    let (mut keyed_seen, mut unkeyed_start) = (false, true);
     for (from, to, name) in &files {
         if *from > expected {
             fault(
@@ -934,8 +935,28 @@ pub fn verify_segments(
         let mut chain = ChainCheck::starting(key, *from, h.prev_hash.clone());
         let mut last_hash = h.prev_hash.clone();
         let mut count = 0u64;
+        // Only events before the first MACed one, in a run that starts at event 1, may
+        // lack a MAC (written before schema 7): anyone can compute an unkeyed hash, so an
+        // unkeyed event anywhere else proves nothing.
+        if *from != expected || v.first_bad.is_some() {
+            unkeyed_start = false;
+        }
         for e in segment.events {
             count += 1;
+            match &e.key_id {
+                Some(_) => keyed_seen = true,
+                None if keyed_seen || !unkeyed_start => fault(
+                    &mut v,
+                    e.seq,
+                    format!(
+                        "event {} in {name} has no MAC: only the events before the first MACed \
+                         one, from event 1, may lack one (written before schema 7), so this \
+                         one was written without the key",
+                        e.seq
+                    ),
+                ),
+                None => {}
+            }
             if let Some(c) = wanted.get(&e.seq) {
                 checked_points += 1;
                 if c.head != e.hash {
@@ -989,6 +1010,17 @@ pub fn verify_segments(
         );
         prev = last_hash;
         expected = expected.max(to + 1);
+    }
+    if v.events > 0 && !keyed_seen {
+        fault(
+            &mut v,
+            1,
+            format!(
+                "no event in the segments of {} is MACed with a key: a trace this build wrote \
+                 has MACed events, so these were written without the key",
+                dir.display()
+            ),
+        );
     }
     v.through_seq = if files.first().is_some_and(|(f, _, _)| *f == 1) {
         expected - 1
@@ -1711,6 +1743,191 @@ mod tests {
         let mark = store.archive_mark().unwrap();
         let s = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
         assert_eq!(s.first_bad, None, "{s:?}");
+    }
+
+    /// Writes a segment of `n` unkeyed events from `from` after `prev` (what anyone can
+    /// compute: the schema-6 sha256 chain, no key) into `dir`.
+    fn forged_segment(dir: &Path, from: i64, n: i64, prev: &str) {
+        let mut prev = prev.to_owned();
+        let mut lines = Vec::new();
+        for seq in from..from + n {
+            let payload = "{\"forged\":true}".to_owned();
+            let hash = crate::trace::chained_hash(seq, 1_000, "call-outcome", "c", &payload, &prev)
+                .unwrap();
+            lines.push(
+                serde_json::to_string(&SegmentEvent {
+                    seq,
+                    at_ms: 1_000,
+                    kind: "call-outcome".into(),
+                    subject: "c".into(),
+                    payload,
+                    prev_hash: prev.clone(),
+                    hash: hash.clone(),
+                    key_id: None,
+                })
+                .unwrap(),
+            );
+            prev = hash;
+        }
+        let header = SegmentHeader {
+            format: SEGMENT_FORMAT.into(),
+            from_seq: from,
+            to_seq: from + n - 1,
+            prev_hash: lines
+                .first()
+                .map(|l| serde_json::from_str::<SegmentEvent>(l).unwrap().prev_hash)
+                .unwrap(),
+            head: prev,
+            events: n as u64,
+            key_id: "0".repeat(16),
+        };
+        let mut text = serde_json::to_string(&header).unwrap() + "\n";
+        for l in lines {
+            text += &(l + "\n");
+        }
+        std::fs::write(dir.join(segment_name(from, from + n - 1)), text).unwrap();
+    }
+
+    /// Events without a MAC prove nothing: a folder forged from event 1 without the key,
+    /// or unkeyed events after MACed segments (an "export" forged beside them), are
+    /// faults.
+    #[test]
+    fn segments_without_macs_are_refused() {
+        let (d, store, dir) = open();
+        let key = store.key().clone();
+        let forged = d.path().join("forged");
+        std::fs::create_dir(&forged).unwrap();
+        forged_segment(&forged, 1, 5, GENESIS_HASH);
+        let v = verify_segments(&forged, &key, None, &[]).unwrap();
+        assert!(
+            v.first_bad.unwrap().1.contains("MACed with a key"),
+            "a wholly forged folder"
+        );
+
+        append(&store, 4);
+        store.archive_trace(&request(&dir)).unwrap();
+        let mark = store.archive_mark().unwrap().unwrap();
+        forged_segment(&dir, mark.mark.to_seq + 1, 3, &mark.mark.head);
+        let v = verify_segments(&dir, &key, Some(&mark), &[]).unwrap();
+        let (seq, why) = v.first_bad.unwrap();
+        assert_eq!(seq, mark.mark.to_seq + 1);
+        assert!(why.contains("has no MAC"), "{why}");
+        let v = verify_segments(&dir, &key, None, &[]).unwrap();
+        assert!(v.first_bad.is_some(), "without the store's mark too");
+    }
+
+    /// A genuine mark (appended with the key) whose shape is wrong, or whose head the
+    /// next event does not link to, is a fault of the store's verification and stops a
+    /// pass.
+    #[test]
+    fn a_mark_that_does_not_hold_is_reported() {
+        let good = |to: i64| ArchiveMark {
+            segment: segment_name(1, to),
+            from_seq: 1,
+            to_seq: to,
+            prev_hash: GENESIS_HASH.into(),
+            head: "a".repeat(64),
+            sha256: "b".repeat(64),
+            kept: (1..=to).collect(),
+            cutoff_ms: 0,
+        };
+        let cases: Vec<(ArchiveMark, &str)> = vec![
+            (
+                ArchiveMark {
+                    to_seq: 9,
+                    ..good(3)
+                },
+                "impossible range",
+            ),
+            (
+                ArchiveMark {
+                    segment: "../x".into(),
+                    ..good(3)
+                },
+                "not the range's file name",
+            ),
+            (
+                ArchiveMark {
+                    kept: vec![3, 2],
+                    ..good(3)
+                },
+                "out of order",
+            ),
+            (
+                ArchiveMark {
+                    kept: vec![99],
+                    ..good(3)
+                },
+                "outside its range",
+            ),
+            (good(3), "does not link"),
+        ];
+        for (mark, wanted) in cases {
+            let (_d, store, dir) = open();
+            append(&store, 3);
+            store
+                .append_trace(
+                    TRACE_ARCHIVED,
+                    "trace",
+                    &serde_json::to_value(&mark).unwrap(),
+                )
+                .unwrap();
+            append(&store, 1);
+            let (_, why) = store.verify_trace().unwrap().first_bad.expect(wanted);
+            assert!(why.contains(wanted), "{wanted}: {why}");
+            if wanted != "does not link" {
+                let err = store.archive_trace(&request(&dir)).unwrap_err();
+                assert!(
+                    format!("{err:#}").contains("nothing was archived"),
+                    "{err:#}"
+                );
+            }
+        }
+    }
+
+    /// An intent whose row is still open keeps its events even when an event claims it
+    /// closed (the row and the trace disagree: keep the proofs).
+    #[test]
+    fn an_open_row_keeps_its_intents_events() {
+        let (_d, store, dir) = open();
+        let created = crate::NewEvent::new(
+            "intent-created",
+            "call_1",
+            json!({"intent": "int_1", "intent_state": "prepared"}),
+        );
+        crate::Intents::create_intent(
+            &store,
+            &crate::NewIntent {
+                compensates: None,
+                id: "int_1".into(),
+                idempotency_key: "idk_1".into(),
+                call_id: "call_1".into(),
+                requester: "alice".into(),
+                session: "ses_1".into(),
+                capability: "deliver".into(),
+                mapping: "m".into(),
+                mapping_revision: 1,
+                args_digest: "c".repeat(64),
+                effect_class: "external-effect".into(),
+            },
+            vec![created],
+        )
+        .unwrap();
+        store
+            .append_trace(
+                "call-outcome",
+                "call_1",
+                &json!({"intent": "int_1", "intent_state": "completed"}),
+            )
+            .unwrap();
+        let m = store
+            .archive_trace(&request(&dir))
+            .unwrap()
+            .sealed
+            .unwrap()
+            .mark;
+        assert_eq!(m.kept, vec![1, 2], "{m:?}");
+        assert_eq!(store.intent_proofs("int_1").unwrap().len(), 2);
     }
 
     /// A new database vacuums incrementally, and a pass gives the space back.
