@@ -1554,6 +1554,19 @@ mod tests {
         let v = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
         assert!(v.first_bad.is_some(), "an edited segment is found");
 
+        // Bytes changed where no MAC covers them (the header's spacing): the sha256 its
+        // mark recorded no longer holds.
+        let text =
+            String::from_utf8(bytes.clone())
+                .unwrap()
+                .replacen("{\"format\"", "{ \"format\"", 1);
+        std::fs::write(&first, text).unwrap();
+        let v = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
+        assert!(
+            v.first_bad.unwrap().1.contains("altered or replaced"),
+            "a reformatted segment"
+        );
+
         // Cut short.
         std::fs::write(&first, &bytes[..bytes.len() - 10]).unwrap();
         let v = verify_segments(&dir, store.key(), mark.as_ref(), &[]).unwrap();
