@@ -1268,6 +1268,27 @@ mod tests {
         }
     }
 
+    /// The mark of a pass over everything older than now into `dir` (one must seal).
+    fn sealed(store: &SqliteStore, dir: &Path) -> ArchiveMark {
+        store
+            .archive_trace(&request(dir))
+            .unwrap()
+            .sealed
+            .unwrap()
+            .mark
+    }
+
+    /// An event of call `call` that closes intent `intent` (`completed`).
+    fn close_in_trace(store: &SqliteStore, call: &str, intent: &str) {
+        store
+            .append_trace(
+                "call-outcome",
+                call,
+                &json!({"intent": intent, "intent_state": "completed"}),
+            )
+            .unwrap();
+    }
+
     fn stored_seqs(store: &SqliteStore) -> Vec<i64> {
         store
             .trace(0, usize::MAX)
@@ -1384,31 +1405,15 @@ mod tests {
             .append_trace("call-outcome", "call-9", &json!({"intent": "int_open"}))
             .unwrap();
         append(&store, 3);
-        let m = store
-            .archive_trace(&request(&dir))
-            .unwrap()
-            .sealed
-            .unwrap()
-            .mark;
+        let m = sealed(&store, &dir);
         assert_eq!(
             m.kept,
             vec![1],
             "open by the trace: no event closed it; a read's outcome and an approval without a row are not needed"
         );
         assert_eq!(store.intent_proofs("int_open").unwrap().len(), 1);
-        store
-            .append_trace(
-                "call-outcome",
-                "call-9",
-                &json!({"intent": "int_open", "intent_state": "completed"}),
-            )
-            .unwrap();
-        let m = store
-            .archive_trace(&request(&dir))
-            .unwrap()
-            .sealed
-            .unwrap()
-            .mark;
+        close_in_trace(&store, "call-9", "int_open");
+        let m = sealed(&store, &dir);
         assert!(m.kept.is_empty(), "closed: {m:?}");
         assert!(store.intent_proofs("int_open").unwrap().is_empty());
         assert_eq!(store.verify_trace().unwrap().first_bad, None);
@@ -1745,12 +1750,7 @@ mod tests {
             .unwrap();
         let orphan = dir.join(segment_name(4, 9));
         std::fs::write(&orphan, "left by a killed pass\n").unwrap();
-        let m = store
-            .archive_trace(&request(&dir))
-            .unwrap()
-            .sealed
-            .unwrap()
-            .mark;
+        let m = sealed(&store, &dir);
         assert_eq!(m.from_seq, 4);
         assert!(!orphan.exists() || m.segment == segment_name(4, 9));
         let mark = store.archive_mark().unwrap();
@@ -1926,19 +1926,8 @@ mod tests {
             vec![created],
         )
         .unwrap();
-        store
-            .append_trace(
-                "call-outcome",
-                "call_1",
-                &json!({"intent": "int_1", "intent_state": "completed"}),
-            )
-            .unwrap();
-        let m = store
-            .archive_trace(&request(&dir))
-            .unwrap()
-            .sealed
-            .unwrap()
-            .mark;
+        close_in_trace(&store, "call_1", "int_1");
+        let m = sealed(&store, &dir);
         assert_eq!(m.kept, vec![1, 2], "{m:?}");
         assert_eq!(store.intent_proofs("int_1").unwrap().len(), 2);
     }
