@@ -220,6 +220,9 @@ impl Trace for NoCallTrace {
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.mapping_proofs(name)
     }
+    fn connection_state(&self, name: &str) -> anyhow::Result<Option<airlock::store::TraceEvent>> {
+        self.0.connection_state(name)
+    }
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.approval_proofs(id)
     }
@@ -297,6 +300,9 @@ impl Approvals for NoCallTrace {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<airlock::store::Consumption> {
         self.0.consume_receipt(id, b, how, intent, events)
+    }
+    fn waiting(&self, now_ms: u64) -> anyhow::Result<airlock::store::Waiting> {
+        self.0.waiting(now_ms)
     }
 }
 

@@ -24,6 +24,7 @@ pub mod output;
 pub mod policy;
 pub mod replay;
 pub mod review;
+pub mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -96,6 +97,7 @@ Configuration (TOML; relative paths resolve against the file's folder):
   # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
   # [trace]: key (a [secrets] entry; default AIRLOCK_TRACE_KEY, else <state_dir>/trace.key),
   #   checkpoint_file, checkpoint_interval = \"5m\" (checkpoints also at shutdown).
+  # [telemetry] metrics = \"127.0.0.1:9464\": also serve Prometheus metrics (GET /metrics) there.
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.
@@ -217,6 +219,31 @@ Example:
     Trace {
         #[command(subcommand)]
         action: TraceAction,
+    },
+    /// What the store says now: connections and the state each last entered, mappings
+    /// and their states, approvals pending, intents open and held, the trace's head,
+    /// archive and journal backlog, the newest checkpoint. Reads only; runs beside a
+    /// serving host, against the state folder or the shared PostgreSQL store (--store).
+    #[command(after_help = "\
+A connection's state is the one its host last traced (with how long ago): a host that
+stopped leaves its last state. Live figures of one running host are its metrics
+(`serve --metrics ADDR`, or /metrics of `serve --http`; README \"Observability\").
+
+Example:
+  airlock status
+  airlock status --json --limit 100")]
+    Status {
+        /// The checkpoint file whose newest line to show [default:
+        /// <state_dir>/trace-checkpoints.jsonl].
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+        /// List at most N pending approvals and N held intents, oldest first (the counts
+        /// cover all).
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Approval requests: list, show, approve, deny, revoke (the out-of-band flow).
     #[command(after_help = "\
@@ -440,6 +467,12 @@ struct ServeArgs {
     /// neighbours at every epoch tick.
     #[arg(long, value_name = "N", env = "AIRLOCK_WORKERS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     workers: Option<u16>,
+    /// Also serve Prometheus metrics (GET /metrics, text format, no authentication) on
+    /// ADDR, e.g. 127.0.0.1:9464 (port 0 picks a free one; the URL goes to stderr).
+    /// Overrides [telemetry] metrics. With --http they are served at /metrics of the
+    /// front too, behind the same bearer tokens. See README.md ("Observability").
+    #[arg(long, value_name = "ADDR", value_parser = crate::config::parse_metrics_addr)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -937,12 +970,33 @@ enum Fixture {
 
 fn init_logging(default: &str) {
     let filter = EnvFilter::try_from_env("AIRLOCK_LOG").unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let format = std::env::var(LOG_FORMAT_ENV).unwrap_or_default();
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+        .with_ansi(false);
+    match format.as_str() {
+        // One JSON object per line: time, level, target, the event's fields (the message
+        // among them) and the spans it happened in.
+        "json" => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+        "" | "text" => builder.init(),
+        other => {
+            builder.init();
+            tracing::warn!(
+                "{LOG_FORMAT_ENV}={:?} is not a log format (text or json): logging text",
+                airlock_core::text::safe(other, 64)
+            );
+        }
+    }
 }
+
+/// The environment variable that chooses the log format: `text` (default) or `json`.
+pub const LOG_FORMAT_ENV: &str = "AIRLOCK_LOG_FORMAT";
 
 /// Runs the command line; returns the process exit status.
 ///
@@ -1069,6 +1123,11 @@ async fn dispatch(
         Command::Contracts { action } => contracts(action, state_dir),
         Command::Trace { action } => trace(action, state_dir),
         Command::Approvals { action } => approvals(action, state_dir),
+        Command::Status {
+            checkpoint,
+            limit,
+            json,
+        } => status(checkpoint, limit, json, state_dir),
         Command::Intents {
             action:
                 IntentsAction::Compensate {
@@ -1143,6 +1202,7 @@ async fn serve(
         record,
         redact,
         workers: _,
+        metrics,
     } = args;
     init_logging("airlock=info");
     tracing::info!(
@@ -1157,6 +1217,9 @@ async fn serve(
     if let Some(addr) = http {
         let mut config = http_config.unwrap_or_else(|| load_config(&config, state_dir))?;
         config.cache_dir = cache_dir;
+        if metrics.is_some() {
+            config.telemetry.metrics = metrics;
+        }
         return crate::front::http::serve(config, &addr, profile).await;
     }
     serve_stdio(
@@ -1165,6 +1228,7 @@ async fn serve(
         state_dir,
         profile,
         record.map(|dir| (dir, redact)),
+        metrics,
     )
     .await
 }
@@ -1530,6 +1594,22 @@ fn trace(action: TraceAction, state_dir: Option<PathBuf>) -> Result<()> {
 /// "No approval `ID`", pointing at the command that lists them.
 fn no_approval(id: &str) -> String {
     format!("no approval `{id}` (`airlock approvals list` shows them)")
+}
+
+/// `airlock status`.
+fn status(
+    checkpoint: Option<PathBuf>,
+    limit: usize,
+    json: bool,
+    state_dir: Option<PathBuf>,
+) -> Result<()> {
+    init_logging("warn");
+    let dir = state_dir.clone().or_else(crate::config::default_state_dir);
+    let registry = registry_for(state_dir)?;
+    let checkpoints = checkpoint
+        .or_else(|| dir.map(|d| crate::config::TraceSettings::default().checkpoint_path(&d)));
+    let read = status::read(&registry, checkpoints.as_deref(), limit)?;
+    output::emit(json, &read, status::text)
 }
 
 /// `airlock approvals list | show | approve | deny | revoke`. Every record is shown with
@@ -2012,11 +2092,15 @@ async fn serve_stdio(
     state_dir: Option<PathBuf>,
     profile: Option<String>,
     record: Option<(PathBuf, Vec<String>)>,
+    metrics: Option<std::net::SocketAddr>,
 ) -> Result<()> {
     // From here on SIGTERM/SIGINT stop the host cleanly (crate::shutdown).
     crate::shutdown::catch_signals();
     let mut config = load_config(&config_path, state_dir)?;
     config.cache_dir = cache_dir;
+    if metrics.is_some() {
+        config.telemetry.metrics = metrics;
+    }
     // Fail before anything starts when the profile does not exist.
     let profile = config.profile(profile.as_deref())?.name.clone();
     // Open the fixture folder before anything starts: a bad --record fails fast.
@@ -2026,7 +2110,9 @@ async fn serve_stdio(
             crate::record::Recorder::open(&dir, redaction)
         })
         .transpose()?;
+    let metrics = crate::metrics::bind(&config).await?;
     let host = Host::start(&config).await?;
+    crate::metrics::spawn(metrics, host.live());
     if let Some(recorder) = recorder {
         tracing::warn!(
             dir = %recorder.dir().display(),

@@ -53,7 +53,7 @@ pub(crate) fn auth_tables() -> String {
 }
 
 /// The notes server with `source-library`, two profiles, [`POLICY`], `[http.auth]`.
-fn auth_deployment() -> Deployment {
+pub(crate) fn auth_deployment() -> Deployment {
     let d = Deployment::with_notes()
         .mapping("source-library")
         .policy(POLICY)
@@ -103,10 +103,10 @@ pub(crate) fn alice() -> String {
 }
 
 /// A running `airlock serve --http`, killed on drop.
-struct Served {
+pub(crate) struct Served {
     child: std::process::Child,
     /// `127.0.0.1:PORT`.
-    addr: String,
+    pub(crate) addr: String,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -138,7 +138,7 @@ impl Served {
 }
 
 /// Starts `airlock serve --config … --http ADDR` and waits for the URL it prints.
-fn serve_http(d: &Deployment, addr: &str) -> Served {
+pub(crate) fn serve_http(d: &Deployment, addr: &str) -> Served {
     let config = d.write_config();
     let mut child = std::process::Command::new(airlock_bin())
         .arg("serve")
@@ -184,14 +184,14 @@ fn serve_http(d: &Deployment, addr: &str) -> Served {
 
 /// One HTTP response.
 #[derive(Debug)]
-struct Reply {
-    status: u16,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -199,7 +199,7 @@ impl Reply {
     }
 
     /// The JSON-RPC message of the body (plain JSON, or the SSE event that carries one).
-    fn message(&self) -> Value {
+    pub(crate) fn message(&self) -> Value {
         if let Ok(v) = serde_json::from_str::<Value>(&self.body) {
             return v;
         }
@@ -214,7 +214,7 @@ impl Reply {
 
 /// Writes `head` (request line and headers, without the final blank line; `Connection:
 /// close` is added) and `body` to `addr`, and reads the whole response.
-fn raw(addr: &str, head: &str, body: &[u8]) -> Reply {
+pub(crate) fn raw(addr: &str, head: &str, body: &[u8]) -> Reply {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut req = format!("{head}\r\nConnection: close\r\n\r\n").into_bytes();
@@ -286,7 +286,7 @@ fn stateless(method: &str, params: Value) -> String {
 }
 
 /// POSTs a stateless `method` to `/mcp` with `token` (if any) and `extra` header lines.
-fn post_stateless(
+pub(crate) fn post_stateless(
     s: &Served,
     token: Option<&str>,
     method: &str,

@@ -31,6 +31,7 @@ mod knowledge_edits;
 mod lifecycle;
 mod memory_graph;
 mod multi_host;
+mod observability;
 mod python_client;
 mod python_server;
 mod registry;

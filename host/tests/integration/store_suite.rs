@@ -271,6 +271,59 @@ both! {
         assert!(store.mark_contract_erroneous("example:none@1.0.0", "bob", "x").is_err());
     }
 
+    fn what_waits_counts_open_approvals_and_intents_only(db, store) {
+        use airlock::store::{Waiting, now_ms};
+        assert_eq!(store.waiting(now_ms()).unwrap(), Waiting::default());
+        let first = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        store.create_approval(&request(ApprovalMode::Elicitation, 60_000), vec![]).unwrap();
+        let denied = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
+        store.decide_approval(&denied.id, ApprovalDecision::Deny, "bob", None, 60_000, vec![]).unwrap();
+        // Expires long before the moment counted below, though still stored as pending.
+        store.create_approval(&request(ApprovalMode::OutOfBand, 1), vec![]).unwrap();
+        approved(&*store);
+        for n in 1..=4 {
+            store.create_intent(&intent(n), vec![]).unwrap();
+        }
+        store.set_intent_state("int_2", IntentState::Unknown, vec![]).unwrap();
+        store.set_intent_state("int_3", IntentState::Completed, vec![]).unwrap();
+        store.set_intent_state("int_4", IntentState::Failed, vec![]).unwrap();
+        let at = now_ms() + 30_000;
+        let expected = Waiting {
+            approvals_pending: 2,
+            oldest_pending_ms: Some(first.created_ms),
+            intents_prepared: 1,
+            intents_unknown: 1,
+        };
+        assert_eq!(store.waiting(at).unwrap(), expected);
+        // Another process counts the same.
+        assert_eq!(db.open().waiting(at).unwrap(), expected);
+        // Past every expiry nothing is pending; the intents still wait.
+        let later = store.waiting(at + 120_000).unwrap();
+        assert_eq!((later.approvals_pending, later.oldest_pending_ms), (0, None));
+        assert_eq!((later.intents_prepared, later.intents_unknown), (1, 1));
+    }
+
+    fn a_connections_state_is_its_newest_genuine_state_event(db, store) {
+        assert!(store.connection_state("notes").unwrap().is_none());
+        store.append_trace("connection-state", "notes", &json!({"from": null, "to": "ready"})).unwrap();
+        store.append_trace("connection-state", "web", &json!({"from": null, "to": "ready"})).unwrap();
+        store.append_trace("connection-restarted", "notes", &json!({})).unwrap();
+        let stalled = store.append_trace("connection-state", "notes", &json!({"from": "ready", "to": "stalled", "reason": "no answer in 5 s"})).unwrap();
+        let newest = store.connection_state("notes").unwrap().unwrap();
+        assert_eq!((newest.seq, newest.payload["to"].as_str()), (stalled.seq, Some("stalled")));
+        assert_eq!(store.connection_state("web").unwrap().unwrap().payload["to"], "ready");
+        assert_eq!(db.open().connection_state("notes").unwrap().unwrap().seq, stalled.seq);
+        assert!(store.connection_state("no-such").unwrap().is_none());
+        // A row written without the key proves nothing: the newest is not taken from it.
+        db.tamper(
+            "INSERT INTO trace_events (seq, at_ms, kind, subject, payload, prev_hash, hash, key_id) \
+             SELECT max(seq) + 1, 0, 'connection-state', 'notes', '{\"to\":\"ready\"}', 'x', 'y', NULL FROM trace_events",
+        );
+        let seen = store.connection_state("notes").unwrap().unwrap();
+        assert_eq!(seen.seq, stalled.seq, "the forged newest row is passed over");
+    }
+
     fn open_gives_the_targets_backend_and_a_second_open_the_same_database(db, store) {
         assert_eq!(store.is_shared(), matches!(db, Db::Postgres(_)));
         assert_eq!(store.trace_key().id(), key().id());
@@ -981,7 +1034,7 @@ mod postgres_only {
         };
         // Exactly the state a schema-1 build leaves: no reference_bindings table (2), no
         // index of intent state events (3), no contract reviews (4), no compensation (5),
-        // no deletion of archived events (6).
+        // no deletion of archived events (6), no index of connection states (7).
         pg::exec(
             &target,
             "DROP TABLE reference_bindings; DROP INDEX trace_events_intent_states; \
@@ -991,6 +1044,7 @@ mod postgres_only {
              DROP TRIGGER intents_handles_once ON intents; \
              ALTER TABLE intents DROP COLUMN compensates, DROP COLUMN handles; \
              DROP INDEX trace_events_archives; \
+             DROP INDEX trace_events_connection_states; \
              DROP TRIGGER trace_events_delete_archived_only ON trace_events; \
              DROP FUNCTION airlock_trace_delete(); \
              DROP TRIGGER trace_events_append_only ON trace_events; \
@@ -1010,6 +1064,13 @@ mod postgres_only {
             pg::query(
                 &target,
                 "SELECT count(*) FROM pg_indexes WHERE indexname = 'trace_events_intent_states'"
+            ),
+            vec![vec![Some("1".to_owned())]]
+        );
+        assert_eq!(
+            pg::query(
+                &target,
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'trace_events_connection_states'"
             ),
             vec![vec![Some("1".to_owned())]]
         );

@@ -96,6 +96,10 @@
 //! retain_events = 10000000       # and/or keep at most this many (1000..=2^32-1)
 //! archive_dir = "archive"        # segment files; default <state_dir>/trace-archive
 //!
+//! [telemetry]
+//! metrics = "127.0.0.1:9464"     # also serve GET /metrics here (Prometheus text, no
+//!                                # authentication; crate::metrics); default: none
+//!
 //! [http]                         # `serve --http`: see crate::front::http
 //! [http.auth]                    # bearer tokens: see crate::front::auth
 //! ```
@@ -164,6 +168,17 @@ pub struct ServeConfig {
     pub http: crate::front::http::HttpSettings,
     /// `[trace]`: the trace's host key and checkpoints.
     pub trace: TraceSettings,
+    /// `[telemetry]`: metrics (and, later, spans).
+    pub telemetry: TelemetrySettings,
+}
+
+/// `[telemetry]`: where the host's Prometheus metrics are served besides the HTTP front's
+/// `/metrics` ([`crate::metrics`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TelemetrySettings {
+    /// `metrics = "ADDR"`: a listener serving only `GET /metrics`, without
+    /// authentication (`serve --metrics ADDR` sets it too); unset: none.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// `store`: where the state lives (`"sqlite"` or a PostgreSQL target), parsed and opened
@@ -450,6 +465,7 @@ impl ServeConfig {
             approvals: ApprovalSettings::default(),
             http: Default::default(),
             trace: TraceSettings::default(),
+            telemetry: TelemetrySettings::default(),
         }
     }
 
@@ -526,6 +542,13 @@ struct RawConfig {
     approvals: Option<RawApprovals>,
     http: Option<crate::front::http::RawHttp>,
     trace: Option<RawTrace>,
+    telemetry: Option<RawTelemetry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    metrics: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -730,8 +753,29 @@ impl ServeConfig {
             approvals,
             http: crate::front::http::HttpSettings::from_raw(raw.http, base)?,
             trace,
+            telemetry: telemetry(raw.telemetry)?,
         })
     }
+}
+
+/// `[telemetry]`: `metrics` must be a socket address (`127.0.0.1:9464`, `[::1]:9464`).
+fn telemetry(raw: Option<RawTelemetry>) -> Result<TelemetrySettings> {
+    let Some(t) = raw else {
+        return Ok(TelemetrySettings::default());
+    };
+    Ok(TelemetrySettings {
+        metrics: t.metrics.map(|a| parse_metrics_addr(&a)).transpose()?,
+    })
+}
+
+/// A metrics listener's address, as `[telemetry] metrics` or `serve --metrics` gives it.
+///
+/// # Errors
+/// Not an IP address and port (host names are not resolved).
+pub fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr> {
+    text.parse().with_context(|| {
+        format!("metrics address `{text}`: expected an IP address and port such as 127.0.0.1:9464 or [::1]:9464")
+    })
 }
 
 /// `[secrets]`: each value read from the environment variable it names, now (a missing
@@ -1838,6 +1882,40 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
                 !err.contains("line\nbreak"),
                 "a secret value in an error: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn telemetry_metrics_takes_a_socket_address_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ServeConfig::parse(
+            &format!("{MAPPING}[telemetry]\nmetrics = \"127.0.0.1:9464\"\n"),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.telemetry.metrics,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let defaults = ServeConfig::parse(MAPPING, dir.path()).unwrap();
+        assert_eq!(defaults.telemetry, TelemetrySettings::default());
+        for (table, needle) in [
+            (
+                "[telemetry]\nmetrics = \"localhost:9464\"\n",
+                "IP address and port",
+            ),
+            (
+                "[telemetry]\nmetrics = \"127.0.0.1\"\n",
+                "IP address and port",
+            ),
+            ("[telemetry]\nmetrics = 9464\n", "metrics"),
+            ("[telemetry]\nspans = true\n", "unknown field"),
+        ] {
+            let err = format!(
+                "{:#}",
+                ServeConfig::parse(&format!("{MAPPING}{table}"), dir.path()).unwrap_err()
+            );
+            assert!(err.contains(needle), "{table}: {err}");
         }
     }
 }

@@ -12,6 +12,7 @@
 //! - [`config`]: the serve configuration (TOML), parsed and checked whole.
 //! - [`shutdown`]: stopping a serving host — signals, draining calls in flight, stopping
 //!   every upstream process group.
+//! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
 //!
 //! The rule this crate enforces is the call's: only a policy-approved request reaches an
@@ -27,6 +28,7 @@ pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
+pub mod metrics;
 pub mod pipeline;
 pub mod registry;
 pub mod shutdown;

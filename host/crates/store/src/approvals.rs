@@ -138,6 +138,31 @@ pub struct NewApproval {
     pub ttl_ms: u64,
 }
 
+/// [`Waiting`]'s one statement, for both backends (`$1`: now, ms). The `IN` term lets
+/// SQLite read the partial `intents_open` index.
+pub(crate) const WAITING_SQL: &str = "SELECT \
+     (SELECT count(*) FROM approvals WHERE state = 'pending' AND expires_ms > $1), \
+     (SELECT min(created_ms) FROM approvals WHERE state = 'pending' AND expires_ms > $1), \
+     (SELECT count(*) FROM intents WHERE state IN ('prepared', 'unknown') AND state = 'prepared'), \
+     (SELECT count(*) FROM intents WHERE state IN ('prepared', 'unknown') AND state = 'unknown')";
+
+/// What waits for a person or for reconciliation, counted at one moment
+/// ([`crate::Approvals::waiting`]): the figures `airlock status` shows and the metrics'
+/// gauges report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Waiting {
+    /// Approval requests still `pending` and not expired.
+    pub approvals_pending: u64,
+    /// When the oldest of them was made (ms since the epoch); `None` when there is none.
+    pub oldest_pending_ms: Option<u64>,
+    /// Intents `prepared`: their call is running, or a host stopped while it ran (then
+    /// they are reconciled).
+    pub intents_prepared: u64,
+    /// Intents `unknown`: their effect may or may not have happened, and they are held
+    /// until reconciliation or a person resolves them.
+    pub intents_unknown: u64,
+}
+
 /// One approval request (a receipt once approved).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ApprovalRecord {
@@ -529,6 +554,14 @@ impl SqliteStore {
             1 => Ok(rows.into_iter().next()),
             _ => bail!("approval id prefix `{id}` matches several approvals; give more of it"),
         }
+    }
+
+    pub(super) fn waiting_impl(&self, now_ms: u64) -> anyhow::Result<Waiting> {
+        let now = ms_to_sql(now_ms)?;
+        let conn = self.lock();
+        conn.prepare_cached(WAITING_SQL)?
+            .query_row(params![now], |r| rows::waiting(r))
+            .with_context(|| self.context("counting what waits"))
     }
 
     pub(super) fn approvals_impl(

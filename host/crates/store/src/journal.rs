@@ -375,6 +375,20 @@ impl Journal {
         result
     }
 
+    /// Bytes the journals hold beyond what is in the trace (each file's size, a sealed
+    /// one's final size at most, minus its row's ingested bytes), every writer's: what a
+    /// pass would move. Reads the rows and the files' sizes; moves nothing.
+    pub(super) fn backlog_bytes(&self, conn: &Connection) -> anyhow::Result<u64> {
+        let mut bytes = 0u64;
+        for row in journal_rows(conn)? {
+            let size = std::fs::symlink_metadata(self.dir.join(&row.name))
+                .map_or(row.ingested, |meta| meta.len());
+            let end = row.sealed.map_or(size, |sealed| sealed.min(size));
+            bytes = bytes.saturating_add(end.saturating_sub(row.ingested));
+        }
+        Ok(bytes)
+    }
+
     fn ingest_inner(
         &self,
         conn: &mut Connection,
@@ -1096,16 +1110,24 @@ mod tests {
             std::fs::symlink_metadata(&p.journal.dir).unwrap().mode() & 0o777,
             0o700
         );
-        // Durable, not yet in the trace.
+        // Durable, not yet in the trace: the whole file is the backlog, for any reader.
         assert!(subjects(&p.conn, "call-outcome").is_empty());
         assert!(p.journal.has_unmoved());
+        let written = meta.len();
+        assert_eq!(p.journal.backlog_bytes(&p.conn).unwrap(), written);
+        let other = Process::new(&path, &key);
+        assert_eq!(other.journal.backlog_bytes(&other.conn).unwrap(), written);
         // A budget of one byte still moves one whole record.
         let first = p.ingest(Some(1));
         assert_eq!((first.records, first.more), (1, true));
         assert_eq!(subjects(&p.conn, "call-outcome"), ["call_a"]);
+        let left = p.journal.backlog_bytes(&p.conn).unwrap();
+        assert!(left > 0 && left < written, "{left} of {written}");
         let rest = p.ingest(None);
         assert_eq!((rest.records, rest.more), (2, false));
         assert!(!p.journal.has_unmoved());
+        assert_eq!(other.journal.backlog_bytes(&other.conn).unwrap(), 0);
+        drop(other);
         assert_eq!(
             subjects(&p.conn, "call-outcome"),
             ["call_a", "call_b", "call_c"]

@@ -71,7 +71,7 @@ mod wal_checkpoint;
 pub use approvals::{
     ApprovalDecision, ApprovalMode, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     IntentHandle, IntentRecord, IntentState, NewApproval, NewIntent, ReceiptBinding,
-    ReceiptRefusal,
+    ReceiptRefusal, Waiting,
 };
 pub use contracts::{ContractRecord, ContractReviews, ContractState, NewContractApproval};
 pub use intents::{AttemptRecord, AttemptState, IntentFilter, Resolution, ResolutionMethod};
@@ -82,7 +82,7 @@ pub use target::{Target, open};
 pub use trace::NewEvent;
 
 /// Schema version this build writes and understands (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// File name of the database inside the state directory.
 pub const DATABASE_FILE: &str = "airlock.db";
@@ -394,6 +394,12 @@ CREATE TRIGGER trace_events_no_delete BEFORE DELETE ON trace_events
 BEGIN
     SELECT RAISE(ABORT, 'trace events are append-only: only archived events may be deleted');
 END;
+"#,
+    // 13 → 14: a connection's newest state change (Trace::connection_state, `airlock
+    // status`) without a scan.
+    r#"
+CREATE INDEX trace_events_connection_states ON trace_events (subject, seq)
+    WHERE kind = 'connection-state';
 "#,
 ];
 
@@ -1131,6 +1137,15 @@ pub trait Trace: Send + Sync {
     /// through a partial index, not a scan of the trace.
     fn mapping_proofs(&self, name: &str) -> anyhow::Result<Vec<TraceEvent>>;
 
+    /// The newest `connection-state` event of connection `name` whose MAC verifies with
+    /// the host key (what state it entered, when, and why), if the store holds one. Read
+    /// through a partial index (the connection's state events only), not a scan of the
+    /// trace. An archived one is not there; a forged or unkeyed one is passed over.
+    ///
+    /// # Errors
+    /// The store fails.
+    fn connection_state(&self, name: &str) -> anyhow::Result<Option<TraceEvent>>;
+
     /// The events that can prove approval `id` (its id in full), in seq order: the
     /// `approval-requested`, `approval-decided` and `receipt-consumed` events whose
     /// payload names it (`"approval": id`), **only those whose MAC verifies with the host
@@ -1175,6 +1190,24 @@ pub trait Trace: Send + Sync {
     /// # Errors
     /// The store fails.
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64>;
+
+    /// Bytes every writer's trace journal holds that are not yet moved into the trace
+    /// (what a reader's next pass would move first, [`journal`]), now: read without moving
+    /// them. 0 for a store without journals (PostgreSQL).
+    ///
+    /// # Errors
+    /// The store fails.
+    fn journal_backlog_bytes(&self) -> anyhow::Result<u64> {
+        Ok(0)
+    }
+
+    /// [`Trace::journal_backlog_bytes`] as it was when this store value was opened, just
+    /// before opening moved the journals into the trace ([`journal`]: every reader
+    /// moves them first): what another process's calls had waiting when a reader such as
+    /// `airlock status` looked. 0 for a store without journals.
+    fn journal_backlog_at_open(&self) -> u64 {
+        0
+    }
 
     /// The newest archive mark ([`archive`]): what the newest `trace-archived` event
     /// says, its MAC checked; `None` when nothing was archived.
@@ -1257,6 +1290,13 @@ pub trait Approvals: Send + Sync {
         intent: &NewIntent,
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Consumption>;
+
+    /// What waits at `now_ms` ([`Waiting`]), in one consistent read through the
+    /// `approvals_by_state` and `intents_open` indexes (no scan of closed rows).
+    ///
+    /// # Errors
+    /// The store fails.
+    fn waiting(&self, now_ms: u64) -> anyhow::Result<Waiting>;
 }
 
 /// Intents and their attempts: one stable effect id across every attempt, its outcome,
@@ -1432,6 +1472,8 @@ pub struct SqliteStore {
     /// Where calls' events are durable before their answer ([`journal`]).
     journal: std::sync::Arc<journal::Journal>,
     key: TraceKey,
+    /// [`Trace::journal_backlog_at_open`].
+    backlog_at_open: u64,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -1640,6 +1682,9 @@ impl SqliteStore {
         migrate(&mut conn, path, &key)?;
         let checkpointer = wal_checkpoint::move_off_request_path(&mut conn, path, BUSY_TIMEOUT);
         let journal = journal::Journal::new(path, key.clone());
+        // What waits in the journals, as found (`airlock status` reports it); unreadable
+        // rows are the ingestion's to report.
+        let backlog_at_open = journal.backlog_bytes(&conn).unwrap_or(0);
         // The journals of processes that stopped: moved into the trace before anything
         // reads it. A journal that cannot be moved is reported and kept.
         let recovered = journal
@@ -1657,6 +1702,7 @@ impl SqliteStore {
             commit: trace::GroupCommit::default(),
             journal: std::sync::Arc::new(journal),
             key,
+            backlog_at_open,
         })
     }
 
@@ -2637,6 +2683,20 @@ impl Trace for SqliteStore {
         .with_context(|| self.context(&format!("reading the proofs of mapping {name:?}")))
     }
 
+    fn connection_state(&self, name: &str) -> anyhow::Result<Option<TraceEvent>> {
+        // The kind term repeats the partial index's WHERE clause word for word.
+        self.genuine_events(
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind = 'connection-state' AND subject = ?1 ORDER BY seq DESC"
+            ),
+            name,
+            |_, subject| subject == name,
+        )
+        .map(|events| events.into_iter().next())
+        .with_context(|| self.context(&format!("reading the state of connection {name:?}")))
+    }
+
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
         // Both terms repeat the expression index's definition word for word (migration 8).
         self.genuine_events(
@@ -2673,6 +2733,17 @@ impl Trace for SqliteStore {
                     "listing the intents of {mapping:?} the trace leaves open"
                 ))
             })
+    }
+
+    fn journal_backlog_at_open(&self) -> u64 {
+        self.backlog_at_open
+    }
+
+    fn journal_backlog_bytes(&self) -> anyhow::Result<u64> {
+        let conn = self.lock();
+        self.journal
+            .backlog_bytes(&conn)
+            .with_context(|| self.context("reading the trace journals' rows"))
     }
 
     fn trace_missing_from(&self, seq: i64) -> anyhow::Result<u64> {
@@ -2781,6 +2852,10 @@ impl Approvals for SqliteStore {
         events: Vec<NewEvent>,
     ) -> anyhow::Result<Consumption> {
         self.consume_receipt_impl(id, binding, how, intent, events)
+    }
+
+    fn waiting(&self, now_ms: u64) -> anyhow::Result<Waiting> {
+        self.waiting_impl(now_ms)
     }
 }
 

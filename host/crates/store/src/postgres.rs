@@ -62,7 +62,7 @@ use super::CONTRACT_COLUMNS;
 use super::approvals::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalRecord, ApprovalState, ConsumeAs, Consumption,
     DecisionEffect, INTENT_COLUMNS, IntentHandle, IntentRecord, IntentState, NewApproval,
-    NewIntent, ReceiptBinding, ReceiptRefusal, random_id,
+    NewIntent, ReceiptBinding, ReceiptRefusal, Waiting, random_id,
 };
 use super::archive;
 use super::contracts::{self, ContractRecord, ContractReviews, NewContractApproval};
@@ -82,7 +82,7 @@ use super::{
 };
 
 /// Schema version this build writes and understands in a PostgreSQL store.
-pub const PG_SCHEMA_VERSION: i64 = 6;
+pub const PG_SCHEMA_VERSION: i64 = 7;
 
 /// The advisory lock every write transaction takes first (`pg_advisory_xact_lock`):
 /// "Airlock1" in ASCII.
@@ -372,6 +372,11 @@ CREATE TRIGGER trace_events_append_only BEFORE UPDATE ON trace_events
     FOR EACH ROW EXECUTE FUNCTION airlock_refuse('trace events are append-only');
 CREATE TRIGGER trace_events_delete_archived_only BEFORE DELETE ON trace_events
     FOR EACH ROW EXECUTE FUNCTION airlock_trace_delete();
+"#,
+    // 6 → 7: a connection's newest state change without a scan, as SQLite's migration 14.
+    r#"
+CREATE INDEX trace_events_connection_states ON trace_events (subject, seq)
+    WHERE kind = 'connection-state';
 "#,
 ];
 
@@ -2255,6 +2260,19 @@ impl Trace for PostgresStore {
         )
     }
 
+    fn connection_state(&self, name: &str) -> anyhow::Result<Option<TraceEvent>> {
+        self.genuine_events(
+            &format!("reading the state of connection {name:?}"),
+            &format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events \
+                 WHERE kind = 'connection-state' AND subject = $1 ORDER BY seq DESC"
+            ),
+            name,
+            |_, subject| subject == name,
+        )
+        .map(|events| events.into_iter().next())
+    }
+
     fn approval_proofs(&self, id: &str) -> anyhow::Result<Vec<TraceEvent>> {
         // Both terms repeat the expression index's definition (trace_events_approval_proofs).
         self.genuine_events(
@@ -2618,6 +2636,17 @@ impl Approvals for PostgresStore {
                 .await?
                 .ok_or_else(|| anyhow!("the intent just written is missing"))?;
             Ok(Consumption::Consumed(Box::new(approval), Box::new(stored)))
+        })
+    }
+
+    fn waiting(&self, now_ms: u64) -> anyhow::Result<Waiting> {
+        let now = ms_to_sql(now_ms)?;
+        self.read("counting what waits", async |c| {
+            let row = c
+                .query_one(crate::approvals::WAITING_SQL, &[&now])
+                .await
+                .map_err(db)?;
+            rows::waiting(&row)
         })
     }
 }

@@ -11,7 +11,7 @@
 //! count must fit in `u32`.
 
 use crate::approvals::{ApprovalMode, ApprovalRecord, ApprovalState, IntentRecord, IntentState};
-use crate::approvals::{NewIntent, ReceiptBinding};
+use crate::approvals::{NewIntent, ReceiptBinding, Waiting};
 use crate::intents::{AttemptRecord, AttemptState};
 use crate::{
     ConnectionRecord, MappingRecord, MappingState, SnapshotSummary, StoredEvent, StoredSnapshot,
@@ -293,6 +293,20 @@ pub(crate) fn attempt<C: Columns + ?Sized>(row: &C) -> Result<AttemptRecord, C::
         answered: count(row, 4)?,
         last_request_id: row.opt_text(5)?,
         at_ms,
+    })
+}
+
+/// [`crate::approvals::WAITING_SQL`]'s row: three counts and an optional time.
+pub(crate) fn waiting<R: Columns>(r: &R) -> Result<Waiting, R::Error> {
+    let count = |i: usize| -> Result<u64, R::Error> {
+        let n = r.int(i)?;
+        u64::try_from(n).map_err(|_| r.invalid(i, format!("a negative count ({n})")))
+    };
+    Ok(Waiting {
+        approvals_pending: count(0)?,
+        oldest_pending_ms: r.opt_int(1)?.map(|t| t.max(0) as u64),
+        intents_prepared: count(2)?,
+        intents_unknown: count(3)?,
     })
 }
 

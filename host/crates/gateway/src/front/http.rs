@@ -10,7 +10,8 @@
 //!    `allowed_origins` the allowed origins are the loopback ones and the audience's.
 //! 2. The path: `/mcp` (the MCP endpoint), `/.well-known/oauth-protected-resource` and
 //!    `/.well-known/oauth-protected-resource/mcp` (RFC 9728 metadata, `GET` only, when
-//!    `[http.auth]` is set); anything else is 404.
+//!    `[http.auth]` is set), `/metrics` (Prometheus text, `GET`; [`crate::metrics`]);
+//!    anything else is 404.
 //! 3. With `[http.auth]`: a verified bearer token ([`super::auth`]; 401 / 403 with
 //!    `WWW-Authenticate`). Its principal (subject, roles, profile) must be allowed its
 //!    profile by policy (`use-profile`, checked on every request; 403 with the reason).
@@ -66,7 +67,7 @@
 //! [http.auth]                    # see crate::front::auth
 //! ```
 //!
-//! hyper's HTTP/1.1 server is used directly (no axum): there are four fixed paths, and
+//! hyper's HTTP/1.1 server is used directly (no axum): there are five fixed paths, and
 //! rmcp's service takes a plain `http::Request`, so a router would add only dependencies.
 
 use std::collections::HashMap;
@@ -482,8 +483,10 @@ pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
+    let metrics = crate::metrics::bind(&config).await?;
     let host = Host::start(&config).await?;
     crate::registry::reload::spawn_background(&host)?;
+    crate::metrics::spawn(metrics, host.live());
     let front = HttpFront::new(host, &settings, verifier, profile)?;
     let local = listener.local_addr()?;
     tracing::info!(
@@ -618,6 +621,17 @@ impl HttpFront {
         let path = req.uri().path();
         if path == METADATA_PATH || path == format!("{METADATA_PATH}{MCP_PATH}") {
             return self.metadata(req.method());
+        }
+        if path == crate::metrics::PATH {
+            // The same bearer check as the MCP endpoint: metrics name no person, but
+            // they say what the host serves and how busy it is.
+            if let Err(r) = self.principal(&req) {
+                return *r;
+            }
+            self.count_sessions();
+            return crate::metrics::respond(self.host.live(), req.method(), path)
+                .await
+                .map(|b| b.boxed());
         }
         if path != MCP_PATH {
             return plain(StatusCode::NOT_FOUND, "Not Found");
@@ -805,7 +819,14 @@ impl HttpFront {
         if crowded {
             self.forget_gone().await;
         }
+        self.count_sessions();
         true
+    }
+
+    /// Sets the metrics' count of open legacy sessions (`airlock_mcp_sessions`).
+    fn count_sessions(&self) {
+        let open = self.legacy.lock().unwrap_or_else(|e| e.into_inner()).len();
+        self.host.registry().metrics().set_sessions(open);
     }
 
     /// Closes legacy session `id` in rmcp (its worker stops; a later request is 404).
@@ -817,9 +838,10 @@ impl HttpFront {
         }
     }
 
-    /// Traces the end of legacy session `id`.
+    /// Traces the end of legacy session `id` (already removed from the front's map).
     fn trace_end(&self, id: &str, s: &LegacySession, why: SessionEnd) {
         tracing::debug!(requester = %s.requester, why = why.as_str(), "legacy MCP session ended");
+        self.count_sessions();
         self.host.registry().trace(
             crate::registry::events::MCP_SESSION_ENDED,
             &session_digest(id),

@@ -507,6 +507,7 @@ async fn ask(
         }
     };
     tracing::info!(approval = %record.id, mode = mode.as_str(), capability = %n.capability().name, "approval requested");
+    host.registry().metrics().approval_requested(mode.as_str());
     match mode {
         ApprovalMode::OutOfBand => Err(Outcome::ApprovalRequired {
             approval: record.id,

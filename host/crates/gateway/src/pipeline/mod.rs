@@ -82,6 +82,12 @@ pub struct Call {
     /// The mapping serving the call's capability, once normalization found it (named in
     /// the log line of a refusal, [`refusals`]).
     mapping: Option<Arc<crate::registry::live::ActiveMapping>>,
+    /// The kind of containment that stopped the adapter, if the host stopped it (counted
+    /// by the metrics).
+    contained: Option<&'static str>,
+    /// Set once normalization found the capability offered to the call's session: only
+    /// then is its name a metrics label ([`crate::metrics`]).
+    offered: bool,
 }
 
 /// What the host needs to reconcile a call whose effect ended unknown.
@@ -114,6 +120,8 @@ impl Call {
             unknown: None,
             cancel: None,
             mapping: None,
+            contained: None,
+            offered: false,
         }
     }
 
@@ -190,6 +198,13 @@ impl Finished {
 pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> Finished {
     // Counted while it runs, so a stopping host drains it; refused once the host stops.
     let Some(_in_flight) = host.live().call_started() else {
+        host.registry().metrics().call_ended(
+            None,
+            "refused",
+            Category::Unavailable.as_str(),
+            None,
+            &[],
+        );
         return Finished {
             call: String::new(),
             outcome: Outcome::refused(
@@ -225,11 +240,37 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
             detail,
         });
     }
+    count(host, &call, &capability, &outcome, failed.is_some());
     Finished {
         call: call.id.clone(),
         outcome,
         failed,
     }
+}
+
+/// Counts the call that ended with `outcome` in the host's metrics: under its capability
+/// once normalization found it offered to the session (`call.offered`), with the outcome
+/// the client gets
+/// (a trace that could not be committed turns it into `unknown` or `unavailable`, see
+/// [`Finished::respond`]).
+fn count(host: &Host, call: &Call, capability: &str, outcome: &Outcome, failed: bool) {
+    let metrics = host.registry().metrics();
+    let mapping = call.mapping.as_deref();
+    if let (Some(m), Some(kind)) = (mapping, call.contained) {
+        metrics.contained(&m.name, kind);
+    }
+    let (name, category) = match (failed, outcome) {
+        (false, o) => o.names(),
+        (true, Outcome::Completed(_)) => ("unknown", Category::Unknown.as_str()),
+        (true, _) => ("refused", Category::Unavailable.as_str()),
+    };
+    metrics.call_ended(
+        call.offered.then_some(capability),
+        name,
+        category,
+        Some(call.started.elapsed()),
+        &call.stages,
+    );
 }
 
 /// The stages in order. A superseded mapping revision found at the re-check restarts a
@@ -314,6 +355,9 @@ async fn stages(
         if !t.queue.is_zero() {
             call.detail("execute.queue", t.queue);
         }
+        host.registry()
+            .metrics()
+            .instantiated(t.spare, t.instantiate);
         if t.spare {
             call.detail("execute.spare", t.instantiate);
         } else {

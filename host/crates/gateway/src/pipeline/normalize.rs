@@ -186,6 +186,7 @@ pub(super) async fn normalize(
         }
         session.remember([cap.name.as_str()]);
     }
+    call.offered = true;
     // Decide on the catalogue the server stands behind now.
     if mapping.connection.is_stale() {
         crate::pipeline::recheck::refresh(host, call, cap).await?;

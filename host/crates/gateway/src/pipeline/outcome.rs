@@ -151,6 +151,21 @@ impl Outcome {
         }
     }
 
+    /// The outcome's name and its refusal category (empty unless refused), as the trace
+    /// and the metrics name them.
+    pub fn names(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Completed(_) => ("completed", ""),
+            Self::Refused { category, .. } if *category == Category::Unknown => {
+                ("unknown", category.as_str())
+            }
+            Self::Refused { category, .. } => ("refused", category.as_str()),
+            Self::Invalid { .. } => ("invalid", ""),
+            Self::ApprovalRequired { .. } => ("approval-required", ""),
+            Self::InputRequired { .. } => ("input-required", ""),
+        }
+    }
+
     /// The safe summary the trace keeps.
     pub fn trace_summary(&self) -> Value {
         match self {
@@ -208,6 +223,7 @@ pub(super) fn outcome(call: &mut Call, executed: Executed) -> Outcome {
                     "session": call.session.id_text(),
                 }),
             );
+            call.contained = Some(failure.kind());
             return contained(&mapping.name, failure, effectful);
         }
     };

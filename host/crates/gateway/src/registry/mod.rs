@@ -423,6 +423,9 @@ pub struct Registry {
     /// Tampered records already traced (name, revision, state, digests), so a record
     /// re-read every store poll is traced once.
     tampered: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// The host's metrics ([`crate::metrics`]): the events [`Registry::trace`] appends
+    /// move their counters.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Registry {
@@ -431,6 +434,7 @@ impl Registry {
         Self {
             store,
             tampered: Arc::default(),
+            metrics: Arc::default(),
         }
     }
 
@@ -570,8 +574,14 @@ impl Registry {
         self.store.clone()
     }
 
+    /// The host's metrics.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        &self.metrics
+    }
+
     /// Appends a trace event; a failure to write it is logged, never silently dropped.
     pub fn trace(&self, kind: &str, subject: &str, payload: Value) {
+        self.metrics.traced(kind, subject, &payload);
         if let Err(e) = self.store.append_trace(kind, subject, &payload) {
             tracing::error!(kind, subject, "could not append to the trace: {e:#}");
         }
