@@ -26,14 +26,6 @@ fn suite(package: &str) -> (PathBuf, PathBuf) {
     (node, entry)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts `airlock serve --http` on a free loopback port; returns the child and the MCP URL.
 async fn serve_http(d: &Deployment) -> (tokio::process::Child, String) {
     d.approve_all();

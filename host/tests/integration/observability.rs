@@ -10,15 +10,6 @@ use serde_json::{Value, json};
 use crate::common::*;
 use crate::http::{Reply, raw};
 
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn get(addr: &str, path: &str, token: Option<&str>) -> Reply {
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: {addr}");
     if let Some(t) = token {

@@ -856,3 +856,12 @@ pub fn refused_arguments(r: Result<CallToolResult, ServiceError>) -> String {
     assert!(text.starts_with("invalid request: "), "{text}");
     text
 }
+
+/// A loopback port nothing listens on now (bound, read, released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
