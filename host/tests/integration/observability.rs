@@ -137,6 +137,11 @@ async fn counters_move_by_exactly_the_calls_refusals_and_approvals_made() {
             "airlock_approvals_requested_total{mode=\"out-of-band\"}".into(),
             1.0,
         ),
+        // Counted from the trace event of the start (Registry::trace).
+        (
+            "airlock_connection_transitions_total{connection=\"notes\",to=\"ready\"}".into(),
+            1.0,
+        ),
         ("airlock_approvals_pending".into(), 1.0),
         (
             "airlock_call_duration_seconds_count{capability=\"deliver_artifact\"}".into(),
@@ -299,9 +304,59 @@ async fn the_http_fronts_metrics_need_the_same_bearer_token_as_mcp() {
     for secret in ["alice", "analyst", "checkpoint"] {
         assert!(!r.body.contains(secret), "{secret} in:\n{}", r.body);
     }
+
+    // A tool the catalogue has but bob's profile (`searcher`) hides: counted, never named.
+    let bob = crate::http::token("bob", json!({}));
+    let hidden = crate::http::post_stateless(
+        &s,
+        Some(&bob),
+        "tools/call",
+        json!({"name": "retrieve_source", "arguments": {"source": "ref_x"}}),
+        "",
+    );
+    assert!(hidden.message()["error"].is_object(), "{hidden:?}");
+    // A legacy session is counted while it is open.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "1"}}})
+    .to_string();
+    let opened = raw(
+        &s.addr,
+        &format!(
+            "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {alice}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}",
+            s.addr,
+            init.len()
+        ),
+        init.as_bytes(),
+    );
+    let id = opened
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_string();
+    let r = get(&s.addr, "/metrics", Some(&alice));
+    assert_eq!(
+        sample(&r.body, &calls("(unoffered)", "invalid", "")),
+        1.0,
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains("retrieve_source"), "{}", r.body);
+    assert!(r.body.contains("airlock_mcp_sessions 1"), "{}", r.body);
+    let deleted = raw(
+        &s.addr,
+        &format!(
+            "DELETE /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {alice}\r\nMcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25",
+            s.addr
+        ),
+        b"",
+    );
+    assert!(deleted.status < 300, "{deleted:?}");
+    let r = get(&s.addr, "/metrics", Some(&alice));
+    assert!(r.body.contains("airlock_mcp_sessions 0"), "{}", r.body);
 }
 
-/// `airlock serve` over stdio with `AIRLOCK_LOG_FORMAT=FORMAT`, stdin closed at once; its
+/// `airlock serve --metrics 127.0.0.1:0` over stdio with `AIRLOCK_LOG_FORMAT=FORMAT`, stdin
+/// closed at once; its
 /// stderr.
 fn serve_logging(format: &str) -> String {
     let d = Deployment::with_notes().mapping("source-library");
@@ -310,6 +365,7 @@ fn serve_logging(format: &str) -> String {
         .arg("serve")
         .arg("--config")
         .arg(d.write_config())
+        .args(["--metrics", "127.0.0.1:0"])
         .env("AIRLOCK_LOG", "airlock=info")
         .env("AIRLOCK_LOG_FORMAT", format)
         .env("AIRLOCK_CACHE_DIR", test_cache_dir())
@@ -340,6 +396,12 @@ fn json_logs_are_one_object_per_line_and_a_bad_format_says_so() {
     assert!(serving["timestamp"].is_string(), "{serving}");
     assert_eq!(serving["profile"], "default", "{serving}");
     assert!(!stderr.contains(" INFO airlock"), "no text line:\n{stderr}");
+
+    // `--metrics` without [telemetry] in the file: the listener starts.
+    assert!(
+        stderr.contains("airlock: serving metrics at http://127.0.0.1:"),
+        "{stderr}"
+    );
 
     let stderr = serve_logging("yaml");
     assert!(

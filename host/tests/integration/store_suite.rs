@@ -282,7 +282,7 @@ both! {
         // Expires long before the moment counted below, though still stored as pending.
         store.create_approval(&request(ApprovalMode::OutOfBand, 1), vec![]).unwrap();
         approved(&*store);
-        for n in 1..=4 {
+        for n in 1..=5 {
             store.create_intent(&intent(n), vec![]).unwrap();
         }
         store.set_intent_state("int_2", IntentState::Unknown, vec![]).unwrap();
@@ -292,7 +292,7 @@ both! {
         let expected = Waiting {
             approvals_pending: 2,
             oldest_pending_ms: Some(first.created_ms),
-            intents_prepared: 1,
+            intents_prepared: 2,
             intents_unknown: 1,
         };
         assert_eq!(store.waiting(at).unwrap(), expected);
@@ -301,7 +301,7 @@ both! {
         // Past every expiry nothing is pending; the intents still wait.
         let later = store.waiting(at + 120_000).unwrap();
         assert_eq!((later.approvals_pending, later.oldest_pending_ms), (0, None));
-        assert_eq!((later.intents_prepared, later.intents_unknown), (1, 1));
+        assert_eq!((later.intents_prepared, later.intents_unknown), (2, 1));
     }
 
     fn a_connections_state_is_its_newest_genuine_state_event(db, store) {

@@ -609,9 +609,10 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
-        // A connection that is gone is no longer reported.
+        // A connection or mapping that is gone is no longer reported.
         let text = m.render(&Scraped::default());
         assert!(!text.contains(r#"connection="notes""#), "{text}");
+        assert!(!text.contains(r#"mapping="source-library""#), "{text}");
     }
 
     #[test]
