@@ -19,7 +19,7 @@ fn get(addr: &str, path: &str, token: Option<&str>) -> Reply {
 }
 
 /// The metrics text at `addr`, waiting (up to 60 s) for the listener to come up.
-fn scrape(addr: &str) -> String {
+pub(crate) fn scrape(addr: &str) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while std::net::TcpStream::connect(addr).is_err() {
         assert!(
@@ -39,7 +39,7 @@ fn scrape(addr: &str) -> String {
 
 /// The value of the sample `line` (a metric name with its labels, exactly as rendered:
 /// labels in name order), 0 when it is absent.
-fn sample(text: &str, line: &str) -> f64 {
+pub(crate) fn sample(text: &str, line: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(line)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)

@@ -394,9 +394,11 @@ async fn an_oversized_upstream_result_is_refused_while_reading() {
 
 #[tokio::test]
 async fn an_adapter_that_loops_forever_is_interrupted_and_the_next_call_succeeds() {
+    let metrics = format!("127.0.0.1:{}", free_port());
     let d = Deployment::with_notes()
         .mapping("spin-forever")
-        .mapping("source-library");
+        .mapping("source-library")
+        .tables(&format!("[telemetry]\nmetrics = \"{metrics}\"\n"));
     let client = d.serve().await;
     let started = std::time::Instant::now();
     // A missing deadline must fail this test, not hang it.
@@ -417,6 +419,18 @@ async fn an_adapter_that_loops_forever_is_interrupted_and_the_next_call_succeeds
         d.upstream_tool_calls().is_empty(),
         "the spinning search never reached the upstream"
     );
+    // Counted: the containment by its kind, the call by its category.
+    let text = crate::observability::scrape(&metrics);
+    for line in [
+        "airlock_adapter_contained_total{kind=\"deadline\",mapping=\"spin-forever\"}",
+        "airlock_calls_total{capability=\"spin_search\",category=\"interrupted\",outcome=\"refused\"}",
+    ] {
+        assert_eq!(
+            crate::observability::sample(&text, line),
+            1.0,
+            "{line} in:\n{text}"
+        );
+    }
 
     // The same adapter serves the next calls, in fresh instances, and so does its neighbour.
     let hits = call(&client, "spin_search", json!({"query": "checkpoint"}))
