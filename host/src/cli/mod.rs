@@ -473,6 +473,37 @@ struct ServeArgs {
     /// front too, behind the same bearer tokens. See README.md ("Observability").
     #[arg(long, value_name = "ADDR", value_parser = crate::config::parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
+    /// Export OpenTelemetry spans (OTLP over HTTP, protobuf) to this collector, e.g.
+    /// http://127.0.0.1:4318 (/v1/traces is added to a URL without a path). Overrides
+    /// [telemetry] otlp. Spans follow the client's trace context (params._meta
+    /// traceparent, or the HTTP traceparent header) and carry it on to the upstream
+    /// servers. See README.md ("Observability").
+    #[arg(long, value_name = "URL", value_parser = parse_otlp)]
+    otlp: Option<String>,
+}
+
+/// `--otlp URL`, checked as `[telemetry] otlp` is.
+fn parse_otlp(text: &str) -> Result<String> {
+    crate::telemetry::traces_url(text)
+}
+
+/// The `[telemetry]` settings given on the command line (`--metrics`, `--otlp`), which
+/// override the configuration's.
+#[derive(Default)]
+struct TelemetryArgs {
+    metrics: Option<std::net::SocketAddr>,
+    otlp: Option<String>,
+}
+
+impl TelemetryArgs {
+    fn apply(self, config: &mut crate::config::ServeConfig) {
+        if self.metrics.is_some() {
+            config.telemetry.metrics = self.metrics;
+        }
+        if self.otlp.is_some() {
+            config.telemetry.otlp = self.otlp;
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -1203,7 +1234,9 @@ async fn serve(
         redact,
         workers: _,
         metrics,
+        otlp,
     } = args;
+    let telemetry = TelemetryArgs { metrics, otlp };
     init_logging("airlock=info");
     tracing::info!(
         workers = tokio::runtime::Handle::current().metrics().num_workers(),
@@ -1217,9 +1250,7 @@ async fn serve(
     if let Some(addr) = http {
         let mut config = http_config.unwrap_or_else(|| load_config(&config, state_dir))?;
         config.cache_dir = cache_dir;
-        if metrics.is_some() {
-            config.telemetry.metrics = metrics;
-        }
+        telemetry.apply(&mut config);
         return crate::front::http::serve(config, &addr, profile).await;
     }
     serve_stdio(
@@ -1228,7 +1259,7 @@ async fn serve(
         state_dir,
         profile,
         record.map(|dir| (dir, redact)),
-        metrics,
+        telemetry,
     )
     .await
 }
@@ -2092,15 +2123,13 @@ async fn serve_stdio(
     state_dir: Option<PathBuf>,
     profile: Option<String>,
     record: Option<(PathBuf, Vec<String>)>,
-    metrics: Option<std::net::SocketAddr>,
+    telemetry: TelemetryArgs,
 ) -> Result<()> {
     // From here on SIGTERM/SIGINT stop the host cleanly (crate::shutdown).
     crate::shutdown::catch_signals();
     let mut config = load_config(&config_path, state_dir)?;
     config.cache_dir = cache_dir;
-    if metrics.is_some() {
-        config.telemetry.metrics = metrics;
-    }
+    telemetry.apply(&mut config);
     // Fail before anything starts when the profile does not exist.
     let profile = config.profile(profile.as_deref())?.name.clone();
     // Open the fixture folder before anything starts: a bad --record fails fast.
@@ -2142,7 +2171,8 @@ async fn serve_stdio(
     // rmcp has established the session (crate::front::stdio::FastCalls).
     let (transport, fast) =
         crate::front::stdio::StdioFront::new(input, write).with_fast_calls(front.clone());
-    crate::shutdown::run(host.live(), async move {
+    let spans = host.clone();
+    let served = crate::shutdown::run(host.live(), async move {
         let running = match front.serve(transport).await {
             Ok(running) => running,
             // Input that ends before a session begins (`serve </dev/null`, a client that
@@ -2164,7 +2194,10 @@ async fn serve_stdio(
         running.waiting().await.context("MCP session")?;
         Ok(())
     })
-    .await
+    .await;
+    // The last spans are exported before the process ends.
+    spans.flush_spans().await;
+    served
 }
 
 #[cfg(test)]

@@ -275,13 +275,21 @@ fn dechunk(mut rest: &str) -> String {
 }
 
 /// A 2026-07-28 (stateless) JSON-RPC request body.
+/// A stateless request's body: `params` with the `_meta` members 2026-07-28 requires
+/// (members `params` already has in its `_meta`, e.g. `traceparent`, are kept).
 fn stateless(method: &str, params: Value) -> String {
     let mut params = params;
-    params["_meta"] = json!({
+    let mut meta = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
         "io.modelcontextprotocol/clientInfo": {"name": "raw-test", "version": "1"},
     });
+    if let Some(Value::Object(own)) = params.get("_meta") {
+        for (k, v) in own {
+            meta[k] = v.clone();
+        }
+    }
+    params["_meta"] = meta;
     json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
 }
 

@@ -821,3 +821,108 @@ fn the_conformance_client_scenarios_match_their_baseline() {
         "{text}"
     );
 }
+
+/// OpenTelemetry spans (issue 32) on the HTTP front and toward an HTTP upstream: the
+/// front takes the `traceparent` header when `_meta` carries none, `_meta` wins over the
+/// header, a malformed header is ignored; the upstream's request carries Airlock's client
+/// span as its parent in `_meta` over Streamable HTTP. Spans are decoded by a real OTLP
+/// receiver ([`crate::common::otlp`]).
+#[test]
+fn spans_follow_the_http_header_or_meta_and_reach_an_http_upstream() {
+    use crate::common::otlp::{self, Receiver};
+    use crate::http::{post_stateless, serve_http};
+    const HEADER: &str = "11111111111111111111111111111111";
+    const META: &str = "22222222222222222222222222222222";
+    const LISTED: &str = "33333333333333333333333333333333";
+    const PARENT: &str = "0102030405060708";
+    let receiver = Receiver::start();
+    let d = Deployment::with_notes();
+    let fixture = Fixture::start("127.0.0.1:0", &d.dir.path().join("calls.jsonl"), &[]);
+    let d = d
+        .mapping("source-library")
+        .replace_connections(&format!(
+            "[[connection]]\nname = \"notes\"\nurl = {:?}\n",
+            fixture.url()
+        ))
+        .tables(&format!("[telemetry]\notlp = {:?}\n", receiver.url()));
+    d.approve_all();
+    let served = serve_http(&d, "127.0.0.1:0");
+    let search = json!({"name": "search_sources", "arguments": {"query": "checkpoint"}});
+    let header = |trace: &str| format!("\r\ntraceparent: 00-{trace}-{PARENT}-01");
+    // The header alone.
+    let r = post_stateless(&served, None, "tools/call", search.clone(), &header(HEADER));
+    assert_eq!(r.message()["result"]["isError"], false, "{r:?}");
+    // `_meta` and the header: `_meta` wins.
+    let mut with_meta = search.clone();
+    with_meta["_meta"] = json!({"traceparent": format!("00-{META}-{PARENT}-01")});
+    let r = post_stateless(&served, None, "tools/call", with_meta, &header(HEADER));
+    assert_eq!(r.message()["result"]["isError"], false, "{r:?}");
+    // A malformed header: a new trace, the call runs.
+    let r = post_stateless(
+        &served,
+        None,
+        "tools/call",
+        search,
+        "\r\ntraceparent: 00-zz-yy-01",
+    );
+    assert_eq!(r.message()["result"]["isError"], false, "{r:?}");
+    let r = post_stateless(&served, None, "tools/list", json!({}), &header(LISTED));
+    assert!(r.message()["result"]["tools"].is_array(), "{r:?}");
+
+    let spans = receiver.until("three calls and a list", |spans| {
+        spans.iter().filter(|s| s.kind == otlp::SERVER).count() >= 4
+    });
+    let server = |trace: &str| {
+        spans
+            .iter()
+            .find(|s| s.kind == otlp::SERVER && s.trace_id == trace)
+            .unwrap_or_else(|| panic!("no server span on {trace}: {spans:#?}"))
+    };
+    let upstream: Vec<Value> = d
+        .upstream_calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tools/call")
+        .collect();
+    assert_eq!(upstream.len(), 3, "{upstream:?}");
+    let roots: Vec<_> = spans
+        .iter()
+        .filter(|s| s.kind == otlp::SERVER && s.parent.is_empty())
+        .collect();
+    assert_eq!(
+        roots.len(),
+        1,
+        "only the malformed header starts a trace: {roots:#?}"
+    );
+    for (trace, logged) in [
+        (HEADER, &upstream[0]),
+        (META, &upstream[1]),
+        (roots[0].trace_id.as_str(), &upstream[2]),
+    ] {
+        let call = server(trace);
+        assert_eq!(call.name, "tools/call search_sources");
+        assert_eq!(call.attr("network.transport"), Some("tcp"));
+        assert_eq!(call.attr("mcp.protocol.version"), Some("2026-07-28"));
+        if trace != roots[0].trace_id {
+            assert_eq!(call.parent, PARENT);
+        }
+        let execute = spans
+            .iter()
+            .find(|s| s.parent == call.span_id && s.name == "execute")
+            .unwrap_or_else(|| panic!("no execute span under {call:#?}"));
+        let client = spans
+            .iter()
+            .find(|s| s.parent == execute.span_id && s.kind == otlp::CLIENT)
+            .unwrap_or_else(|| panic!("no client span under {execute:#?}"));
+        assert_eq!(client.name, "tools/call search_notes");
+        assert_eq!(client.attr("network.transport"), Some("tcp"));
+        assert_eq!(
+            logged["traceparent"],
+            format!("00-{trace}-{}-01", client.span_id),
+            "the HTTP upstream continues Airlock's client span: {logged}"
+        );
+    }
+    let listed = server(LISTED);
+    assert_eq!(listed.name, "tools/list");
+    assert_eq!(listed.attr("mcp.method.name"), Some("tools/list"));
+    assert_eq!(listed.parent, PARENT);
+}

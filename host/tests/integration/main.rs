@@ -40,6 +40,7 @@ mod replay;
 mod retention;
 mod serve;
 mod sessions;
+mod spans;
 mod store_suite;
 mod store_trust;
 mod version_control;

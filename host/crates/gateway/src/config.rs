@@ -99,6 +99,9 @@
 //! [telemetry]
 //! metrics = "127.0.0.1:9464"     # also serve GET /metrics here (Prometheus text, no
 //!                                # authentication; crate::metrics); default: none
+//! otlp = "http://127.0.0.1:4318"  # export OpenTelemetry spans (OTLP/HTTP protobuf) to
+//!                                # this collector (/v1/traces added to a bare base URL;
+//!                                # crate::telemetry); default: no spans
 //!
 //! [http]                         # `serve --http`: see crate::front::http
 //! [http.auth]                    # bearer tokens: see crate::front::auth
@@ -168,17 +171,21 @@ pub struct ServeConfig {
     pub http: crate::front::http::HttpSettings,
     /// `[trace]`: the trace's host key and checkpoints.
     pub trace: TraceSettings,
-    /// `[telemetry]`: metrics (and, later, spans).
+    /// `[telemetry]`: metrics and spans.
     pub telemetry: TelemetrySettings,
 }
 
 /// `[telemetry]`: where the host's Prometheus metrics are served besides the HTTP front's
-/// `/metrics` ([`crate::metrics`]).
+/// `/metrics` ([`crate::metrics`]), and where its spans go ([`crate::telemetry`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TelemetrySettings {
     /// `metrics = "ADDR"`: a listener serving only `GET /metrics`, without
     /// authentication (`serve --metrics ADDR` sets it too); unset: none.
     pub metrics: Option<std::net::SocketAddr>,
+    /// `otlp = "URL"`: the OTLP/HTTP traces URL spans are exported to
+    /// ([`crate::telemetry::traces_url`]; `serve --otlp URL` sets it too); unset: no
+    /// spans are made at all.
+    pub otlp: Option<String>,
 }
 
 /// `store`: where the state lives (`"sqlite"` or a PostgreSQL target), parsed and opened
@@ -549,6 +556,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawTelemetry {
     metrics: Option<String>,
+    otlp: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -758,13 +766,19 @@ impl ServeConfig {
     }
 }
 
-/// `[telemetry]`: `metrics` must be a socket address (`127.0.0.1:9464`, `[::1]:9464`).
+/// `[telemetry]`: `metrics` must be a socket address (`127.0.0.1:9464`, `[::1]:9464`),
+/// `otlp` an http(s) URL ([`crate::telemetry::traces_url`]).
 fn telemetry(raw: Option<RawTelemetry>) -> Result<TelemetrySettings> {
     let Some(t) = raw else {
         return Ok(TelemetrySettings::default());
     };
     Ok(TelemetrySettings {
         metrics: t.metrics.map(|a| parse_metrics_addr(&a)).transpose()?,
+        otlp: t
+            .otlp
+            .map(|u| crate::telemetry::traces_url(&u))
+            .transpose()
+            .context("[telemetry] otlp")?,
     })
 }
 
@@ -1899,6 +1913,15 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
         );
         let defaults = ServeConfig::parse(MAPPING, dir.path()).unwrap();
         assert_eq!(defaults.telemetry, TelemetrySettings::default());
+        let spans = ServeConfig::parse(
+            &format!("{MAPPING}[telemetry]\notlp = \"http://127.0.0.1:4318\"\n"),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            spans.telemetry.otlp.as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
         for (table, needle) in [
             (
                 "[telemetry]\nmetrics = \"localhost:9464\"\n",
@@ -1910,6 +1933,11 @@ headers = { "Authorization" = { secret = "token", prefix = "Bearer " }, "X-Tenan
             ),
             ("[telemetry]\nmetrics = 9464\n", "metrics"),
             ("[telemetry]\nspans = true\n", "unknown field"),
+            (
+                "[telemetry]\notlp = \"127.0.0.1:4318\"\n",
+                "expected an http:// or https:// URL",
+            ),
+            ("[telemetry]\notlp = 4318\n", "otlp"),
         ] {
             let err = format!(
                 "{:#}",

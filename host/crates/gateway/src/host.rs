@@ -49,6 +49,9 @@ pub struct Host {
     /// One log line per refused call, bounded per category
     /// ([`crate::pipeline::refusals`]).
     refusals: crate::pipeline::refusals::RefusalLog,
+    /// The span exporter, when `[telemetry] otlp` names a collector; `None`: no span is
+    /// made anywhere (one check per request).
+    spans: Option<Arc<crate::telemetry::Spans>>,
 }
 
 impl Host {
@@ -60,7 +63,7 @@ impl Host {
         config.check_confinement()?;
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start(config).await?;
-        Ok(Self::assemble(live, policy))
+        Self::assemble(live, policy)
     }
 
     /// Like [`Host::start`], with mappings given in memory.
@@ -74,7 +77,7 @@ impl Host {
         config.check_confinement()?;
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start_with(config, sources).await?;
-        Ok(Self::assemble(live, policy))
+        Self::assemble(live, policy)
     }
 
     /// Like [`Host::start_with`], on an open registry.
@@ -89,10 +92,10 @@ impl Host {
         config.check_confinement()?;
         let policy = Policy::load(&config.policy_files)?;
         let live = Live::start_with_registry(config, sources, registry).await?;
-        Ok(Self::assemble(live, policy))
+        Self::assemble(live, policy)
     }
 
-    fn assemble(live: Arc<Live>, policy: Policy) -> Arc<Self> {
+    fn assemble(live: Arc<Live>, policy: Policy) -> Result<Arc<Self>> {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key).expect("the OS random generator failed");
         let request_state =
@@ -109,7 +112,15 @@ impl Host {
             // Other hosts would take this one for stopped and reconcile its open intents.
             tracing::error!(host = %instance, "this host could not register as alive in the shared store: {e:#}");
         }
-        Arc::new(Self {
+        let spans = match &live.config().telemetry.otlp {
+            Some(url) => {
+                let spans = crate::telemetry::Spans::start(url, &instance)?;
+                tracing::info!(%url, "exporting OpenTelemetry spans (OTLP/HTTP)");
+                Some(Arc::new(spans))
+            }
+            None => None,
+        };
+        Ok(Arc::new(Self {
             live,
             policy: PolicyEngine::new(policy),
             request_state,
@@ -120,7 +131,21 @@ impl Host {
             recorder: std::sync::OnceLock::new(),
             refusals: crate::pipeline::refusals::RefusalLog::default(),
             instance,
-        })
+            spans,
+        }))
+    }
+
+    /// The span exporter, when `[telemetry] otlp` is set ([`crate::telemetry`]).
+    pub fn spans(&self) -> Option<&Arc<crate::telemetry::Spans>> {
+        self.spans.as_ref()
+    }
+
+    /// Exports the spans still queued and stops the exporter (a no-op without one); run
+    /// it when the host stops. Blocks a blocking-pool thread, not the caller.
+    pub async fn flush_spans(&self) {
+        if let Some(spans) = self.spans.clone() {
+            let _ = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+        }
     }
 
     /// Records every adapter call from now on as a fixture file written by `recorder`

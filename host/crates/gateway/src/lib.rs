@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod registry;
 pub mod shutdown;
+pub mod telemetry;
 
 pub use airlock_core::{canonical, jsonrpc, private_fs, random};
 pub use airlock_policy as policy;

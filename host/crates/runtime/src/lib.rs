@@ -537,6 +537,10 @@ pub struct CallContext {
     /// Keep every upstream exchange of the call (request params and the raw answer) in
     /// [`CallOutcome::exchanges`], for `airlock serve --record`. Off: nothing is kept.
     pub record: bool,
+    /// The call's span context when the host exports spans: each upstream request of the
+    /// call gets a client span under it and carries its context in `_meta`
+    /// ([`airlock_upstream::spans`]). `None`: no span, nothing added to requests.
+    pub trace: Option<airlock_upstream::spans::CallTrace>,
 }
 
 /// Receives an attempt's upstream transitions at the moment each becomes true (DESIGN.md
@@ -1764,7 +1768,13 @@ impl upstream::Host for CallState {
         let asked = Instant::now();
         let answer = bridge
             .connection
-            .call_tool(&name, arguments, timeout, bridge.context.cancel.as_ref())
+            .call_tool(
+                &name,
+                arguments,
+                timeout,
+                bridge.context.cancel.as_ref(),
+                bridge.context.trace.as_ref(),
+            )
             .await;
         bridge.upstream_wait += asked.elapsed();
         bridge.keep("tools/call", &name, recorded.as_ref(), &answer);
@@ -1790,7 +1800,12 @@ impl upstream::Host for CallState {
         let asked = Instant::now();
         let answer = bridge
             .connection
-            .read_resource(&uri, timeout, bridge.context.cancel.as_ref())
+            .read_resource(
+                &uri,
+                timeout,
+                bridge.context.cancel.as_ref(),
+                bridge.context.trace.as_ref(),
+            )
             .await;
         bridge.upstream_wait += asked.elapsed();
         bridge.keep("resources/read", &uri, None, &answer);

@@ -242,8 +242,9 @@ pub fn http_identity(server: &HttpServer) -> (String, Value) {
 }
 
 /// Installs rustls' `ring` provider as the process default, once (reqwest's rustls
-/// backend is built without a provider of its own).
-fn ensure_crypto_provider() {
+/// backend is built without a provider of its own): before any reqwest client of the
+/// process is built (the OTLP span exporter's too).
+pub fn ensure_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // Another part of the process may have installed one already: that one stays.

@@ -44,6 +44,7 @@ pub mod http;
 pub mod process;
 pub mod record;
 pub mod replay;
+pub mod spans;
 
 /// Host-wide ceiling on one upstream message and on a mapping's
 /// `limits.max_output_bytes`, in bytes (8 MiB): below rmcp's 16 MiB line limit, which
@@ -60,7 +61,7 @@ use anyhow::{Context as _, Result};
 use rmcp::ServiceExt as _;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ErrorCode,
-    JsonObject, ReadResourceRequest, ReadResourceRequestParams, ServerResult,
+    GetMeta as _, JsonObject, ReadResourceRequest, ReadResourceRequestParams, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService, ServiceError};
 use serde_json::Value;
@@ -318,6 +319,8 @@ impl Drop for Connection {
 struct HttpParts {
     bridge: tokio::task::JoinHandle<()>,
     reason: http::CloseReason,
+    /// An in-process replay ([`Connection::start_replay`]), not a network peer.
+    replayed: bool,
 }
 
 /// The list requests whose raw answers discovery keeps, and `initialize`.
@@ -1209,7 +1212,11 @@ impl Connection {
             shared,
             Link::Bridged {
                 client,
-                parts: HttpParts { bridge, reason },
+                parts: HttpParts {
+                    bridge,
+                    reason,
+                    replayed: false,
+                },
             },
         ))
     }
@@ -1259,6 +1266,7 @@ impl Connection {
                 parts: HttpParts {
                     bridge: server,
                     reason: http::CloseReason::default(),
+                    replayed: true,
                 },
             },
         ))
@@ -1658,6 +1666,8 @@ impl Connection {
     }
 
     /// Sends `tools/call` and returns the result as JSON with the request's JSON-RPC id.
+    /// With `trace` (telemetry on), the request has its own client span and carries its
+    /// context in `params._meta` ([`spans`]).
     ///
     /// # Errors
     /// See [`UpstreamFailure`], with the request's id when it was sent; `timeout` elapsing
@@ -1669,31 +1679,51 @@ impl Connection {
         arguments: JsonObject,
         timeout: Duration,
         cancel: Option<&CancellationToken>,
+        trace: Option<&spans::CallTrace>,
     ) -> Result<(Value, String), (UpstreamFailure, Option<String>)> {
-        if let Some(out) = &self.outbound {
+        let (span, meta) = match trace {
+            Some(t) => {
+                let (span, meta) = t.start(CALL_TOOL.0, Some(tool), &self.name, self.transport());
+                (Some(span), Some(meta))
+            }
+            None => (None, None),
+        };
+        let answer = if let Some(out) = &self.outbound {
             #[derive(serde::Serialize)]
             struct Params<'a> {
+                #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+                meta: Option<&'a JsonObject>,
                 name: &'a str,
                 arguments: &'a JsonObject,
             }
             let params = Params {
+                meta: meta.as_ref(),
                 name: tool,
                 arguments: &arguments,
             };
-            return self
-                .request_direct::<rmcp::model::CallToolResult>(
-                    out, CALL_TOOL, &params, timeout, cancel,
-                )
-                .await;
+            self.request_direct::<rmcp::model::CallToolResult>(
+                out, CALL_TOOL, &params, timeout, cancel,
+            )
+            .await
+        } else {
+            let mut params = CallToolRequestParams::new(tool.to_string());
+            params.arguments = Some(arguments);
+            let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            if let Some(meta) = meta {
+                request
+                    .get_meta_mut()
+                    .extend(rmcp::model::MetaObject(meta).into());
+            }
+            self.request_checked(request, CALL_TOOL, timeout, cancel, |r| match r {
+                ServerResult::CallToolResult(result) => Some(result),
+                _ => None,
+            })
+            .await
+        };
+        if let Some(span) = span {
+            span.end(&answer);
         }
-        let mut params = CallToolRequestParams::new(tool.to_string());
-        params.arguments = Some(arguments);
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        self.request_checked(request, CALL_TOOL, timeout, cancel, |r| match r {
-            ServerResult::CallToolResult(result) => Some(result),
-            _ => None,
-        })
-        .await
+        answer
     }
 
     /// Sends `resources/read` and returns the result as JSON with the request's id.
@@ -1705,27 +1735,58 @@ impl Connection {
         uri: &str,
         timeout: Duration,
         cancel: Option<&CancellationToken>,
+        trace: Option<&spans::CallTrace>,
     ) -> Result<(Value, String), (UpstreamFailure, Option<String>)> {
-        if let Some(out) = &self.outbound {
-            return self
-                .request_direct::<rmcp::model::ReadResourceResult>(
-                    out,
-                    READ_RESOURCE,
-                    &serde_json::json!({"uri": uri}),
-                    timeout,
-                    cancel,
-                )
-                .await;
+        let (span, meta) = match trace {
+            Some(t) => {
+                let (span, meta) = t.start(READ_RESOURCE.0, None, &self.name, self.transport());
+                (Some(span), Some(meta))
+            }
+            None => (None, None),
+        };
+        let mut params = serde_json::json!({"uri": uri});
+        if let Some(meta) = meta {
+            params["_meta"] = Value::Object(meta);
         }
-        let params: ReadResourceRequestParams =
-            serde_json::from_value(serde_json::json!({"uri": uri}))
-                .map_err(|e| (UpstreamFailure::Protocol(e.to_string()), None))?;
-        let request = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(params));
-        self.request_checked(request, READ_RESOURCE, timeout, cancel, |r| match r {
-            ServerResult::ReadResourceResult(result) => Some(result),
-            _ => None,
-        })
-        .await
+        let answer = if let Some(out) = &self.outbound {
+            self.request_direct::<rmcp::model::ReadResourceResult>(
+                out,
+                READ_RESOURCE,
+                &params,
+                timeout,
+                cancel,
+            )
+            .await
+        } else {
+            match serde_json::from_value::<ReadResourceRequestParams>(params) {
+                Ok(params) => {
+                    let request =
+                        ClientRequest::ReadResourceRequest(ReadResourceRequest::new(params));
+                    self.request_checked(request, READ_RESOURCE, timeout, cancel, |r| match r {
+                        ServerResult::ReadResourceResult(result) => Some(result),
+                        _ => None,
+                    })
+                    .await
+                }
+                Err(e) => Err((UpstreamFailure::Protocol(e.to_string()), None)),
+            }
+        };
+        if let Some(span) = span {
+            span.end(&answer);
+        }
+        answer
+    }
+
+    /// The OpenTelemetry `network.transport` of this connection: `pipe` for a stdio
+    /// server, `tcp` for Streamable HTTP, `None` for a replayed one.
+    fn transport(&self) -> Option<&'static str> {
+        if self.process.is_some() {
+            Some("pipe")
+        } else if self.http.as_ref().is_some_and(|h| !h.replayed) {
+            Some("tcp")
+        } else {
+            None
+        }
     }
 
     /// Sends `request` (`(method, kind)`: its method and the result type's name, e.g.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod operator;
+pub mod otlp;
 pub mod pg;
 
 pub use operator::*;

@@ -498,9 +498,12 @@ pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> 
     let front = Arc::new(front);
     HttpFront::sweep_sessions(&front);
     let live = front.host.live().clone();
+    let host = front.host.clone();
     // Serves until SIGTERM/SIGINT; then the calls in flight drain and every upstream
-    // process group is stopped (crate::shutdown::run).
-    crate::shutdown::run(&live, accept(listener, front)).await
+    // process group is stopped (crate::shutdown::run); the last spans are exported.
+    let served = crate::shutdown::run(&live, accept(listener, front)).await;
+    host.flush_spans().await;
+    served
 }
 
 /// Accepts HTTP/1.1 connections on `listener` and serves each on its own task, forever.

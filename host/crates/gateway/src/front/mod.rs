@@ -36,11 +36,13 @@ use rmcp::ErrorData as McpError;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    ElicitRequest, ElicitRequestParams, ElicitationAction, Implementation, InputRequest,
-    InputRequests, InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    DiscoverResult, ElicitRequest, ElicitRequestParams, ElicitationAction, Implementation,
+    InitializeRequestParams, InitializeResult, InputRequest, InputRequests, InputRequiredResult,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer, SubscriptionContext};
+use tracing::Instrument as _;
 
 use crate::host::Host;
 use crate::pipeline::approve::{INPUT_KEY, approval_schema};
@@ -126,6 +128,32 @@ impl McpFront {
         &self.host
     }
 
+    /// Starts the server span of the request of `context` (method `method`, in protocol
+    /// `protocol`), when the host exports spans ([`crate::telemetry`]).
+    fn server_span(
+        &self,
+        method: &'static str,
+        context: &RequestContext<RoleServer>,
+        protocol: Option<&str>,
+    ) -> Option<opentelemetry::Context> {
+        let spans = self.host.spans()?;
+        let headers = context
+            .extensions
+            .get::<::http::request::Parts>()
+            .map(|p| &p.headers);
+        Some(spans.server(crate::telemetry::ServerRequest {
+            method,
+            meta: &context.meta,
+            headers,
+            request_id: context.id.to_string(),
+            transport: match self.session {
+                Bound::Fixed(_) => "pipe",
+                Bound::Http(_) => "tcp",
+            },
+            protocol,
+        }))
+    }
+
     /// `tools/list` without the transport, for a 2025-11-25 client without elicitation.
     pub fn list(&self) -> Vec<Tool> {
         pipeline::offer::offered(&self.host, self.session(), &ClientAbilities::plain()).tools
@@ -160,6 +188,15 @@ impl McpFront {
                 None,
             )),
         }
+    }
+}
+
+/// Ends a request's server span (when there is one) with its answer: a JSON-RPC error's
+/// code as `error.type` (a refused call's category was set by the pipeline).
+fn end_span<T>(trace: Option<opentelemetry::Context>, answer: &Result<T, McpError>) {
+    if let Some(cx) = trace {
+        let code = answer.as_ref().err().map(|e| e.code.0.to_string());
+        crate::telemetry::end_server(&cx, code.as_deref());
     }
 }
 
@@ -293,16 +330,47 @@ impl ServerHandler for McpFront {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let abilities = abilities(&context);
-        let session = self.session_for(&context)?;
-        let offered = pipeline::offer::offered(&self.host, &session, &abilities);
-        let result = ListToolsResult::with_all_items(offered.tools);
-        Ok(if abilities.stateless {
-            result
-                .with_ttl_ms(TOOLS_LIST_TTL_MS)
-                .with_cache_scope(CacheScope::Private)
-        } else {
-            result
-        })
+        let trace = self.server_span("tools/list", &context, Some(&abilities.protocol));
+        let listed = self.session_for(&context).map(|session| {
+            let offered = pipeline::offer::offered(&self.host, &session, &abilities);
+            let result = ListToolsResult::with_all_items(offered.tools);
+            if abilities.stateless {
+                result
+                    .with_ttl_ms(TOOLS_LIST_TTL_MS)
+                    .with_cache_scope(CacheScope::Private)
+            } else {
+                result
+            }
+        });
+        end_span(trace, &listed);
+        listed
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        // rmcp's own `initialize`, in a server span.
+        let trace = self.server_span("initialize", &context, None);
+        context.peer.set_peer_info(request.clone());
+        let answer = self.negotiate_initialize(&request);
+        end_span(trace, &answer);
+        answer
+    }
+
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        // rmcp's own `server/discover`, in a server span.
+        let trace = self.server_span("server/discover", &context, None);
+        let answer = Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ));
+        end_span(trace, &answer);
+        answer
     }
 
     async fn call_tool(
@@ -315,22 +383,48 @@ impl ServerHandler for McpFront {
                 request_state: request.request_state.clone(),
                 input_responses: request.input_responses.clone().unwrap_or_default(),
             });
-        let candidate = Candidate::new(
-            self.session_for(&context)?,
+        let abilities = abilities(&context);
+        let trace = self.server_span("tools/call", &context, Some(&abilities.protocol));
+        let session = match self.session_for(&context) {
+            Ok(s) => s,
+            Err(e) => {
+                let answer = Err(e);
+                end_span(trace, &answer);
+                return answer;
+            }
+        };
+        let mut candidate = Candidate::new(
+            session,
             request.name.to_string(),
             request.arguments,
-            abilities(&context),
+            abilities,
             retry,
         )
         .with_cancel(context.ct.clone());
+        if let Some(cx) = &trace {
+            candidate = candidate.with_trace(cx.clone());
+        }
         let asker = PeerAsker {
             peer: context.peer.clone(),
         };
-        let finished = pipeline::run(&self.host, candidate, &asker).await;
-        match finished.respond(respond).await {
-            Ok(r) => r,
-            Err(failed) => respond(failed),
-        }
+        let answer = async {
+            let finished = pipeline::run(&self.host, candidate, &asker).await;
+            match finished.respond(respond).await {
+                Ok(r) => r,
+                Err(failed) => respond(failed),
+            }
+        };
+        let answer = match trace.as_ref().and_then(crate::telemetry::ids) {
+            Some((trace_id, span_id)) => {
+                // The call's log lines carry its trace and span ids (ERROR level: the
+                // span is on whenever any line is logged).
+                let log = tracing::error_span!("request", %trace_id, %span_id);
+                answer.instrument(log).await
+            }
+            None => answer.await,
+        };
+        end_span(trace, &answer);
+        answer
     }
 
     fn accepted_subscription_filter(

@@ -97,6 +97,9 @@ pub struct Candidate {
     /// The intent this call compensates (`airlock intents compensate`), recorded in its
     /// own intent and shown in the summary a person approves.
     pub(super) compensates: Option<String>,
+    /// The context of the request's server span, when the host exports spans
+    /// ([`crate::telemetry`]).
+    pub(super) trace: Option<opentelemetry::Context>,
 }
 
 impl Candidate {
@@ -113,6 +116,14 @@ impl Candidate {
     /// summary a person approves says what it undoes.
     pub fn compensating(mut self, intent: impl Into<String>) -> Self {
         self.compensates = Some(intent.into());
+        self
+    }
+
+    /// The same candidate, in the span of `context` (the MCP request's server span,
+    /// [`crate::telemetry::Spans::server`]): its stages and upstream requests become
+    /// spans under it, and its outcome event records the trace id.
+    pub fn with_trace(mut self, context: opentelemetry::Context) -> Self {
+        self.trace = Some(context);
         self
     }
 
@@ -138,6 +149,7 @@ impl Candidate {
             retry,
             cancel: None,
             compensates: None,
+            trace: None,
         }
     }
 
@@ -151,6 +163,7 @@ impl Candidate {
             retry: self.retry.clone(),
             cancel: self.cancel.clone(),
             compensates: self.compensates.clone(),
+            trace: self.trace.clone(),
         }
     }
 }

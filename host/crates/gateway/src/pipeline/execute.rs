@@ -44,12 +44,14 @@ impl Executed {
     }
 }
 
-/// Runs the adapter for `ready`; `cancel` ends the adapter's upstream waits.
+/// Runs the adapter for `ready`; `cancel` ends the adapter's upstream waits; with
+/// `trace`, each upstream request gets a client span under it.
 pub(super) async fn execute(
     host: &Host,
     call: &mut Call,
     ready: Ready,
     cancel: Option<tokio_util::sync::CancellationToken>,
+    trace: Option<crate::upstream::spans::CallTrace>,
 ) -> Executed {
     let cap = ready.intended().authorized().normalized().capability();
     let mapping = &cap.mapping;
@@ -66,6 +68,7 @@ pub(super) async fn execute(
             .map(|a| a as Arc<dyn crate::runtime::AttemptLog>),
         cancel,
         record: host.recorder().is_some(),
+        trace,
     };
     let mut result = mapping
         .adapter

@@ -86,8 +86,11 @@ pub struct Call {
     /// by the metrics).
     contained: Option<&'static str>,
     /// Set once normalization found the capability offered to the call's session: only
-    /// then is its name a metrics label ([`crate::metrics`]).
+    /// then is its name a metrics label ([`crate::metrics`]) or a span name.
     offered: bool,
+    /// The request's server span and when the call started by the wall clock, when the
+    /// host exports spans ([`crate::telemetry`]).
+    trace: Option<(opentelemetry::Context, std::time::SystemTime)>,
 }
 
 /// What the host needs to reconcile a call whose effect ended unknown.
@@ -122,6 +125,7 @@ impl Call {
             mapping: None,
             contained: None,
             offered: false,
+            trace: None,
         }
     }
 
@@ -216,9 +220,20 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     };
     let mut call = Call::new(candidate.session.clone());
     call.cancel = candidate.cancel.clone();
+    call.trace = candidate
+        .trace
+        .clone()
+        .map(|cx| (cx, std::time::SystemTime::now()));
     let capability = candidate.name.clone();
     let mut outcome = stages(host, &mut call, candidate, asker).await;
+    let committing = call.trace.is_some().then(std::time::SystemTime::now);
     let failed = finish_off_worker(host, &mut call, &outcome).await.err();
+    if let (Some(spans), Some((server, started)), Some(at)) =
+        (host.spans(), &call.trace, committing)
+    {
+        spans.stages(server, *started, &call.stages);
+        spans.commit(server, at, failed.is_some());
+    }
     if failed.is_none()
         && let Some(unknown) = call.unknown.take()
     {
@@ -241,6 +256,9 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
         });
     }
     count(host, &call, &capability, &outcome, failed.is_some());
+    if let Some((server, _)) = &call.trace {
+        describe(server, &call, &capability, &outcome, failed.is_some());
+    }
     Finished {
         call: call.id.clone(),
         outcome,
@@ -271,6 +289,37 @@ fn count(host: &Host, call: &Call, capability: &str, outcome: &Outcome, failed: 
         Some(call.started.elapsed()),
         &call.stages,
     );
+}
+
+/// Records on the request's server span what the call was (module rules of
+/// [`crate::telemetry`]): its id, its capability's name once it was found offered (the span
+/// is then `tools/call {name}`), its outcome, and a refusal's category as `error.type`.
+fn describe(
+    server: &opentelemetry::Context,
+    call: &Call,
+    capability: &str,
+    outcome: &Outcome,
+    failed: bool,
+) {
+    use opentelemetry::KeyValue;
+    use opentelemetry::trace::TraceContextExt as _;
+    let span = server.span();
+    span.set_attribute(KeyValue::new("airlock.call.id", call.id.clone()));
+    if call.offered {
+        span.update_name(format!("tools/call {capability}"));
+        span.set_attribute(KeyValue::new("gen_ai.tool.name", capability.to_string()));
+        span.set_attribute(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+    }
+    let (name, category) = match (failed, outcome) {
+        (false, o) => o.names(),
+        (true, Outcome::Completed(_)) => ("unknown", Category::Unknown.as_str()),
+        (true, _) => ("refused", Category::Unavailable.as_str()),
+    };
+    span.set_attribute(KeyValue::new("airlock.outcome", name));
+    if name != "completed" {
+        span.set_attribute(KeyValue::new("error.type", category));
+        span.set_status(opentelemetry::trace::Status::error(category));
+    }
 }
 
 /// The stages in order. A superseded mapping revision found at the re-check restarts a
@@ -349,7 +398,19 @@ async fn stages(
         let retry = (call.durable_intent.is_some() && cap.semantics.idempotent)
             .then(|| (cap.function.clone(), ready.param().clone()));
         let cancel = call.cancel.clone();
-        let executed = execute::execute(host, call, ready, cancel).await;
+        // The execute stage's span is live: the upstream requests' client spans are its
+        // children (crate::telemetry).
+        let live = match (host.spans(), &call.trace) {
+            (Some(spans), Some((server, _))) => Some((spans.execute(server), spans.tracer())),
+            _ => None,
+        };
+        let trace = live
+            .as_ref()
+            .map(|(cx, tracer)| crate::upstream::spans::CallTrace {
+                context: cx.clone(),
+                tracer: (*tracer).clone(),
+            });
+        let executed = execute::execute(host, call, ready, cancel, trace).await;
         call.stage("execute");
         let t = executed.timings();
         if !t.queue.is_zero() {
@@ -366,6 +427,9 @@ async fn stages(
         }
         call.detail("execute.upstream", t.upstream);
         call.detail("execute.guest", t.run.saturating_sub(t.upstream));
+        if let Some((cx, _)) = live {
+            crate::telemetry::end_execute(&cx, &call.stages);
+        }
         let outcome = outcome::outcome(call, executed);
         call.stage("outcome");
         if let (Outcome::Refused { category, .. }, Some(intent)) = (&outcome, &call.durable_intent)
@@ -552,6 +616,15 @@ fn finishing(call: &mut Call, outcome: &Outcome) -> Finishing {
         }
         if let Some(digest) = &call.rechecked_policy {
             o.insert("recheck_policy_digest".into(), json!(&**digest));
+        }
+        // The request's spans, for an auditor going from this trace to them.
+        if let Some((trace_id, span_id)) = call
+            .trace
+            .as_ref()
+            .and_then(|(cx, _)| crate::telemetry::ids(cx))
+        {
+            o.insert("otel_trace_id".into(), json!(trace_id));
+            o.insert("otel_span_id".into(), json!(span_id));
         }
     }
     // A durable intent's final state rides on the outcome event, under its MAC: the

@@ -141,6 +141,7 @@ async fn ask(
                 attempts: None,
                 cancel: None,
                 record: false,
+                trace: None,
             },
         )
         .await;
@@ -417,6 +418,7 @@ pub async fn retry_same_key(
                 attempts: Some(attempt.clone() as Arc<dyn crate::runtime::AttemptLog>),
                 cancel: None,
                 record: false,
+                trace: None,
             },
         )
         .await;

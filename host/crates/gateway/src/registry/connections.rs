@@ -1021,7 +1021,7 @@ mod tests {
         args.insert("id".into(), json!("wal-checkpoints"));
         state
             .connection()
-            .call_tool("read_note", args, Duration::from_secs(60), None)
+            .call_tool("read_note", args, Duration::from_secs(60), None, None)
             .await
             .map_err(|(e, _)| e)
             .unwrap();
