@@ -30,6 +30,10 @@
 //! `AIRLOCK_BENCH_UNCONFINED=1` adds the same host with it unconfined as one more
 //! interleaved stdio path.
 //!
+//! `AIRLOCK_BENCH_TELEMETRY=1` adds the same host with `[telemetry]` on as one more stdio
+//! path: spans exported to a local OTLP/HTTP receiver in this process (which reads and
+//! discards them) and `/metrics` scraped every second.
+//!
 //! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
 //! HTTP) as two more interleaved paths: a before/after comparison in one run.
 //! `AIRLOCK_BENCH_HTTP_WORKERS=N` starts every `serve --http` (both binaries) with
@@ -465,6 +469,36 @@ async fn bench() {
             .await,
         );
     }
+    // AIRLOCK_BENCH_TELEMETRY=1: the same host with spans exported to a local OTLP
+    // receiver (in this process, discarding what it gets) and its metrics scraped every
+    // second, interleaved with the one without: what telemetry costs a call.
+    let _telemetry = if std::env::var_os("AIRLOCK_BENCH_TELEMETRY").is_some() {
+        let receiver = OtlpSink::start();
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let on_config = dir.path().join("airlock-telemetry.toml");
+        std::fs::write(
+            &on_config,
+            format!(
+                "{}[telemetry]\notlp = \"http://{}\"\nmetrics = \"{metrics_addr}\"\n",
+                std::fs::read_to_string(&config).unwrap(),
+                receiver.addr
+            ),
+        )
+        .unwrap();
+        stdio.push(
+            airlock_stdio(
+                "airlock serve (stdio), telemetry on",
+                &bin,
+                &on_config,
+                &dir.path().join("state-telemetry"),
+                &cache_dir,
+            )
+            .await,
+        );
+        Some((receiver, Scraper::start(metrics_addr)))
+    } else {
+        None
+    };
     // AIRLOCK_BENCH_STDIO_ONLY=1: no HTTP paths (a quicker before/after of the stdio path).
     let with_http = std::env::var_os("AIRLOCK_BENCH_STDIO_ONLY").is_none();
     let mut http = Vec::new();
@@ -674,5 +708,126 @@ async fn bench() {
             println!("  {stage:<24} {p50:>6} / {p99:>6}   (n={n})");
         }
     }
+    if let Some((receiver, scraper)) = &_telemetry {
+        use std::sync::atomic::Ordering::Relaxed;
+        println!(
+            "\ntelemetry path: {} OTLP export requests, {} bytes of spans received; {} scrapes of /metrics ({} failed)",
+            receiver.requests.load(Relaxed),
+            receiver.bytes.load(Relaxed),
+            scraper.ok.load(Relaxed),
+            scraper.failed.load(Relaxed)
+        );
+    }
     println!("\nload average at end: {}", load_average());
+}
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A local OTLP/HTTP receiver that reads each export request whole, answers `200`, and
+/// keeps only counts (`AIRLOCK_BENCH_TELEMETRY`).
+struct OtlpSink {
+    addr: String,
+    requests: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    bytes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl OtlpSink {
+    fn start() -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let requests = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let (r, b) = (requests.clone(), bytes.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (r, b) = (r.clone(), b.clone());
+                std::thread::spawn(move || {
+                    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+                    let mut out = stream;
+                    loop {
+                        let mut length = 0usize;
+                        let mut first = true;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let line = line.trim_end();
+                            if line.is_empty() && !first {
+                                break;
+                            }
+                            first = false;
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        let mut body = vec![0u8; length];
+                        if reader.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        r.fetch_add(1, Relaxed);
+                        b.fetch_add(length as u64, Relaxed);
+                        let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
+                        if out.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            requests,
+            bytes,
+        }
+    }
+}
+
+/// GETs `/metrics` at an address every second, as a Prometheus scraper would.
+struct Scraper {
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Scraper {
+    fn start(addr: String) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let (o, f) = (ok.clone(), failed.clone());
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let scraped = std::net::TcpStream::connect(&addr).and_then(|mut s| {
+                    s.write_all(
+                        format!(
+                            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+                        )
+                        .as_bytes(),
+                    )?;
+                    let mut text = String::new();
+                    s.read_to_string(&mut text)?;
+                    Ok(text.starts_with("HTTP/1.1 200"))
+                });
+                match scraped {
+                    Ok(true) => o.fetch_add(1, Relaxed),
+                    _ => f.fetch_add(1, Relaxed),
+                };
+            }
+        });
+        Self { ok, failed }
+    }
 }

@@ -97,7 +97,8 @@ Configuration (TOML; relative paths resolve against the file's folder):
   # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
   # [trace]: key (a [secrets] entry; default AIRLOCK_TRACE_KEY, else <state_dir>/trace.key),
   #   checkpoint_file, checkpoint_interval = \"5m\" (checkpoints also at shutdown).
-  # [telemetry] metrics = \"127.0.0.1:9464\": also serve Prometheus metrics (GET /metrics) there.
+  # [telemetry] metrics = \"127.0.0.1:9464\": also serve Prometheus metrics (GET /metrics) there;
+  #   otlp = \"http://127.0.0.1:4318\": export OpenTelemetry spans (OTLP/HTTP) to that collector.
 
 A mapping is offered only once a reviewer approved it (`airlock discover CONNECTION`,
 then `airlock review approve MAPPING`), and only while its pinned tools do not drift.

@@ -225,18 +225,19 @@ impl Spans {
         }
     }
 
-    /// Records the `commit` stage (the trace write the answer waits for) under `server`.
-    pub fn commit(&self, server: &Context, started: SystemTime, failed: bool) {
+    /// Records the `commit` stage (the trace write the answer waits for) under `server`,
+    /// from `(start, end)`.
+    pub fn commit(&self, server: &Context, (start, end): (SystemTime, SystemTime), failed: bool) {
         let mut span = self
             .tracer
             .span_builder("commit")
             .with_kind(SpanKind::Internal)
-            .with_start_time(started)
+            .with_start_time(start)
             .start_with_context(&self.tracer, server);
         if failed {
             span.set_status(Status::error("the call's trace could not be committed"));
         }
-        span.end();
+        span.end_with_timestamp(end);
     }
 
     /// Exports what is queued and stops the exporter (blocks up to [`EXPORT_TIMEOUT`]

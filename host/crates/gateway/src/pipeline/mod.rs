@@ -231,8 +231,9 @@ pub async fn run(host: &Arc<Host>, candidate: Candidate, asker: &dyn Asker) -> F
     if let (Some(spans), Some((server, started)), Some(at)) =
         (host.spans(), &call.trace, committing)
     {
+        let committed = std::time::SystemTime::now();
         spans.stages(server, *started, &call.stages);
-        spans.commit(server, at, failed.is_some());
+        spans.commit(server, (at, committed), failed.is_some());
     }
     if failed.is_none()
         && let Some(unknown) = call.unknown.take()
