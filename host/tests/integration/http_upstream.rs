@@ -19,7 +19,7 @@ const SECRET_ENV: &str = "AIRLOCK_TEST_HTTP_UPSTREAM_TOKEN";
 const SECRET: &str = "s3cret-upstream-token-5d1c";
 
 /// A running `airlock fixture notes-server --http`, killed when dropped.
-struct Fixture {
+pub(crate) struct Fixture {
     child: std::process::Child,
     addr: String,
     args: Vec<String>,
@@ -28,7 +28,7 @@ struct Fixture {
 impl Fixture {
     /// Starts the fixture on `addr` (`127.0.0.1:0` picks a port) with `extra` arguments,
     /// logging to `log`.
-    fn start(addr: &str, log: &std::path::Path, extra: &[&str]) -> Self {
+    pub(crate) fn start(addr: &str, log: &std::path::Path, extra: &[&str]) -> Self {
         let mut args = vec![
             "fixture".to_string(),
             "notes-server".to_string(),
@@ -66,7 +66,7 @@ impl Fixture {
         Self { child, addr, args }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/mcp", self.addr)
     }
 

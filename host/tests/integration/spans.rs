@@ -77,8 +77,14 @@ fn server_call<'a>(spans: &'a [Got], trace: &str) -> &'a Got {
 }
 
 /// Checks the spans of one completed `search_sources` call whose server span is
-/// `server`, and returns the `traceparent` its upstream request must have carried.
+/// `server` (its upstream over stdio), and returns the `traceparent` its upstream request
+/// must have carried.
 fn completed_call(spans: &[Got], server: &Got, protocol: &str) -> String {
+    completed_call_over(spans, server, protocol, "pipe")
+}
+
+/// [`completed_call`], the upstream reached over `upstream` (`pipe` or `tcp`).
+fn completed_call_over(spans: &[Got], server: &Got, protocol: &str, upstream: &str) -> String {
     assert_eq!(server.name, "tools/call search_sources", "{server:#?}");
     assert_eq!(server.service, "airlock");
     assert_eq!(server.attr("mcp.method.name"), Some("tools/call"));
@@ -129,7 +135,7 @@ fn completed_call(spans: &[Got], server: &Got, protocol: &str) -> String {
     assert_eq!(client.name, "tools/call search_notes");
     assert_eq!(client.attr("mcp.method.name"), Some("tools/call"));
     assert_eq!(client.attr("gen_ai.tool.name"), Some("search_notes"));
-    assert_eq!(client.attr("network.transport"), Some("pipe"));
+    assert_eq!(client.attr("network.transport"), Some(upstream));
     assert_eq!(client.attr("airlock.connection"), Some("notes"));
     assert!(client.attr("jsonrpc.request.id").is_some(), "{client:#?}");
     format!("00-{}-{}-01", client.trace_id, client.span_id)
@@ -287,4 +293,40 @@ fn without_an_otlp_endpoint_nothing_reaches_the_upstreams_meta() {
         outcome["payload"].get("otel_trace_id").is_none(),
         "{outcome}"
     );
+}
+
+/// The same client, Airlock on stdio, the notes fixture over Streamable HTTP: the
+/// upstream's request carries Airlock's client span as its parent in `_meta` there too.
+#[test]
+fn a_python_clients_trace_reaches_an_http_upstream_through_airlock() {
+    let receiver = Receiver::start();
+    let d = Deployment::with_notes();
+    let fixture =
+        crate::http_upstream::Fixture::start("127.0.0.1:0", &d.dir.path().join("calls.jsonl"), &[]);
+    let d = d
+        .mapping("source-library")
+        .replace_connections(&format!(
+            "[[connection]]\nname = \"notes\"\nurl = {:?}\n",
+            fixture.url()
+        ))
+        .tables(&format!("[telemetry]\notlp = {:?}\n", receiver.url()));
+    d.approve_all();
+    let calls = json!([{"meta": {"traceparent": format!("00-{T1}-{P1}-01")}}]);
+    let (report, _) = run_python(&d, "2026-07-28", &calls);
+    assert_eq!(report["calls"][0]["is_error"], false, "{report}");
+    let spans = receiver.until("the call's spans", |spans| {
+        spans
+            .iter()
+            .any(|s| s.kind == otlp::SERVER && s.trace_id == T1)
+    });
+    let server = server_call(&spans, T1);
+    assert_eq!(server.parent, P1);
+    let sent = completed_call_over(&spans, server, "2026-07-28", "tcp");
+    let upstream: Vec<Value> = d
+        .upstream_calls()
+        .into_iter()
+        .filter(|c| c["method"] == "tools/call")
+        .collect();
+    assert_eq!(upstream.len(), 1, "{upstream:?}");
+    assert_eq!(upstream[0]["traceparent"], sent, "{upstream:?}");
 }
