@@ -30,7 +30,8 @@ pub mod cli;
 #[doc(hidden)]
 pub use airlock_gateway::fuzzing;
 pub use airlock_gateway::{
-    ADAPTER_BUNDLE, config, front, host, metrics, pipeline, registry, shutdown, telemetry,
+    ADAPTER_BUNDLE, config, console, decisions, front, host, metrics, pipeline, registry, shutdown,
+    telemetry,
 };
 pub use airlock_gateway::{
     canonical, contract, jsonrpc, policy, private_fs, random, record, runtime, store, upstream,

@@ -246,6 +246,24 @@ Example:
         #[arg(long)]
         json: bool,
     },
+    /// The operator console: web pages where a person decides what waits for a person
+    /// (this release: the approvals inbox). Reads and writes the same store as the CLI,
+    /// beside a serving host or without one.
+    #[command(after_help = "\
+The console binds a loopback address only and prints a login link with a one-time
+token to stderr: open it once in a browser on this machine (it sets an HttpOnly,
+SameSite=Strict session cookie). Every decision is a form post carrying the session's
+CSRF token, is checked against the trace first, and is recorded as made by
+`USER (console)`. No JavaScript. See README \"Console\".
+
+Example:
+  airlock console
+  airlock console --addr 127.0.0.1:0")]
+    Console {
+        /// The loopback address to listen on (port 0 picks a free one).
+        #[arg(long, value_name = "ADDR", default_value = crate::console::DEFAULT_ADDR)]
+        addr: String,
+    },
     /// Approval requests: list, show, approve, deny, revoke (the out-of-band flow).
     #[command(after_help = "\
 A call that policy marks require-approval asks a person. A client that can elicit asks at
@@ -1155,6 +1173,11 @@ async fn dispatch(
         Command::Contracts { action } => contracts(action, state_dir),
         Command::Trace { action } => trace(action, state_dir),
         Command::Approvals { action } => approvals(action, state_dir),
+        Command::Console { addr } => {
+            init_logging("warn");
+            let registry = registry_for(state_dir)?;
+            crate::console::serve(registry, &addr).await
+        }
         Command::Status {
             checkpoint,
             limit,

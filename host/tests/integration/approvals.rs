@@ -76,7 +76,7 @@ pub(crate) async fn prepared<H: ClientHandler>(
 }
 
 /// The approval id (`apr_…`) named in a text.
-fn approval_in(text: &str) -> String {
+pub(crate) fn approval_in(text: &str) -> String {
     let at = text
         .find("apr_")
         .unwrap_or_else(|| panic!("no approval id in {text}"));

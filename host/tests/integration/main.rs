@@ -16,6 +16,7 @@ mod author_kit;
 mod budgets;
 mod confine;
 mod conformance;
+mod console;
 mod contracts;
 mod demo;
 mod effects;

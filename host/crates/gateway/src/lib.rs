@@ -24,6 +24,8 @@
 //! crate. Only the `airlock` crate (the command line) uses it.
 
 pub mod config;
+pub mod console;
+pub mod decisions;
 pub mod front;
 #[doc(hidden)]
 pub mod fuzzing;

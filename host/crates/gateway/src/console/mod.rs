@@ -1,0 +1,480 @@
+//! The operator console (issue 31, first part): web pages over the same store any process
+//! reads, where a person decides what waits for a person. This part serves the
+//! **approvals inbox**; held intents, mappings, connections and the trace browser come
+//! next.
+//!
+//! Rules:
+//! - **Loopback only, one-time login.** `airlock console` binds a loopback address and
+//!   prints a login URL with a random one-time token (32 bytes, hex); following it once
+//!   opens a console session (a random id in the cookie `airlock_console`,
+//!   `HttpOnly; SameSite=Strict; Path=/console`) and spends the token. Every other page
+//!   without that cookie is `401` with a page saying how to log in.
+//! - **Every state change is a `POST`** carrying the session's CSRF token (a hidden form
+//!   field, compared in constant time) from this origin: a request whose `Origin` is
+//!   another origin, or whose `Sec-Fetch-Site` is `cross-site` or `same-site`, is refused
+//!   before anything is read from the store (`403`). Forms work without JavaScript; the
+//!   pages load none.
+//! - **Strict headers on every answer**: `Content-Security-Policy: default-src 'none';
+//!   style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`,
+//!   `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer`,
+//!   `Cache-Control: no-store`, `X-Frame-Options: DENY`.
+//! - **Everything shown is escaped** (maud escapes every interpolated string): approval
+//!   summaries, capability and requester names are upstream- or client-derived and hostile.
+//!   Nothing secret is rendered (approvals hold digests, not arguments).
+//! - **A decision is the CLI's decision** ([`crate::decisions::decide`]): a row the trace
+//!   does not prove is neither offered nor decided; the decision is traced with the
+//!   approver's identity, the console's operating-system user as `USER (console)`.
+
+mod pages;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::Incoming;
+use subtle::ConstantTimeEq as _;
+
+use crate::registry::Registry;
+use crate::store::{ApprovalDecision, ApprovalState};
+
+/// Where the console's pages live (the same path under `serve --http`, later).
+pub const PREFIX: &str = "/console";
+/// The console session cookie's name.
+pub const COOKIE: &str = "airlock_console";
+/// The default listen address of `airlock console`.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8788";
+/// The largest form body read (16 KiB): a decision is a few short fields.
+pub const MAX_FORM_BYTES: usize = 16 * 1024;
+/// How long a receipt approved in the console lives (as `airlock approvals approve`'s
+/// default).
+pub const RECEIPT_TTL: Duration = Duration::from_secs(15 * 60);
+/// The most pending approvals one page lists.
+pub const PAGE: usize = 200;
+
+/// The `Content-Security-Policy` of every answer (module rules).
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// One console process's state: the store, the one-time login token, open sessions.
+pub struct Console {
+    registry: Registry,
+    /// The login token until it is spent.
+    login: Mutex<Option<String>>,
+    /// Open console sessions by id: each with its CSRF token.
+    sessions: Mutex<HashMap<String, Session>>,
+    /// Who decides through this console (recorded with each decision).
+    operator: String,
+}
+
+/// A console session (after the login).
+#[derive(Clone)]
+struct Session {
+    csrf: String,
+}
+
+/// 32 random bytes as 64 hex digits.
+fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the OS random generator failed");
+    hex::encode(bytes)
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+type Body = Full<Bytes>;
+
+impl Console {
+    /// A console over `registry`, deciding as `operator`; returns it with its one-time
+    /// login token.
+    pub fn new(registry: Registry, operator: impl Into<String>) -> (Arc<Self>, String) {
+        let token = random_token();
+        let console = Arc::new(Self {
+            registry,
+            login: Mutex::new(Some(token.clone())),
+            sessions: Mutex::default(),
+            operator: operator.into(),
+        });
+        (console, token)
+    }
+
+    /// Answers one request (see the module rules).
+    pub async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_string();
+        let Some(rest) = path.strip_prefix(PREFIX) else {
+            return page(
+                StatusCode::NOT_FOUND,
+                pages::message("Not found", "Nothing here: the console is at /console/."),
+            );
+        };
+        let rest = rest.trim_end_matches('/');
+        match (&parts.method, rest) {
+            (&Method::GET, "/login") => self.login(parts.uri.query()),
+            (&Method::GET, "/console.css") => {
+                let mut r = Response::new(Full::new(Bytes::from_static(pages::CSS.as_bytes())));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/css; charset=utf-8"),
+                );
+                secure(r)
+            }
+            (&Method::GET, "" | "/approvals") => match self.session(&parts.headers) {
+                Some(s) => self.inbox(&s, parts.uri.query()),
+                None => not_logged_in(),
+            },
+            (&Method::POST, r) if r.starts_with("/approvals/") => {
+                if let Some(why) = cross_site(&parts.headers) {
+                    return page(StatusCode::FORBIDDEN, pages::message("Refused", &why));
+                }
+                let Some(session) = self.session(&parts.headers) else {
+                    return not_logged_in();
+                };
+                let form = match read_form(body).await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        return page(
+                            StatusCode::BAD_REQUEST,
+                            pages::message("Bad form", &format!("{e:#}")),
+                        );
+                    }
+                };
+                if !form
+                    .get("csrf")
+                    .is_some_and(|t| same_secret(t, &session.csrf))
+                {
+                    return page(
+                        StatusCode::FORBIDDEN,
+                        pages::message(
+                            "Refused",
+                            "the form did not carry this console session's token; reload the page and decide again",
+                        ),
+                    );
+                }
+                let id = &r["/approvals/".len()..];
+                self.decide(id, &form)
+            }
+            (&Method::GET | &Method::POST, _) => page(
+                StatusCode::NOT_FOUND,
+                pages::message("Not found", "No such console page."),
+            ),
+            _ => {
+                let mut r = page(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    pages::message("Not allowed", "The console answers GET and POST only."),
+                );
+                r.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST"));
+                r
+            }
+        }
+    }
+
+    /// `GET /console/login?token=…`: spends the one-time token for a session cookie.
+    fn login(&self, query: Option<&str>) -> Response<Body> {
+        let offered = query
+            .into_iter()
+            .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+            .find(|(k, _)| k == "token")
+            .map(|(_, v)| v.into_owned());
+        let mut login = self.login.lock().unwrap_or_else(|e| e.into_inner());
+        let valid = match (&*login, &offered) {
+            (Some(expected), Some(given)) => same_secret(expected, given),
+            _ => false,
+        };
+        if !valid {
+            return page(
+                StatusCode::FORBIDDEN,
+                pages::message(
+                    "Login refused",
+                    "This login link is wrong or was already used. Each `airlock console` prints one login link, usable once; restart it for a new one.",
+                ),
+            );
+        }
+        *login = None;
+        drop(login);
+        let id = random_token();
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                id.clone(),
+                Session {
+                    csrf: random_token(),
+                },
+            );
+        let mut r = redirect(&format!("{PREFIX}/approvals"));
+        let cookie = format!("{COOKIE}={id}; Path={PREFIX}; HttpOnly; SameSite=Strict");
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            r.headers_mut().insert(header::SET_COOKIE, v);
+        }
+        r
+    }
+
+    /// The console session the request's cookie names, if it is open.
+    fn session(&self, headers: &http::HeaderMap) -> Option<Session> {
+        let id = headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(k, _)| *k == COOKIE)
+            .map(|(_, v)| v.to_string())?;
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions
+            .iter()
+            .find(|(k, _)| same_secret(k, &id))
+            .map(|(_, s)| s.clone())
+    }
+
+    /// `GET /console/approvals`: the pending approvals the trace proves, newest first.
+    fn inbox(&self, session: &Session, query: Option<&str>) -> Response<Body> {
+        let now = crate::store::now_ms();
+        let store = self.registry.store();
+        let listed = match store.approvals(Some(ApprovalState::Pending), PAGE) {
+            Ok(l) => l,
+            Err(e) => {
+                return page(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    pages::message("Store unavailable", &format!("{e:#}")),
+                );
+            }
+        };
+        let mut rows = Vec::new();
+        for r in listed {
+            if r.state_at(now) != ApprovalState::Pending {
+                continue;
+            }
+            let tampered = crate::decisions::tampered(&self.registry, &r, now)
+                .unwrap_or_else(|e| Some(format!("could not check against the trace: {e:#}")));
+            rows.push((r, tampered));
+        }
+        let notice = query
+            .into_iter()
+            .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+            .find(|(k, _)| k == "done")
+            .map(|(_, v)| v.into_owned());
+        page(
+            StatusCode::OK,
+            pages::inbox(&rows, now, &session.csrf, &self.operator, notice.as_deref()),
+        )
+    }
+
+    /// `POST /console/approvals/{id}`: the decision in the form's `decision` field
+    /// (`approve`, `deny`, `revoke`), with an optional `reason`.
+    fn decide(&self, id: &str, form: &HashMap<String, String>) -> Response<Body> {
+        let decision = match form.get("decision").map(String::as_str) {
+            Some("approve") => ApprovalDecision::Approve,
+            Some("deny") => ApprovalDecision::Deny,
+            Some("revoke") => ApprovalDecision::Revoke,
+            _ => {
+                return page(
+                    StatusCode::BAD_REQUEST,
+                    pages::message("Bad form", "decision must be approve, deny or revoke"),
+                );
+            }
+        };
+        let reason = form
+            .get("reason")
+            .map(|r| r.trim())
+            .filter(|r| !r.is_empty());
+        let ttl = if decision == ApprovalDecision::Approve {
+            RECEIPT_TTL
+        } else {
+            Duration::ZERO
+        };
+        match crate::decisions::decide(&self.registry, id, decision, &self.operator, reason, ttl) {
+            Ok(r) => {
+                let done = format!("{} {}", r.id, r.state_at(crate::store::now_ms()));
+                let target = format!(
+                    "{PREFIX}/approvals?done={}",
+                    form_urlencoded::byte_serialize(done.as_bytes()).collect::<String>()
+                );
+                redirect(&target)
+            }
+            Err(e) => page(
+                StatusCode::CONFLICT,
+                pages::message("Not decided", &format!("{e:#}")),
+            ),
+        }
+    }
+}
+
+/// Why a state-changing request comes from another site, if it does: an `Origin` that is
+/// not this request's `Host`, or `Sec-Fetch-Site` other than `same-origin`/`none`.
+fn cross_site(headers: &http::HeaderMap) -> Option<String> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let same = host
+            .is_some_and(|h| origin == format!("http://{h}") || origin == format!("https://{h}"));
+        if !same {
+            return Some(format!(
+                "a form from another origin ({}) cannot change anything here",
+                airlock_core::text::safe(origin, 100)
+            ));
+        }
+    }
+    match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        None | Some("same-origin") | Some("none") => None,
+        Some(other) => Some(format!(
+            "a {} request cannot change anything here",
+            airlock_core::text::safe(other, 40)
+        )),
+    }
+}
+
+/// The `application/x-www-form-urlencoded` fields of `body` (at most
+/// [`MAX_FORM_BYTES`]; a repeated field keeps its first value).
+async fn read_form(body: Incoming) -> Result<HashMap<String, String>> {
+    let bytes = Limited::new(body, MAX_FORM_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!("the form could not be read (at most {MAX_FORM_BYTES} bytes): {e}")
+        })?
+        .to_bytes();
+    let mut fields = HashMap::new();
+    for (k, v) in form_urlencoded::parse(&bytes) {
+        fields
+            .entry(k.into_owned())
+            .or_insert_with(|| v.into_owned());
+    }
+    Ok(fields)
+}
+
+/// The module's headers on `r`.
+fn secure(mut r: Response<Body>) -> Response<Body> {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    r
+}
+
+/// An HTML page with `status`.
+fn page(status: StatusCode, html: maud::Markup) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(html.into_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    secure(r)
+}
+
+/// `303 See Other` to `to` (after a form post, a reload does not post again).
+fn redirect(to: &str) -> Response<Body> {
+    let mut r = page(StatusCode::SEE_OTHER, pages::message("Moved", "Continue."));
+    if let Ok(v) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+fn not_logged_in() -> Response<Body> {
+    page(
+        StatusCode::UNAUTHORIZED,
+        pages::message(
+            "Log in first",
+            "Open the login link `airlock console` printed when it started (it works once).",
+        ),
+    )
+}
+
+/// Serves the console on `addr` (loopback only) until the process stops; prints the
+/// login URL to stderr once listening.
+///
+/// # Errors
+/// `addr` is not a loopback address, or does not bind.
+pub async fn serve(registry: Registry, addr: &str) -> Result<()> {
+    let addr: SocketAddr = addr.parse().with_context(|| {
+        format!("--addr `{addr}`: expected an address such as {DEFAULT_ADDR} or [::1]:8788")
+    })?;
+    if !addr.ip().is_loopback() {
+        bail!(
+            "refusing to serve the console on {addr}: without [http.auth] it binds a loopback address only (anyone who reaches it could approve calls); use {DEFAULT_ADDR}"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let local = listener.local_addr()?;
+    let operator = format!("{} (console)", crate::config::os_user_name());
+    let (console, token) = Console::new(registry, operator);
+    eprintln!("airlock: console at http://{local}{PREFIX}/login?token={token}");
+    eprintln!("airlock: open that link once to log in; it is printed only here");
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("console: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let console = console.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let console = console.clone();
+                async move { Ok::<_, Infallible>(console.handle(req).await) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!("console connection: {e}");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_site_requests_are_named() {
+        let mut h = http::HeaderMap::new();
+        h.insert(header::HOST, "127.0.0.1:8788".parse().unwrap());
+        assert_eq!(cross_site(&h), None);
+        h.insert(header::ORIGIN, "http://127.0.0.1:8788".parse().unwrap());
+        assert_eq!(cross_site(&h), None);
+        h.insert("sec-fetch-site", "same-origin".parse().unwrap());
+        assert_eq!(cross_site(&h), None);
+        h.insert("sec-fetch-site", "cross-site".parse().unwrap());
+        assert!(cross_site(&h).unwrap().contains("cross-site"));
+        h.insert("sec-fetch-site", "same-origin".parse().unwrap());
+        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+        assert!(cross_site(&h).unwrap().contains("evil.example"));
+        h.insert(header::ORIGIN, "null".parse().unwrap());
+        assert!(cross_site(&h).is_some());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "ab"));
+        assert!(!same_secret("", "a"));
+    }
+}

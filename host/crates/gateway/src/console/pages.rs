@@ -1,0 +1,131 @@
+//! The console's HTML (maud: every interpolated string is escaped). No script, one
+//! stylesheet from the console itself (the CSP allows nothing else).
+
+use std::time::Duration;
+
+use maud::{DOCTYPE, Markup, html};
+
+use crate::store::ApprovalRecord;
+
+/// The console's stylesheet (`/console/console.css`).
+pub const CSS: &str = "\
+body{font-family:system-ui,sans-serif;margin:0;color:#1b1b1b;background:#f6f6f4}\
+header{background:#1f2a30;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:baseline}\
+header a{color:#cfe3ee}main{padding:1em 1.2em;max-width:72em}\
+.approval{background:#fff;border:1px solid #d5d5d0;border-radius:6px;padding:.8em 1em;margin:0 0 1em}\
+.approval h2{font-size:1.05em;margin:0 0 .4em}dl{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em;margin:.4em 0}\
+dt{color:#555}dd{margin:0;font-family:ui-monospace,monospace;overflow-wrap:anywhere}\
+pre{background:#f1f1ec;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere}\
+.tampered{border-color:#b3261e;background:#fff4f3}.notice{background:#e7f3e7;padding:.5em .8em;border-radius:4px}\
+form{display:inline-block;margin-right:.6em}button{font-size:1em;padding:.3em .9em}\
+input[type=text]{width:18em}.empty{color:#555}";
+
+fn layout(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " — Airlock console" }
+                link rel="stylesheet" href="/console/console.css";
+            }
+            body {
+                header {
+                    strong { "Airlock console" }
+                    a href="/console/approvals" { "Approvals" }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// A page with a heading and one paragraph.
+pub fn message(title: &str, text: &str) -> Markup {
+    layout(
+        title,
+        html! {
+            h1 { (title) }
+            p { (text) }
+        },
+    )
+}
+
+fn when(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// In how long `ms` comes, in words (`"in 12m 3s"`, `"passed"`).
+fn until(ms: u64, now: u64) -> String {
+    if ms <= now {
+        return "passed".into();
+    }
+    let secs = (ms - now) / 1000;
+    format!(
+        "in {}",
+        humantime::format_duration(Duration::from_secs(secs))
+    )
+}
+
+/// The approvals inbox: each pending approval with exactly what approving it lets happen,
+/// and the forms that decide it (`tampered` rows are shown, never decidable).
+pub fn inbox(
+    rows: &[(ApprovalRecord, Option<String>)],
+    now: u64,
+    csrf: &str,
+    operator: &str,
+    notice: Option<&str>,
+) -> Markup {
+    layout(
+        "Approvals",
+        html! {
+            h1 { "Pending approvals" }
+            p { "Deciding as " strong { (operator) } ". An approval lets the exact call below run once, while its mapping revision, snapshot and policy are unchanged." }
+            @if let Some(n) = notice {
+                p.notice role="status" { "Decided: " (n) }
+            }
+            @if rows.is_empty() {
+                p.empty { "Nothing waits for a person." }
+            }
+            @for (r, tampered) in rows {
+                @let b = &r.binding;
+                section.approval.tampered[tampered.is_some()] id=(r.id) {
+                    h2 { (b.capability) " — requested by " (b.requester) }
+                    @if let Some(why) = tampered {
+                        p { strong { "Tampered: " } "the trace does not prove this request, so it authorizes nothing and cannot be decided: " (why) }
+                    }
+                    dl {
+                        dt { "approval" } dd { (r.id) }
+                        dt { "asked by" } dd { (r.mode.as_str()) }
+                        dt { "mapping" } dd { (b.mapping) " revision " (b.mapping_revision) }
+                        dt { "profile" } dd { (r.profile) }
+                        dt { "arguments" } dd { "sha256 " (b.args_digest) }
+                        @if let Some(a) = &b.artifact_digest {
+                            dt { "artifact" } dd { "sha256 " (a) }
+                        }
+                        dt { "snapshot" } dd { (b.snapshot_digest) }
+                        dt { "policy" } dd { (b.policy_digest) }
+                        dt { "created" } dd { (when(r.created_ms)) }
+                        dt { "expires" } dd { (when(r.expires_ms)) " (" (until(r.expires_ms, now)) ")" }
+                    }
+                    p { "What it lets happen:" }
+                    pre { (r.summary) }
+                    @if tampered.is_none() {
+                        form method="post" action={ "/console/approvals/" (r.id) } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            input type="hidden" name="decision" value="approve";
+                            button type="submit" { "Approve" }
+                        }
+                        form method="post" action={ "/console/approvals/" (r.id) } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            input type="hidden" name="decision" value="deny";
+                            input type="text" name="reason" placeholder="reason (optional)" aria-label="reason";
+                            button type="submit" { "Deny" }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}

@@ -1,0 +1,107 @@
+//! A person's decisions on approval requests, shared by every surface that takes them
+//! (`airlock approvals`, the console): approve, deny, revoke.
+//!
+//! Rules: a row the trace does not prove is never decided (nor shown as decidable);
+//! approving records who approved and when, and gives the receipt its lifetime from that
+//! moment; the receipt still authorizes only the exact call it describes, once, while the
+//! mapping revision, snapshot and policy it is bound to are unchanged. Every decision is
+//! traced (`approval-decided`) in the same transaction as the row's new state.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use serde_json::json;
+
+use crate::registry::Registry;
+use crate::registry::events;
+use crate::store::{ApprovalDecision, ApprovalRecord, ApprovalState, NewEvent};
+
+/// Why the trace does not prove the row `r`, or `None` when it does
+/// ([`crate::pipeline::approve::prove_receipt`], with the row's own binding and the state
+/// the row claims: a pending row must have no recorded decision, an approved one the
+/// approval; rows that no longer authorize anything are checked for their binding only).
+///
+/// # Errors
+/// The store fails.
+pub fn tampered(registry: &Registry, r: &ApprovalRecord, now_ms: u64) -> Result<Option<String>> {
+    use crate::pipeline::approve::{ReceiptProof, prove_receipt};
+    let proofs = registry.store().approval_proofs(&r.id)?;
+    let in_band = r.state_at(now_ms) != ApprovalState::Approved;
+    Ok(
+        match prove_receipt(&proofs, Some(r), &r.id, &r.binding, in_band, now_ms) {
+            ReceiptProof::Tampered(why) => Some(why),
+            ReceiptProof::Refused(_) => None,
+            // Only a row that still authorizes something is worth the count.
+            ReceiptProof::Proven
+                if matches!(
+                    r.state_at(now_ms),
+                    ApprovalState::Approved | ApprovalState::Pending
+                ) =>
+            {
+                crate::pipeline::approve::proofs_not_whole(registry.store(), &proofs)?
+            }
+            ReceiptProof::Proven => None,
+        },
+    )
+}
+
+/// Refuses to act on a row the trace does not prove ([`tampered`]): a person must not
+/// approve (or be shown as approvable) facts someone wrote into the store.
+///
+/// # Errors
+/// The row is tampered (the error says why and what to run), or the store fails.
+pub fn refuse_tampered(registry: &Registry, r: &ApprovalRecord) -> Result<()> {
+    match tampered(registry, r, crate::store::now_ms())? {
+        None => Ok(()),
+        Some(why) => anyhow::bail!(
+            "approval `{}` does not match the trace (edited in the store?), so it cannot be decided: {why}; `airlock trace verify` checks the rest",
+            r.id
+        ),
+    }
+}
+
+/// Records a person's decision on approval `id`.
+///
+/// # Errors
+/// Unknown id, or the approval is not in a state the decision applies to.
+pub fn decide(
+    registry: &Registry,
+    id: &str,
+    decision: ApprovalDecision,
+    by: &str,
+    reason: Option<&str>,
+    ttl: Duration,
+) -> Result<ApprovalRecord> {
+    let store = registry.store();
+    let record = store.approval(id)?.with_context(|| {
+        format!("no approval `{id}` in this state folder (`airlock approvals list` shows them)")
+    })?;
+    refuse_tampered(registry, &record)?;
+    let word = match decision {
+        ApprovalDecision::Approve => "approved",
+        ApprovalDecision::Deny => "denied",
+        ApprovalDecision::Revoke => "revoked",
+    };
+    let event = NewEvent::new(
+        events::APPROVAL_DECIDED,
+        record.id.clone(),
+        json!({
+            "approval": record.id,
+            "decision": word,
+            "mode": crate::store::ApprovalMode::OutOfBand,
+            "by": by,
+            "reason": reason,
+            "stage": if decision == ApprovalDecision::Approve { Some("approved") } else { None },
+            // The receipt's lifetime from now, under the MAC (pipeline::approve::prove_receipt).
+            "ttl_ms": u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        }),
+    );
+    store.decide_approval(
+        &record.id,
+        decision,
+        by,
+        reason,
+        u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        vec![event],
+    )
+}

@@ -1,0 +1,296 @@
+//! The operator console (issue 31, first part: the approvals inbox) from outside: the real
+//! `airlock console` beside a real `airlock serve`, over HTTP. A delivery waits for a
+//! person; the console's one-time login, its cookie, its CSRF token and its origin checks
+//! decide who may decide; the approved call then runs once (the delivery fixture's own
+//! call log counts the sends), a denied one never does; hostile text is shown as text.
+
+use std::io::BufRead as _;
+
+use serde_json::{Value, json};
+
+use crate::approvals::{approval_in, deliver_args};
+use crate::common::*;
+use crate::http::{Reply, raw};
+use airlock::pipeline::Category;
+
+/// A title no page may render as markup.
+const HOSTILE: &str = "<script>alert(1)</script><img src=x onerror=alert(2)>";
+
+/// A running `airlock console`, killed on drop.
+struct Console {
+    child: std::process::Child,
+    addr: String,
+    token: String,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Console {
+    fn start(d: &Deployment) -> Self {
+        let mut child = std::process::Command::new(airlock_bin())
+            .args(["console", "--addr", "127.0.0.1:0"])
+            .env("AIRLOCK_STATE_DIR", d.state_dir())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("airlock console ended before printing its login link")
+                .unwrap();
+            if let Some(url) = line.strip_prefix("airlock: console at http://") {
+                break url.to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let (addr, rest) = url.split_once('/').unwrap();
+        let token = rest
+            .strip_prefix("console/login?token=")
+            .unwrap_or_else(|| panic!("{url}"))
+            .to_string();
+        assert_eq!(token.len(), 64, "{url}");
+        Self {
+            child,
+            addr: addr.to_string(),
+            token,
+        }
+    }
+
+    fn get(&self, path: &str, cookie: Option<&str>) -> Reply {
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}", self.addr);
+        if let Some(c) = cookie {
+            head.push_str(&format!("\r\nCookie: {c}"));
+        }
+        raw(&self.addr, &head, b"")
+    }
+
+    /// POSTs `form` to `path` with `cookie` and `extra` header lines.
+    fn post(&self, path: &str, cookie: &str, form: &[(&str, &str)], extra: &str) -> Reply {
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form)
+            .finish();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nCookie: {cookie}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}{extra}",
+            self.addr,
+            body.len()
+        );
+        raw(&self.addr, &head, body.as_bytes())
+    }
+
+    /// Logs in with the one-time token; returns the cookie (`name=value`).
+    fn login(&self) -> String {
+        let r = self.get(&format!("/console/login?token={}", self.token), None);
+        assert_eq!(r.status, 303, "{r:?}");
+        assert_eq!(r.header("location"), Some("/console/approvals"));
+        let cookie = r
+            .header("set-cookie")
+            .expect("a session cookie")
+            .to_string();
+        for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+            assert!(cookie.contains(attribute), "{cookie}");
+        }
+        cookie.split(';').next().unwrap().to_string()
+    }
+}
+
+/// The CSRF token in an inbox page.
+fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no CSRF field in {page}"))
+        + "name=\"csrf\" value=\"".len();
+    page[at..at + 64].to_string()
+}
+
+fn state_of(d: &Deployment, id: &str) -> Value {
+    d.airlock_json(&["approvals", "show", id])
+}
+
+#[tokio::test]
+async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let prepared = call(
+        &client,
+        "prepare_artifact",
+        json!({"title": HOSTILE, "media-type": "text/plain", "content": "quarterly\n"}),
+    )
+    .await
+    .unwrap();
+    assert_ne!(prepared.is_error, Some(true), "{}", text_of(&prepared));
+    let artifact = prepared.structured_content.unwrap()["result"]["artifact"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, team) = crate::approvals::prepared(&client, "team-reports").await;
+    let asked = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let id = approval_in(&assert_refused(&asked, Category::ApprovalRequired));
+
+    let console = Console::start(&d);
+    // Nothing without the login; a wrong token is refused and spends nothing.
+    assert_eq!(console.get("/console/approvals", None).status, 401);
+    assert_eq!(
+        console
+            .get("/console/approvals", Some("airlock_console=guess"))
+            .status,
+        401
+    );
+    assert_eq!(
+        console
+            .get(&format!("/console/login?token={}", "0".repeat(64)), None)
+            .status,
+        403
+    );
+    let cookie = console.login();
+    // The token works once.
+    assert_eq!(
+        console
+            .get(&format!("/console/login?token={}", console.token), None)
+            .status,
+        403
+    );
+
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    assert_eq!(inbox.status, 200, "{inbox:?}");
+    assert_eq!(
+        inbox.header("content-security-policy"),
+        Some(
+            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        )
+    );
+    assert_eq!(inbox.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(inbox.header("cache-control"), Some("no-store"));
+    let page = &inbox.body;
+    assert!(page.contains(&id), "{page}");
+    assert!(page.contains("deliver_artifact"));
+    assert!(
+        page.contains("team-reports"),
+        "the summary a person approves: {page}"
+    );
+    // The hostile title is text, never markup (the summary carries it defanged, and the
+    // page escapes what is left: its quotes).
+    assert!(!page.contains("<img"), "{page}");
+    assert!(
+        !page.contains("<script"),
+        "the console sends no script: {page}"
+    );
+    assert!(page.contains("onerror=alert(2)"), "{page}");
+    assert!(page.contains("title &quot;"), "{page}");
+    let csrf = csrf_of(page);
+    let decide = format!("/console/approvals/{id}");
+
+    // Refused before anything is decided: no token, a wrong token, another origin, a
+    // cross-site fetch, no session.
+    let approve = [("csrf", csrf.as_str()), ("decision", "approve")];
+    for (form, cookie, extra, status) in [
+        (&[("decision", "approve")][..], cookie.as_str(), "", 403),
+        (
+            &[("csrf", &*"f".repeat(64)), ("decision", "approve")][..],
+            cookie.as_str(),
+            "",
+            403,
+        ),
+        (
+            &approve[..],
+            cookie.as_str(),
+            "\r\nOrigin: http://evil.example",
+            403,
+        ),
+        (
+            &approve[..],
+            cookie.as_str(),
+            "\r\nSec-Fetch-Site: cross-site",
+            403,
+        ),
+        (&approve[..], "airlock_console=guess", "", 401),
+    ] {
+        let r = console.post(&decide, cookie, form, extra);
+        assert_eq!(r.status, status, "{form:?} {extra:?}: {r:?}");
+        assert_eq!(state_of(&d, &id)["state"], "pending");
+    }
+    assert_eq!(d.sends(), 0);
+
+    // Approved in the console, from this origin: recorded with the console's person.
+    let r = console.post(
+        &decide,
+        &cookie,
+        &approve,
+        &format!(
+            "\r\nOrigin: http://{}\r\nSec-Fetch-Site: same-origin",
+            console.addr
+        ),
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    let shown = state_of(&d, &id);
+    assert_eq!(shown["state"], "approved", "{shown}");
+    let by = shown["decided_by"].as_str().unwrap();
+    assert!(by.ends_with(" (console)"), "{by}");
+    // Deciding it again is refused, and says so.
+    let again = console.post(&decide, &cookie, &approve, "");
+    assert_eq!(again.status, 409, "{again:?}");
+
+    // The repeated call runs once.
+    let done = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{}", text_of(&done));
+    assert_eq!(d.sends(), 1);
+    let decided = d
+        .trace()
+        .into_iter()
+        .find(|e| e["kind"] == "approval-decided" && e["payload"]["approval"] == id.as_str())
+        .expect("the decision is traced");
+    assert_eq!(decided["payload"]["by"], by);
+
+    // A denial: nothing is sent, the next call asks anew.
+    let (_, other) = crate::approvals::prepared(&client, "archive").await;
+    let asked = call(&client, "deliver_artifact", deliver_args(&artifact, &other))
+        .await
+        .unwrap();
+    let second = approval_in(&assert_refused(&asked, Category::ApprovalRequired));
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    assert!(inbox.body.contains(&second));
+    assert!(
+        !inbox.body.contains(&id),
+        "a decided approval leaves the inbox"
+    );
+    let r = console.post(
+        &format!("/console/approvals/{second}"),
+        &cookie,
+        &[
+            ("csrf", csrf_of(&inbox.body).as_str()),
+            ("decision", "deny"),
+            ("reason", "not for the archive"),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    assert_eq!(state_of(&d, &second)["state"], "denied");
+    let after = call(&client, "deliver_artifact", deliver_args(&artifact, &other))
+        .await
+        .unwrap();
+    assert_refused(&after, Category::ApprovalRequired);
+    assert_eq!(d.sends(), 1, "a denied delivery is never sent");
+    client.cancel().await.unwrap();
+}
+
+#[test]
+fn the_console_binds_loopback_only() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let out = d.airlock(&["console", "--addr", "0.0.0.0:0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("loopback"), "{err}");
+}
