@@ -5,6 +5,7 @@
 //! call log counts the sends), a denied one never does; hostile text is shown as text.
 
 use std::io::BufRead as _;
+use std::os::unix::process::CommandExt as _;
 
 use serde_json::{Value, json};
 
@@ -293,4 +294,252 @@ fn the_console_binds_loopback_only() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("loopback"), "{err}");
+}
+
+/// Headless Chromium (Debian's `chromium`) driven over WebDriver by `chromedriver`
+/// (Debian's `chromium-driver`; `.ci/run` installs both) on a free loopback port.
+struct Browser {
+    driver: std::process::Child,
+    client: fantoccini::Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let port = free_port();
+        // Its own process group, so that the browser it starts dies with it (Drop).
+        let driver = std::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .process_group(0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian package chromium-driver; .ci/run installs it)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "chromedriver did not listen"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let profile = tempfile::tempdir().unwrap();
+        // The flags this machine needs (its network is closed; it runs as root).
+        let capabilities = json!({"goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync",
+                "--window-size=1200,900",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+        }});
+        let client = fantoccini::ClientBuilder::new(
+            hyper_util::client::legacy::connect::HttpConnector::new(),
+        )
+        .capabilities(capabilities.as_object().unwrap().clone())
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("a Chromium session over WebDriver");
+        Self {
+            driver,
+            client,
+            _profile: profile,
+        }
+    }
+
+    /// A screenshot of the page, written to `target/test-artifacts/NAME.png`; panics when
+    /// it is blank (fewer than 8 colours).
+    async fn screenshot(&self, name: &str) {
+        let png_bytes = self.client.screenshot().await.unwrap();
+        let dir = workspace().join("target/test-artifacts");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), &png_bytes).unwrap();
+        let mut reader = png::Decoder::new(std::io::Cursor::new(&png_bytes))
+            .read_info()
+            .unwrap();
+        let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut pixels).unwrap();
+        let step = info.color_type.samples();
+        let colours: std::collections::BTreeSet<&[u8]> =
+            pixels[..info.buffer_size()].chunks(step).collect();
+        assert!(
+            colours.len() >= 8,
+            "screenshot {name} is blank ({} colours)",
+            colours.len()
+        );
+    }
+
+    async fn close(self) {
+        let _ = self.client.clone().close().await;
+    }
+}
+
+impl Drop for Browser {
+    /// chromedriver and the browser it started, even when a test fails half-way.
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group the driver leads (process_group(0)).
+        unsafe { libc::kill(-(self.driver.id() as i32), libc::SIGKILL) };
+        let _ = self.driver.wait();
+    }
+}
+
+/// A page on another origin (`localhost`, another port) that posts a decision to the
+/// console as soon as it loads, with a valid CSRF token: what a malicious site would try.
+fn hostile_site(action: &str, csrf: &str) -> String {
+    let page = format!(
+        "<!DOCTYPE html><form method=post action=\"{action}\"><input name=csrf value=\"{csrf}\"><input name=decision value=approve></form><script>document.forms[0].submit()</script>"
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut s, &mut buf);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = std::io::Write::write_all(&mut s, answer.as_bytes());
+        }
+    });
+    format!("http://localhost:{port}/")
+}
+
+#[tokio::test]
+async fn a_person_approves_in_a_real_browser_and_another_site_cannot() {
+    use fantoccini::Locator;
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let prepared = call(
+        &client,
+        "prepare_artifact",
+        json!({"title": HOSTILE, "media-type": "text/plain", "content": "quarterly\n"}),
+    )
+    .await
+    .unwrap();
+    let artifact = prepared.structured_content.unwrap()["result"]["artifact"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, team) = crate::approvals::prepared(&client, "team-reports").await;
+    let asked = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    let id = approval_in(&assert_refused(&asked, Category::ApprovalRequired));
+    let console = Console::start(&d);
+    let browser = Browser::start().await;
+    let b = &browser.client;
+
+    b.goto(&format!(
+        "http://{}/console/login?token={}",
+        console.addr, console.token
+    ))
+    .await
+    .unwrap();
+    assert!(
+        b.current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with("/console/approvals")
+    );
+    let heading = b
+        .find(Locator::Css("h1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(heading, "Pending approvals");
+    let section = format!("section[id='{id}']");
+    let summary = b
+        .find(Locator::Css(&format!("{section} pre")))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        summary.contains("onerror=alert(2)"),
+        "shown as text: {summary}"
+    );
+    assert!(summary.contains("team-reports"), "{summary}");
+    assert!(b.get_alert_text().await.is_err(), "no dialog opened");
+    browser.screenshot("console-inbox").await;
+
+    // Another site posts the decision with a valid token: refused, nothing decided.
+    let page = b.source().await.unwrap();
+    let evil = hostile_site(
+        &format!("http://{}/console/approvals/{id}", console.addr),
+        &csrf_of(&page),
+    );
+    b.goto(&evil).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let url = b.current_url().await.unwrap();
+        if url.path().starts_with("/console/approvals/") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the form never posted: {url}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let refused = b
+        .find(Locator::Css("h1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        ["Refused", "Log in first"].contains(&refused.as_str()),
+        "{refused}"
+    );
+    assert_eq!(state_of(&d, &id)["state"], "pending");
+    assert_eq!(d.sends(), 0);
+
+    // The person approves with the button.
+    b.goto(&format!("http://{}/console/approvals", console.addr))
+        .await
+        .unwrap();
+    b.find(Locator::Css(&format!("{section} form button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = match b.wait().for_element(Locator::Css("p.notice")).await {
+        Ok(e) => e.text().await.unwrap(),
+        Err(e) => panic!(
+            "no notice after approving ({e}): at {} the page is\n{}",
+            b.current_url().await.unwrap(),
+            b.source().await.unwrap()
+        ),
+    };
+    assert!(
+        notice.contains(&id) && notice.contains("approved"),
+        "{notice}"
+    );
+    browser.screenshot("console-decided").await;
+    let shown = state_of(&d, &id);
+    assert_eq!(shown["state"], "approved");
+    let done = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    assert_ne!(done.is_error, Some(true), "{}", text_of(&done));
+    assert_eq!(d.sends(), 1, "the approved delivery runs once");
+    let decided = d
+        .trace()
+        .into_iter()
+        .find(|e| e["kind"] == "approval-decided" && e["payload"]["approval"] == id.as_str())
+        .expect("the decision is traced");
+    assert_eq!(decided["payload"]["by"], shown["decided_by"]);
+    browser.close().await;
+    client.cancel().await.unwrap();
 }

@@ -16,7 +16,7 @@
 //!   pages load none.
 //! - **Strict headers on every answer**: `Content-Security-Policy: default-src 'none';
 //!   style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`,
-//!   `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer`,
+//!   `X-Content-Type-Options: nosniff`, `Referrer-Policy: same-origin`,
 //!   `Cache-Control: no-store`, `X-Frame-Options: DENY`.
 //! - **Everything shown is escaped** (maud escapes every interpolated string): approval
 //!   summaries, capability and requester names are upstream- or client-derived and hostile.
@@ -308,14 +308,18 @@ impl Console {
     }
 }
 
-/// Why a state-changing request comes from another site, if it does: an `Origin` that is
-/// not this request's `Host`, or `Sec-Fetch-Site` other than `same-origin`/`none`.
+/// Why a state-changing request comes from another site, if it does: `Sec-Fetch-Site`
+/// other than `same-origin`/`none`, or an `Origin` that is not this request's `Host` — an
+/// opaque `Origin: null` passes only when the browser says `Sec-Fetch-Site: same-origin`
+/// (browsers send `null` for a same-origin form post under some referrer policies).
 fn cross_site(headers: &http::HeaderMap) -> Option<String> {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let fetch_site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         let same = host
-            .is_some_and(|h| origin == format!("http://{h}") || origin == format!("https://{h}"));
+            .is_some_and(|h| origin == format!("http://{h}") || origin == format!("https://{h}"))
+            || (origin == "null" && fetch_site == Some("same-origin"));
         if !same {
             return Some(format!(
                 "a form from another origin ({}) cannot change anything here",
@@ -323,7 +327,7 @@ fn cross_site(headers: &http::HeaderMap) -> Option<String> {
             ));
         }
     }
-    match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+    match fetch_site {
         None | Some("same-origin") | Some("none") => None,
         Some(other) => Some(format!(
             "a {} request cannot change anything here",
@@ -362,9 +366,11 @@ fn secure(mut r: Response<Body>) -> Response<Body> {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // `same-origin`: the console's own form posts carry its origin; no other site learns
+    // a console URL from a referrer.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
@@ -466,7 +472,12 @@ mod tests {
         h.insert("sec-fetch-site", "same-origin".parse().unwrap());
         h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
         assert!(cross_site(&h).unwrap().contains("evil.example"));
+        // An opaque origin passes only with the browser's word that it is same-origin.
         h.insert(header::ORIGIN, "null".parse().unwrap());
+        assert_eq!(cross_site(&h), None);
+        h.remove("sec-fetch-site");
+        assert!(cross_site(&h).unwrap().contains("null"));
+        h.insert("sec-fetch-site", "same-site".parse().unwrap());
         assert!(cross_site(&h).is_some());
     }
 
