@@ -11,10 +11,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::json;
 
 use crate::registry::Registry;
-use crate::store::{
-    AttemptRecord, AttemptState, IntentFilter, IntentRecord, IntentState, Resolution,
-    ResolutionMethod,
-};
+use crate::store::{AttemptRecord, AttemptState, IntentFilter, IntentRecord, IntentState};
 
 fn when(ms: u64) -> String {
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
@@ -296,55 +293,7 @@ async fn await_decision(host: &crate::host::Host, id: &str, wait: Duration) -> R
     }
 }
 
-/// Why the trace does not prove the intent row `r`
-/// ([`crate::pipeline::intent::prove_intent`]), or `None` when it does.
-///
-/// # Errors
-/// The store fails.
-pub fn tampered(registry: &Registry, r: &IntentRecord) -> Result<Option<String>> {
-    let proofs = registry.store().intent_proofs(&r.intent.id)?;
-    Ok(crate::pipeline::intent::prove_intent(&proofs, r))
-}
-
-/// A person resolves an unknown intent.
-///
-/// # Errors
-/// Unknown id; the intent has a definite outcome already; `state` is not completed or
-/// failed; no evidence.
-pub fn resolve(
-    registry: &Registry,
-    id: &str,
-    state: IntentState,
-    by: &str,
-    evidence: &str,
-) -> Result<IntentRecord> {
-    if !matches!(state, IntentState::Completed | IntentState::Failed) {
-        bail!("--as takes `completed` (it happened) or `failed` (it did not happen)");
-    }
-    if evidence.trim().is_empty() {
-        bail!("--evidence is required: say what you saw upstream that decides it");
-    }
-    let store = registry.store();
-    let record = store
-        .intent(id)?
-        .with_context(|| format!("no intent `{id}` (`airlock intents list` shows them)"))?;
-    if let Some(why) = tampered(registry, &record)? {
-        bail!(
-            "intent `{}` does not match the trace (edited in the store?), so it cannot be resolved: {why}; `airlock trace verify` checks the rest",
-            record.intent.id
-        );
-    }
-    let evidence: String = evidence.chars().take(2000).collect();
-    let resolution = Resolution {
-        handles: Vec::new(),
-        state,
-        method: ResolutionMethod::Person,
-        by: by.to_string(),
-        evidence: json!({"statement": evidence}),
-    };
-    let event = crate::pipeline::reconcile::resolved_event(&record, &resolution);
-    store.resolve_intent(&record.intent.id, &resolution, vec![event])
-}
+pub use crate::decisions::{intent_tampered as tampered, resolve_intent as resolve};
 
 #[cfg(test)]
 mod tests {

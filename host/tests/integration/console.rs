@@ -543,3 +543,95 @@ async fn a_person_approves_in_a_real_browser_and_another_site_cannot() {
     browser.close().await;
     client.cancel().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_held_intent_is_resolved_once_with_evidence() {
+    let d = crate::effects::edited(
+        &["--fail-after-send"],
+        crate::effects::narrowed("idempotent = false\nqueryable = false"),
+    );
+    let (client, r) = crate::effects::deliver(&d).await;
+    assert_refused(&r, Category::Unknown);
+    client.cancel().await.unwrap();
+    let held = d.airlock_json(&["intents", "list", "--state", "unknown"]);
+    let id = held[0]["id"].as_str().unwrap().to_string();
+
+    let console = Console::start(&d);
+    assert_eq!(console.get("/console/intents", None).status, 401);
+    let cookie = console.login();
+    let page = console.get("/console/intents", Some(&cookie));
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(page.body.contains(&id), "{}", page.body);
+    assert!(page.body.contains("deliver_artifact"));
+    assert!(
+        page.body.contains("1 request(s) sent, 0 answered"),
+        "{}",
+        page.body
+    );
+    let csrf = csrf_of(&page.body);
+    let resolve = format!("/console/intents/{id}");
+    // No evidence, no token: nothing resolved.
+    let r = console.post(
+        &resolve,
+        &cookie,
+        &[("csrf", &csrf), ("as", "completed"), ("evidence", "  ")],
+        "",
+    );
+    assert_eq!(r.status, 409, "{r:?}");
+    assert!(r.body.contains("evidence is required"), "{}", r.body);
+    let r = console.post(
+        &resolve,
+        &cookie,
+        &[("as", "completed"), ("evidence", "seen")],
+        "",
+    );
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        d.airlock_json(&["intents", "list", "--state", "unknown"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // Resolved once, with the evidence (shown escaped wherever it is shown again).
+    let evidence = "the outbox holds it <b>twice</b>?";
+    let r = console.post(
+        &resolve,
+        &cookie,
+        &[("csrf", &csrf), ("as", "completed"), ("evidence", evidence)],
+        "",
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    let shown = d.airlock_json(&["intents", "show", &id]);
+    assert_eq!(shown["intent"]["state"], "completed", "{shown}");
+    assert_eq!(shown["intent"]["resolution"]["method"], "person");
+    let by = shown["intent"]["resolution"]["by"].as_str().unwrap();
+    assert!(by.ends_with(" (console)"), "{by}");
+    assert_eq!(
+        shown["intent"]["resolution"]["evidence"]["statement"],
+        evidence
+    );
+    let again = console.post(
+        &resolve,
+        &cookie,
+        &[
+            ("csrf", &csrf),
+            ("as", "failed"),
+            ("evidence", "changed my mind"),
+        ],
+        "",
+    );
+    assert_eq!(again.status, 409, "resolved once: {again:?}");
+    assert!(again.body.contains("is completed"), "{}", again.body);
+    let after = console.get("/console/intents", Some(&cookie));
+    assert!(
+        !after.body.contains(&format!("id=\"{id}\"")),
+        "no longer held"
+    );
+    let event = d
+        .trace()
+        .into_iter()
+        .find(|e| e["kind"] == "intent-resolved")
+        .expect("traced");
+    assert_eq!(event["payload"]["by"], by);
+}

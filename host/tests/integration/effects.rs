@@ -31,7 +31,7 @@ fn patient(server_args: &[&str]) -> Deployment {
 }
 
 /// The deployment with the outbox-delivery manifest passed through `edit`.
-fn edited(server_args: &[&str], edit: impl FnOnce(String) -> String) -> Deployment {
+pub(crate) fn edited(server_args: &[&str], edit: impl FnOnce(String) -> String) -> Deployment {
     Deployment::with_notes()
         .mapping("source-library")
         .with_outbox_edited(server_args, edit)
@@ -40,7 +40,7 @@ fn edited(server_args: &[&str], edit: impl FnOnce(String) -> String) -> Deployme
 }
 
 /// A manifest edit: the delivery capability confirms its effect with `flags` after it.
-fn narrowed(flags: &'static str) -> impl FnOnce(String) -> String {
+pub(crate) fn narrowed(flags: &'static str) -> impl FnOnce(String) -> String {
     move |m| {
         m.replace(
             r#"effect = "external-effect""#,
@@ -65,7 +65,7 @@ fn keyed(d: &Deployment, tool: &str) -> Vec<String> {
 
 /// Serves `d` (every mapping approved) to a client that approves in band, prepares an
 /// artifact and delivers it to the team reports outbox; returns the client and the answer.
-async fn deliver(
+pub(crate) async fn deliver(
     d: &Deployment,
 ) -> (
     rmcp::service::RunningService<rmcp::service::RoleClient, Person>,

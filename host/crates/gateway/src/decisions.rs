@@ -1,20 +1,27 @@
-//! A person's decisions on approval requests, shared by every surface that takes them
-//! (`airlock approvals`, the console): approve, deny, revoke.
+//! A person's decisions, shared by every surface that takes them (`airlock approvals`,
+//! `airlock intents resolve`, the console): approve, deny or revoke an approval request;
+//! resolve an intent whose outcome is unknown.
 //!
 //! Rules: a row the trace does not prove is never decided (nor shown as decidable);
 //! approving records who approved and when, and gives the receipt its lifetime from that
 //! moment; the receipt still authorizes only the exact call it describes, once, while the
 //! mapping revision, snapshot and policy it is bound to are unchanged. Every decision is
-//! traced (`approval-decided`) in the same transaction as the row's new state.
+//! traced (`approval-decided`) in the same transaction as the row's new state. Only an
+//! intent whose outcome is `unknown` (or one a stopped host left `prepared`) can be
+//! resolved, once, as `completed` or `failed`, with evidence; the resolution records who
+//! decided and is traced (`intent-resolved`).
 
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use serde_json::json;
 
 use crate::registry::Registry;
 use crate::registry::events;
-use crate::store::{ApprovalDecision, ApprovalRecord, ApprovalState, NewEvent};
+use crate::store::{
+    ApprovalDecision, ApprovalRecord, ApprovalState, IntentRecord, IntentState, NewEvent,
+    Resolution, ResolutionMethod,
+};
 
 /// Why the trace does not prove the row `r`, or `None` when it does
 /// ([`crate::pipeline::approve::prove_receipt`], with the row's own binding and the state
@@ -104,4 +111,56 @@ pub fn decide(
         u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         vec![event],
     )
+}
+
+/// Why the trace does not prove the intent row `r`
+/// ([`crate::pipeline::intent::prove_intent`]), or `None` when it does.
+///
+/// # Errors
+/// The store fails.
+pub fn intent_tampered(registry: &Registry, r: &IntentRecord) -> Result<Option<String>> {
+    let proofs = registry.store().intent_proofs(&r.intent.id)?;
+    Ok(crate::pipeline::intent::prove_intent(&proofs, r))
+}
+
+/// A person resolves an unknown intent as `state` (`completed`: it happened; `failed`:
+/// it did not) with `evidence` (what they saw upstream; at most 2 000 characters kept),
+/// once; traced (`intent-resolved`) with `by`.
+///
+/// # Errors
+/// Unknown id; the intent has a definite outcome already; `state` is not completed or
+/// failed; no evidence.
+pub fn resolve_intent(
+    registry: &Registry,
+    id: &str,
+    state: IntentState,
+    by: &str,
+    evidence: &str,
+) -> Result<IntentRecord> {
+    if !matches!(state, IntentState::Completed | IntentState::Failed) {
+        bail!("--as takes `completed` (it happened) or `failed` (it did not happen)");
+    }
+    if evidence.trim().is_empty() {
+        bail!("--evidence is required: say what you saw upstream that decides it");
+    }
+    let store = registry.store();
+    let record = store
+        .intent(id)?
+        .with_context(|| format!("no intent `{id}` (`airlock intents list` shows them)"))?;
+    if let Some(why) = intent_tampered(registry, &record)? {
+        bail!(
+            "intent `{}` does not match the trace (edited in the store?), so it cannot be resolved: {why}; `airlock trace verify` checks the rest",
+            record.intent.id
+        );
+    }
+    let evidence: String = evidence.chars().take(2000).collect();
+    let resolution = Resolution {
+        handles: Vec::new(),
+        state,
+        method: ResolutionMethod::Person,
+        by: by.to_string(),
+        evidence: json!({"statement": evidence}),
+    };
+    let event = crate::pipeline::reconcile::resolved_event(&record, &resolution);
+    store.resolve_intent(&record.intent.id, &resolution, vec![event])
 }

@@ -1,7 +1,7 @@
 //! The operator console (issue 31, first part): web pages over the same store any process
 //! reads, where a person decides what waits for a person. This part serves the
-//! **approvals inbox**; held intents, mappings, connections and the trace browser come
-//! next.
+//! **approvals inbox** and the **held intents**; mappings, connections and the trace
+//! browser come next.
 //!
 //! Rules:
 //! - **Loopback only, one-time login.** `airlock console` binds a loopback address and
@@ -130,7 +130,11 @@ impl Console {
                 Some(s) => self.inbox(&s, parts.uri.query()),
                 None => not_logged_in(),
             },
-            (&Method::POST, r) if r.starts_with("/approvals/") => {
+            (&Method::GET, "/intents") => match self.session(&parts.headers) {
+                Some(s) => self.held(&s, parts.uri.query()),
+                None => not_logged_in(),
+            },
+            (&Method::POST, r) if r.starts_with("/approvals/") || r.starts_with("/intents/") => {
                 if let Some(why) = cross_site(&parts.headers) {
                     return page(StatusCode::FORBIDDEN, pages::message("Refused", &why));
                 }
@@ -158,8 +162,10 @@ impl Console {
                         ),
                     );
                 }
-                let id = &r["/approvals/".len()..];
-                self.decide(id, &form)
+                match r.strip_prefix("/approvals/") {
+                    Some(id) => self.decide(id, &form),
+                    None => self.resolve(&r["/intents/".len()..], &form),
+                }
             }
             (&Method::GET | &Method::POST, _) => page(
                 StatusCode::NOT_FOUND,
@@ -306,6 +312,85 @@ impl Console {
             ),
         }
     }
+}
+
+impl Console {
+    /// `GET /console/intents`: the intents held for a person (state `unknown`), oldest
+    /// first, with their attempts.
+    fn held(&self, session: &Session, query: Option<&str>) -> Response<Body> {
+        let store = self.registry.store();
+        let listed = store.intents(&crate::store::IntentFilter {
+            compensates: None,
+            states: vec![crate::store::IntentState::Unknown],
+            mapping: None,
+            created_before_ms: None,
+            limit: PAGE,
+        });
+        let listed = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                return page(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    pages::message("Store unavailable", &format!("{e:#}")),
+                );
+            }
+        };
+        let mut rows = Vec::new();
+        for r in listed {
+            let attempts = store.attempts(&r.intent.id).unwrap_or_default();
+            let tampered = crate::decisions::intent_tampered(&self.registry, &r)
+                .unwrap_or_else(|e| Some(format!("could not check against the trace: {e:#}")));
+            rows.push((r, attempts, tampered));
+        }
+        page(
+            StatusCode::OK,
+            pages::intents(
+                &rows,
+                &session.csrf,
+                &self.operator,
+                query_value(query, "done").as_deref(),
+            ),
+        )
+    }
+
+    /// `POST /console/intents/{id}`: resolves the intent `as` `completed` or `failed`,
+    /// with the form's `evidence`.
+    fn resolve(&self, id: &str, form: &HashMap<String, String>) -> Response<Body> {
+        let state = match form.get("as").map(String::as_str) {
+            Some("completed") => crate::store::IntentState::Completed,
+            Some("failed") => crate::store::IntentState::Failed,
+            _ => {
+                return page(
+                    StatusCode::BAD_REQUEST,
+                    pages::message("Bad form", "as must be completed or failed"),
+                );
+            }
+        };
+        let evidence = form.get("evidence").map(String::as_str).unwrap_or("");
+        match crate::decisions::resolve_intent(&self.registry, id, state, &self.operator, evidence)
+        {
+            Ok(r) => {
+                let done = format!("{} {}", r.intent.id, r.state.as_str());
+                redirect(&format!(
+                    "{PREFIX}/intents?done={}",
+                    form_urlencoded::byte_serialize(done.as_bytes()).collect::<String>()
+                ))
+            }
+            Err(e) => page(
+                StatusCode::CONFLICT,
+                pages::message("Not resolved", &format!("{e:#}")),
+            ),
+        }
+    }
+}
+
+/// The value of `key` in a query string.
+fn query_value(query: Option<&str>, key: &str) -> Option<String> {
+    query
+        .into_iter()
+        .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
 }
 
 /// Why a state-changing request comes from another site, if it does: `Sec-Fetch-Site`

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use maud::{DOCTYPE, Markup, html};
 
-use crate::store::ApprovalRecord;
+use crate::store::{ApprovalRecord, AttemptRecord, AttemptState, IntentRecord};
 
 /// The console's stylesheet (`/console/console.css`).
 pub const CSS: &str = "\
@@ -34,6 +34,7 @@ fn layout(title: &str, body: Markup) -> Markup {
                 header {
                     strong { "Airlock console" }
                     a href="/console/approvals" { "Approvals" }
+                    a href="/console/intents" { "Held intents" }
                 }
                 main { (body) }
             }
@@ -122,6 +123,69 @@ pub fn inbox(
                             input type="hidden" name="decision" value="deny";
                             input type="text" name="reason" placeholder="reason (optional)" aria-label="reason";
                             button type="submit" { "Deny" }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Held intents: each effect whose outcome is unknown, with what was sent and when, and
+/// the form that resolves it once (`tampered` rows are shown, never resolvable).
+pub fn intents(
+    rows: &[(IntentRecord, Vec<AttemptRecord>, Option<String>)],
+    csrf: &str,
+    operator: &str,
+    notice: Option<&str>,
+) -> Markup {
+    layout(
+        "Held intents",
+        html! {
+            h1 { "Held intents" }
+            p { "Each of these effects may or may not have happened upstream: its answer was lost and it could not be asked or safely repeated. Check the upstream, then say what you saw. Resolving as " strong { (operator) } "; each intent is resolved once." }
+            @if let Some(n) = notice {
+                p.notice role="status" { "Resolved: " (n) }
+            }
+            @if rows.is_empty() {
+                p.empty { "No intent is held for a person." }
+            }
+            @for (r, attempts, tampered) in rows {
+                @let i = &r.intent;
+                section.approval.tampered[tampered.is_some()] id=(i.id) {
+                    h2 { (i.capability) " — requested by " (i.requester) }
+                    @if let Some(why) = tampered {
+                        p { strong { "Tampered: " } "the trace does not prove this intent, so it cannot be resolved: " (why) }
+                    }
+                    dl {
+                        dt { "intent" } dd { (i.id) }
+                        dt { "state" } dd { (r.state.as_str()) }
+                        dt { "mapping" } dd { (i.mapping) " revision " (i.mapping_revision) }
+                        dt { "effect" } dd { (i.effect_class) }
+                        dt { "call" } dd { (i.call_id) }
+                        dt { "arguments" } dd { "sha256 " (i.args_digest) }
+                        @if let Some(a) = &r.approval_id {
+                            dt { "approval" } dd { (a) }
+                        }
+                        dt { "created" } dd { (when(r.created_ms)) }
+                        @for a in attempts {
+                            dt { "attempt " (a.attempt) }
+                            dd {
+                                (a.state.as_str()) " — " (a.requests) " request(s) sent, " (a.answered) " answered"
+                                @if let Some(id) = &a.last_request_id { ", last request id " (id) }
+                                @for (state, at) in AttemptState::ALL.iter().zip(a.at_ms) {
+                                    @if let Some(at) = at { br; (state.as_str()) " " (when(at)) }
+                                }
+                            }
+                        }
+                    }
+                    @if tampered.is_none() {
+                        form method="post" action={ "/console/intents/" (i.id) } {
+                            input type="hidden" name="csrf" value=(csrf);
+                            label { "What you saw upstream " input type="text" name="evidence" required; }
+                            " "
+                            button type="submit" name="as" value="completed" { "It happened" }
+                            button type="submit" name="as" value="failed" { "It did not happen" }
                         }
                     }
                 }
