@@ -31,7 +31,7 @@ pub mod cli;
 pub use airlock_gateway::fuzzing;
 pub use airlock_gateway::{
     ADAPTER_BUNDLE, config, console, decisions, front, host, metrics, pipeline, registry, shutdown,
-    telemetry,
+    status, telemetry,
 };
 pub use airlock_gateway::{
     canonical, contract, jsonrpc, policy, private_fs, random, record, runtime, store, upstream,

@@ -1175,8 +1175,11 @@ async fn dispatch(
         Command::Approvals { action } => approvals(action, state_dir),
         Command::Console { addr } => {
             init_logging("warn");
+            let dir = state_dir.clone().or_else(crate::config::default_state_dir);
             let registry = registry_for(state_dir)?;
-            crate::console::serve(registry, &addr).await
+            let checkpoints =
+                dir.map(|d| crate::config::TraceSettings::default().checkpoint_path(&d));
+            crate::console::serve(registry, &addr, checkpoints).await
         }
         Command::Status {
             checkpoint,

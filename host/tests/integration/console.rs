@@ -191,6 +191,19 @@ async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() 
     let csrf = csrf_of(page);
     let decide = format!("/console/approvals/{id}");
 
+    // The connections page: what the serving host last traced, what waits.
+    assert_eq!(console.get("/console/connections", None).status, 401);
+    let status = console.get("/console/connections", Some(&cookie));
+    assert_eq!(status.status, 200, "{status:?}");
+    for needle in [
+        "<td>notes</td><td class=\"state\">ready</td>",
+        "<td>outbox</td><td class=\"state\">ready</td>",
+        "outbox-delivery",
+        "1 approval(s) pending",
+    ] {
+        assert!(status.body.contains(needle), "{needle}: {}", status.body);
+    }
+
     // Refused before anything is decided: no token, a wrong token, another origin, a
     // cross-site fetch, no session.
     let approve = [("csrf", csrf.as_str()), ("decision", "approve")];
@@ -527,6 +540,22 @@ async fn a_person_approves_in_a_real_browser_and_another_site_cannot() {
         "{notice}"
     );
     browser.screenshot("console-decided").await;
+    b.find(Locator::LinkText("Connections"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let heading = b
+        .wait()
+        .for_element(Locator::Css("h1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(heading, "Connections");
+    browser.screenshot("console-connections").await;
     let shown = state_of(&d, &id);
     assert_eq!(shown["state"], "approved");
     let done = call(&client, "deliver_artifact", deliver_args(&artifact, &team))

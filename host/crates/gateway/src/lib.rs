@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod registry;
 pub mod shutdown;
+pub mod status;
 pub mod telemetry;
 
 pub use airlock_core::{canonical, jsonrpc, private_fs, random};

@@ -1,7 +1,7 @@
 //! The operator console (issue 31, first part): web pages over the same store any process
 //! reads, where a person decides what waits for a person. This part serves the
-//! **approvals inbox** and the **held intents**; mappings, connections and the trace
-//! browser come next.
+//! **approvals inbox**, the **held intents** and **connections** (with mappings, what
+//! waits and the trace's head); mappings' reviews and the trace browser come next.
 //!
 //! Rules:
 //! - **Loopback only, one-time login.** `airlock console` binds a loopback address and
@@ -69,6 +69,8 @@ pub struct Console {
     sessions: Mutex<HashMap<String, Session>>,
     /// Who decides through this console (recorded with each decision).
     operator: String,
+    /// The checkpoint file whose newest line the connections page shows.
+    checkpoints: Option<std::path::PathBuf>,
 }
 
 /// A console session (after the login).
@@ -101,8 +103,20 @@ impl Console {
             login: Mutex::new(Some(token.clone())),
             sessions: Mutex::default(),
             operator: operator.into(),
+            checkpoints: None,
         });
         (console, token)
+    }
+
+    /// The same console, showing the newest line of the checkpoint file `file`.
+    ///
+    /// # Panics
+    /// When the console is shared already (call it right after [`Console::new`]).
+    pub fn with_checkpoints(mut self: Arc<Self>, file: Option<std::path::PathBuf>) -> Arc<Self> {
+        Arc::get_mut(&mut self)
+            .expect("set before the console is shared")
+            .checkpoints = file;
+        self
     }
 
     /// Answers one request (see the module rules).
@@ -128,6 +142,24 @@ impl Console {
             }
             (&Method::GET, "" | "/approvals") => match self.session(&parts.headers) {
                 Some(s) => self.inbox(&s, parts.uri.query()),
+                None => not_logged_in(),
+            },
+            (&Method::GET, "/connections") => match self.session(&parts.headers) {
+                Some(_) => {
+                    match crate::status::read(&self.registry, self.checkpoints.as_deref(), 0) {
+                        Ok(mut s) => {
+                            // The console lives on: the backlog now, not at its start.
+                            if let Ok(now) = self.registry.store().journal_backlog_bytes() {
+                                s.trace.journal_backlog_bytes = now;
+                            }
+                            page(StatusCode::OK, pages::connections(&s))
+                        }
+                        Err(e) => page(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            pages::message("Store unavailable", &format!("{e:#}")),
+                        ),
+                    }
+                }
                 None => not_logged_in(),
             },
             (&Method::GET, "/intents") => match self.session(&parts.headers) {
@@ -497,7 +529,11 @@ fn not_logged_in() -> Response<Body> {
 ///
 /// # Errors
 /// `addr` is not a loopback address, or does not bind.
-pub async fn serve(registry: Registry, addr: &str) -> Result<()> {
+pub async fn serve(
+    registry: Registry,
+    addr: &str,
+    checkpoints: Option<std::path::PathBuf>,
+) -> Result<()> {
     let addr: SocketAddr = addr.parse().with_context(|| {
         format!("--addr `{addr}`: expected an address such as {DEFAULT_ADDR} or [::1]:8788")
     })?;
@@ -512,6 +548,7 @@ pub async fn serve(registry: Registry, addr: &str) -> Result<()> {
     let local = listener.local_addr()?;
     let operator = format!("{} (console)", crate::config::os_user_name());
     let (console, token) = Console::new(registry, operator);
+    let console = console.with_checkpoints(checkpoints);
     eprintln!("airlock: console at http://{local}{PREFIX}/login?token={token}");
     eprintln!("airlock: open that link once to log in; it is printed only here");
     loop {

@@ -18,7 +18,8 @@ dt{color:#555}dd{margin:0;font-family:ui-monospace,monospace;overflow-wrap:anywh
 pre{background:#f1f1ec;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere}\
 .tampered{border-color:#b3261e;background:#fff4f3}.notice{background:#e7f3e7;padding:.5em .8em;border-radius:4px}\
 form{display:inline-block;margin-right:.6em}button{font-size:1em;padding:.3em .9em}\
-input[type=text]{width:18em}.empty{color:#555}";
+input[type=text]{width:18em}.empty{color:#555}\
+table{border-collapse:collapse;background:#fff;margin:.4em 0 1em}th,td{border:1px solid #d5d5d0;padding:.25em .6em;text-align:left}";
 
 fn layout(title: &str, body: Markup) -> Markup {
     html! {
@@ -35,6 +36,7 @@ fn layout(title: &str, body: Markup) -> Markup {
                     strong { "Airlock console" }
                     a href="/console/approvals" { "Approvals" }
                     a href="/console/intents" { "Held intents" }
+                    a href="/console/connections" { "Connections" }
                 }
                 main { (body) }
             }
@@ -189,6 +191,64 @@ pub fn intents(
                         }
                     }
                 }
+            }
+        },
+    )
+}
+
+/// How long ago `ms` was, in words.
+fn ago(ms: u64, now: u64) -> String {
+    format!(
+        "{} ago",
+        humantime::format_duration(Duration::from_secs(now.saturating_sub(ms) / 1000))
+    )
+}
+
+/// Connections and mappings as the store last saw them, what waits, and the trace's head
+/// ([`crate::status::read`]).
+pub fn connections(s: &crate::status::Status) -> Markup {
+    let now = s.at_ms;
+    layout(
+        "Connections",
+        html! {
+            h1 { "Connections" }
+            p { "Each connection's state is the one its host last traced (a host that stopped leaves its last state)." }
+            table {
+                thead { tr { th { "connection" } th { "state" } th { "since" } th { "why" } th { "revision" } } }
+                tbody {
+                    @for c in &s.connections {
+                        tr {
+                            td { (c.name) }
+                            td.state { (c.state.as_deref().unwrap_or("not traced")) }
+                            td { @if let Some(at) = c.since_ms { (ago(at, now)) } }
+                            td { (c.reason.as_deref().unwrap_or("")) }
+                            td { (c.revision) }
+                        }
+                    }
+                }
+            }
+            h2 { "Mappings" }
+            table {
+                thead { tr { th { "mapping" } th { "revision" } th { "state" } th { "since" } } }
+                tbody {
+                    @for m in &s.mappings {
+                        tr { td { (m.name) } td { (m.revision) } td { (m.state) } td { (ago(m.since_ms, now)) } }
+                    }
+                }
+            }
+            h2 { "Waiting" }
+            p {
+                a href="/console/approvals" { (s.waiting.approvals_pending) " approval(s) pending" }
+                ", "
+                a href="/console/intents" { (s.waiting.intents_unknown) " intent(s) held" }
+                ", " (s.waiting.intents_prepared) " prepared"
+            }
+            h2 { "Trace" }
+            p {
+                "head #" (s.trace.head_seq)
+                @if let Some(to) = s.trace.archived_to { ", archived up to #" (to) }
+                ", journal backlog " (s.trace.journal_backlog_bytes) " B"
+                @if let Some(c) = &s.trace.last_checkpoint { ", last checkpoint #" (c.seq) " " (ago(c.at_ms, now)) }
             }
         },
     )
