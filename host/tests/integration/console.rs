@@ -234,6 +234,33 @@ async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() 
         assert_eq!(state_of(&d, &id)["state"], "pending");
     }
     assert_eq!(d.sends(), 0);
+    // Hostile input at the boundary: an id that is markup, a form past the limit, an
+    // unknown page, another method.
+    let r = console.post(
+        "/console/approvals/%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+        &cookie,
+        &approve,
+        "",
+    );
+    assert_eq!(r.status, 409, "{r:?}");
+    assert!(!r.body.contains("<script"), "{}", r.body);
+    let big = "x".repeat(20_000);
+    let r = console.post(&decide, &cookie, &[("csrf", &csrf), ("reason", &big)], "");
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.body.contains("16384 bytes"), "{}", r.body);
+    assert_eq!(console.get("/console/nothing", Some(&cookie)).status, 404);
+    assert_eq!(console.get("/elsewhere", Some(&cookie)).status, 404);
+    let put = raw(
+        &console.addr,
+        &format!(
+            "PUT /console/approvals HTTP/1.1\r\nHost: {}\r\nContent-Length: 0",
+            console.addr
+        ),
+        b"",
+    );
+    assert_eq!(put.status, 405, "{put:?}");
+    assert_eq!(put.header("allow"), Some("GET, POST"));
+    assert_eq!(state_of(&d, &id)["state"], "pending");
 
     // Approved in the console, from this origin: recorded with the console's person.
     let r = console.post(
