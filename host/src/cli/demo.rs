@@ -307,6 +307,86 @@ pub async fn run(out: impl std::io::Write) -> Result<()> {
     Ok(())
 }
 
+/// `airlock demo --console`: a delivery host whose delivery waits for a person, and the
+/// console on `addr` to decide it; once decided, the same call again (delivered once, or
+/// asked anew after a denial). Serves until the process is stopped.
+///
+/// # Errors
+/// The host or the console does not start; the demo's calls fail.
+pub async fn console(out: impl std::io::Write, addr: &str) -> Result<()> {
+    let mut p = Printer { out, step: 0 };
+    let state_dir = tempfile::tempdir().context("creating the demo's state folder")?;
+    let (config, _outbox, log) = delivery_config(state_dir.path(), "console", &[])?;
+    let sends = || requests(&log, "send_file");
+    let (host, front) = delivery_host(&config).await?;
+    let call = |name: &'static str, args: Value| front_call(&front, name, args);
+    p.step("a delivery that needs a person")?;
+    let prepared = call(
+        "prepare_artifact",
+        json!({"title": "Q3 report", "media-type": "text/markdown", "content": "# Q3 report\n\nRevenue up, incidents down.\n"}),
+    )
+    .await?;
+    let artifact = prepared.structured_content.clone().unwrap_or_default()["result"]["artifact"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let destinations = call("list_destinations", json!({})).await?;
+    let team = destinations.structured_content.clone().unwrap_or_default()["result"]
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["label"] == "Team reports outbox"))
+        .and_then(|d| d["destination"].as_str())
+        .map(str::to_string)
+        .context("no destination labelled Team reports outbox")?;
+    let args = json!({"artifact": artifact, "destination": team});
+    let asked = call("deliver_artifact", args.clone()).await?;
+    let text = result_text(&asked);
+    let id = text
+        .find("apr_")
+        .map(|at| text[at..at + 28].to_string())
+        .context("no approval request named")?;
+    p.line(format!(
+        "deliver_artifact asked for approval {id}; send_file requests so far: {}",
+        sends()
+    ))?;
+    p.step("decide it in the console (the login link is on stderr)")?;
+    p.out.flush()?;
+    let registry = host.registry().clone();
+    let addr = addr.to_string();
+    let served = tokio::spawn(async move { crate::console::serve(registry, &addr, None).await });
+    let decided = loop {
+        if served.is_finished() {
+            return match served.await {
+                Ok(Err(e)) => Err(e),
+                _ => bail!("the console stopped"),
+            };
+        }
+        let record = host
+            .registry()
+            .store()
+            .approval(&id)?
+            .context("the approval vanished")?;
+        if record.state != crate::store::ApprovalState::Pending {
+            break record;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    p.line(format!(
+        "approval {id} is {} by {}",
+        decided.state,
+        decided.decided_by.as_deref().unwrap_or("?")
+    ))?;
+    p.step("the same call again")?;
+    let again = call("deliver_artifact", args).await?;
+    print_result(&mut p, &again, 8)?;
+    p.line(format!("send_file requests: {}", sends()))?;
+    p.line("the console keeps serving; Ctrl-C stops the demo")?;
+    p.out.flush()?;
+    match served.await {
+        Ok(r) => r,
+        Err(e) => bail!("the console stopped: {e}"),
+    }
+}
+
 /// A note carrying an instruction aimed at the model: retrieved, it arrives inside the
 /// untrusted-data block, line-quoted.
 async fn quoted_instruction_scene<W: std::io::Write>(

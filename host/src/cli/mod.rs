@@ -432,7 +432,19 @@ Example:
     },
     /// Run the embedded default: the bundled notes server and source-library adapter,
     /// driven by an in-process MCP client through the real gateway; prints each step.
-    Demo,
+    #[command(after_help = "\
+With --console, the demo instead leaves a delivery waiting for a person and serves the
+console (README \"Console\") on --addr: open the login link it prints, approve (or deny)
+the delivery in the browser, and the demo makes the same call again and shows it delivered
+once. Stop it with Ctrl-C.")]
+    Demo {
+        /// Leave a pending approval and serve the console to decide it.
+        #[arg(long)]
+        console: bool,
+        /// With --console: the loopback address of the console (port 0 picks one).
+        #[arg(long, value_name = "ADDR", default_value = crate::console::DEFAULT_ADDR, requires = "console")]
+        addr: String,
+    },
     /// Run a bundled fixture MCP server over stdio (used by the demo and tests).
     #[command(hide = true)]
     Fixture {
@@ -1239,7 +1251,7 @@ async fn dispatch(
             json,
         ),
         Command::Pack { manifest, json } => pack(&manifest, json),
-        Command::Demo => demo().await,
+        Command::Demo { console, addr } => demo(console, &addr).await,
         Command::Fixture { which } => fixture(which).await,
     }
 }
@@ -1895,8 +1907,11 @@ fn pack(manifest: &std::path::Path, json: bool) -> Result<()> {
 }
 
 /// `airlock demo`: the embedded default, step by step on stdout.
-async fn demo() -> Result<()> {
+async fn demo(console: bool, addr: &str) -> Result<()> {
     init_logging("error");
+    if console {
+        return crate::cli::demo::console(std::io::stdout(), addr).await;
+    }
     crate::cli::demo::run(std::io::stdout()).await
 }
 

@@ -691,3 +691,76 @@ async fn a_held_intent_is_resolved_once_with_evidence() {
         .expect("traced");
     assert_eq!(event["payload"]["by"], by);
 }
+
+/// `airlock demo --console`: a delivery waits; decided in the console, the demo's repeated
+/// call delivers it once.
+#[test]
+fn the_console_demo_delivers_once_after_the_approval() {
+    use std::sync::{Arc, Mutex};
+    let state = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(airlock_bin())
+        .args(["demo", "--console", "--addr", "127.0.0.1:0"])
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("HOME", state.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let collect = |pipe: Box<dyn std::io::Read + Send>| {
+        let text = Arc::new(Mutex::new(String::new()));
+        let kept = text.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { return };
+                kept.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        text
+    };
+    let out = collect(Box::new(child.stdout.take().unwrap()));
+    let err = collect(Box::new(child.stderr.take().unwrap()));
+    let until = |what: &str, text: &Arc<Mutex<String>>, needle: &str| -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let t = text.lock().unwrap().clone();
+            if t.contains(needle) {
+                return t;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what}:\n{t}\n{}",
+                err.lock().unwrap()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let printed = until("login link", &err, "/console/login?token=");
+    let url = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("airlock: console at http://"))
+        .unwrap()
+        .to_string();
+    let (addr, rest) = url.split_once('/').unwrap();
+    let console = Console {
+        child: std::process::Command::new("true").spawn().unwrap(),
+        addr: addr.to_string(),
+        token: rest.trim_start_matches("console/login?token=").to_string(),
+    };
+    let asked = until("pending approval", &out, "asked for approval apr_");
+    let id = approval_in(&asked);
+    let cookie = console.login();
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    assert!(inbox.body.contains(&id), "{}", inbox.body);
+    let r = console.post(
+        &format!("/console/approvals/{id}"),
+        &cookie,
+        &[("csrf", &csrf_of(&inbox.body)), ("decision", "approve")],
+        "",
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    let done = until("the repeated call", &out, "send_file requests: 1");
+    assert!(done.contains("is approved by"), "{done}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
