@@ -164,6 +164,10 @@ async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() 
 
     let inbox = console.get("/console/approvals", Some(&cookie));
     assert_eq!(inbox.status, 200, "{inbox:?}");
+    assert!(
+        !inbox.body.contains("http-equiv=\"refresh\""),
+        "a page with something to decide never reloads under the person"
+    );
     assert_eq!(
         inbox.header("content-security-policy"),
         Some(
@@ -680,6 +684,13 @@ async fn a_held_intent_is_resolved_once_with_evidence() {
     assert_eq!(again.status, 409, "resolved once: {again:?}");
     assert!(again.body.contains("is completed"), "{}", again.body);
     let after = console.get("/console/intents", Some(&cookie));
+    assert!(
+        after
+            .body
+            .contains("<meta http-equiv=\"refresh\" content=\"5\">"),
+        "an empty page polls for what arrives: {}",
+        after.body
+    );
     assert!(
         !after.body.contains(&format!("id=\"{id}\"")),
         "no longer held"

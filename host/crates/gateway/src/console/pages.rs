@@ -21,12 +21,24 @@ form{display:inline-block;margin-right:.6em}button{font-size:1em;padding:.3em .9
 input[type=text]{width:18em}.empty{color:#555}\
 table{border-collapse:collapse;background:#fff;margin:.4em 0 1em}th,td{border:1px solid #d5d5d0;padding:.25em .6em;text-align:left}";
 
+/// How often a page with nothing to decide reloads itself (seconds): a person waiting
+/// at an empty inbox sees the next request arrive without JavaScript. A page with rows
+/// does not reload (a reason being typed would be lost).
+pub const REFRESH_EMPTY_S: u32 = 5;
+
 fn layout(title: &str, body: Markup) -> Markup {
+    layout_refreshing(title, body, false)
+}
+
+fn layout_refreshing(title: &str, body: Markup, refresh: bool) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
+                @if refresh {
+                    meta http-equiv="refresh" content=(REFRESH_EMPTY_S);
+                }
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " — Airlock console" }
                 link rel="stylesheet" href="/console/console.css";
@@ -80,7 +92,7 @@ pub fn inbox(
     operator: &str,
     notice: Option<&str>,
 ) -> Markup {
-    layout(
+    layout_refreshing(
         "Approvals",
         html! {
             h1 { "Pending approvals" }
@@ -130,6 +142,7 @@ pub fn inbox(
                 }
             }
         },
+        rows.is_empty(),
     )
 }
 
@@ -141,7 +154,7 @@ pub fn intents(
     operator: &str,
     notice: Option<&str>,
 ) -> Markup {
-    layout(
+    layout_refreshing(
         "Held intents",
         html! {
             h1 { "Held intents" }
@@ -193,6 +206,7 @@ pub fn intents(
                 }
             }
         },
+        rows.is_empty(),
     )
 }
 
