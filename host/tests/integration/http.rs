@@ -122,6 +122,26 @@ impl Served {
         format!("http://{}/mcp", self.addr)
     }
 
+    /// Stops the host with `SIGTERM` and waits (at most 30 s) for it to exit.
+    pub(crate) fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "airlock serve --http did not stop on SIGTERM:\n{}",
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The pids of the processes airlock started (its upstream servers).
     fn children(&self) -> Vec<u32> {
         let mut pids = Vec::new();
@@ -139,6 +159,11 @@ impl Served {
 
 /// Starts `airlock serve --config … --http ADDR` and waits for the URL it prints.
 pub(crate) fn serve_http(d: &Deployment, addr: &str) -> Served {
+    serve_http_with(d, addr, &[])
+}
+
+/// Like [`serve_http`], with `extra` arguments after `--http ADDR` (e.g. `--otlp URL`).
+pub(crate) fn serve_http_with(d: &Deployment, addr: &str, extra: &[&str]) -> Served {
     let config = d.write_config();
     let mut child = std::process::Command::new(airlock_bin())
         .arg("serve")
@@ -146,6 +171,7 @@ pub(crate) fn serve_http(d: &Deployment, addr: &str) -> Served {
         .arg(&config)
         .arg("--http")
         .arg(addr)
+        .args(extra)
         .env("AIRLOCK_LOG", "airlock=info")
         .env("AIRLOCK_CACHE_DIR", test_cache_dir())
         .env("AIRLOCK_STATE_DIR", d.state_dir())
