@@ -55,11 +55,14 @@ pub const EXPORT_BATCH: usize = 1_024;
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The OTLP/HTTP traces URL for `[telemetry] otlp`: a URL without a path (or `/`) is a
-/// collector's base (`http://127.0.0.1:4318`) and gains `/v1/traces`, as
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` does; any other path is the traces URL itself.
+/// collector's base (`http://127.0.0.1:4318`) and gains `/v1/traces` (before its query,
+/// if it has one), as `OTEL_EXPORTER_OTLP_ENDPOINT` does; any other path is the traces
+/// URL itself. Credentials in the URL (`user:password@`) are refused: the endpoint is
+/// logged when the host starts, and a collector's token belongs in
+/// `OTEL_EXPORTER_OTLP_HEADERS`.
 ///
 /// # Errors
-/// Not an `http://` or `https://` URL with a host.
+/// Not an `http://` or `https://` URL with a host, or a URL with credentials.
 pub fn traces_url(text: &str) -> Result<String> {
     let bad = || {
         anyhow::anyhow!(
@@ -72,11 +75,21 @@ pub fn traces_url(text: &str) -> Result<String> {
         Some("http" | "https") => {}
         _ => return Err(bad()),
     }
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(bad());
+    };
     if uri.host().is_none_or(str::is_empty) {
         return Err(bad());
     }
-    Ok(match uri.path() {
-        "" | "/" => format!("{}/v1/traces", text.trim_end_matches('/')),
+    // Never quoted back: the URL's credentials would be in the message.
+    if authority.as_str().contains('@') {
+        anyhow::bail!(
+            "OTLP endpoint: a URL with credentials (user:password@host) is refused, as the endpoint is logged; give a collector's token in OTEL_EXPORTER_OTLP_HEADERS"
+        );
+    }
+    Ok(match (uri.path(), uri.query()) {
+        ("" | "/", None) => format!("{scheme}://{authority}/v1/traces"),
+        ("" | "/", Some(query)) => format!("{scheme}://{authority}/v1/traces?{query}"),
         _ => text.to_string(),
     })
 }
@@ -408,6 +421,24 @@ mod tests {
             traces_url("https://collector.example/otlp/v1/traces").unwrap(),
             "https://collector.example/otlp/v1/traces"
         );
+        // A base's query stays a query: the path goes before it.
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318?tenant=a").unwrap(),
+            "http://127.0.0.1:4318/v1/traces?tenant=a"
+        );
+        assert_eq!(
+            traces_url("http://[::1]:4318/?tenant=a").unwrap(),
+            "http://[::1]:4318/v1/traces?tenant=a"
+        );
+        // Credentials are refused, and never quoted back.
+        for with_credentials in [
+            "http://user:s3cret@collector:4318",
+            "https://user:s3cret@collector.example/v1/traces",
+        ] {
+            let e = traces_url(with_credentials).unwrap_err().to_string();
+            assert!(e.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
         for bad in [
             "127.0.0.1:4318",
             "ftp://x/",
