@@ -519,12 +519,15 @@ fn a_legacy_http_session_is_recorded_by_the_digest_of_its_id_never_the_id() {
         .header("mcp-session-id")
         .expect("a session id")
         .to_string();
+    // A request id of the client's choosing, long: answered whole, recorded clipped.
+    let long_id = "L".repeat(5000);
     let r = post(
         Some(&id),
         TB,
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}),
+        json!({"jsonrpc": "2.0", "id": long_id, "method": "tools/list", "params": {}}),
     );
     assert!(r.message()["result"]["tools"].is_array(), "{r:?}");
+    assert_eq!(r.message()["id"], long_id.as_str());
     let r = post(
         Some(&id),
         TC,
@@ -555,6 +558,12 @@ fn a_legacy_http_session_is_recorded_by_the_digest_of_its_id_never_the_id() {
     );
     let listed = only(&spans, TB, otlp::SERVER);
     assert_eq!(listed.name, "tools/list");
+    let recorded = listed.attr("jsonrpc.request.id").unwrap();
+    assert!(
+        recorded.starts_with("LLLL") && recorded.chars().count() <= 65,
+        "a client's id is clipped to 64 characters: {} characters",
+        recorded.chars().count()
+    );
     assert_eq!(listed.attr("mcp.protocol.version"), Some("2025-11-25"));
     let called = only(&spans, TC, otlp::SERVER);
     assert_eq!(called.name, "tools/call search_sources");

@@ -51,6 +51,9 @@ pub const QUEUE_SPANS: usize = 16_384;
 pub const EXPORT_EVERY: Duration = Duration::from_secs(1);
 /// The most spans in one export request.
 pub const EXPORT_BATCH: usize = 1_024;
+/// The most characters of a client's JSON-RPC request id a server span records (the id
+/// is the client's choice: a string of any length).
+pub const REQUEST_ID_CHARS: usize = 64;
 /// How long one export request may take.
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -65,9 +68,14 @@ pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Not an `http://` or `https://` URL with a host, or a URL with credentials.
 pub fn traces_url(text: &str) -> Result<String> {
     let bad = || {
+        // A value with an `@` may hold credentials: it is not quoted back.
+        let shown = if text.contains('@') {
+            "(not shown: it contains an @)".to_string()
+        } else {
+            format!("`{}`", airlock_core::text::safe(text, 200))
+        };
         anyhow::anyhow!(
-            "OTLP endpoint `{}`: expected an http:// or https:// URL such as http://127.0.0.1:4318 (a collector's OTLP/HTTP port; /v1/traces is added) or http://collector:4318/v1/traces",
-            airlock_core::text::safe(text, 200)
+            "OTLP endpoint {shown}: expected an http:// or https:// URL such as http://127.0.0.1:4318 (a collector's OTLP/HTTP port; /v1/traces is added) or http://collector:4318/v1/traces"
         )
     };
     let uri: http::Uri = text.parse().map_err(|_| bad())?;
@@ -167,7 +175,11 @@ impl Spans {
         let parent = parent(request.meta, request.headers);
         let mut attributes = Vec::with_capacity(6);
         attributes.push(KeyValue::new("mcp.method.name", request.method));
-        attributes.push(KeyValue::new("jsonrpc.request.id", request.request_id));
+        // The client chooses the id: at most REQUEST_ID_CHARS of it, escaped.
+        attributes.push(KeyValue::new(
+            "jsonrpc.request.id",
+            airlock_core::text::safe(&request.request_id, REQUEST_ID_CHARS),
+        ));
         attributes.push(KeyValue::new("network.transport", request.transport));
         if let Some(p) = request.protocol {
             attributes.push(KeyValue::new("mcp.protocol.version", p.to_string()));
@@ -437,6 +449,15 @@ mod tests {
         ] {
             let e = traces_url(with_credentials).unwrap_err().to_string();
             assert!(e.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        // Refused for another reason, still not quoted back.
+        for malformed in [
+            "ftp://user:s3cret@collector:4318",
+            "user:s3cret@collector:4318",
+        ] {
+            let e = traces_url(malformed).unwrap_err().to_string();
+            assert!(e.contains("expected an http"), "{e}");
             assert!(!e.contains("s3cret"), "{e}");
         }
         for bad in [
