@@ -321,29 +321,7 @@ pub async fn console(out: impl std::io::Write, addr: &str) -> Result<()> {
     let (host, front) = delivery_host(&config).await?;
     let call = |name: &'static str, args: Value| front_call(&front, name, args);
     p.step("a delivery that needs a person")?;
-    let prepared = call(
-        "prepare_artifact",
-        json!({"title": "Q3 report", "media-type": "text/markdown", "content": "# Q3 report\n\nRevenue up, incidents down.\n"}),
-    )
-    .await?;
-    let artifact = prepared.structured_content.clone().unwrap_or_default()["result"]["artifact"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let destinations = call("list_destinations", json!({})).await?;
-    let team = destinations.structured_content.clone().unwrap_or_default()["result"]
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["label"] == "Team reports outbox"))
-        .and_then(|d| d["destination"].as_str())
-        .map(str::to_string)
-        .context("no destination labelled Team reports outbox")?;
-    let args = json!({"artifact": artifact, "destination": team});
-    let asked = call("deliver_artifact", args.clone()).await?;
-    let text = result_text(&asked);
-    let id = text
-        .find("apr_")
-        .map(|at| text[at..at + 28].to_string())
-        .context("no approval request named")?;
+    let (args, id) = ask_to_deliver(&front, "Q3 report").await?;
     p.line(format!(
         "deliver_artifact asked for approval {id}; send_file requests so far: {}",
         sends()
@@ -1068,6 +1046,36 @@ fn delivery_config(
     Ok((config, outbox, log))
 }
 
+/// Prepares an artifact titled `title` on `front` and asks to deliver it to the team
+/// reports outbox: returns the delivery's arguments and the approval request it named.
+async fn ask_to_deliver(front: &crate::front::McpFront, title: &str) -> Result<(Value, String)> {
+    let prepared = front_call(
+        front,
+        "prepare_artifact",
+        json!({"title": title, "media-type": "text/markdown", "content": format!("# {title}\n")}),
+    )
+    .await?;
+    let artifact = prepared.structured_content.clone().unwrap_or_default()["result"]["artifact"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let destinations = front_call(front, "list_destinations", json!({})).await?;
+    let team = destinations.structured_content.clone().unwrap_or_default()["result"]
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["label"] == "Team reports outbox"))
+        .and_then(|d| d["destination"].as_str())
+        .map(str::to_string)
+        .context("no team reports destination")?;
+    let args = json!({"artifact": artifact, "destination": team});
+    let asked = front_call(front, "deliver_artifact", args.clone()).await?;
+    let text = result_text(&asked);
+    let id = text
+        .find("apr_")
+        .map(|at| text[at..at + 28].to_string())
+        .context("no approval request named")?;
+    Ok((args, id))
+}
+
 /// A delivery whose answer is lost: the delivery server delivers, then exits before
 /// answering. The host records the outcome as unknown, restarts the connection, asks the
 /// contract's query with the intent's idempotency key, and reports what it found; nothing
@@ -1081,29 +1089,7 @@ async fn lost_answer_scene<W: std::io::Write>(
     let (host, front) = delivery_host(&config).await?;
     let call = |name: &'static str, args: Value| front_call(&front, name, args);
     p.line("the delivery server now runs with --fail-after-send: it delivers, then exits before answering")?;
-    let prepared = call(
-        "prepare_artifact",
-        json!({"title": "Q4 plan", "media-type": "text/markdown", "content": "# Q4 plan\n"}),
-    )
-    .await?;
-    let artifact = prepared.structured_content.clone().unwrap_or_default()["result"]["artifact"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let destinations = call("list_destinations", json!({})).await?;
-    let team = destinations.structured_content.clone().unwrap_or_default()["result"]
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["label"] == "Team reports outbox"))
-        .and_then(|d| d["destination"].as_str())
-        .map(str::to_string)
-        .context("no team reports destination")?;
-    let args = json!({"artifact": artifact, "destination": team});
-    let asked = call("deliver_artifact", args.clone()).await?;
-    let text = result_text(&asked);
-    let id = text
-        .find("apr_")
-        .map(|at| text[at..at + 28].to_string())
-        .context("no approval request named")?;
+    let (args, id) = ask_to_deliver(&front, "Q4 plan").await?;
     crate::cli::approvals::decide(
         host.registry(),
         &id,

@@ -111,17 +111,13 @@ fn csrf_of(page: &str) -> String {
     page[at..at + 64].to_string()
 }
 
-fn state_of(d: &Deployment, id: &str) -> Value {
-    d.airlock_json(&["approvals", "show", id])
-}
-
-#[tokio::test]
-async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() {
-    let d = approvals_deployment();
-    d.approve_all();
-    let client = d.serve_profile("publisher", ()).await;
+/// An artifact titled [`HOSTILE`] asked to be delivered to the team reports outbox on
+/// `client`: the artifact, the destination and the approval request that waits.
+async fn pending_delivery(
+    client: &rmcp::service::RunningService<rmcp::service::RoleClient, ()>,
+) -> (String, String, String) {
     let prepared = call(
-        &client,
+        client,
         "prepare_artifact",
         json!({"title": HOSTILE, "media-type": "text/plain", "content": "quarterly\n"}),
     )
@@ -132,11 +128,24 @@ async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() 
         .as_str()
         .unwrap()
         .to_string();
-    let (_, team) = crate::approvals::prepared(&client, "team-reports").await;
-    let asked = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+    let (_, team) = crate::approvals::prepared(client, "team-reports").await;
+    let asked = call(client, "deliver_artifact", deliver_args(&artifact, &team))
         .await
         .unwrap();
     let id = approval_in(&assert_refused(&asked, Category::ApprovalRequired));
+    (artifact, team, id)
+}
+
+fn state_of(d: &Deployment, id: &str) -> Value {
+    d.airlock_json(&["approvals", "show", id])
+}
+
+#[tokio::test]
+async fn the_inbox_approves_once_denies_and_refuses_what_is_not_this_sessions() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let (artifact, team, id) = pending_delivery(&client).await;
 
     let console = Console::start(&d);
     // Nothing without the login; a wrong token is refused and spends nothing.
@@ -458,22 +467,7 @@ async fn a_person_approves_in_a_real_browser_and_another_site_cannot() {
     let d = approvals_deployment();
     d.approve_all();
     let client = d.serve_profile("publisher", ()).await;
-    let prepared = call(
-        &client,
-        "prepare_artifact",
-        json!({"title": HOSTILE, "media-type": "text/plain", "content": "quarterly\n"}),
-    )
-    .await
-    .unwrap();
-    let artifact = prepared.structured_content.unwrap()["result"]["artifact"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (_, team) = crate::approvals::prepared(&client, "team-reports").await;
-    let asked = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
-        .await
-        .unwrap();
-    let id = approval_in(&assert_refused(&asked, Category::ApprovalRequired));
+    let (artifact, team, id) = pending_delivery(&client).await;
     let console = Console::start(&d);
     let browser = Browser::start().await;
     let b = &browser.client;

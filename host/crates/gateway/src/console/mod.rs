@@ -217,11 +217,7 @@ impl Console {
 
     /// `GET /console/login?token=…`: spends the one-time token for a session cookie.
     fn login(&self, query: Option<&str>) -> Response<Body> {
-        let offered = query
-            .into_iter()
-            .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
-            .find(|(k, _)| k == "token")
-            .map(|(_, v)| v.into_owned());
+        let offered = query_value(query, "token");
         let mut login = self.login.lock().unwrap_or_else(|e| e.into_inner());
         let valid = match (&*login, &offered) {
             (Some(expected), Some(given)) => same_secret(expected, given),
@@ -295,11 +291,7 @@ impl Console {
                 .unwrap_or_else(|e| Some(format!("could not check against the trace: {e:#}")));
             rows.push((r, tampered));
         }
-        let notice = query
-            .into_iter()
-            .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
-            .find(|(k, _)| k == "done")
-            .map(|(_, v)| v.into_owned());
+        let notice = query_value(query, "done");
         page(
             StatusCode::OK,
             pages::inbox(&rows, now, &session.csrf, &self.operator, notice.as_deref()),
@@ -330,14 +322,10 @@ impl Console {
             Duration::ZERO
         };
         match crate::decisions::decide(&self.registry, id, decision, &self.operator, reason, ttl) {
-            Ok(r) => {
-                let done = format!("{} {}", r.id, r.state_at(crate::store::now_ms()));
-                let target = format!(
-                    "{PREFIX}/approvals?done={}",
-                    form_urlencoded::byte_serialize(done.as_bytes()).collect::<String>()
-                );
-                redirect(&target)
-            }
+            Ok(r) => done(
+                "approvals",
+                &format!("{} {}", r.id, r.state_at(crate::store::now_ms())),
+            ),
             Err(e) => page(
                 StatusCode::CONFLICT,
                 pages::message("Not decided", &format!("{e:#}")),
@@ -401,13 +389,7 @@ impl Console {
         let evidence = form.get("evidence").map(String::as_str).unwrap_or("");
         match crate::decisions::resolve_intent(&self.registry, id, state, &self.operator, evidence)
         {
-            Ok(r) => {
-                let done = format!("{} {}", r.intent.id, r.state.as_str());
-                redirect(&format!(
-                    "{PREFIX}/intents?done={}",
-                    form_urlencoded::byte_serialize(done.as_bytes()).collect::<String>()
-                ))
-            }
+            Ok(r) => done("intents", &format!("{} {}", r.intent.id, r.state.as_str())),
             Err(e) => page(
                 StatusCode::CONFLICT,
                 pages::message("Not resolved", &format!("{e:#}")),
@@ -503,6 +485,14 @@ fn page(status: StatusCode, html: maud::Markup) -> Response<Body> {
         HeaderValue::from_static("text/html; charset=utf-8"),
     );
     secure(r)
+}
+
+/// Back to the console page `page` after a decision, which shows `what` was done.
+fn done(page: &str, what: &str) -> Response<Body> {
+    redirect(&format!(
+        "{PREFIX}/{page}?done={}",
+        form_urlencoded::byte_serialize(what.as_bytes()).collect::<String>()
+    ))
 }
 
 /// `303 See Other` to `to` (after a form post, a reload does not post again).
