@@ -154,10 +154,7 @@ impl Console {
                             }
                             page(StatusCode::OK, pages::connections(&s))
                         }
-                        Err(e) => page(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            pages::message("Store unavailable", &format!("{e:#}")),
-                        ),
+                        Err(e) => store_unavailable(&e),
                     }
                 }
                 None => not_logged_in(),
@@ -276,10 +273,7 @@ impl Console {
         let listed = match store.approvals(Some(ApprovalState::Pending), PAGE) {
             Ok(l) => l,
             Err(e) => {
-                return page(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    pages::message("Store unavailable", &format!("{e:#}")),
-                );
+                return store_unavailable(&e);
             }
         };
         let mut rows = Vec::new();
@@ -349,10 +343,7 @@ impl Console {
         let listed = match listed {
             Ok(l) => l,
             Err(e) => {
-                return page(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    pages::message("Store unavailable", &format!("{e:#}")),
-                );
+                return store_unavailable(&e);
             }
         };
         let mut rows = Vec::new();
@@ -502,6 +493,14 @@ fn redirect(to: &str) -> Response<Body> {
         r.headers_mut().insert(header::LOCATION, v);
     }
     r
+}
+
+/// `500` with what the store said.
+fn store_unavailable(e: &anyhow::Error) -> Response<Body> {
+    page(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        pages::message("Store unavailable", &format!("{e:#}")),
+    )
 }
 
 fn not_logged_in() -> Response<Body> {
