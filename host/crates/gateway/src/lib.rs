@@ -12,7 +12,10 @@
 //! - [`config`]: the serve configuration (TOML), parsed and checked whole.
 //! - [`shutdown`]: stopping a serving host — signals, draining calls in flight, stopping
 //!   every upstream process group.
-//! - [`metrics`]: Prometheus metrics with bounded labels.
+//! - [`metrics`]: Prometheus metrics with bounded labels; [`telemetry`]: OpenTelemetry
+//!   spans with the MCP trace context on both hops; [`status`]: what the store says now.
+//! - [`decisions`]: a person's decisions (approvals, intent resolutions), one
+//!   implementation for the CLI and the [`console`], the operator's web pages.
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
 //!
 //! The rule this crate enforces is the call's: only a policy-approved request reaches an
