@@ -247,7 +247,7 @@ async fn without_a_query_an_unknown_delivery_is_held_for_a_person_and_never_retr
     ]);
     assert!(!blank.status.success(), "blank evidence is no evidence");
     let stderr = String::from_utf8_lossy(&blank.stderr);
-    assert!(stderr.contains("--evidence is required"), "{stderr}");
+    assert!(stderr.contains("evidence is required"), "{stderr}");
     assert_eq!(intents(&d, "unknown").len(), 1, "still held");
     let resolved = d.airlock_json(&[
         "intents",

@@ -138,10 +138,10 @@ pub fn resolve_intent(
     evidence: &str,
 ) -> Result<IntentRecord> {
     if !matches!(state, IntentState::Completed | IntentState::Failed) {
-        bail!("--as takes `completed` (it happened) or `failed` (it did not happen)");
+        bail!("an intent is resolved as `completed` (it happened) or `failed` (it did not happen)");
     }
     if evidence.trim().is_empty() {
-        bail!("--evidence is required: say what you saw upstream that decides it");
+        bail!("evidence is required: say what you saw upstream that decides it");
     }
     let store = registry.store();
     let record = store
