@@ -274,6 +274,14 @@ impl Approvals for NoCallTrace {
     ) -> anyhow::Result<Vec<airlock::store::ApprovalRecord>> {
         self.0.approvals(state, limit)
     }
+    fn approvals_after(
+        &self,
+        state: Option<airlock::store::ApprovalState>,
+        after: Option<(u64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<airlock::store::ApprovalRecord>> {
+        self.0.approvals_after(state, after, limit)
+    }
     fn find_approval(
         &self,
         b: &ReceiptBinding,

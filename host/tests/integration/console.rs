@@ -769,3 +769,64 @@ fn the_console_demo_delivers_once_after_the_approval() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// More pending approvals than one page: the inbox shows the newest
+/// [`airlock::console::PAGE`] and a link to the older ones, which lists the rest; no
+/// approval is on both pages or on neither.
+#[tokio::test]
+async fn the_inbox_pages_through_more_than_one_page() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let (_, team) = crate::approvals::prepared(&client, "team-reports").await;
+    let total = airlock::console::PAGE + 3;
+    let mut asked = std::collections::BTreeSet::new();
+    for n in 0..total {
+        let prepared = call(
+            &client,
+            "prepare_artifact",
+            json!({"title": format!("report {n}"), "media-type": "text/plain", "content": format!("{n}\n")}),
+        )
+        .await
+        .unwrap();
+        let artifact = prepared.structured_content.unwrap()["result"]["artifact"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let r = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+            .await
+            .unwrap();
+        asked.insert(approval_in(&assert_refused(&r, Category::ApprovalRequired)));
+    }
+    assert_eq!(asked.len(), total);
+    let console = Console::start(&d);
+    let cookie = console.login();
+    let ids = |body: &str| -> Vec<String> {
+        body.match_indices("<section class=\"approval\" id=\"")
+            .map(|(at, m)| body[at + m.len()..at + m.len() + 28].to_string())
+            .collect()
+    };
+    let first = console.get("/console/approvals", Some(&cookie));
+    let first_ids = ids(&first.body);
+    assert_eq!(first_ids.len(), airlock::console::PAGE);
+    let at = first
+        .body
+        .find("/console/approvals?after=")
+        .expect("a link to older requests");
+    let link = &first.body[at..first.body[at..].find('"').unwrap() + at];
+    let second = console.get(link, Some(&cookie));
+    assert_eq!(second.status, 200, "{second:?}");
+    let second_ids = ids(&second.body);
+    assert_eq!(second_ids.len(), 3, "{}", second.body);
+    assert!(
+        !second.body.contains("?after="),
+        "the last page links nowhere"
+    );
+    let seen: std::collections::BTreeSet<String> =
+        first_ids.into_iter().chain(second_ids).collect();
+    assert_eq!(seen, asked, "every pending approval on exactly one page");
+    // A cursor that does not parse is the first page.
+    let bad = console.get("/console/approvals?after=not-a-cursor", Some(&cookie));
+    assert_eq!(ids(&bad.body).len(), airlock::console::PAGE);
+    client.cancel().await.unwrap();
+}

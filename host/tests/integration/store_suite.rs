@@ -695,6 +695,41 @@ both! {
         assert_eq!(db.count("intents"), 1);
     }
 
+    fn approvals_page_without_skipping_or_repeating(db, store) {
+        // Seven pending (several share a millisecond: the id breaks the tie), one denied.
+        let mut made = Vec::new();
+        for n in 0..8 {
+            let mut r = request(ApprovalMode::OutOfBand, 60_000);
+            r.binding.args_digest = format!("{n:064x}");
+            made.push(store.create_approval(&r, vec![]).unwrap().id);
+            if n % 3 == 2 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        }
+        store.decide_approval(&made[4], ApprovalDecision::Deny, "bob", None, 0, vec![]).unwrap();
+        let whole: Vec<String> = store.approvals(Some(ApprovalState::Pending), 100).unwrap().into_iter().map(|a| a.id).collect();
+        assert_eq!(whole.len(), 7);
+        let mut paged = Vec::new();
+        let mut after: Option<(u64, String)> = None;
+        for round in 0.. {
+            assert!(round < 5, "the pages never end: {paged:?}");
+            let page = store
+                .approvals_after(Some(ApprovalState::Pending), after.as_ref().map(|(ms, id)| (*ms, id.as_str())), 3)
+                .unwrap();
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.len() <= 3);
+            let last = page.last().unwrap();
+            after = Some((last.created_ms, last.id.clone()));
+            paged.extend(page.into_iter().map(|a| a.id));
+        }
+        assert_eq!(paged, whole, "pages of 3 are the whole list, in order");
+        // A cursor past everything is an empty page; the first page is the list's head.
+        assert!(store.approvals_after(None, Some((0, "")), 10).unwrap().is_empty());
+        assert_eq!(store.approvals_after(None, None, 2).unwrap().len(), 2);
+    }
+
     fn approval_states_move_one_way_and_expire_on_the_host_clock(db, store) {
         let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
         store.decide_approval(&a.id, ApprovalDecision::Deny, "bob", Some("no"), 0, vec![]).unwrap();

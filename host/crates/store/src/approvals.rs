@@ -567,16 +567,24 @@ impl SqliteStore {
     pub(super) fn approvals_impl(
         &self,
         state: Option<ApprovalState>,
+        after: Option<(u64, &str)>,
         limit: usize,
     ) -> anyhow::Result<Vec<ApprovalRecord>> {
         let conn = self.lock();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (after_ms, after_id) = match after {
+            Some((ms, id)) => (Some(i64::try_from(ms).unwrap_or(i64::MAX)), Some(id)),
+            None => (None, None),
+        };
         let mut stmt = conn.prepare(&format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE ?1 IS NULL OR state = ?1 ORDER BY created_ms DESC, id LIMIT ?2"
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE (?1 IS NULL OR state = ?1) \
+             AND (?2 IS NULL OR created_ms < ?2 OR (created_ms = ?2 AND id > ?3)) \
+             ORDER BY created_ms DESC, id LIMIT ?4"
         ))?;
-        stmt.query_map(params![state.map(|s| s.as_str()), limit], |r| {
-            rows::approval(r)
-        })?
+        stmt.query_map(
+            params![state.map(|s| s.as_str()), after_ms, after_id, limit],
+            |r| rows::approval(r),
+        )?
         .collect::<rusqlite::Result<_>>()
         .with_context(|| self.context("listing approvals"))
     }

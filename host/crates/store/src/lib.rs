@@ -1263,6 +1263,18 @@ pub trait Approvals: Send + Sync {
         limit: usize,
     ) -> anyhow::Result<Vec<ApprovalRecord>>;
 
+    /// The next page of [`Approvals::approvals`] (same order: `created_ms` descending, then
+    /// `id`): those after `after`, the `(created_ms, id)` of the last approval of the page
+    /// before (exclusive; `None`: the first page), at most `limit`. A page boundary never
+    /// skips or repeats an approval, whatever is created meanwhile (newer ones are on
+    /// earlier pages).
+    fn approvals_after(
+        &self,
+        state: Option<ApprovalState>,
+        after: Option<(u64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>>;
+
     /// The newest pending or approved request with the same requester, session, capability
     /// and arguments digest as `binding` (other fields may differ: the caller reports them).
     fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>>;
@@ -2824,7 +2836,16 @@ impl Approvals for SqliteStore {
         state: Option<ApprovalState>,
         limit: usize,
     ) -> anyhow::Result<Vec<ApprovalRecord>> {
-        self.approvals_impl(state, limit)
+        self.approvals_impl(state, None, limit)
+    }
+
+    fn approvals_after(
+        &self,
+        state: Option<ApprovalState>,
+        after: Option<(u64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        self.approvals_impl(state, after, limit)
     }
 
     fn find_approval(&self, binding: &ReceiptBinding) -> anyhow::Result<Option<ApprovalRecord>> {

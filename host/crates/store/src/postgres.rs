@@ -2488,15 +2488,27 @@ impl Approvals for PostgresStore {
         state: Option<ApprovalState>,
         limit: usize,
     ) -> anyhow::Result<Vec<ApprovalRecord>> {
+        self.approvals_after(state, None, limit)
+    }
+
+    fn approvals_after(
+        &self,
+        state: Option<ApprovalState>,
+        after: Option<(u64, &str)>,
+        limit: usize,
+    ) -> anyhow::Result<Vec<ApprovalRecord>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let state = state.map(|s| s.as_str());
+        let after_ms = after.map(|(ms, _)| i64::try_from(ms).unwrap_or(i64::MAX));
+        let after_id = after.map(|(_, id)| id.to_string());
         self.read("listing approvals", async |c| {
             c.query(
                 &format!(
-                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE $1::text IS NULL OR state = $1 \
-                     ORDER BY created_ms DESC, id LIMIT $2"
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE ($1::text IS NULL OR state = $1) \
+                     AND ($2::bigint IS NULL OR created_ms < $2 OR (created_ms = $2 AND id > $3::text)) \
+                     ORDER BY created_ms DESC, id LIMIT $4"
                 ),
-                &[&state, &limit],
+                &[&state, &after_ms, &after_id, &limit],
             )
             .await
             .map_err(db)?

@@ -266,16 +266,27 @@ impl Console {
             .map(|(_, s)| s.clone())
     }
 
-    /// `GET /console/approvals`: the pending approvals the trace proves, newest first.
+    /// `GET /console/approvals[?after=MS.ID]`: the pending approvals the trace proves,
+    /// newest first, [`PAGE`] at a time; `after` (the page before's last `created_ms` and
+    /// id) is the next page's start. An `after` that does not parse is the first page.
     fn inbox(&self, session: &Session, query: Option<&str>) -> Response<Body> {
         let now = crate::store::now_ms();
         let store = self.registry.store();
-        let listed = match store.approvals(Some(ApprovalState::Pending), PAGE) {
+        let after = query_value(query, "after");
+        let after = after.as_deref().and_then(|a| {
+            let (ms, id) = a.split_once('.')?;
+            Some((ms.parse::<u64>().ok()?, id))
+        });
+        let listed = match store.approvals_after(Some(ApprovalState::Pending), after, PAGE) {
             Ok(l) => l,
             Err(e) => {
                 return store_unavailable(&e);
             }
         };
+        // A full page may have a next one: it starts after the last approval read.
+        let next = (listed.len() == PAGE)
+            .then(|| listed.last().map(|r| format!("{}.{}", r.created_ms, r.id)))
+            .flatten();
         let mut rows = Vec::new();
         for r in listed {
             if r.state_at(now) != ApprovalState::Pending {
@@ -288,7 +299,14 @@ impl Console {
         let notice = query_value(query, "done");
         page(
             StatusCode::OK,
-            pages::inbox(&rows, now, &session.csrf, &self.operator, notice.as_deref()),
+            pages::inbox(
+                &rows,
+                now,
+                &session.csrf,
+                &self.operator,
+                notice.as_deref(),
+                next.as_deref(),
+            ),
         )
     }
 

@@ -84,13 +84,15 @@ fn until(ms: u64, now: u64) -> String {
 }
 
 /// The approvals inbox: each pending approval with exactly what approving it lets happen,
-/// and the forms that decide it (`tampered` rows are shown, never decidable).
+/// and the forms that decide it (`tampered` rows are shown, never decidable); `next`: the
+/// `after` of the next page, when there may be one.
 pub fn inbox(
     rows: &[(ApprovalRecord, Option<String>)],
     now: u64,
     csrf: &str,
     operator: &str,
     notice: Option<&str>,
+    next: Option<&str>,
 ) -> Markup {
     layout_refreshing(
         "Approvals",
@@ -141,8 +143,11 @@ pub fn inbox(
                     }
                 }
             }
+            @if let Some(after) = next {
+                p { a.next href={ "/console/approvals?after=" (after) } { "Older requests →" } }
+            }
         },
-        rows.is_empty(),
+        rows.is_empty() && next.is_none(),
     )
 }
 
