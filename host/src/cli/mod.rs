@@ -247,8 +247,8 @@ Example:
         json: bool,
     },
     /// The operator console: web pages where a person decides what waits for a person
-    /// (this release: the approvals inbox). Reads and writes the same store as the CLI,
-    /// beside a serving host or without one.
+    /// (this release: the approvals inbox, held intents, connections). Reads and writes
+    /// the same store as the CLI, beside a serving host or without one.
     #[command(after_help = "\
 The console binds a loopback address only and prints a login link with a one-time
 token to stderr: open it once in a browser on this machine (it sets an HttpOnly,
@@ -430,13 +430,16 @@ Example:
         #[arg(long)]
         json: bool,
     },
-    /// Run the embedded default: the bundled notes server and source-library adapter,
-    /// driven by an in-process MCP client through the real gateway; prints each step.
+    /// Run the embedded default: the bundled notes server and source-library adapter, then
+    /// the delivery fixture under the example policy (a denial, an approval, a delivery
+    /// once) and an operator's own contract (an edit approved, done once, undone), driven
+    /// by an in-process MCP client through the real gateway; prints each step.
     #[command(after_help = "\
 With --console, the demo instead leaves a delivery waiting for a person and serves the
 console (README \"Console\") on --addr: open the login link it prints, approve (or deny)
 the delivery in the browser, and the demo makes the same call again and shows it delivered
-once. Stop it with Ctrl-C.")]
+once. Stop it with Ctrl-C. Either way the demo keeps its state in a temporary folder
+(--state-dir does not apply).")]
     Demo {
         /// Leave a pending approval and serve the console to decide it.
         #[arg(long)]
@@ -509,13 +512,37 @@ struct ServeArgs {
     /// [telemetry] otlp. Spans follow the client's trace context (params._meta
     /// traceparent, or the HTTP traceparent header) and carry it on to the upstream
     /// servers. See README.md ("Observability").
-    #[arg(long, value_name = "URL", value_parser = parse_otlp)]
+    #[arg(long, value_name = "URL", value_parser = OtlpUrl)]
     otlp: Option<String>,
 }
 
-/// `--otlp URL`, checked as `[telemetry] otlp` is.
-fn parse_otlp(text: &str) -> Result<String> {
-    crate::telemetry::traces_url(text)
+/// `--otlp URL`, checked as `[telemetry] otlp` is. Its own parser (not a function one):
+/// clap would quote the refused value back, and a URL with `user:password@` is refused
+/// precisely so that its password is printed nowhere.
+#[derive(Clone)]
+struct OtlpUrl;
+
+impl clap::builder::TypedValueParser for OtlpUrl {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> std::result::Result<String, clap::Error> {
+        let refused = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("--otlp: {why}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value
+            .to_str()
+            .ok_or_else(|| refused("the URL is not UTF-8".into()))?;
+        crate::telemetry::traces_url(text).map_err(|e| refused(format!("{e:#}")))
+    }
 }
 
 /// The `[telemetry]` settings given on the command line (`--metrics`, `--otlp`), which

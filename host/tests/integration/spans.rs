@@ -687,6 +687,22 @@ fn a_malformed_otlp_endpoint_is_refused_before_anything_starts() {
             );
         }
     }
+    // Credentials are refused and never printed, even as the refused value.
+    let mut cmd = std::process::Command::new(airlock_bin());
+    cmd.arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .args(["--otlp", "http://user:s3cretPW@collector:4318"])
+        .env("AIRLOCK_CACHE_DIR", test_cache_dir())
+        .env("AIRLOCK_STATE_DIR", d.state_dir());
+    let out = output_within(&mut cmd, std::time::Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{stderr}");
+    assert!(
+        !stderr.contains("s3cretPW"),
+        "the password is printed: {stderr}"
+    );
     let configured = Deployment::with_notes()
         .mapping("source-library")
         .tables("[telemetry]\notlp = \"127.0.0.1:4318\"\n");

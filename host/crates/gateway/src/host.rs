@@ -115,7 +115,9 @@ impl Host {
         let spans = match &live.config().telemetry.otlp {
             Some(url) => {
                 let spans = crate::telemetry::Spans::start(url, &instance)?;
-                tracing::info!(%url, "exporting OpenTelemetry spans (OTLP/HTTP)");
+                // Without its query: a collector's token may ride there.
+                let shown = url.split(['?', '#']).next().unwrap_or_default();
+                tracing::info!(url = %shown, "exporting OpenTelemetry spans (OTLP/HTTP)");
                 Some(Arc::new(spans))
             }
             None => None,

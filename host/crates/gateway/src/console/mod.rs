@@ -225,7 +225,7 @@ impl Console {
                 StatusCode::FORBIDDEN,
                 pages::message(
                     "Login refused",
-                    "This login link is wrong or was already used. Each `airlock console` prints one login link, usable once; restart it for a new one.",
+                    "This login link is wrong or was already used. A console (airlock console, or airlock demo --console) prints one login link when it starts, usable once; start it again for a new one.",
                 ),
             );
         }
@@ -526,7 +526,7 @@ fn not_logged_in() -> Response<Body> {
         StatusCode::UNAUTHORIZED,
         pages::message(
             "Log in first",
-            "Open the login link `airlock console` printed when it started (it works once).",
+            "Open the login link the console printed when it started (airlock console, or airlock demo --console; it works once).",
         ),
     )
 }
