@@ -278,11 +278,7 @@ fn count(host: &Host, call: &Call, capability: &str, outcome: &Outcome, failed: 
     if let (Some(m), Some(kind)) = (mapping, call.contained) {
         metrics.contained(&m.name, kind);
     }
-    let (name, category) = match (failed, outcome) {
-        (false, o) => o.names(),
-        (true, Outcome::Completed(_)) => ("unknown", Category::Unknown.as_str()),
-        (true, _) => ("refused", Category::Unavailable.as_str()),
-    };
+    let (name, category) = ended_as(outcome, failed);
     metrics.call_ended(
         call.offered.then_some(capability),
         name,
@@ -290,6 +286,16 @@ fn count(host: &Host, call: &Call, capability: &str, outcome: &Outcome, failed: 
         Some(call.started.elapsed()),
         &call.stages,
     );
+}
+
+/// The outcome name and category the client gets for `outcome`: a trace that could not be
+/// committed (`failed`) turns it into `unknown` or `unavailable` ([`Finished::respond`]).
+fn ended_as(outcome: &Outcome, failed: bool) -> (&'static str, &'static str) {
+    match (failed, outcome) {
+        (false, o) => o.names(),
+        (true, Outcome::Completed(_)) => ("unknown", Category::Unknown.as_str()),
+        (true, _) => ("refused", Category::Unavailable.as_str()),
+    }
 }
 
 /// Records on the request's server span what the call was (module rules of
@@ -311,11 +317,7 @@ fn describe(
         span.set_attribute(KeyValue::new("gen_ai.tool.name", capability.to_string()));
         span.set_attribute(KeyValue::new("gen_ai.operation.name", "execute_tool"));
     }
-    let (name, category) = match (failed, outcome) {
-        (false, o) => o.names(),
-        (true, Outcome::Completed(_)) => ("unknown", Category::Unknown.as_str()),
-        (true, _) => ("refused", Category::Unavailable.as_str()),
-    };
+    let (name, category) = ended_as(outcome, failed);
     span.set_attribute(KeyValue::new("airlock.outcome", name));
     if name != "completed" {
         span.set_attribute(KeyValue::new("error.type", category));
