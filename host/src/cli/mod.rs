@@ -254,7 +254,9 @@ The console binds a loopback address only and prints a login link with a one-tim
 token to stderr: open it once in a browser on this machine (it sets an HttpOnly,
 SameSite=Strict session cookie). Every decision is a form post carrying the session's
 CSRF token, is checked against the trace first, and is recorded as made by
-`USER (console)`. No JavaScript. See README \"Console\".
+`USER (console)`. No JavaScript. For a team, serve the same pages from
+`airlock serve --http` with `[http] console = true`: with [http.auth] people log in
+with their bearer tokens and Cedar decides who may approve. See README \"Console\".
 
 Example:
   airlock console

@@ -830,3 +830,220 @@ async fn the_inbox_pages_through_more_than_one_page() {
     assert_eq!(ids(&bad.body).len(), airlock::console::PAGE);
     client.cancel().await.unwrap();
 }
+
+/// The console rules of `airlock.example.cedar`: approvers decide, nobody approves the call
+/// they asked for.
+const CONSOLE_POLICY: &str = r#"
+@id("approvers-decide")
+permit (
+    principal in Airlock::Role::"approver",
+    action in [Airlock::Action::"approve", Airlock::Action::"resolve-intent"],
+    resource
+);
+
+@id("no-self-approval")
+forbid (principal, action == Airlock::Action::"approve", resource)
+when { resource.requester == principal && context.decision == "approve" };
+"#;
+
+/// A bearer token for `sub` in `roles`, in the publisher profile.
+fn person(sub: &str, roles: &[&str]) -> String {
+    crate::http::token(sub, json!({"roles": roles, "airlock_profile": "publisher"}))
+}
+
+/// POSTs `form` to the console at `path` of `s` with `auth` header lines.
+fn post_console(
+    s: &crate::multi_host::Served,
+    path: &str,
+    form: &[(&str, &str)],
+    auth: &str,
+) -> Reply {
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form)
+        .finish();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}{auth}",
+        s.addr,
+        body.len()
+    );
+    raw(&s.addr, &head, body.as_bytes())
+}
+
+fn get_console(s: &crate::multi_host::Served, path: &str, auth: &str) -> Reply {
+    raw(
+        &s.addr,
+        &format!("GET {path} HTTP/1.1\r\nHost: {}{auth}", s.addr),
+        b"",
+    )
+}
+
+#[test]
+fn under_serve_http_people_log_in_with_their_tokens_and_policy_decides_who_approves() {
+    use crate::multi_host::{prepare_delivery_as, text_of_answer, tool_call};
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(&[])
+        .policy(&format!("{POLICY}\n{CONSOLE_POLICY}"))
+        .tables(PROFILES)
+        .tables(&crate::http::auth_tables().replacen("[http]\n", "[http]\nconsole = true\n", 1));
+    d.approve_all();
+    let s = crate::multi_host::serve_http(&d, &d.state_dir());
+    // The requester, alice, also holds the approver role.
+    let alice = person("alice", &["operator", "approver"]);
+    let args = prepare_delivery_as(&s, Some(&alice));
+    let asked = tool_call(&s, Some(&alice), "deliver_artifact", args.clone());
+    let text = text_of_answer(&asked);
+    assert!(text.starts_with("approval required:"), "{asked}");
+    let at = text.find("apr_").unwrap();
+    let id = text[at..at + 28].to_owned();
+    let decide = format!("/console/approvals/{id}");
+    let approve = [("decision", "approve")];
+    let bearer = |t: &str| format!("\r\nAuthorization: Bearer {t}");
+    let pending = || assert_eq!(state_of(&d, &id)["state"], "pending");
+    let log = s.log.lock().unwrap().clone();
+    assert!(log.contains("(log in with a bearer token)"), "{log}");
+    assert!(!log.contains("login?token="), "{log}");
+
+    // Nobody gets in without a token: the inbox is the login form, the one-time link of a
+    // loopback console does not exist here.
+    let r = get_console(&s, "/console/approvals", "");
+    assert_eq!(r.status, 401, "{r:?}");
+    assert!(r.body.contains("name=\"token\""), "{}", r.body);
+    assert!(!r.body.contains(&id));
+    let r = get_console(&s, "/console/login?token=0000", "");
+    assert!(r.header("set-cookie").is_none(), "{r:?}");
+    // A token that does not verify logs nobody in, and its text is never echoed.
+    for bad in [
+        "not-a-token".to_string(),
+        crate::http::token("carol", json!({"roles": ["approver"], "exp": 1})),
+        crate::http::token("carol", json!({"roles": ["approver"], "scope": "other"})),
+        crate::http::token(
+            "carol",
+            json!({"roles": ["approver"], "aud": "http://elsewhere/mcp"}),
+        ),
+    ] {
+        let r = post_console(&s, "/console/login", &[("token", &bad)], "");
+        assert!(matches!(r.status, 401 | 403), "{r:?}");
+        assert!(r.header("set-cookie").is_none(), "{r:?}");
+        assert!(!r.body.contains(&bad), "the token is echoed: {}", r.body);
+        let r = post_console(&s, &decide, &approve, &bearer(&bad));
+        assert!(matches!(r.status, 401 | 403), "{r:?}");
+    }
+    pending();
+
+    // Separation of duties: alice asked for the delivery, so she may not approve it,
+    // whatever her roles. Her inbox says so and offers no Approve button.
+    let r = get_console(&s, "/console/approvals", &bearer(&alice));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains(&id), "{}", r.body);
+    assert!(
+        r.body
+            .contains("You may not approve this: forbidden by policy no-self-approval"),
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains("value=\"approve\""), "{}", r.body);
+    let r = post_console(&s, &decide, &approve, &bearer(&alice));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("no-self-approval"), "{}", r.body);
+    pending();
+    // Someone without the approver role may not either.
+    let dave = person("dave", &["operator"]);
+    let r = post_console(&s, &decide, &approve, &bearer(&dave));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("no policy permits it"), "{}", r.body);
+    pending();
+    assert_eq!(d.sends(), 0);
+
+    // carol, an approver, logs in with her token in the form: a session cookie.
+    let carol = person("carol", &["approver"]);
+    let r = post_console(&s, "/console/login", &[("token", &carol)], "");
+    assert_eq!(r.status, 303, "{r:?}");
+    let cookie = r
+        .header("set-cookie")
+        .expect("a session cookie")
+        .to_string();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/console"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    let cookie = format!("\r\nCookie: {}", cookie.split(';').next().unwrap());
+    let inbox = get_console(&s, "/console/approvals", &cookie);
+    assert_eq!(inbox.status, 200, "{inbox:?}");
+    assert!(inbox.body.contains("carol (console)"), "{}", inbox.body);
+    assert!(inbox.body.contains("value=\"approve\""), "{}", inbox.body);
+    // Her session's form posts still need the CSRF token.
+    let r = post_console(&s, &decide, &approve, &cookie);
+    assert_eq!(r.status, 403, "{r:?}");
+    pending();
+    let csrf = csrf_of(&inbox.body);
+    let r = post_console(
+        &s,
+        &decide,
+        &[("csrf", &csrf), ("decision", "approve")],
+        &cookie,
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    let shown = state_of(&d, &id);
+    assert_eq!(shown["state"], "approved", "{shown}");
+    assert_eq!(shown["decided_by"], "carol (console)");
+    let decided = d
+        .trace()
+        .into_iter()
+        .find(|e| e["kind"] == "approval-decided" && e["payload"]["approval"] == id.as_str())
+        .expect("the decision is traced");
+    assert_eq!(decided["payload"]["by"], "carol (console)");
+
+    // alice's repeated call delivers once.
+    let done = tool_call(&s, Some(&alice), "deliver_artifact", args);
+    assert_ne!(done["result"]["isError"], true, "{done}");
+    assert_eq!(d.sends(), 1);
+}
+
+#[test]
+fn under_serve_http_without_auth_the_console_prints_a_one_time_link() {
+    let d = approvals_deployment()
+        .top("default_profile = \"publisher\"\n")
+        .tables("[http]\nconsole = true\n");
+    d.approve_all();
+    let s = crate::multi_host::serve_http(&d, &d.state_dir());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let link = loop {
+        let log = s.log.lock().unwrap().clone();
+        if let Some(at) = log.find("/console/login?token=") {
+            break log[at..].lines().next().unwrap().to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no login link in {log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let r = get_console(&s, &link, "");
+    assert_eq!(r.status, 303, "{r:?}");
+    let cookie = r
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let inbox = get_console(&s, "/console/approvals", &format!("\r\nCookie: {cookie}"));
+    assert_eq!(inbox.status, 200, "{inbox:?}");
+    assert!(inbox.body.contains(" (console)"), "{}", inbox.body);
+    // The link works once; a bearer token means nothing to a loopback console.
+    assert_eq!(get_console(&s, &link, "").status, 403);
+    let r = get_console(
+        &s,
+        "/console/approvals",
+        &format!(
+            "\r\nAuthorization: Bearer {}",
+            person("carol", &["approver"])
+        ),
+    );
+    assert_eq!(r.status, 401, "{r:?}");
+    // Without `console = true` there is no console.
+    let plain = approvals_deployment().top("default_profile = \"publisher\"\n");
+    plain.approve_all();
+    let s = crate::multi_host::serve_http(&plain, &plain.state_dir());
+    assert_eq!(get_console(&s, "/console/approvals", "").status, 404);
+}

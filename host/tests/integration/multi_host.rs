@@ -18,11 +18,11 @@ use crate::common::*;
 const SWEEP_WAIT: Duration = Duration::from_millis(1100);
 
 /// A running `airlock serve --http`, killed on drop.
-struct Served {
+pub(crate) struct Served {
     child: std::process::Child,
-    addr: String,
+    pub(crate) addr: String,
     /// Its stderr so far.
-    log: std::sync::Arc<std::sync::Mutex<String>>,
+    pub(crate) log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Served {
@@ -33,7 +33,7 @@ impl Drop for Served {
 }
 
 /// `airlock serve --config … --http 127.0.0.1:0` with `state_dir`; waits for its URL.
-fn serve_http(d: &Deployment, state_dir: &Path) -> Served {
+pub(crate) fn serve_http(d: &Deployment, state_dir: &Path) -> Served {
     let config = d.write_config();
     let mut child = std::process::Command::new(airlock_bin())
         .args(["serve", "--config"])
@@ -77,7 +77,7 @@ fn post(s: &Served, method: &str, params: Value) -> Value {
 }
 
 /// [`post`] with `Authorization: Bearer TOKEN` when `bearer` is given.
-fn post_as(s: &Served, bearer: Option<&str>, method: &str, mut params: Value) -> Value {
+pub(crate) fn post_as(s: &Served, bearer: Option<&str>, method: &str, mut params: Value) -> Value {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
@@ -344,7 +344,7 @@ fn tools_call_latency_sqlite_vs_postgres() {
 
 /// `tools/call` of `name` with `arguments` on `s` (as `bearer`'s principal, else the
 /// configured requester); the JSON-RPC answer.
-fn tool_call(s: &Served, bearer: Option<&str>, name: &str, arguments: Value) -> Value {
+pub(crate) fn tool_call(s: &Served, bearer: Option<&str>, name: &str, arguments: Value) -> Value {
     post_as(
         s,
         bearer,
@@ -354,14 +354,14 @@ fn tool_call(s: &Served, bearer: Option<&str>, name: &str, arguments: Value) -> 
 }
 
 /// The answer's tool result, asserting it is not an error.
-fn ok_result(answer: &Value) -> &Value {
+pub(crate) fn ok_result(answer: &Value) -> &Value {
     assert!(answer.get("error").is_none(), "{answer}");
     assert_ne!(answer["result"]["isError"], true, "{answer}");
     &answer["result"]["structuredContent"]["result"]
 }
 
 /// The text of the answer's first content block.
-fn text_of_answer(answer: &Value) -> String {
+pub(crate) fn text_of_answer(answer: &Value) -> String {
     answer["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_default()
@@ -529,9 +529,14 @@ fn approvals_deployment_with(extra: &[&str]) -> Deployment {
 /// Prepares an artifact and finds the `team-reports` destination on `s`; their
 /// references and the deliver arguments.
 fn prepare_delivery(s: &Served) -> Value {
+    prepare_delivery_as(s, None)
+}
+
+/// [`prepare_delivery`] as the principal of `bearer`.
+pub(crate) fn prepare_delivery_as(s: &Served, bearer: Option<&str>) -> Value {
     let artifact = tool_call(
         s,
-        None,
+        bearer,
         "prepare_artifact",
         json!({"title": "Q3 report", "media-type": "text/markdown", "content": "# Q3\nAll good.\n"}),
     );
@@ -539,7 +544,7 @@ fn prepare_delivery(s: &Served) -> Value {
         .as_str()
         .unwrap()
         .to_owned();
-    let listed = tool_call(s, None, "list_destinations", json!({}));
+    let listed = tool_call(s, bearer, "list_destinations", json!({}));
     let destination = ok_result(&listed)
         .as_array()
         .unwrap()

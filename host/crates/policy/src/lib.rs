@@ -565,6 +565,40 @@ pub struct CallFacts<'a> {
     pub artifact_bytes: Option<u64>,
 }
 
+/// What a person acts on in the console ([`PolicyEngine::may_act`]): each variant is one
+/// Cedar action on one resource of the schema.
+#[derive(Debug, Clone, Copy)]
+pub enum ConsoleSubject<'a> {
+    /// `approve` on `Approval::"id"`; `decision` is `approve`, `deny` or `revoke`.
+    Approval {
+        id: &'a str,
+        /// The requester of the call waiting for the approval.
+        requester: &'a str,
+        capability: &'a str,
+        mapping: &'a str,
+        profile: &'a str,
+        decision: &'a str,
+    },
+    /// `resolve-intent` on `Intent::"id"`; `outcome` is `completed` or `failed`.
+    Intent {
+        id: &'a str,
+        requester: &'a str,
+        capability: &'a str,
+        mapping: &'a str,
+        effect_class: &'a str,
+        outcome: &'a str,
+    },
+    /// `review` (approve the revision to serve) or, with `retire`, `retire` on
+    /// `Mapping::"name"` at `revision`.
+    Mapping {
+        name: &'a str,
+        contract: &'a str,
+        revision: i64,
+        state: &'a str,
+        retire: bool,
+    },
+}
+
 /// Decides with the current policy; the policy can be replaced while the host runs.
 ///
 /// Rule: a decision is a function of what Cedar is given — the policy, the principal, the
@@ -714,6 +748,128 @@ impl PolicyEngine {
         let decision = self.ask_call(policy, principal, capability, facts, call, approved);
         self.keep(key, &decision);
         decision
+    }
+
+    /// May `person` (a Requester with transport `console`) take the console action
+    /// `subject` names? Asks Cedar once (`approve`, `resolve-intent`, `review` or
+    /// `retire`; see the schema); not kept, as a person acts seldom. Allow or deny (the
+    /// deny's category is never shown to a model: the console names the policies).
+    pub fn may_act(&self, person: &Principal, subject: &ConsoleSubject<'_>) -> Decision {
+        let policy = self.current();
+        let mut entities: Vec<Entity> = person.entities.as_ref().clone();
+        let (act, resource, context) = match subject {
+            ConsoleSubject::Approval {
+                id,
+                requester,
+                capability,
+                mapping,
+                profile,
+                decision,
+            } => {
+                let resource = uid("Approval", id);
+                entities.push(
+                    match Entity::new(
+                        resource.clone(),
+                        HashMap::from([
+                            (
+                                "requester".to_string(),
+                                RestrictedExpression::new_entity_uid(uid("Requester", requester)),
+                            ),
+                            ("capability".to_string(), string(capability)),
+                            ("mapping".to_string(), string(mapping)),
+                            (
+                                "profile".to_string(),
+                                RestrictedExpression::new_entity_uid(uid("Profile", profile)),
+                            ),
+                        ]),
+                        HashSet::new(),
+                    ) {
+                        Ok(e) => e,
+                        Err(e) => return Decision::unbuildable(&policy.digest, &e),
+                    },
+                );
+                let context = Context::from_pairs([("decision".to_string(), string(decision))]);
+                (action("approve"), resource, context)
+            }
+            ConsoleSubject::Intent {
+                id,
+                requester,
+                capability,
+                mapping,
+                effect_class,
+                outcome,
+            } => {
+                let resource = uid("Intent", id);
+                entities.push(
+                    match Entity::new(
+                        resource.clone(),
+                        HashMap::from([
+                            (
+                                "requester".to_string(),
+                                RestrictedExpression::new_entity_uid(uid("Requester", requester)),
+                            ),
+                            ("capability".to_string(), string(capability)),
+                            ("mapping".to_string(), string(mapping)),
+                            ("effect_class".to_string(), string(effect_class)),
+                        ]),
+                        HashSet::new(),
+                    ) {
+                        Ok(e) => e,
+                        Err(e) => return Decision::unbuildable(&policy.digest, &e),
+                    },
+                );
+                let context = Context::from_pairs([("outcome".to_string(), string(outcome))]);
+                (action("resolve-intent"), resource, context)
+            }
+            ConsoleSubject::Mapping {
+                name,
+                contract,
+                revision,
+                state,
+                retire,
+            } => {
+                let resource = uid("Mapping", name);
+                entities.push(
+                    match Entity::new(
+                        resource.clone(),
+                        HashMap::from([
+                            ("contract".to_string(), string(contract)),
+                            (
+                                "revision".to_string(),
+                                RestrictedExpression::new_long(*revision),
+                            ),
+                            ("state".to_string(), string(state)),
+                        ]),
+                        HashSet::new(),
+                    ) {
+                        Ok(e) => e,
+                        Err(e) => return Decision::unbuildable(&policy.digest, &e),
+                    },
+                );
+                let act = action(if *retire { "retire" } else { "review" });
+                (act, resource, Ok(Context::empty()))
+            }
+        };
+        let context = match context {
+            Ok(c) => c,
+            Err(e) => return Decision::unbuildable(&policy.digest, &e),
+        };
+        let entities = match Entities::from_entities(entities, None) {
+            Ok(e) => e,
+            Err(e) => return Decision::unbuildable(&policy.digest, &e),
+        };
+        let (allowed, determining, errors) =
+            self.ask(&policy, person, act, resource, context, &entities);
+        Decision {
+            verdict: if allowed {
+                Verdict::Allow
+            } else {
+                Verdict::Deny(deny_category(&policy, &determining))
+            },
+            policy_digest: policy.digest.clone(),
+            determining,
+            errors,
+        }
     }
 
     fn ask_call(
@@ -990,12 +1146,73 @@ mod tests {
     }
 
     #[test]
+    fn console_actions_follow_roles_and_nobody_approves_their_own_call() {
+        let engine = PolicyEngine::new(Policy::builtin());
+        let approval = |requester, decision| ConsoleSubject::Approval {
+            id: "apr_1",
+            requester,
+            capability: "deliver_artifact",
+            mapping: "outbox-delivery",
+            profile: "publisher",
+            decision,
+        };
+        let person = |name, roles: &[&str]| {
+            let roles: Vec<String> = roles.iter().map(|r| r.to_string()).collect();
+            Principal::new(name, &roles, "console").unwrap()
+        };
+        let carol = person("carol", &["approver"]);
+        let verdict = |p: &Principal, s| engine.may_act(p, &s).verdict;
+        assert_eq!(
+            verdict(&carol, approval("alice", "approve")),
+            Verdict::Allow
+        );
+        assert_eq!(verdict(&carol, approval("alice", "deny")), Verdict::Allow);
+        // Separation of duties: carol asked for this call, so she may not approve it (she
+        // may still deny it).
+        let own = engine.may_act(&carol, &approval("carol", "approve"));
+        assert!(matches!(own.verdict, Verdict::Deny(_)));
+        assert_eq!(own.determining, ["builtin-no-self-approval"]);
+        assert_eq!(verdict(&carol, approval("carol", "deny")), Verdict::Allow);
+        // Without the role, nothing.
+        let dave = person("dave", &["operator"]);
+        assert!(matches!(
+            verdict(&dave, approval("alice", "approve")),
+            Verdict::Deny(_)
+        ));
+        let intent = ConsoleSubject::Intent {
+            id: "int_1",
+            requester: "alice",
+            capability: "deliver_artifact",
+            mapping: "outbox-delivery",
+            effect_class: "external-effect",
+            outcome: "completed",
+        };
+        assert_eq!(verdict(&carol, intent), Verdict::Allow);
+        assert!(matches!(verdict(&dave, intent), Verdict::Deny(_)));
+        let mapping = |retire| ConsoleSubject::Mapping {
+            name: "outbox-delivery",
+            contract: "airlock:contracts/artifact-delivery@0.2.0",
+            revision: 3,
+            state: "pending-review",
+            retire,
+        };
+        let rita = person("rita", &["reviewer"]);
+        assert_eq!(verdict(&rita, mapping(false)), Verdict::Allow);
+        assert_eq!(verdict(&rita, mapping(true)), Verdict::Allow);
+        assert!(matches!(verdict(&carol, mapping(false)), Verdict::Deny(_)));
+        assert!(matches!(
+            verdict(&rita, approval("alice", "approve")),
+            Verdict::Deny(_)
+        ));
+    }
+
+    #[test]
     fn the_shipped_schema_and_builtin_policy_validate() {
         let _ = schema();
         let p = Policy::builtin();
         assert_eq!(p.digest().len(), 64);
         assert_eq!(p.files()[0].label, BUILTIN_LABEL);
-        assert_eq!(p.files()[0].policies, 3);
+        assert_eq!(p.files()[0].policies, 6);
     }
 
     #[test]

@@ -1,29 +1,46 @@
-//! The operator console (issue 31, first part): web pages over the same store any process
-//! reads, where a person decides what waits for a person. This part serves the
-//! **approvals inbox**, the **held intents** and **connections** (with mappings, what
-//! waits and the trace's head); mappings' reviews and the trace browser come next.
+//! The operator console (issue 31): web pages over the same store any process reads,
+//! where a person decides what waits for a person. It serves the **approvals inbox**, the
+//! **held intents** and **connections** (with mappings, what waits and the trace's head),
+//! from `airlock console` or under `/console` of `airlock serve --http` when `[http]
+//! console = true`.
 //!
 //! Rules:
-//! - **Loopback only, one-time login.** `airlock console` binds a loopback address and
-//!   prints a login URL with a random one-time token (32 bytes, hex); following it once
-//!   opens a console session (a random id in the cookie `airlock_console`,
-//!   `HttpOnly; SameSite=Strict; Path=/console`) and spends the token. Every other page
-//!   without that cookie is `401` with a page saying how to log in.
+//! - **Who is acting.** Two ways in, fixed when the console starts:
+//!   - *Loopback, one-time login* (`airlock console`; `serve --http` without
+//!     `[http.auth]`): the console binds a loopback address and prints a login URL with a
+//!     random one-time token (32 bytes, hex); following it once opens a console session
+//!     and spends the token. The person is the operating-system user running the console,
+//!     recorded as `USER (console)` — the same person who could run the CLI — and policy
+//!     is not asked (the CLI does not ask it either).
+//!   - *People by bearer token* (`serve --http` with `[http.auth]`): a person logs in by
+//!     posting the same bearer token the MCP endpoint takes (checked by
+//!     [`crate::front::auth::Verifier`]: issuer, audience, signature, expiry, scopes), or
+//!     sends it as `Authorization: Bearer` on each request (a script). The person is the
+//!     token's `sub` in the roles of its roles claim, recorded as `SUB (console)`, and
+//!     **Cedar decides every action** with them as principal
+//!     ([`crate::policy::PolicyEngine::may_act`]: `approve`, `resolve-intent`, `review`,
+//!     `retire`); a refusal is `403` naming the policies that decided, and changes
+//!     nothing. A login session ends when the token expires, or after [`SESSION_MAX`].
+//! - **Sessions** are a random id in the cookie `airlock_console` (`HttpOnly;
+//!   SameSite=Strict; Path=/console`). A page without a session is `401` with a page
+//!   saying how to log in.
 //! - **Every state change is a `POST`** carrying the session's CSRF token (a hidden form
 //!   field, compared in constant time) from this origin: a request whose `Origin` is
 //!   another origin, or whose `Sec-Fetch-Site` is `cross-site` or `same-site`, is refused
-//!   before anything is read from the store (`403`). Forms work without JavaScript; the
-//!   pages load none.
+//!   before anything is read from the store (`403`). A request that carries its bearer
+//!   token itself needs no CSRF token (a browser never attaches one to a cross-site
+//!   request). Forms work without JavaScript; the pages load none.
 //! - **Strict headers on every answer**: `Content-Security-Policy: default-src 'none';
 //!   style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`,
 //!   `X-Content-Type-Options: nosniff`, `Referrer-Policy: same-origin`,
 //!   `Cache-Control: no-store`, `X-Frame-Options: DENY`.
 //! - **Everything shown is escaped** (maud escapes every interpolated string): approval
 //!   summaries, capability and requester names are upstream- or client-derived and hostile.
-//!   Nothing secret is rendered (approvals hold digests, not arguments).
+//!   Nothing secret is rendered (approvals hold digests, not arguments; a login token is
+//!   never shown or logged).
 //! - **A decision is the CLI's decision** ([`crate::decisions::decide`]): a row the trace
 //!   does not prove is neither offered nor decided; the decision is traced with the
-//!   approver's identity, the console's operating-system user as `USER (console)`.
+//!   person's identity.
 
 mod pages;
 
@@ -40,6 +57,9 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
 use subtle::ConstantTimeEq as _;
 
+use crate::front::auth::Verifier;
+use crate::host::Host;
+use crate::policy::{ConsoleSubject, Principal, Verdict};
 use crate::registry::Registry;
 use crate::store::{ApprovalDecision, ApprovalState};
 
@@ -57,26 +77,56 @@ pub const RECEIPT_TTL: Duration = Duration::from_secs(15 * 60);
 /// The most pending approvals one page lists.
 pub const PAGE: usize = 200;
 
+/// The longest a console login session lasts (8 hours), however long its token is valid.
+pub const SESSION_MAX: Duration = Duration::from_secs(8 * 3600);
+/// Most console sessions open at once; a login beyond it is refused until one expires.
+pub const MAX_SESSIONS: usize = 4096;
+
 /// The `Content-Security-Policy` of every answer (module rules).
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-/// One console process's state: the store, the one-time login token, open sessions.
+/// One console's state: the store, how people log in, open sessions.
 pub struct Console {
     registry: Registry,
-    /// The login token until it is spent.
-    login: Mutex<Option<String>>,
-    /// Open console sessions by id: each with its CSRF token.
+    access: Access,
+    /// Open console sessions by id.
     sessions: Mutex<HashMap<String, Session>>,
-    /// Who decides through this console (recorded with each decision).
-    operator: String,
     /// The checkpoint file whose newest line the connections page shows.
     checkpoints: Option<std::path::PathBuf>,
+}
+
+/// How people log in (module rules).
+enum Access {
+    /// The one-time login token until it is spent; every session acts as `operator`.
+    OneTime {
+        login: Mutex<Option<String>>,
+        operator: Arc<Person>,
+    },
+    /// Bearer tokens of `[http.auth]`; the host's policy decides each action.
+    Bearer {
+        verifier: Arc<Verifier>,
+        host: Arc<Host>,
+    },
+}
+
+/// The person behind a console session.
+struct Person {
+    /// As decisions record it: `USER (console)` or `SUB (console)`.
+    recorded: String,
+    /// The Cedar principal (a token's subject and roles, transport `console`); `None` for
+    /// the loopback operator, whom policy is not asked about.
+    principal: Option<Principal>,
 }
 
 /// A console session (after the login).
 #[derive(Clone)]
 struct Session {
     csrf: String,
+    person: Arc<Person>,
+    /// When it ends (ms since the epoch); `u64::MAX`: with the process.
+    expires_ms: u64,
+    /// The request carried its bearer token: no CSRF token is needed.
+    bearer: bool,
 }
 
 /// 32 random bytes as 64 hex digits.
@@ -94,18 +144,34 @@ fn same_secret(a: &str, b: &str) -> bool {
 type Body = Full<Bytes>;
 
 impl Console {
-    /// A console over `registry`, deciding as `operator`; returns it with its one-time
-    /// login token.
+    /// A loopback console over `registry`, deciding as `operator`; returns it with its
+    /// one-time login token.
     pub fn new(registry: Registry, operator: impl Into<String>) -> (Arc<Self>, String) {
         let token = random_token();
         let console = Arc::new(Self {
             registry,
-            login: Mutex::new(Some(token.clone())),
+            access: Access::OneTime {
+                login: Mutex::new(Some(token.clone())),
+                operator: Arc::new(Person {
+                    recorded: operator.into(),
+                    principal: None,
+                }),
+            },
             sessions: Mutex::default(),
-            operator: operator.into(),
             checkpoints: None,
         });
         (console, token)
+    }
+
+    /// A console of `host` where people log in with bearer tokens `verifier` accepts, and
+    /// the host's policy decides what each may do (module rules).
+    pub fn for_people(host: Arc<Host>, verifier: Arc<Verifier>) -> Arc<Self> {
+        Arc::new(Self {
+            registry: host.registry().clone(),
+            access: Access::Bearer { verifier, host },
+            sessions: Mutex::default(),
+            checkpoints: None,
+        })
     }
 
     /// The same console, showing the newest line of the checkpoint file `file`.
@@ -132,6 +198,18 @@ impl Console {
         let rest = rest.trim_end_matches('/');
         match (&parts.method, rest) {
             (&Method::GET, "/login") => self.login(parts.uri.query()),
+            (&Method::POST, "/login") => {
+                if let Some(why) = cross_site(&parts.headers) {
+                    return page(StatusCode::FORBIDDEN, pages::message("Refused", &why));
+                }
+                match read_form(body).await {
+                    Ok(form) => self.login_with_token(form.get("token").map(String::as_str)),
+                    Err(e) => page(
+                        StatusCode::BAD_REQUEST,
+                        pages::message("Bad form", &format!("{e:#}")),
+                    ),
+                }
+            }
             (&Method::GET, "/console.css") => {
                 let mut r = Response::new(Full::new(Bytes::from_static(pages::CSS.as_bytes())));
                 r.headers_mut().insert(
@@ -141,11 +219,13 @@ impl Console {
                 secure(r)
             }
             (&Method::GET, "" | "/approvals") => match self.session(&parts.headers) {
-                Some(s) => self.inbox(&s, parts.uri.query()),
-                None => not_logged_in(),
+                Some(Ok(s)) => self.inbox(&s, parts.uri.query()),
+                Some(Err(r)) => *r,
+                None => self.not_logged_in(),
             },
             (&Method::GET, "/connections") => match self.session(&parts.headers) {
-                Some(_) => {
+                Some(Err(r)) => *r,
+                Some(Ok(_)) => {
                     match crate::status::read(&self.registry, self.checkpoints.as_deref(), 0) {
                         Ok(mut s) => {
                             // The console lives on: the backlog now, not at its start.
@@ -157,18 +237,21 @@ impl Console {
                         Err(e) => store_unavailable(&e),
                     }
                 }
-                None => not_logged_in(),
+                None => self.not_logged_in(),
             },
             (&Method::GET, "/intents") => match self.session(&parts.headers) {
-                Some(s) => self.held(&s, parts.uri.query()),
-                None => not_logged_in(),
+                Some(Ok(s)) => self.held(&s, parts.uri.query()),
+                Some(Err(r)) => *r,
+                None => self.not_logged_in(),
             },
             (&Method::POST, r) if r.starts_with("/approvals/") || r.starts_with("/intents/") => {
                 if let Some(why) = cross_site(&parts.headers) {
                     return page(StatusCode::FORBIDDEN, pages::message("Refused", &why));
                 }
-                let Some(session) = self.session(&parts.headers) else {
-                    return not_logged_in();
+                let session = match self.session(&parts.headers) {
+                    Some(Ok(s)) => s,
+                    Some(Err(r)) => return *r,
+                    None => return self.not_logged_in(),
                 };
                 let form = match read_form(body).await {
                     Ok(f) => f,
@@ -179,9 +262,10 @@ impl Console {
                         );
                     }
                 };
-                if !form
-                    .get("csrf")
-                    .is_some_and(|t| same_secret(t, &session.csrf))
+                if !session.bearer
+                    && !form
+                        .get("csrf")
+                        .is_some_and(|t| same_secret(t, &session.csrf))
                 {
                     return page(
                         StatusCode::FORBIDDEN,
@@ -192,8 +276,8 @@ impl Console {
                     );
                 }
                 match r.strip_prefix("/approvals/") {
-                    Some(id) => self.decide(id, &form),
-                    None => self.resolve(&r["/intents/".len()..], &form),
+                    Some(id) => self.decide(&session, id, &form),
+                    None => self.resolve(&session, &r["/intents/".len()..], &form),
                 }
             }
             (&Method::GET | &Method::POST, _) => page(
@@ -212,10 +296,15 @@ impl Console {
         }
     }
 
-    /// `GET /console/login?token=…`: spends the one-time token for a session cookie.
+    /// `GET /console/login[?token=…]`: with the one-time token, spends it for a session
+    /// cookie; for a console of people, the form that takes a bearer token.
     fn login(&self, query: Option<&str>) -> Response<Body> {
+        let (login, operator) = match &self.access {
+            Access::OneTime { login, operator } => (login, operator),
+            Access::Bearer { .. } => return page(StatusCode::OK, pages::token_login(None)),
+        };
         let offered = query_value(query, "token");
-        let mut login = self.login.lock().unwrap_or_else(|e| e.into_inner());
+        let mut login = login.lock().unwrap_or_else(|e| e.into_inner());
         let valid = match (&*login, &offered) {
             (Some(expected), Some(given)) => same_secret(expected, given),
             _ => false,
@@ -225,22 +314,82 @@ impl Console {
                 StatusCode::FORBIDDEN,
                 pages::message(
                     "Login refused",
-                    "This login link is wrong or was already used. A console (airlock console, or airlock demo --console) prints one login link when it starts, usable once; start it again for a new one.",
+                    "This login link is wrong or was already used. A console (airlock console, airlock demo --console, or airlock serve --http with [http] console = true) prints one login link when it starts, usable once; start it again for a new one.",
                 ),
             );
         }
         *login = None;
         drop(login);
+        self.open_session(operator.clone(), u64::MAX)
+    }
+
+    /// `POST /console/login` with the form field `token`: a console of people opens a
+    /// session for the person the bearer token names.
+    fn login_with_token(&self, token: Option<&str>) -> Response<Body> {
+        let Access::Bearer { verifier, .. } = &self.access else {
+            return page(
+                StatusCode::NOT_FOUND,
+                pages::message(
+                    "Not found",
+                    "This console logs in with the link it printed when it started.",
+                ),
+            );
+        };
+        let token = token.map(str::trim).unwrap_or("");
+        let verified = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| crate::front::auth::Rejection::Invalid("not a token".into()))
+            .and_then(|h| verifier.verify(Some(&h)));
+        match verified {
+            Ok(v) => {
+                let expires_ms = v
+                    .expires_s
+                    .saturating_mul(1000)
+                    .min(crate::store::now_ms() + SESSION_MAX.as_millis() as u64);
+                match person_of(&v) {
+                    Ok(person) => {
+                        tracing::info!(person = %v.subject, "console login");
+                        self.open_session(Arc::new(person), expires_ms)
+                    }
+                    Err(e) => page(
+                        StatusCode::FORBIDDEN,
+                        pages::token_login(Some(&format!("{e:#}"))),
+                    ),
+                }
+            }
+            Err(r) => {
+                tracing::info!(reason = %r.describe(), "refused a console login");
+                page(r.status(), pages::token_login(Some(&r.describe())))
+            }
+        }
+    }
+
+    /// Opens a session for `person` until `expires_ms` and answers with its cookie and
+    /// the inbox.
+    fn open_session(&self, person: Arc<Person>, expires_ms: u64) -> Response<Body> {
+        let now = crate::store::now_ms();
         let id = random_token();
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
+        {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions.retain(|_, s| s.expires_ms > now);
+            if sessions.len() >= MAX_SESSIONS {
+                return page(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    pages::message(
+                        "Too many console sessions",
+                        "Every console session slot is taken; try again when one has expired.",
+                    ),
+                );
+            }
+            sessions.insert(
                 id.clone(),
                 Session {
                     csrf: random_token(),
+                    person,
+                    expires_ms,
+                    bearer: false,
                 },
             );
+        }
         let mut r = redirect(&format!("{PREFIX}/approvals"));
         let cookie = format!("{COOKIE}={id}; Path={PREFIX}; HttpOnly; SameSite=Strict");
         if let Ok(v) = HeaderValue::from_str(&cookie) {
@@ -249,8 +398,34 @@ impl Console {
         r
     }
 
-    /// The console session the request's cookie names, if it is open.
-    fn session(&self, headers: &http::HeaderMap) -> Option<Session> {
+    /// The console session of a request: its cookie's open session, or, in a console of
+    /// people, the person its `Authorization: Bearer` token names (`Err`: the token's
+    /// refusal page). `None`: neither.
+    fn session(&self, headers: &http::HeaderMap) -> Option<Result<Session, Box<Response<Body>>>> {
+        if let (Access::Bearer { verifier, .. }, Some(h)) =
+            (&self.access, headers.get(header::AUTHORIZATION))
+        {
+            let verified = verifier.verify(Some(h)).map_err(|r| {
+                Box::new(page(
+                    r.status(),
+                    pages::message("Token refused", &r.describe()),
+                ))
+            });
+            return Some(verified.and_then(|v| {
+                let person = person_of(&v).map_err(|e| {
+                    Box::new(page(
+                        StatusCode::FORBIDDEN,
+                        pages::message("Token refused", &format!("{e:#}")),
+                    ))
+                })?;
+                Ok(Session {
+                    csrf: String::new(),
+                    person: Arc::new(person),
+                    expires_ms: v.expires_s.saturating_mul(1000),
+                    bearer: true,
+                })
+            }));
+        }
         let id = headers
             .get_all(header::COOKIE)
             .iter()
@@ -259,11 +434,41 @@ impl Console {
             .filter_map(|c| c.trim().split_once('='))
             .find(|(k, _)| *k == COOKIE)
             .map(|(_, v)| v.to_string())?;
+        let now = crate::store::now_ms();
         let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         sessions
             .iter()
             .find(|(k, _)| same_secret(k, &id))
             .map(|(_, s)| s.clone())
+            .filter(|s| s.expires_ms > now)
+            .map(Ok)
+    }
+
+    /// Why policy does not let the session's person act on `subject` (`None`: it does, or
+    /// the person is the loopback operator, whom policy is not asked about).
+    fn refused(&self, session: &Session, subject: &ConsoleSubject<'_>) -> Option<String> {
+        let (Access::Bearer { host, .. }, Some(principal)) =
+            (&self.access, &session.person.principal)
+        else {
+            return None;
+        };
+        let d = host.policy().may_act(principal, subject);
+        if d.verdict == Verdict::Allow {
+            return None;
+        }
+        Some(if d.determining.is_empty() {
+            "no policy permits it".to_string()
+        } else {
+            format!("forbidden by policy {}", d.determining.join(", "))
+        })
+    }
+
+    /// `401` with how to log in to this console.
+    fn not_logged_in(&self) -> Response<Body> {
+        match self.access {
+            Access::OneTime { .. } => not_logged_in(),
+            Access::Bearer { .. } => page(StatusCode::UNAUTHORIZED, pages::token_login(None)),
+        }
     }
 
     /// `GET /console/approvals[?after=MS.ID]`: the pending approvals the trace proves,
@@ -294,7 +499,12 @@ impl Console {
             }
             let tampered = crate::decisions::tampered(&self.registry, &r, now)
                 .unwrap_or_else(|e| Some(format!("could not check against the trace: {e:#}")));
-            rows.push((r, tampered));
+            let refused = self.refused(session, &approval_subject(&r, "approve"));
+            rows.push(pages::InboxRow {
+                approval: r,
+                tampered,
+                refused,
+            });
         }
         let notice = query_value(query, "done");
         page(
@@ -303,7 +513,7 @@ impl Console {
                 &rows,
                 now,
                 &session.csrf,
-                &self.operator,
+                &session.person.recorded,
                 notice.as_deref(),
                 next.as_deref(),
             ),
@@ -312,11 +522,16 @@ impl Console {
 
     /// `POST /console/approvals/{id}`: the decision in the form's `decision` field
     /// (`approve`, `deny`, `revoke`), with an optional `reason`.
-    fn decide(&self, id: &str, form: &HashMap<String, String>) -> Response<Body> {
-        let decision = match form.get("decision").map(String::as_str) {
-            Some("approve") => ApprovalDecision::Approve,
-            Some("deny") => ApprovalDecision::Deny,
-            Some("revoke") => ApprovalDecision::Revoke,
+    fn decide(
+        &self,
+        session: &Session,
+        id: &str,
+        form: &HashMap<String, String>,
+    ) -> Response<Body> {
+        let (decision, word) = match form.get("decision").map(String::as_str) {
+            Some("approve") => (ApprovalDecision::Approve, "approve"),
+            Some("deny") => (ApprovalDecision::Deny, "deny"),
+            Some("revoke") => (ApprovalDecision::Revoke, "revoke"),
             _ => {
                 return page(
                     StatusCode::BAD_REQUEST,
@@ -324,6 +539,34 @@ impl Console {
                 );
             }
         };
+        if session.person.principal.is_some() {
+            let record = match self.registry.store().approval(id) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return page(
+                        StatusCode::NOT_FOUND,
+                        pages::message(
+                            "Not decided",
+                            &format!("no approval `{}`", airlock_core::text::safe(id, 80)),
+                        ),
+                    );
+                }
+                Err(e) => return store_unavailable(&e),
+            };
+            if let Some(why) = self.refused(session, &approval_subject(&record, word)) {
+                tracing::info!(person = %session.person.recorded, approval = %record.id, decision = word, %why, "console decision refused by policy");
+                return page(
+                    StatusCode::FORBIDDEN,
+                    pages::message(
+                        "Not allowed",
+                        &format!(
+                            "{} may not {word} approval {}: {why}",
+                            session.person.recorded, record.id
+                        ),
+                    ),
+                );
+            }
+        }
         let reason = form
             .get("reason")
             .map(|r| r.trim())
@@ -333,7 +576,14 @@ impl Console {
         } else {
             Duration::ZERO
         };
-        match crate::decisions::decide(&self.registry, id, decision, &self.operator, reason, ttl) {
+        match crate::decisions::decide(
+            &self.registry,
+            id,
+            decision,
+            &session.person.recorded,
+            reason,
+            ttl,
+        ) {
             Ok(r) => done(
                 "approvals",
                 &format!("{} {}", r.id, r.state_at(crate::store::now_ms())),
@@ -376,7 +626,7 @@ impl Console {
             pages::intents(
                 &rows,
                 &session.csrf,
-                &self.operator,
+                &session.person.recorded,
                 query_value(query, "done").as_deref(),
             ),
         )
@@ -384,10 +634,15 @@ impl Console {
 
     /// `POST /console/intents/{id}`: resolves the intent `as` `completed` or `failed`,
     /// with the form's `evidence`.
-    fn resolve(&self, id: &str, form: &HashMap<String, String>) -> Response<Body> {
-        let state = match form.get("as").map(String::as_str) {
-            Some("completed") => crate::store::IntentState::Completed,
-            Some("failed") => crate::store::IntentState::Failed,
+    fn resolve(
+        &self,
+        session: &Session,
+        id: &str,
+        form: &HashMap<String, String>,
+    ) -> Response<Body> {
+        let (state, outcome) = match form.get("as").map(String::as_str) {
+            Some("completed") => (crate::store::IntentState::Completed, "completed"),
+            Some("failed") => (crate::store::IntentState::Failed, "failed"),
             _ => {
                 return page(
                     StatusCode::BAD_REQUEST,
@@ -395,15 +650,80 @@ impl Console {
                 );
             }
         };
+        if session.person.principal.is_some() {
+            let record = match self.registry.store().intent(id) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    return page(
+                        StatusCode::NOT_FOUND,
+                        pages::message(
+                            "Not resolved",
+                            &format!("no intent `{}`", airlock_core::text::safe(id, 80)),
+                        ),
+                    );
+                }
+                Err(e) => return store_unavailable(&e),
+            };
+            let i = &record.intent;
+            let subject = ConsoleSubject::Intent {
+                id: &i.id,
+                requester: &i.requester,
+                capability: &i.capability,
+                mapping: &i.mapping,
+                effect_class: &i.effect_class,
+                outcome,
+            };
+            if let Some(why) = self.refused(session, &subject) {
+                tracing::info!(person = %session.person.recorded, intent = %i.id, %why, "console resolution refused by policy");
+                return page(
+                    StatusCode::FORBIDDEN,
+                    pages::message(
+                        "Not allowed",
+                        &format!(
+                            "{} may not resolve intent {}: {why}",
+                            session.person.recorded, i.id
+                        ),
+                    ),
+                );
+            }
+        }
         let evidence = form.get("evidence").map(String::as_str).unwrap_or("");
-        match crate::decisions::resolve_intent(&self.registry, id, state, &self.operator, evidence)
-        {
+        match crate::decisions::resolve_intent(
+            &self.registry,
+            id,
+            state,
+            &session.person.recorded,
+            evidence,
+        ) {
             Ok(r) => done("intents", &format!("{} {}", r.intent.id, r.state.as_str())),
             Err(e) => page(
                 StatusCode::CONFLICT,
                 pages::message("Not resolved", &format!("{e:#}")),
             ),
         }
+    }
+}
+
+/// The person a verified token names, as the console records and asks policy about.
+fn person_of(v: &crate::front::auth::Verified) -> Result<Person> {
+    Ok(Person {
+        recorded: format!("{} (console)", v.subject),
+        principal: Some(Principal::new(&v.subject, &v.roles, "console")?),
+    })
+}
+
+/// `approve` of approval `r` with `decision`, as policy is asked it.
+fn approval_subject<'a>(
+    r: &'a crate::store::ApprovalRecord,
+    decision: &'a str,
+) -> ConsoleSubject<'a> {
+    ConsoleSubject::Approval {
+        id: &r.id,
+        requester: &r.binding.requester,
+        capability: &r.binding.capability,
+        mapping: &r.binding.mapping,
+        profile: &r.profile,
+        decision,
     }
 }
 
@@ -558,6 +878,11 @@ pub async fn serve(
     let console = console.with_checkpoints(checkpoints);
     eprintln!("airlock: console at http://{local}{PREFIX}/login?token={token}");
     eprintln!("airlock: open that link once to log in; it is printed only here");
+    accept(listener, console).await
+}
+
+/// Serves `console` on each connection `listener` accepts, forever.
+async fn accept(listener: tokio::net::TcpListener, console: Arc<Console>) -> Result<()> {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,

@@ -18,7 +18,7 @@ dt{color:#555}dd{margin:0;font-family:ui-monospace,monospace;overflow-wrap:anywh
 pre{background:#f1f1ec;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere}\
 .tampered{border-color:#b3261e;background:#fff4f3}.notice{background:#e7f3e7;padding:.5em .8em;border-radius:4px}\
 form{display:inline-block;margin-right:.6em}button{font-size:1em;padding:.3em .9em}\
-input[type=text]{width:18em}.empty{color:#555}\
+input[type=text]{width:18em}.empty{color:#555}.refusal{color:#8c1d18}\
 table{border-collapse:collapse;background:#fff;margin:.4em 0 1em}th,td{border:1px solid #d5d5d0;padding:.25em .6em;text-align:left}";
 
 /// How often a page with nothing to decide reloads itself (seconds): a person waiting
@@ -83,11 +83,40 @@ fn until(ms: u64, now: u64) -> String {
     )
 }
 
+/// One row of the inbox.
+pub struct InboxRow {
+    pub approval: ApprovalRecord,
+    /// Why the trace does not prove the row (then it is shown, never decidable).
+    pub tampered: Option<String>,
+    /// Why policy does not let this person approve it (then no Approve button).
+    pub refused: Option<String>,
+}
+
+/// The login form of a console of people: the person pastes the bearer token they hold
+/// for this Airlock (`why`: the last attempt's refusal).
+pub fn token_login(why: Option<&str>) -> Markup {
+    layout(
+        "Log in",
+        html! {
+            h1 { "Log in" }
+            p { "Paste the access token (a bearer token for this Airlock, as its MCP endpoint takes) you act with. The console acts as its subject, in its roles; policy decides what you may do." }
+            @if let Some(why) = why {
+                p.refusal role="alert" { "Refused: " (why) }
+            }
+            form method="post" action="/console/login" {
+                label { "Access token " input type="password" name="token" required autocomplete="off"; }
+                " "
+                button type="submit" { "Log in" }
+            }
+        },
+    )
+}
+
 /// The approvals inbox: each pending approval with exactly what approving it lets happen,
 /// and the forms that decide it (`tampered` rows are shown, never decidable); `next`: the
 /// `after` of the next page, when there may be one.
 pub fn inbox(
-    rows: &[(ApprovalRecord, Option<String>)],
+    rows: &[InboxRow],
     now: u64,
     csrf: &str,
     operator: &str,
@@ -105,7 +134,7 @@ pub fn inbox(
             @if rows.is_empty() {
                 p.empty { "Nothing waits for a person." }
             }
-            @for (r, tampered) in rows {
+            @for InboxRow { approval: r, tampered, refused } in rows {
                 @let b = &r.binding;
                 section.approval.tampered[tampered.is_some()] id=(r.id) {
                     h2 { (b.capability) " — requested by " (b.requester) }
@@ -128,11 +157,16 @@ pub fn inbox(
                     }
                     p { "What it lets happen:" }
                     pre { (r.summary) }
+                    @if let (None, Some(why)) = (tampered, refused) {
+                        p.refusal { "You may not approve this: " (why) "." }
+                    }
                     @if tampered.is_none() {
-                        form method="post" action={ "/console/approvals/" (r.id) } {
-                            input type="hidden" name="csrf" value=(csrf);
-                            input type="hidden" name="decision" value="approve";
-                            button type="submit" { "Approve" }
+                        @if refused.is_none() {
+                            form method="post" action={ "/console/approvals/" (r.id) } {
+                                input type="hidden" name="csrf" value=(csrf);
+                                input type="hidden" name="decision" value="approve";
+                                button type="submit" { "Approve" }
+                            }
                         }
                         form method="post" action={ "/console/approvals/" (r.id) } {
                             input type="hidden" name="csrf" value=(csrf);

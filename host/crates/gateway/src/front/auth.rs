@@ -174,6 +174,8 @@ pub struct Verified {
     pub roles: Vec<String>,
     /// The profile the profile claim asks for, if configured and present.
     pub profile: Option<String>,
+    /// `exp`: when the token stops being valid (seconds since the epoch).
+    pub expires_s: u64,
 }
 
 /// Why a request's credentials were refused.
@@ -442,10 +444,16 @@ impl Verifier {
                 }
             },
         };
+        // `exp` is required and was checked as a number above.
+        let expires_s = claims
+            .get("exp")
+            .and_then(Value::as_f64)
+            .map_or(0, |e| e.max(0.0) as u64);
         Ok(Verified {
             subject,
             roles,
             profile,
+            expires_s,
         })
     }
 }

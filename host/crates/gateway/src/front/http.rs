@@ -10,8 +10,9 @@
 //!    `allowed_origins` the allowed origins are the loopback ones and the audience's.
 //! 2. The path: `/mcp` (the MCP endpoint), `/.well-known/oauth-protected-resource` and
 //!    `/.well-known/oauth-protected-resource/mcp` (RFC 9728 metadata, `GET` only, when
-//!    `[http.auth]` is set), `/metrics` (Prometheus text, `GET`; [`crate::metrics`]);
-//!    anything else is 404.
+//!    `[http.auth]` is set), `/metrics` (Prometheus text, `GET`; [`crate::metrics`]),
+//!    `/console/…` when `console = true` ([`crate::console`], which authenticates its
+//!    people itself: a login session, or the same bearer tokens); anything else is 404.
 //! 3. With `[http.auth]`: a verified bearer token ([`super::auth`]; 401 / 403 with
 //!    `WWW-Authenticate`). Its principal (subject, roles, profile) must be allowed its
 //!    profile by policy (`use-profile`, checked on every request; 403 with the reason).
@@ -63,6 +64,10 @@
 //!                                # (default 5 minutes; 1 s to 24 h)
 //! max_sessions_per_principal = 16  # legacy sessions one principal holds; one more
 //!                                # closes its least recently used (default 16; 1 to 1024)
+//! console = true                 # serve the operator console under /console (default
+//!                                # false); with [http.auth] people log in with their
+//!                                # bearer tokens and policy decides what each may do,
+//!                                # without it a one-time login link is printed at start
 //!
 //! [http.auth]                    # see crate::front::auth
 //! ```
@@ -140,6 +145,7 @@ pub struct RawHttp {
     max_body_bytes: Option<u64>,
     session_idle: Option<String>,
     max_sessions_per_principal: Option<u64>,
+    console: Option<bool>,
     auth: Option<RawAuth>,
 }
 
@@ -157,6 +163,8 @@ pub struct HttpSettings {
     pub session_idle: Duration,
     /// Legacy MCP sessions one principal holds at once.
     pub max_sessions_per_principal: usize,
+    /// Whether the operator console is served under `/console` ([`crate::console`]).
+    pub console: bool,
     /// `[http.auth]`: bearer tokens required; `None` = loopback only, as `[requester]`.
     pub auth: Option<AuthSettings>,
 }
@@ -169,6 +177,7 @@ impl Default for HttpSettings {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             session_idle: DEFAULT_SESSION_IDLE,
             max_sessions_per_principal: DEFAULT_MAX_SESSIONS_PER_PRINCIPAL,
+            console: false,
             auth: None,
         }
     }
@@ -234,6 +243,7 @@ impl HttpSettings {
             max_body_bytes,
             session_idle,
             max_sessions_per_principal,
+            console: raw.console.unwrap_or(false),
             auth,
         })
     }
@@ -372,7 +382,9 @@ type Refusal = Box<Response<Body>>;
 /// The running HTTP front.
 struct HttpFront {
     host: Arc<Host>,
-    verifier: Option<Verifier>,
+    verifier: Option<Arc<Verifier>>,
+    /// The operator console under `/console` (`[http] console = true`).
+    console: Option<Arc<crate::console::Console>>,
     /// Without `[http.auth]`: the one session, of `[requester]` over `http`.
     fixed: Option<BoundPrincipal>,
     /// The profile of a token that names none.
@@ -479,7 +491,12 @@ pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> 
     if let Some(p) = &profile {
         config.profile(Some(p))?;
     }
-    let verifier = settings.auth.clone().map(Verifier::load).transpose()?;
+    let verifier = settings
+        .auth
+        .clone()
+        .map(Verifier::load)
+        .transpose()?
+        .map(Arc::new);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
@@ -487,14 +504,44 @@ pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> 
     let host = Host::start(&config).await?;
     crate::registry::reload::spawn_background(&host)?;
     crate::metrics::spawn(metrics, host.live());
-    let front = HttpFront::new(host, &settings, verifier, profile)?;
+    let mut front = HttpFront::new(host, &settings, verifier, profile)?;
     let local = listener.local_addr()?;
+    let mut console_login = None;
+    if settings.console {
+        let checkpoints = crate::registry::anchor::checkpoint_path(front.host.config());
+        front.console = Some(match &front.verifier {
+            Some(v) => crate::console::Console::for_people(front.host.clone(), v.clone())
+                .with_checkpoints(checkpoints),
+            None => {
+                let operator = format!("{} (console)", crate::config::os_user_name());
+                let (console, token) =
+                    crate::console::Console::new(front.host.registry().clone(), operator);
+                console_login = Some(token);
+                console.with_checkpoints(checkpoints)
+            }
+        });
+    }
     tracing::info!(
         %local,
         auth = front.verifier.is_some(),
         "serving MCP over HTTP"
     );
     eprintln!("airlock: serving MCP over HTTP at http://{local}{MCP_PATH}");
+    if front.console.is_some() {
+        match console_login {
+            Some(token) => {
+                eprintln!(
+                    "airlock: console at http://{local}{}/login?token={token}",
+                    crate::console::PREFIX
+                );
+                eprintln!("airlock: open that link once to log in; it is printed only here");
+            }
+            None => eprintln!(
+                "airlock: console at http://{local}{}/ (log in with a bearer token)",
+                crate::console::PREFIX
+            ),
+        }
+    }
     let front = Arc::new(front);
     HttpFront::sweep_sessions(&front);
     let live = front.host.live().clone();
@@ -542,7 +589,7 @@ impl HttpFront {
     fn new(
         host: Arc<Host>,
         settings: &HttpSettings,
-        verifier: Option<Verifier>,
+        verifier: Option<Arc<Verifier>>,
         default_profile: Option<String>,
     ) -> Result<Self> {
         let fixed = if verifier.is_none() {
@@ -601,6 +648,7 @@ impl HttpFront {
         Ok(Self {
             host,
             verifier,
+            console: None,
             fixed,
             default_profile,
             allowed_hosts,
@@ -624,6 +672,12 @@ impl HttpFront {
         let path = req.uri().path();
         if path == METADATA_PATH || path == format!("{METADATA_PATH}{MCP_PATH}") {
             return self.metadata(req.method());
+        }
+        if let Some(console) = &self.console
+            && (path == crate::console::PREFIX
+                || path.starts_with(&format!("{}/", crate::console::PREFIX)))
+        {
+            return console.handle(req).await.map(|b| b.boxed());
         }
         if path == crate::metrics::PATH {
             // The same bearer check as the MCP endpoint: metrics name no person, but
