@@ -208,6 +208,14 @@ impl Trace for NoCallTrace {
     fn trace(&self, after: i64, limit: usize) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
         self.0.trace(after, limit)
     }
+    fn trace_window(
+        &self,
+        before: i64,
+        from: i64,
+        kinds: &[&str],
+    ) -> anyhow::Result<Vec<airlock::store::TraceEvent>> {
+        self.0.trace_window(before, from, kinds)
+    }
     fn verify_trace_against(
         &self,
         checkpoints: &[(usize, airlock::store::Checkpoint)],

@@ -1047,3 +1047,110 @@ fn under_serve_http_without_auth_the_console_prints_a_one_time_link() {
     let s = crate::multi_host::serve_http(&plain, &plain.state_dir());
     assert_eq!(get_console(&s, "/console/approvals", "").status, 404);
 }
+
+/// The call id (`call_…`) of the first link to a call's page in `page`.
+fn call_links(page: &str) -> Vec<String> {
+    page.match_indices("/console/trace/calls/")
+        .map(|(at, m)| {
+            let rest = &page[at + m.len()..];
+            rest[..rest.find('"').unwrap()].replace("&amp;", "&")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_trace_shows_each_calls_life_filters_and_verifies() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let (_, _, approval) = pending_delivery(&client).await;
+    let found = call(&client, "search_sources", json!({"query": "q3"}))
+        .await
+        .unwrap();
+    assert_ne!(found.is_error, Some(true), "{}", text_of(&found));
+    // A name no catalogue offers, made of markup: shown as text.
+    let hostile = call(&client, HOSTILE, json!({})).await;
+    assert!(hostile.is_err() || hostile.unwrap().is_error == Some(true));
+
+    let console = Console::start(&d);
+    let cookie = console.login();
+    let listed = console.get("/console/trace", Some(&cookie));
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let body = &listed.body;
+    for text in [
+        "search_sources",
+        "deliver_artifact",
+        "approval-required",
+        "completed",
+        "alice",
+    ] {
+        assert!(body.contains(text), "{text} missing from {body}");
+    }
+    assert!(!body.contains("<script>alert"), "{body}");
+    assert!(
+        body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{body}"
+    );
+    // Newest first: the search came after the delivery was asked for.
+    assert!(body.find("search_sources").unwrap() < body.find("deliver_artifact").unwrap());
+
+    // Filters compare whole values.
+    let only = console.get("/console/trace?capability=search_sources", Some(&cookie));
+    assert!(
+        only.body.contains("search_sources") && !only.body.contains(">deliver_artifact<"),
+        "{}",
+        only.body
+    );
+    let waiting = console.get("/console/trace?outcome=approval-required", Some(&cookie));
+    assert_eq!(call_links(&waiting.body).len(), 1, "{}", waiting.body);
+    let nobody = console.get("/console/trace?requester=mallory", Some(&cookie));
+    assert!(call_links(&nobody.body).is_empty());
+    assert!(nobody.body.contains("No call here matches."));
+
+    // One call's life: candidate, decision, the approval it asked for, its outcome.
+    let link = &call_links(&waiting.body)[0];
+    let life = console.get(&format!("/console/trace/calls/{link}"), Some(&cookie));
+    assert_eq!(life.status, 200, "{life:?}");
+    for kind in [
+        "call-candidate",
+        "call-decided",
+        "approval-requested",
+        "call-outcome",
+    ] {
+        assert!(
+            life.body.contains(kind),
+            "{kind} missing from {}",
+            life.body
+        );
+    }
+    assert!(life.body.contains(&approval), "{}", life.body);
+    assert!(life.body.contains("pending"), "{}", life.body);
+    assert!(
+        !life.body.contains("upstream-request"),
+        "the refused call sent nothing"
+    );
+
+    // The chain verifies; an edited event is named.
+    let verified = console.get("/console/trace/verify", Some(&cookie));
+    assert_eq!(verified.status, 200, "{verified:?}");
+    assert!(
+        verified.body.contains("The chain verifies"),
+        "{}",
+        verified.body
+    );
+    // An event edited in the database is named.
+    let db = d.database();
+    db.execute_batch(
+        "DROP TRIGGER trace_events_no_update; \
+         UPDATE trace_events SET payload = replace(payload, 'alice', 'carol') WHERE kind = 'call-candidate';",
+    )
+    .unwrap();
+    drop(db);
+    let broken = console.get("/console/trace/verify", Some(&cookie));
+    assert_eq!(broken.status, 200, "{broken:?}");
+    assert!(broken.body.contains("Broken at event #"), "{}", broken.body);
+    // Without the session, nothing.
+    assert_eq!(console.get("/console/trace", None).status, 401);
+    assert_eq!(console.get("/console/trace/verify", None).status, 401);
+    client.cancel().await.unwrap();
+}

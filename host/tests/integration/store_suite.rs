@@ -730,6 +730,28 @@ both! {
         assert_eq!(store.approvals_after(None, None, 2).unwrap().len(), 2);
     }
 
+    fn trace_windows_are_bounded_filtered_and_newest_first(db, store) {
+        let base = store.trace(0, usize::MAX).unwrap().last().map_or(0, |e| e.seq);
+        for n in 0..10 {
+            let kind = if n % 2 == 0 { "call-candidate" } else { "call-outcome" };
+            store.append_trace(kind, &format!("call_{n}"), &serde_json::json!({"n": n})).unwrap();
+        }
+        store.append_trace("policy-loaded", "policy", &serde_json::json!({})).unwrap();
+        let seqs = |before: i64, from: i64, kinds: &[&str]| -> Vec<i64> {
+            store.trace_window(before, from, kinds).unwrap().iter().map(|e| e.seq).collect()
+        };
+        let all = seqs(base + 100, base + 1, &["call-candidate", "call-outcome"]);
+        assert_eq!(all, (base + 1..=base + 10).rev().collect::<Vec<_>>(), "newest first");
+        let outcomes = store.trace_window(base + 100, base + 1, &["call-outcome"]).unwrap();
+        assert_eq!(outcomes.len(), 5);
+        assert!(outcomes.iter().all(|e| e.kind == "call-outcome"));
+        // `before` excludes, `from` includes.
+        assert_eq!(seqs(base + 5, base + 3, &["call-candidate", "call-outcome"]), [base + 4, base + 3]);
+        assert!(seqs(base + 5, base + 5, &["call-outcome"]).is_empty());
+        assert!(seqs(base + 100, base + 1, &[]).is_empty());
+        assert_eq!(seqs(base + 100, base + 1, &["policy-loaded"]), [base + 11]);
+    }
+
     fn approval_states_move_one_way_and_expire_on_the_host_clock(db, store) {
         let a = store.create_approval(&request(ApprovalMode::OutOfBand, 60_000), vec![]).unwrap();
         store.decide_approval(&a.id, ApprovalDecision::Deny, "bob", Some("no"), 0, vec![]).unwrap();

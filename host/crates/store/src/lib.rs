@@ -1107,6 +1107,19 @@ pub trait Trace: Send + Sync {
     /// Up to `limit` events with seq greater than `after_seq`, in seq order.
     fn trace(&self, after_seq: i64, limit: usize) -> anyhow::Result<Vec<TraceEvent>>;
 
+    /// The events of one of `kinds` with `from <= seq < before`, newest first: a range
+    /// read on the primary key, so its cost is bounded by `before - from` whatever the
+    /// trace's length (the console's trace browser reads the trace in such windows).
+    ///
+    /// # Errors
+    /// The database fails.
+    fn trace_window(
+        &self,
+        before: i64,
+        from: i64,
+        kinds: &[&str],
+    ) -> anyhow::Result<Vec<TraceEvent>>;
+
     /// Recomputes the chain from seq 1 with the host key: detects an edited byte of any
     /// stored field (MAC mismatch, even when the text still parses to the same JSON), a
     /// broken link (prev_hash differs from the previous event's hash), a missing or
@@ -2638,6 +2651,25 @@ impl Trace for SqliteStore {
                 .collect()
         };
         run().with_context(|| self.context("reading the trace"))
+    }
+
+    fn trace_window(
+        &self,
+        before: i64,
+        from: i64,
+        kinds: &[&str],
+    ) -> anyhow::Result<Vec<TraceEvent>> {
+        let kinds = serde_json::to_string(kinds)?;
+        let conn = self.lock_all_moved()?;
+        let run = || -> rusqlite::Result<Vec<TraceEvent>> {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq < ?1 AND seq >= ?2 \
+                 AND kind IN (SELECT value FROM json_each(?3)) ORDER BY seq DESC"
+            ))?;
+            stmt.query_map(params![before, from, kinds], |r| rows::trace_event(r))?
+                .collect()
+        };
+        run().with_context(|| self.context("reading a window of the trace"))
     }
 
     fn verify_trace_against(

@@ -2175,6 +2175,29 @@ impl Trace for PostgresStore {
         })
     }
 
+    fn trace_window(
+        &self,
+        before: i64,
+        from: i64,
+        kinds: &[&str],
+    ) -> anyhow::Result<Vec<TraceEvent>> {
+        let kinds: Vec<String> = kinds.iter().map(|k| (*k).to_string()).collect();
+        self.read("reading a window of the trace", async |c| {
+            c.query(
+                &format!(
+                    "SELECT {TRACE_COLUMNS} FROM trace_events WHERE seq < $1 AND seq >= $2 \
+                     AND kind = ANY($3) ORDER BY seq DESC"
+                ),
+                &[&before, &from, &kinds],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(rows::trace_event)
+            .collect()
+        })
+    }
+
     fn verify_trace_against(
         &self,
         checkpoints: &[(usize, Checkpoint)],

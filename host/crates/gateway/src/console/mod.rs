@@ -1,7 +1,7 @@
 //! The operator console (issue 31): web pages over the same store any process reads,
 //! where a person decides what waits for a person. It serves the **approvals inbox**, the
-//! **held intents** and **connections** (with mappings, what waits and the trace's head),
-//! from `airlock console` or under `/console` of `airlock serve --http` when `[http]
+//! **held intents**, **connections** (with mappings, what waits and the trace's head) and
+//! the **trace** ([`trace`]: each call's life, verification), from `airlock console` or under `/console` of `airlock serve --http` when `[http]
 //! console = true`.
 //!
 //! Rules:
@@ -43,6 +43,7 @@
 //!   person's identity.
 
 mod pages;
+pub mod trace;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -239,6 +240,13 @@ impl Console {
                 }
                 None => self.not_logged_in(),
             },
+            (&Method::GET, r) if r == "/trace" || r.starts_with("/trace/") => {
+                match self.session(&parts.headers) {
+                    Some(Ok(_)) => self.trace(r, parts.uri.query()),
+                    Some(Err(r)) => *r,
+                    None => self.not_logged_in(),
+                }
+            }
             (&Method::GET, "/intents") => match self.session(&parts.headers) {
                 Some(Ok(s)) => self.held(&s, parts.uri.query()),
                 Some(Err(r)) => *r,
@@ -724,6 +732,75 @@ fn approval_subject<'a>(
         mapping: &r.binding.mapping,
         profile: &r.profile,
         decision,
+    }
+}
+
+impl Console {
+    /// `GET /console/trace[?before=SEQ&capability=&requester=&outcome=]`, `GET
+    /// /console/trace/calls/{id}?from=SEQ&to=SEQ`, `GET /console/trace/verify`
+    /// ([`trace`]).
+    fn trace(&self, rest: &str, query: Option<&str>) -> Response<Body> {
+        let store = self.registry.store();
+        let head = match store.trace_checkpoint() {
+            Ok(c) => c.seq,
+            Err(e) => return store_unavailable(&e),
+        };
+        let number = |key: &str| query_value(query, key).and_then(|v| v.parse::<i64>().ok());
+        if rest == "/trace/verify" {
+            let checkpoints = match self.checkpoints.as_deref().map(std::fs::read_to_string) {
+                None => Ok(Vec::new()),
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Some(Err(e)) => Err(anyhow::anyhow!("reading the checkpoint file: {e}")),
+                Some(Ok(text)) => crate::store::Checkpoint::parse_lines(&text),
+            };
+            let checkpoints = match checkpoints {
+                Ok(c) => c,
+                Err(e) => return store_unavailable(&e),
+            };
+            return match store.verify_trace_against(&checkpoints) {
+                Ok(v) => page(StatusCode::OK, trace::verify_page(&v, checkpoints.len())),
+                Err(e) => store_unavailable(&e),
+            };
+        }
+        if let Some(call) = rest.strip_prefix("/trace/calls/") {
+            let to = number("to").unwrap_or(head).min(head);
+            let from = number("from").unwrap_or(to - trace::WINDOW);
+            let life = match trace::life(store, call, from, to) {
+                Ok(l) => l,
+                Err(e) => return store_unavailable(&e),
+            };
+            let named = |key: &str| {
+                life.iter()
+                    .rev()
+                    .find_map(|e| e.payload.get(key).and_then(|v| v.as_str()))
+                    .map(str::to_string)
+            };
+            let approval = named("approval").and_then(|id| store.approval(&id).ok().flatten());
+            let intent = named("intent").and_then(|id| store.intent(&id).ok().flatten());
+            return page(
+                StatusCode::OK,
+                trace::call_page(call, &life, approval.as_ref(), intent.as_ref()),
+            );
+        }
+        if rest != "/trace" {
+            return page(
+                StatusCode::NOT_FOUND,
+                pages::message("Not found", "No such console page."),
+            );
+        }
+        let before = number("before").unwrap_or(head + 1).clamp(1, head + 1);
+        let filter = trace::Filter {
+            capability: query_value(query, "capability").unwrap_or_default(),
+            requester: query_value(query, "requester").unwrap_or_default(),
+            outcome: query_value(query, "outcome").unwrap_or_default(),
+        };
+        match trace::list(store, before, &filter) {
+            Ok(listed) => page(
+                StatusCode::OK,
+                trace::list_page(&listed, &filter, head, before),
+            ),
+            Err(e) => store_unavailable(&e),
+        }
     }
 }
 

@@ -26,7 +26,7 @@ table{border-collapse:collapse;background:#fff;margin:.4em 0 1em}th,td{border:1p
 /// does not reload (a reason being typed would be lost).
 pub const REFRESH_EMPTY_S: u32 = 5;
 
-fn layout(title: &str, body: Markup) -> Markup {
+pub(super) fn layout(title: &str, body: Markup) -> Markup {
     layout_refreshing(title, body, false)
 }
 
@@ -49,6 +49,7 @@ fn layout_refreshing(title: &str, body: Markup, refresh: bool) -> Markup {
                     a href="/console/approvals" { "Approvals" }
                     a href="/console/intents" { "Held intents" }
                     a href="/console/connections" { "Connections" }
+                    a href="/console/trace" { "Trace" }
                 }
                 main { (body) }
             }
@@ -67,7 +68,7 @@ pub fn message(title: &str, text: &str) -> Markup {
     )
 }
 
-fn when(ms: u64) -> String {
+pub(super) fn when(ms: u64) -> String {
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
