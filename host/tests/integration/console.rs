@@ -1063,6 +1063,8 @@ async fn the_trace_shows_each_calls_life_filters_and_verifies() {
     let d = approvals_deployment();
     d.approve_all();
     let client = d.serve_profile("publisher", ()).await;
+    // The catalogue offered is part of the audit package.
+    client.list_all_tools().await.unwrap();
     let (_, _, approval) = pending_delivery(&client).await;
     let found = call(&client, "search_sources", json!({"query": "q3"}))
         .await
@@ -1138,6 +1140,86 @@ async fn the_trace_shows_each_calls_life_filters_and_verifies() {
         "{}",
         verified.body
     );
+    // The audit package: configuration and digests, never the key.
+    let package = console.get("/console/trace/audit.json", Some(&cookie));
+    assert_eq!(package.status, 200, "{package:?}");
+    assert_eq!(package.header("content-type"), Some("application/json"));
+    assert!(
+        package
+            .header("content-disposition")
+            .unwrap()
+            .starts_with("attachment;")
+    );
+    let p: Value = serde_json::from_str(&package.body).unwrap();
+    assert_eq!(p["airlock_audit_package"], 1);
+    assert_eq!(p["calls"]["approval-required"], 1, "{}", p["calls"]);
+    assert!(
+        p["calls"]["completed"].as_u64().unwrap() >= 2,
+        "{}",
+        p["calls"]
+    );
+    let kinds: Vec<&str> = p["configuration_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    for kind in [
+        "policy-loaded",
+        "catalog-offered",
+        "mapping-revision",
+        "snapshot-taken",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    let names: Vec<&str> = p["mappings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"source-library") && names.contains(&"outbox-delivery"),
+        "{names:?}"
+    );
+    assert!(p["mappings"][0]["pins"].is_object() || p["mappings"][0]["pins"].is_array());
+    let key = std::fs::read(d.state_dir().join("trace.key")).unwrap();
+    for secret in [
+        hex::encode(&key),
+        String::from_utf8_lossy(&key).trim().to_string(),
+    ] {
+        assert!(
+            !package.body.contains(&secret),
+            "the trace key is in the package"
+        );
+    }
+    assert!(!package.body.contains("manifest_text"));
+    // Upstream tools appear as digests only: every description in it is a sha256.
+    fn descriptions(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                for (k, v) in o {
+                    if k == "description" {
+                        out.push(v.to_string());
+                    }
+                    descriptions(v, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| descriptions(v, out)),
+            _ => {}
+        }
+    }
+    let mut seen = Vec::new();
+    descriptions(&p, &mut seen);
+    assert!(!seen.is_empty());
+    for d in seen {
+        let d = d.trim_matches('"');
+        assert!(
+            d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{d}"
+        );
+    }
+
     // An event edited in the database is named.
     let db = d.database();
     db.execute_batch(

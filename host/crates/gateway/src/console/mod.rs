@@ -1,7 +1,8 @@
 //! The operator console (issue 31): web pages over the same store any process reads,
 //! where a person decides what waits for a person. It serves the **approvals inbox**, the
 //! **held intents**, **connections** (with mappings, what waits and the trace's head) and
-//! the **trace** ([`trace`]: each call's life, verification), from `airlock console` or under `/console` of `airlock serve --http` when `[http]
+//! the **trace** ([`trace`]: each call's life, verification; [`audit`]: a run's audit
+//! package), from `airlock console` or under `/console` of `airlock serve --http` when `[http]
 //! console = true`.
 //!
 //! Rules:
@@ -42,6 +43,7 @@
 //!   does not prove is neither offered nor decided; the decision is traced with the
 //!   person's identity.
 
+pub mod audit;
 mod pages;
 pub mod trace;
 
@@ -759,6 +761,29 @@ impl Console {
             };
             return match store.verify_trace_against(&checkpoints) {
                 Ok(v) => page(StatusCode::OK, trace::verify_page(&v, checkpoints.len())),
+                Err(e) => store_unavailable(&e),
+            };
+        }
+        if rest == "/trace/audit.json" {
+            let from = number("from").unwrap_or(1);
+            let to = number("to").unwrap_or(head);
+            return match audit::package(store, from, to) {
+                Ok(p) => {
+                    let body = serde_json::to_vec_pretty(&p).unwrap_or_default();
+                    let mut r = Response::new(Full::new(Bytes::from(body)));
+                    let h = r.headers_mut();
+                    h.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    if let Ok(v) = HeaderValue::from_str(&format!(
+                        "attachment; filename=\"airlock-audit-{from}-{}.json\"",
+                        to.min(head)
+                    )) {
+                        h.insert(header::CONTENT_DISPOSITION, v);
+                    }
+                    secure(r)
+                }
                 Err(e) => store_unavailable(&e),
             };
         }

@@ -218,7 +218,9 @@ pub fn list_page(page: &ListPage, filter: &Filter, head: i64, before: i64) -> Ma
         html! {
             h1 { "Trace" }
             p { "Each call as the trace recorded it, newest first. The trace holds " (head) " events; "
-                a href="/console/trace/verify" { "verify the whole chain" } " against the checkpoints (reads every event)." }
+                a href="/console/trace/verify" { "verify the whole chain" } " against the checkpoints (reads every event), or "
+                a href={ "/console/trace/audit.json?from=1&to=" (head) } { "export the audit package" }
+                " (policies, catalogues, mapping revisions and contracts, digests, fixture references, calls by outcome — no credentials, no raw upstream content)." }
             form method="get" action="/console/trace" {
                 label { "capability " input type="text" name="capability" value=(filter.capability); }
                 " "

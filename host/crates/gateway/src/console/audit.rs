@@ -1,0 +1,133 @@
+//! The audit package of a run: what a reviewer needs to know what an Airlock served
+//! between two points of its trace, as one JSON document (`GET
+//! /console/trace/audit.json?from=SEQ&to=SEQ`).
+//!
+//! Rule: **digests and reviewed facts, never credentials or unreviewed raw content.** The
+//! package holds: the trace range and a checkpoint of the trace head (seq, MAC, key id —
+//! never the key); the configuration events of the range with their MACs — policies
+//! loaded (digest, files), catalogues offered (digest, capability names), mapping
+//! revisions and state changes (including `fixture-tested`, with the fixture digest),
+//! snapshots taken and drift found (digests and tool names, not the tools' raw JSON),
+//! contract reviews; every mapping revision the store holds (digests, pins, state,
+//! reviewer — not its manifest text, which may name environment values); every contract
+//! review (its approved WIT files: reviewed, public content); and the calls of the range
+//! counted by outcome. Event payloads are the trace's own safe summaries (the trace never
+//! holds arguments, answers or secrets). Upstream tools' descriptions and schemas stay out:
+//! they are the server's raw content; their digests are in the pins.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::registry::events;
+use crate::store::Store;
+
+/// The format's version, the package's first field.
+pub const FORMAT: u32 = 1;
+
+/// The kinds of the configuration events a package carries.
+pub const CONFIGURATION_KINDS: [&str; 10] = [
+    events::POLICY_LOADED,
+    events::CATALOG_OFFERED,
+    events::MAPPING_REVISION,
+    events::MAPPING_STATE,
+    events::MAPPING_LOADED,
+    events::SNAPSHOT_TAKEN,
+    events::DRIFT_FOUND,
+    events::CONNECTION_REVISION,
+    crate::store::contracts::CONTRACT_APPROVED,
+    crate::store::contracts::CONTRACT_ERRONEOUS,
+];
+
+/// The audit package of the trace from `from` to `to` (inclusive; clamped to the
+/// trace), as JSON.
+///
+/// # Errors
+/// The store fails.
+pub fn package(store: &dyn Store, from: i64, to: i64) -> anyhow::Result<Value> {
+    let head = store.trace_checkpoint()?;
+    let to = to.min(head.seq);
+    let from = from.max(1);
+    let configuration: Vec<Value> = if from <= to {
+        let mut e = store.trace_window(to + 1, from, &CONFIGURATION_KINDS)?;
+        e.reverse();
+        e.into_iter()
+            .map(|e| {
+                json!({
+                    "seq": e.seq,
+                    "at_ms": e.at_ms,
+                    "kind": e.kind,
+                    "subject": e.subject,
+                    "payload": e.payload,
+                    "mac": e.hash,
+                    "key_id": e.key_id,
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    if from <= to {
+        for e in store.trace_window(to + 1, from, &[events::CALL_OUTCOME])? {
+            let outcome = e.payload.get("outcome").and_then(Value::as_str);
+            *outcomes
+                .entry(outcome.unwrap_or("?").to_string())
+                .or_default() += 1;
+        }
+    }
+    let mut mappings = Vec::new();
+    for latest in store.mappings()? {
+        for r in store.mapping_revisions(&latest.name)? {
+            mappings.push(json!({
+                "name": r.name,
+                "revision": r.revision,
+                "state": r.state.as_str(),
+                "manifest_sha256": r.manifest_digest,
+                "component_sha256": r.component_sha256,
+                "connection": r.connection_id,
+                "connection_revision": r.config_revision,
+                "snapshot_digest": r.snapshot_digest,
+                "pins": r.pins,
+                "reviewer": r.reviewer,
+                "reason": r.reason,
+                "created_ms": r.created_ms,
+                "state_changed_ms": r.state_changed_ms,
+            }));
+        }
+    }
+    let contracts: Vec<Value> = store
+        .contract_reviews()?
+        .into_iter()
+        .map(|c| {
+            json!({
+                "package": c.package,
+                "digest": c.digest,
+                "state": c.state.as_str(),
+                "reviewer": c.reviewer,
+                "reason": c.reason,
+                "files": serde_json::from_str::<Value>(&c.files).unwrap_or(Value::Null),
+                "created_ms": c.created_ms,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "airlock_audit_package": FORMAT,
+        "generated_ms": crate::store::now_ms(),
+        "trace": {
+            "from": from,
+            "to": to,
+            "checkpoint": {
+                "seq": head.seq,
+                "head": head.head,
+                "key_id": head.key_id,
+                "at_ms": head.at_ms,
+                "mac": head.mac,
+            },
+        },
+        "calls": outcomes,
+        "configuration_events": configuration,
+        "mappings": mappings,
+        "contracts": contracts,
+    }))
+}
