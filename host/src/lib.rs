@@ -5,10 +5,11 @@
 //! the author kit, `demo`). Everything else lives in crates whose dependencies run one
 //! way (README "Layout" draws the graph); this crate re-exports each under the module
 //! name the code, the tests and the benchmarks use:
-//! - [`front`], [`pipeline`], [`registry`], [`config`], [`shutdown`], [`host`] (crate
-//!   `airlock-gateway`): the MCP server the AI application talks to, the life of one
-//!   call stage by stage, the live catalogue, the serve configuration, stopping a host,
-//!   the composition root.
+//! - [`front`], [`pipeline`], [`registry`], [`config`], [`shutdown`], [`host`],
+//!   [`review`] (crate `airlock-gateway`): the MCP server the AI application talks to, the
+//!   life of one call stage by stage, the live catalogue, the serve configuration,
+//!   stopping a host, the composition root, the review of a mapping (the CLI's and the
+//!   console's).
 //! - [`runtime`], [`contract`] and [`registry::manifest`] (crate `airlock-runtime`):
 //!   wasmtime Engine, per-mapping `InstancePre`, a fresh Store per call, grants, limits
 //!   and output budgets; WIT contract types → model-facing schema, strict JSON ↔ values.
@@ -30,8 +31,8 @@ pub mod cli;
 #[doc(hidden)]
 pub use airlock_gateway::fuzzing;
 pub use airlock_gateway::{
-    ADAPTER_BUNDLE, config, console, decisions, front, host, metrics, pipeline, registry, shutdown,
-    status, telemetry,
+    ADAPTER_BUNDLE, config, console, decisions, front, host, metrics, pipeline, registry, review,
+    shutdown, status, telemetry,
 };
 pub use airlock_gateway::{
     canonical, contract, jsonrpc, policy, private_fs, random, record, runtime, store, upstream,

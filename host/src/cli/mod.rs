@@ -10,7 +10,8 @@
 //! inputs that cannot be used; 3 the trace does not verify.
 //!
 //! The commands' own work lives beside this file: [`operate`] (discover, snapshots,
-//! review, trace), [`review`] (`airlock grants`), [`approvals`], [`intents`], [`policy`],
+//! review, trace; its reports and [`review`] (`airlock grants`) are the gateway's
+//! [`crate::review`], shared with the console), [`approvals`], [`intents`], [`policy`],
 //! [`author`] (new, pack), [`replay`] (test), [`demo`].
 
 pub mod approvals;
@@ -23,8 +24,10 @@ pub mod operate;
 pub mod output;
 pub mod policy;
 pub mod replay;
-pub mod review;
 pub mod status;
+
+/// `airlock grants`: the gateway's security review of one adapter.
+pub use crate::review::grants as review;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

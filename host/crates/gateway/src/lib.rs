@@ -16,6 +16,9 @@
 //!   spans with the MCP trace context on both hops; [`status`]: what the store says now.
 //! - [`decisions`]: a person's decisions (approvals, intent resolutions), one
 //!   implementation for the CLI and the [`console`], the operator's web pages.
+//! - [`review`]: the review of a mapping and of an adapter's grants, and the approval that
+//!   pins it — one renderer for the CLI (`airlock review`, `snapshots`, `grants`) and the
+//!   [`console`].
 //! - [`host`]: the composition root that owns the live registry and the policy engine.
 //!
 //! The rule this crate enforces is the call's: only a policy-approved request reaches an
@@ -36,6 +39,7 @@ pub mod host;
 pub mod metrics;
 pub mod pipeline;
 pub mod registry;
+pub mod review;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

@@ -242,7 +242,7 @@ fn confinement_lines(s: &crate::upstream::StdioServer) -> Vec<String> {
 /// from secrets on those requests only.
 fn host_connection_lines(h: &crate::upstream::http::HttpServer) -> (Vec<String>, bool) {
     use crate::upstream::http::HeaderValueSource;
-    let safe = |t: &str| crate::cli::operate::safe(t, 400);
+    let safe = |t: &str| super::safe(t, 400);
     // The configuration checked the URL when it loaded; an unparsable one reads as itself.
     let parsed: Option<http::Uri> = h.url.parse().ok();
     let scheme = parsed
@@ -688,7 +688,7 @@ pub fn add_config(
         ));
         return Ok(());
     };
-    let safe = |t: &str| crate::cli::operate::safe(t, 400);
+    let safe = |t: &str| super::safe(t, 400);
     let mut view = ConnectionView {
         config: config_path.display().to_string(),
         transport: "stdio",
@@ -735,7 +735,7 @@ pub fn add_config(
     }
     if let Some(registry) = registry
         && registry.store().connection(name)?.is_some()
-        && let Some(latest) = crate::cli::operate::snapshots_list(registry, Some(name))?
+        && let Some(latest) = super::snapshots_list(registry, Some(name))?
             .into_iter()
             .next()
         && let Some(snap) = registry.store().snapshot(&latest.digest)?
@@ -874,7 +874,7 @@ pub fn add_registry(
         state: record.state.to_string(),
         reason: record.reason.clone(),
         reviewer: record.reviewer.clone(),
-        recorded: crate::cli::operate::time(record.created_ms),
+        recorded: super::time(record.created_ms),
         connection_id: record.connection_id.clone(),
         config_revision: record.config_revision,
         snapshot: record.snapshot_digest.clone(),
