@@ -330,7 +330,11 @@ pub async fn console(out: impl std::io::Write, addr: &str) -> Result<()> {
     p.out.flush()?;
     let registry = host.registry().clone();
     let addr = addr.to_string();
-    let served = tokio::spawn(async move { crate::console::serve(registry, &addr, None).await });
+    let shown = config.clone();
+    let served =
+        tokio::spawn(
+            async move { crate::console::serve(registry, &addr, None, Some(shown)).await },
+        );
     let decided = loop {
         if served.is_finished() {
             return match served.await {

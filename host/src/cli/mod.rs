@@ -261,13 +261,20 @@ CSRF token, is checked against the trace first, and is recorded as made by
 `airlock serve --http` with `[http] console = true`: with [http.auth] people log in
 with their bearer tokens and Cedar decides who may approve. See README \"Console\".
 
+With --config, the mapping pages can also show each adapter's grants and approve a
+mapping against its connection's latest snapshot (as `airlock review approve`).
+
 Example:
   airlock console
-  airlock console --addr 127.0.0.1:0")]
+  airlock console --addr 127.0.0.1:0 --config airlock.toml")]
     Console {
         /// The loopback address to listen on (port 0 picks a free one).
         #[arg(long, value_name = "ADDR", default_value = crate::console::DEFAULT_ADDR)]
         addr: String,
+        /// The serve configuration (TOML): its store, and the adapters the mapping pages
+        /// review and approve.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Approval requests: list, show, approve, deny, revoke (the out-of-band flow).
     #[command(after_help = "\
@@ -1217,13 +1224,26 @@ async fn dispatch(
         Command::Contracts { action } => contracts(action, state_dir),
         Command::Trace { action } => trace(action, state_dir),
         Command::Approvals { action } => approvals(action, state_dir),
-        Command::Console { addr } => {
+        Command::Console { addr, config } => {
             init_logging("warn");
-            let dir = state_dir.clone().or_else(crate::config::default_state_dir);
-            let registry = registry_for(state_dir)?;
-            let checkpoints =
-                dir.map(|d| crate::config::TraceSettings::default().checkpoint_path(&d));
-            crate::console::serve(registry, &addr, checkpoints).await
+            let (registry, checkpoints, config) = match config {
+                Some(path) => {
+                    let config = load_config(&path, state_dir.clone())?;
+                    let registry = match crate::cli::operate::registry_of_config(&config)? {
+                        Some(r) => r,
+                        None => registry_for(config.state_dir.clone())?,
+                    };
+                    let checkpoints = crate::registry::anchor::checkpoint_path(&config);
+                    (registry, checkpoints, Some(config))
+                }
+                None => {
+                    let dir = state_dir.clone().or_else(crate::config::default_state_dir);
+                    let checkpoints =
+                        dir.map(|d| crate::config::TraceSettings::default().checkpoint_path(&d));
+                    (registry_for(state_dir)?, checkpoints, None)
+                }
+            };
+            crate::console::serve(registry, &addr, checkpoints, config).await
         }
         Command::Status {
             checkpoint,

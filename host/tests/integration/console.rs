@@ -14,6 +14,9 @@ use crate::common::*;
 use crate::http::{Reply, raw};
 use airlock::pipeline::Category;
 
+/// The console's session cookie.
+const COOKIE_NAME: &str = "airlock_console";
+
 /// A title no page may render as markup.
 const HOSTILE: &str = "<script>alert(1)</script><img src=x onerror=alert(2)>";
 
@@ -33,8 +36,15 @@ impl Drop for Console {
 
 impl Console {
     fn start(d: &Deployment) -> Self {
+        Self::start_with(d, &[])
+    }
+
+    /// `airlock console` with `extra` arguments (e.g. `--config FILE`).
+    fn start_with(d: &Deployment, extra: &[&str]) -> Self {
         let mut child = std::process::Command::new(airlock_bin())
             .args(["console", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .env("AIRLOCK_CACHE_DIR", test_cache_dir())
             .env("AIRLOCK_STATE_DIR", d.state_dir())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -837,13 +847,21 @@ const CONSOLE_POLICY: &str = r#"
 @id("approvers-decide")
 permit (
     principal in Airlock::Role::"approver",
-    action in [Airlock::Action::"approve", Airlock::Action::"resolve-intent"],
+    action in [
+        Airlock::Action::"view",
+        Airlock::Action::"approve",
+        Airlock::Action::"resolve-intent"
+    ],
     resource
 );
 
 @id("no-self-approval")
 forbid (principal, action == Airlock::Action::"approve", resource)
 when { resource.requester == principal && context.decision == "approve" };
+
+@id("no-self-resolution")
+forbid (principal, action == Airlock::Action::"resolve-intent", resource)
+when { resource.requester == principal };
 "#;
 
 /// A bearer token for `sub` in `roles`, in the publisher profile.
@@ -1235,4 +1253,348 @@ async fn the_trace_shows_each_calls_life_filters_and_verifies() {
     assert_eq!(console.get("/console/trace", None).status, 401);
     assert_eq!(console.get("/console/trace/verify", None).status, 401);
     client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reviewer_sees_the_four_questions_and_drift_side_by_side_and_decides() {
+    use fantoccini::Locator;
+    let d = Deployment::with_notes().mapping("source-library");
+    d.approve_all();
+    // The server's read_note description changes to one carrying markup; discovery
+    // records the new snapshot (the pinned one stays).
+    let d = d.notes_args(&["--drift", "markup"]);
+    let config = d.write_config();
+    let config = config.to_str().unwrap();
+    d.airlock_json(&["discover", "notes", "--config", config]);
+    let console = Console::start_with(&d, &["--config", config]);
+    // The person logs in with the browser; the test reads pages over HTTP with the same
+    // session cookie too.
+    let browser = Browser::start().await;
+    let b = &browser.client;
+    b.goto(&format!(
+        "http://{}/console/login?token={}",
+        console.addr, console.token
+    ))
+    .await
+    .unwrap();
+    let session = b.get_named_cookie(COOKIE_NAME).await.unwrap();
+    let cookie = format!("{COOKIE_NAME}={}", session.value());
+
+    let list = console.get("/console/mappings", Some(&cookie));
+    assert_eq!(list.status, 200, "{list:?}");
+    assert!(
+        list.body.contains("/console/mappings/source-library"),
+        "{}",
+        list.body
+    );
+
+    let page = console.get("/console/mappings/source-library", Some(&cookie));
+    assert_eq!(page.status, 200, "{page:?}");
+    let body = &page.body;
+    for text in [
+        "1. What the server advertised",
+        "2. What Airlock offers the model",
+        "3. What fixtures established",
+        "4. Who may use it",
+        "Read one note from the read-only library", // the pinned description
+        "search_sources",
+        "read_note",
+        "title or description changed",
+        "Compare side by side",
+        "No `airlock test` run is recorded",
+    ] {
+        assert!(body.contains(text), "{text} missing from {body}");
+    }
+    assert!(!body.contains("<script>alert"), "{body}");
+
+    let drift = console.get("/console/mappings/source-library/drift", Some(&cookie));
+    assert_eq!(drift.status, 200, "{drift:?}");
+    assert!(!drift.body.contains("<script>alert"), "{}", drift.body);
+    assert!(
+        drift.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        drift.body
+    );
+    assert!(drift.body.contains("meaning-bearing"), "{}", drift.body);
+    // A snapshot of another connection, or one that does not exist, is refused.
+    let r = console.get(
+        "/console/mappings/source-library/drift?to=ffff",
+        Some(&cookie),
+    );
+    assert_eq!(r.status, 404, "{r:?}");
+
+    // The grants review, its inline stylesheet allowed by hash and nothing else.
+    let grants = console.get("/console/mappings/source-library/grants", Some(&cookie));
+    assert_eq!(grants.status, 200, "{grants:?}");
+    assert!(grants.body.contains("Adapter review"), "{}", grants.body);
+    let csp = grants.header("content-security-policy").unwrap();
+    assert!(
+        csp.contains("style-src 'sha256-") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    // The same page as `airlock grants --html` (one renderer).
+    let manifest = workspace().join("target/airlock/adapters/source-library/mapping.toml");
+    let cli = d.airlock(&[
+        "grants",
+        manifest.to_str().unwrap(),
+        "--html",
+        "--allow-flagged",
+    ]);
+    let cli = String::from_utf8_lossy(&cli.stdout).to_string();
+    let title = |html: &str| html[..html.find("</h1>").unwrap()].to_string();
+    assert_eq!(title(&grants.body), title(&cli));
+
+    // In a real browser: the changed description is text, nothing runs.
+    b.goto(&format!(
+        "http://{}/console/mappings/source-library/drift",
+        console.addr
+    ))
+    .await
+    .unwrap();
+    let after = b
+        .find(Locator::Css("#tool-read_note td.after p"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        after.contains("<script>alert(1)</script><img src=x onerror=alert(2)>"),
+        "{after}"
+    );
+    let before = b
+        .find(Locator::Css("#tool-read_note td.before p"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        before.starts_with("Read one note from the read-only library"),
+        "{before}"
+    );
+    assert!(
+        b.find(Locator::Css("#tool-read_note td.after img"))
+            .await
+            .is_err(),
+        "no element was made from the text"
+    );
+    assert!(b.get_alert_text().await.is_err(), "no dialog opened");
+    browser.screenshot("console-drift").await;
+    b.goto(&format!(
+        "http://{}/console/mappings/source-library",
+        console.addr
+    ))
+    .await
+    .unwrap();
+    browser.screenshot("console-mapping").await;
+    browser.close().await;
+
+    // The reviewer approves the new catalogue: a new revision, recorded with their name.
+    let csrf = csrf_of(&page.body);
+    let path = "/console/mappings/source-library";
+    let r = console.post(path, &cookie, &[("action", "approve")], "");
+    assert_eq!(r.status, 403, "no CSRF token: {r:?}");
+    let before = d.airlock_json(&["review", "show", "source-library"]);
+    let r = console.post(path, &cookie, &[("csrf", &csrf), ("action", "approve")], "");
+    assert_eq!(r.status, 303, "{r:?}");
+    let after = d.airlock_json(&["review", "show", "source-library"]);
+    assert_eq!(
+        after["current"]["revision"].as_i64().unwrap(),
+        before["current"]["revision"].as_i64().unwrap() + 1
+    );
+    assert_eq!(after["current"]["state"], "active");
+    assert!(
+        after["current"]["reviewer"]
+            .as_str()
+            .unwrap()
+            .ends_with(" (console)"),
+        "{after}"
+    );
+    let page = console.get(path, Some(&cookie));
+    assert!(
+        !page.body.contains("Compare side by side"),
+        "the pins are the latest snapshot now"
+    );
+    // And retires it (it serves no new calls; `retiring` until calls in flight end).
+    let r = console.post(path, &cookie, &[("csrf", &csrf), ("action", "retire")], "");
+    assert_eq!(r.status, 303, "{r:?}");
+    assert_eq!(
+        d.airlock_json(&["review", "show", "source-library"])["current"]["state"],
+        "retiring"
+    );
+}
+
+/// `[http.auth]` with `console = true`.
+fn console_auth_tables() -> String {
+    crate::http::auth_tables().replacen("[http]\n", "[http]\nconsole = true\n", 1)
+}
+
+/// A console of people over a fresh approvals deployment.
+fn people_console() -> (Deployment, crate::multi_host::Served) {
+    let d = Deployment::with_notes()
+        .mapping("source-library")
+        .with_outbox(&[])
+        .policy(&format!("{POLICY}\n{CONSOLE_POLICY}"))
+        .tables(PROFILES)
+        .tables(&console_auth_tables());
+    d.approve_all();
+    let s = crate::multi_host::serve_http(&d, &d.state_dir());
+    (d, s)
+}
+
+#[tokio::test]
+async fn under_serve_http_policy_decides_who_resolves_a_held_intent() {
+    let d = crate::effects::edited(
+        &["--fail-after-send"],
+        crate::effects::narrowed("idempotent = false\nqueryable = false"),
+    )
+    .tables(&console_auth_tables());
+    let (client, r) = crate::effects::deliver(&d).await;
+    assert_refused(&r, Category::Unknown);
+    client.cancel().await.unwrap();
+    let held = d.airlock_json(&["intents", "list", "--state", "unknown"]);
+    let id = held[0]["id"].as_str().unwrap().to_string();
+    // carol may resolve, but never as `failed` (a failed external effect may be retried).
+    d.rewrite_policy(&format!(
+        "{POLICY}\n{CONSOLE_POLICY}\n@id(\"carol-never-fails-an-intent\")\nforbid (principal == Airlock::Requester::\"carol\", action == Airlock::Action::\"resolve-intent\", resource) when {{ context.outcome == \"failed\" }};\n"
+    ));
+    let s = crate::multi_host::serve_http(&d, &d.state_dir());
+    let bearer = |t: &str| format!("\r\nAuthorization: Bearer {t}");
+    let resolve = format!("/console/intents/{id}");
+    let still_held = || {
+        let shown = d.airlock_json(&["intents", "show", &id]);
+        assert_eq!(shown["intent"]["state"], "unknown", "{shown}");
+    };
+    // dave may not even view the console; alice asked for the delivery, so she may not
+    // settle it, whatever her roles.
+    let dave = person("dave", &["operator"]);
+    let completed = [("as", "completed"), ("evidence", "seen it")];
+    let r = post_console(&s, &resolve, &completed, &bearer(&dave));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("no policy permits it"), "{}", r.body);
+    still_held();
+    let alice = person("alice", &["operator", "approver"]);
+    let r = post_console(&s, &resolve, &completed, &bearer(&alice));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("no-self-resolution"), "{}", r.body);
+    still_held();
+    let carol = person("carol", &["approver"]);
+    let r = post_console(
+        &s,
+        &resolve,
+        &[("as", "failed"), ("evidence", "not there")],
+        &bearer(&carol),
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.body.contains("carol-never-fails-an-intent"), "{}", r.body);
+    still_held();
+    let r = post_console(&s, &resolve, &completed, &bearer(&carol));
+    assert_eq!(r.status, 303, "{r:?}");
+    let shown = d.airlock_json(&["intents", "show", &id]);
+    assert_eq!(shown["intent"]["state"], "completed", "{shown}");
+    assert_eq!(shown["intent"]["resolution"]["by"], "carol (console)");
+}
+
+#[test]
+fn under_serve_http_a_login_session_ends_when_its_token_expires() {
+    let (_d, s) = people_console();
+    let exp = jsonwebtoken::get_current_timestamp() + 3;
+    let token = crate::http::token(
+        "carol",
+        json!({"roles": ["approver"], "airlock_profile": "publisher", "exp": exp}),
+    );
+    let r = post_console(&s, "/console/login", &[("token", &token)], "");
+    assert_eq!(r.status, 303, "{r:?}");
+    let cookie = format!(
+        "\r\nCookie: {}",
+        r.header("set-cookie").unwrap().split(';').next().unwrap()
+    );
+    assert_eq!(get_console(&s, "/console/approvals", &cookie).status, 200);
+    while jsonwebtoken::get_current_timestamp() <= exp {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let r = get_console(&s, "/console/approvals", &cookie);
+    assert_eq!(r.status, 401, "the session outlived its token: {r:?}");
+    assert!(r.body.contains("name=\"token\""), "{}", r.body);
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Bearer realm=\"airlock-console\"")
+    );
+}
+
+#[test]
+fn under_serve_http_another_site_cannot_log_a_browser_in() {
+    let (_d, s) = people_console();
+    let carol = person("carol", &["approver"]);
+    // `http://localhost:1` passes the HTTP front's default origins (any loopback port):
+    // only the console's own check refuses it.
+    for extra in [
+        "\r\nSec-Fetch-Site: cross-site",
+        "\r\nSec-Fetch-Site: same-site",
+        "\r\nOrigin: http://localhost:1",
+    ] {
+        let r = post_console(&s, "/console/login", &[("token", &carol)], extra);
+        assert_eq!(r.status, 403, "{extra}: {r:?}");
+        assert!(r.header("set-cookie").is_none(), "{extra}: {r:?}");
+    }
+    let own = format!(
+        "\r\nOrigin: http://{}\r\nSec-Fetch-Site: same-origin",
+        s.addr
+    );
+    let r = post_console(&s, "/console/login", &[("token", &carol)], &own);
+    assert_eq!(r.status, 303, "{r:?}");
+}
+
+#[test]
+fn under_serve_http_the_console_keeps_the_fronts_host_check() {
+    let (_d, s) = people_console();
+    let carol = person("carol", &["approver"]);
+    let r = raw(
+        &s.addr,
+        &format!(
+            "GET /console/approvals HTTP/1.1\r\nHost: rebound.example\r\nAuthorization: Bearer {carol}"
+        ),
+        b"",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(!r.body.contains("Pending approvals"), "{}", r.body);
+}
+
+#[test]
+fn under_serve_http_only_people_policy_lets_view_log_in_and_each_holds_few_sessions() {
+    let (_d, s) = people_console();
+    // A valid token whose person policy does not let view the console (an agent's token,
+    // say): no login, no page.
+    let agent = person("agent-7", &[]);
+    let r = post_console(&s, "/console/login", &[("token", &agent)], "");
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.header("set-cookie").is_none(), "{r:?}");
+    assert!(r.body.contains("may not view the console"), "{}", r.body);
+    let r = get_console(
+        &s,
+        "/console/approvals",
+        &format!("\r\nAuthorization: Bearer {agent}"),
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(!r.body.contains("Pending approvals"), "{}", r.body);
+    // One person holds at most MAX_SESSIONS_PER_PERSON sessions: one more ends the oldest.
+    let carol = person("carol", &["approver"]);
+    let mut cookies = Vec::new();
+    for _ in 0..=airlock::console::MAX_SESSIONS_PER_PERSON {
+        let r = post_console(&s, "/console/login", &[("token", &carol)], "");
+        assert_eq!(r.status, 303, "{r:?}");
+        let c = r.header("set-cookie").unwrap();
+        assert!(!c.contains("Secure"), "an http:// audience: {c}");
+        cookies.push(format!("\r\nCookie: {}", c.split(';').next().unwrap()));
+    }
+    assert_eq!(
+        get_console(&s, "/console/approvals", &cookies[0]).status,
+        401
+    );
+    for c in &cookies[1..] {
+        assert_eq!(get_console(&s, "/console/approvals", c).status, 200);
+    }
 }

@@ -588,6 +588,8 @@ pub enum ConsoleSubject<'a> {
         effect_class: &'a str,
         outcome: &'a str,
     },
+    /// `view` on `Console::"console"`: reading the console's pages.
+    Console,
     /// `review` (approve the revision to serve) or, with `retire`, `retire` on
     /// `Mapping::"name"` at `revision`.
     Mapping {
@@ -821,6 +823,11 @@ impl PolicyEngine {
                 let context = Context::from_pairs([("outcome".to_string(), string(outcome))]);
                 (action("resolve-intent"), resource, context)
             }
+            ConsoleSubject::Console => (
+                action("view"),
+                uid("Console", "console"),
+                Ok(Context::empty()),
+            ),
             ConsoleSubject::Mapping {
                 name,
                 contract,
@@ -1204,6 +1211,25 @@ mod tests {
             verdict(&rita, approval("alice", "approve")),
             Verdict::Deny(_)
         ));
+        // Both roles may view the console; a token without either may not.
+        assert_eq!(verdict(&carol, ConsoleSubject::Console), Verdict::Allow);
+        assert_eq!(verdict(&rita, ConsoleSubject::Console), Verdict::Allow);
+        assert!(matches!(
+            verdict(&dave, ConsoleSubject::Console),
+            Verdict::Deny(_)
+        ));
+        // Nobody settles the outcome of an effect they asked for.
+        let own_intent = ConsoleSubject::Intent {
+            id: "int_2",
+            requester: "carol",
+            capability: "deliver_artifact",
+            mapping: "outbox-delivery",
+            effect_class: "external-effect",
+            outcome: "failed",
+        };
+        let d = engine.may_act(&carol, &own_intent);
+        assert!(matches!(d.verdict, Verdict::Deny(_)));
+        assert_eq!(d.determining, ["builtin-no-self-resolution"]);
     }
 
     #[test]
@@ -1212,7 +1238,7 @@ mod tests {
         let p = Policy::builtin();
         assert_eq!(p.digest().len(), 64);
         assert_eq!(p.files()[0].label, BUILTIN_LABEL);
-        assert_eq!(p.files()[0].policies, 6);
+        assert_eq!(p.files()[0].policies, 7);
     }
 
     #[test]

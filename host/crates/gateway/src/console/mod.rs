@@ -1,8 +1,9 @@
 //! The operator console (issue 31): web pages over the same store any process reads,
 //! where a person decides what waits for a person. It serves the **approvals inbox**, the
-//! **held intents**, **connections** (with mappings, what waits and the trace's head) and
-//! the **trace** ([`trace`]: each call's life, verification; [`audit`]: a run's audit
-//! package), from `airlock console` or under `/console` of `airlock serve --http` when `[http]
+//! **held intents**, **connections** (with mappings, what waits and the trace's head), the
+//! **mappings** ([`mappings`]: the four questions, drift side by side, grants, approve and
+//! retire) and the **trace** ([`trace`]: each call's life, verification; [`audit`]: a
+//! run's audit package), from `airlock console` or under `/console` of `airlock serve --http` when `[http]
 //! console = true`.
 //!
 //! Rules:
@@ -18,10 +19,15 @@
 //!     [`crate::front::auth::Verifier`]: issuer, audience, signature, expiry, scopes), or
 //!     sends it as `Authorization: Bearer` on each request (a script). The person is the
 //!     token's `sub` in the roles of its roles claim, recorded as `SUB (console)`, and
-//!     **Cedar decides every action** with them as principal
-//!     ([`crate::policy::PolicyEngine::may_act`]: `approve`, `resolve-intent`, `review`,
-//!     `retire`); a refusal is `403` naming the policies that decided, and changes
-//!     nothing. A login session ends when the token expires, or after [`SESSION_MAX`].
+//!     **Cedar decides everything they do** with them as principal
+//!     ([`crate::policy::PolicyEngine::may_act`]): `view` on every page (a person policy
+//!     does not let view cannot log in: a valid MCP token alone is not enough),
+//!     `approve`, `resolve-intent`, `review`, `retire`; a refusal is `403` naming the
+//!     policies that decided, and changes nothing. A login session ends when the token
+//!     expires, or after [`SESSION_MAX`]; one person holds at most
+//!     [`MAX_SESSIONS_PER_PERSON`] (a login beyond ends their oldest), the console at most
+//!     [`MAX_SESSIONS`]. A `401` carries `WWW-Authenticate: Bearer
+//!     realm="airlock-console"`; the cookie is `Secure` when the audience is `https://`.
 //! - **Sessions** are a random id in the cookie `airlock_console` (`HttpOnly;
 //!   SameSite=Strict; Path=/console`). A page without a session is `401` with a page
 //!   saying how to log in.
@@ -44,6 +50,7 @@
 //!   person's identity.
 
 pub mod audit;
+pub mod mappings;
 mod pages;
 pub mod trace;
 
@@ -84,6 +91,9 @@ pub const PAGE: usize = 200;
 pub const SESSION_MAX: Duration = Duration::from_secs(8 * 3600);
 /// Most console sessions open at once; a login beyond it is refused until one expires.
 pub const MAX_SESSIONS: usize = 4096;
+/// Most console sessions one person holds; a login beyond it ends their oldest, so no one
+/// token holder can take every slot.
+pub const MAX_SESSIONS_PER_PERSON: usize = 8;
 
 /// The `Content-Security-Policy` of every answer (module rules).
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -96,6 +106,14 @@ pub struct Console {
     sessions: Mutex<HashMap<String, Session>>,
     /// The checkpoint file whose newest line the connections page shows.
     checkpoints: Option<std::path::PathBuf>,
+    /// The serving host this console runs in (`serve --http`): its policy, live catalogue
+    /// and configuration.
+    host: Option<Arc<Host>>,
+    /// The serve configuration (`airlock console --config`), when not in a host.
+    config: Option<Arc<crate::config::ServeConfig>>,
+    /// Whether the session cookie carries `Secure` (people reach this Airlock over
+    /// HTTPS: its audience is an `https://` URL).
+    secure_cookie: bool,
 }
 
 /// How people log in (module rules).
@@ -106,10 +124,7 @@ enum Access {
         operator: Arc<Person>,
     },
     /// Bearer tokens of `[http.auth]`; the host's policy decides each action.
-    Bearer {
-        verifier: Arc<Verifier>,
-        host: Arc<Host>,
-    },
+    Bearer { verifier: Arc<Verifier> },
 }
 
 /// The person behind a console session.
@@ -128,6 +143,8 @@ struct Session {
     person: Arc<Person>,
     /// When it ends (ms since the epoch); `u64::MAX`: with the process.
     expires_ms: u64,
+    /// When it was opened (ms since the epoch).
+    opened_ms: u64,
     /// The request carried its bearer token: no CSRF token is needed.
     bearer: bool,
 }
@@ -162,6 +179,9 @@ impl Console {
             },
             sessions: Mutex::default(),
             checkpoints: None,
+            host: None,
+            config: None,
+            secure_cookie: false,
         });
         (console, token)
     }
@@ -169,12 +189,51 @@ impl Console {
     /// A console of `host` where people log in with bearer tokens `verifier` accepts, and
     /// the host's policy decides what each may do (module rules).
     pub fn for_people(host: Arc<Host>, verifier: Arc<Verifier>) -> Arc<Self> {
+        let secure_cookie = verifier.settings().audience.starts_with("https://");
         Arc::new(Self {
+            secure_cookie,
             registry: host.registry().clone(),
-            access: Access::Bearer { verifier, host },
+            access: Access::Bearer { verifier },
             sessions: Mutex::default(),
             checkpoints: None,
+            host: Some(host),
+            config: None,
         })
+    }
+
+    /// The same console, in the serving host `host` (its policy, catalogue and
+    /// configuration feed the mapping pages).
+    ///
+    /// # Panics
+    /// When the console is shared already (call it right after [`Console::new`]).
+    pub fn in_host(mut self: Arc<Self>, host: Arc<Host>) -> Arc<Self> {
+        Arc::get_mut(&mut self)
+            .expect("set before the console is shared")
+            .host = Some(host);
+        self
+    }
+
+    /// The same console, knowing the serve configuration `config` (the mapping pages'
+    /// grants and approvals read it).
+    ///
+    /// # Panics
+    /// When the console is shared already (call it right after [`Console::new`]).
+    pub fn with_config(
+        mut self: Arc<Self>,
+        config: Option<crate::config::ServeConfig>,
+    ) -> Arc<Self> {
+        Arc::get_mut(&mut self)
+            .expect("set before the console is shared")
+            .config = config.map(Arc::new);
+        self
+    }
+
+    /// The serve configuration: the host's, else the one given.
+    fn config(&self) -> Option<&crate::config::ServeConfig> {
+        self.host
+            .as_ref()
+            .map(|h| h.config())
+            .or(self.config.as_deref())
     }
 
     /// The same console, showing the newest line of the checkpoint file `file`.
@@ -249,12 +308,23 @@ impl Console {
                     None => self.not_logged_in(),
                 }
             }
+            (&Method::GET, r) if r == "/mappings" || r.starts_with("/mappings/") => {
+                match self.session(&parts.headers) {
+                    Some(Ok(s)) => self.mappings(&s, r, parts.uri.query()),
+                    Some(Err(r)) => *r,
+                    None => self.not_logged_in(),
+                }
+            }
             (&Method::GET, "/intents") => match self.session(&parts.headers) {
                 Some(Ok(s)) => self.held(&s, parts.uri.query()),
                 Some(Err(r)) => *r,
                 None => self.not_logged_in(),
             },
-            (&Method::POST, r) if r.starts_with("/approvals/") || r.starts_with("/intents/") => {
+            (&Method::POST, r)
+                if r.starts_with("/approvals/")
+                    || r.starts_with("/intents/")
+                    || r.starts_with("/mappings/") =>
+            {
                 if let Some(why) = cross_site(&parts.headers) {
                     return page(StatusCode::FORBIDDEN, pages::message("Refused", &why));
                 }
@@ -284,6 +354,9 @@ impl Console {
                             "the form did not carry this console session's token; reload the page and decide again",
                         ),
                     );
+                }
+                if let Some(name) = r.strip_prefix("/mappings/") {
+                    return self.review(&session, name, &form);
                 }
                 match r.strip_prefix("/approvals/") {
                     Some(id) => self.decide(&session, id, &form),
@@ -351,12 +424,19 @@ impl Console {
             .and_then(|h| verifier.verify(Some(&h)));
         match verified {
             Ok(v) => {
-                let expires_ms = v
-                    .expires_s
-                    .saturating_mul(1000)
-                    .min(crate::store::now_ms() + SESSION_MAX.as_millis() as u64);
+                let expires_ms = session_expiry(v.expires_s, crate::store::now_ms());
                 match person_of(&v) {
                     Ok(person) => {
+                        if let Some(why) = self.may_not_view(&person) {
+                            tracing::info!(person = %v.subject, %why, "console login refused by policy");
+                            return page(
+                                StatusCode::FORBIDDEN,
+                                pages::token_login(Some(&format!(
+                                    "{} may not view the console: {why}",
+                                    v.subject
+                                ))),
+                            );
+                        }
                         tracing::info!(person = %v.subject, "console login");
                         self.open_session(Arc::new(person), expires_ms)
                     }
@@ -368,7 +448,7 @@ impl Console {
             }
             Err(r) => {
                 tracing::info!(reason = %r.describe(), "refused a console login");
-                page(r.status(), pages::token_login(Some(&r.describe())))
+                challenged(page(r.status(), pages::token_login(Some(&r.describe()))))
             }
         }
     }
@@ -381,6 +461,16 @@ impl Console {
         {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             sessions.retain(|_, s| s.expires_ms > now);
+            let mine: Vec<(u64, String)> = sessions
+                .iter()
+                .filter(|(_, s)| s.person.recorded == person.recorded)
+                .map(|(k, s)| (s.opened_ms, k.clone()))
+                .collect();
+            if mine.len() >= MAX_SESSIONS_PER_PERSON
+                && let Some((_, oldest)) = mine.into_iter().min()
+            {
+                sessions.remove(&oldest);
+            }
             if sessions.len() >= MAX_SESSIONS {
                 return page(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -396,12 +486,14 @@ impl Console {
                     csrf: random_token(),
                     person,
                     expires_ms,
+                    opened_ms: now,
                     bearer: false,
                 },
             );
         }
         let mut r = redirect(&format!("{PREFIX}/approvals"));
-        let cookie = format!("{COOKIE}={id}; Path={PREFIX}; HttpOnly; SameSite=Strict");
+        let secure = if self.secure_cookie { "; Secure" } else { "" };
+        let cookie = format!("{COOKIE}={id}; Path={PREFIX}; HttpOnly; SameSite=Strict{secure}");
         if let Ok(v) = HeaderValue::from_str(&cookie) {
             r.headers_mut().insert(header::SET_COOKIE, v);
         }
@@ -412,14 +504,40 @@ impl Console {
     /// people, the person its `Authorization: Bearer` token names (`Err`: the token's
     /// refusal page). `None`: neither.
     fn session(&self, headers: &http::HeaderMap) -> Option<Result<Session, Box<Response<Body>>>> {
+        let found = self.session_of(headers)?;
+        Some(found.and_then(|s| match self.may_not_view(&s.person) {
+            None => Ok(s),
+            Some(why) => Err(Box::new(page(
+                StatusCode::FORBIDDEN,
+                pages::message(
+                    "Not allowed",
+                    &format!("{} may not view the console: {why}", s.person.recorded),
+                ),
+            ))),
+        }))
+    }
+
+    /// Why policy does not let `person` read the console's pages (`view`), if it does not.
+    fn may_not_view(&self, person: &Person) -> Option<String> {
+        let (Some(host), Some(principal)) = (&self.host, &person.principal) else {
+            return None;
+        };
+        refusal(&host.policy().may_act(principal, &ConsoleSubject::Console))
+    }
+
+    /// The session a request names (before policy is asked whether its person may view).
+    fn session_of(
+        &self,
+        headers: &http::HeaderMap,
+    ) -> Option<Result<Session, Box<Response<Body>>>> {
         if let (Access::Bearer { verifier, .. }, Some(h)) =
             (&self.access, headers.get(header::AUTHORIZATION))
         {
             let verified = verifier.verify(Some(h)).map_err(|r| {
-                Box::new(page(
+                Box::new(challenged(page(
                     r.status(),
                     pages::message("Token refused", &r.describe()),
-                ))
+                )))
             });
             return Some(verified.and_then(|v| {
                 let person = person_of(&v).map_err(|e| {
@@ -432,6 +550,7 @@ impl Console {
                     csrf: String::new(),
                     person: Arc::new(person),
                     expires_ms: v.expires_s.saturating_mul(1000),
+                    opened_ms: crate::store::now_ms(),
                     bearer: true,
                 })
             }));
@@ -457,27 +576,19 @@ impl Console {
     /// Why policy does not let the session's person act on `subject` (`None`: it does, or
     /// the person is the loopback operator, whom policy is not asked about).
     fn refused(&self, session: &Session, subject: &ConsoleSubject<'_>) -> Option<String> {
-        let (Access::Bearer { host, .. }, Some(principal)) =
-            (&self.access, &session.person.principal)
-        else {
+        let (Some(host), Some(principal)) = (&self.host, &session.person.principal) else {
             return None;
         };
-        let d = host.policy().may_act(principal, subject);
-        if d.verdict == Verdict::Allow {
-            return None;
-        }
-        Some(if d.determining.is_empty() {
-            "no policy permits it".to_string()
-        } else {
-            format!("forbidden by policy {}", d.determining.join(", "))
-        })
+        refusal(&host.policy().may_act(principal, subject))
     }
 
     /// `401` with how to log in to this console.
     fn not_logged_in(&self) -> Response<Body> {
         match self.access {
             Access::OneTime { .. } => not_logged_in(),
-            Access::Bearer { .. } => page(StatusCode::UNAUTHORIZED, pages::token_login(None)),
+            Access::Bearer { .. } => {
+                challenged(page(StatusCode::UNAUTHORIZED, pages::token_login(None)))
+            }
         }
     }
 
@@ -714,6 +825,26 @@ impl Console {
     }
 }
 
+/// Why decision `d` refuses, in words (`None`: it allows).
+fn refusal(d: &crate::policy::Decision) -> Option<String> {
+    if d.verdict == Verdict::Allow {
+        return None;
+    }
+    Some(if d.determining.is_empty() {
+        "no policy permits it".to_string()
+    } else {
+        format!("forbidden by policy {}", d.determining.join(", "))
+    })
+}
+
+/// When a login session of a token expiring at `exp_s` (seconds since the epoch) ends,
+/// opened at `now_ms`: at the token's expiry, at most [`SESSION_MAX`] from now.
+fn session_expiry(exp_s: u64, now_ms: u64) -> u64 {
+    exp_s
+        .saturating_mul(1000)
+        .min(now_ms.saturating_add(SESSION_MAX.as_millis() as u64))
+}
+
 /// The person a verified token names, as the console records and asks policy about.
 fn person_of(v: &crate::front::auth::Verified) -> Result<Person> {
     Ok(Person {
@@ -829,6 +960,380 @@ impl Console {
     }
 }
 
+impl Console {
+    /// `GET /console/mappings`, `/console/mappings/{name}[?requester=&roles=]`,
+    /// `/console/mappings/{name}/drift[?from=DIGEST&to=DIGEST]`,
+    /// `/console/mappings/{name}/grants` ([`mappings`]).
+    fn mappings(&self, session: &Session, rest: &str, query: Option<&str>) -> Response<Body> {
+        let store = self.registry.store();
+        let Some(tail) = rest.strip_prefix("/mappings/") else {
+            return match store.mappings() {
+                Ok(list) => page(StatusCode::OK, mappings::list_page(&list)),
+                Err(e) => store_unavailable(&e),
+            };
+        };
+        let (name, sub) = tail.split_once('/').unwrap_or((tail, ""));
+        let show = match crate::review::review_show(&self.registry, name, self.config()) {
+            Ok(s) => s,
+            Err(e) => {
+                return page(
+                    StatusCode::NOT_FOUND,
+                    pages::message("No such mapping", &format!("{e:#}")),
+                );
+            }
+        };
+        match sub {
+            "" => self.mapping(session, &show, query),
+            "drift" => self.drift(&show, query),
+            "grants" => self.grants(name),
+            _ => page(
+                StatusCode::NOT_FOUND,
+                pages::message("Not found", "No such console page."),
+            ),
+        }
+    }
+
+    /// The subject policy is asked about when a person reviews or retires `show`'s
+    /// mapping.
+    fn mapping_refused(
+        &self,
+        session: &Session,
+        show: &crate::review::ReviewShow,
+        retire: bool,
+    ) -> Option<String> {
+        let c = &show.current;
+        let contract = self
+            .host
+            .as_ref()
+            .and_then(|h| {
+                h.catalog()
+                    .mappings
+                    .get(&c.name)
+                    .map(|m| m.contract.interface.clone())
+            })
+            .unwrap_or_default();
+        self.refused(
+            session,
+            &ConsoleSubject::Mapping {
+                name: &c.name,
+                contract: &contract,
+                revision: c.revision,
+                state: c.state.as_str(),
+                retire,
+            },
+        )
+    }
+
+    fn mapping(
+        &self,
+        session: &Session,
+        show: &crate::review::ReviewShow,
+        query: Option<&str>,
+    ) -> Response<Body> {
+        let store = self.registry.store();
+        let c = &show.current;
+        let pins = crate::registry::Pins::from_value(&c.pins);
+        let pinned: Option<crate::registry::drift::Catalogue> = c
+            .snapshot_digest
+            .as_deref()
+            .and_then(|d| store.snapshot(d).ok().flatten())
+            .and_then(|s| serde_json::from_value(s.body).ok());
+        let pinned_tools = pins
+            .tools
+            .keys()
+            .map(|t| (t.clone(), pinned.as_ref().and_then(|p| p.tool(t).cloned())))
+            .collect();
+        let catalog = self.host.as_ref().map(|h| h.catalog());
+        let derived = catalog.as_ref().map(|cat| {
+            cat.capabilities
+                .iter()
+                .filter(|cap| cap.mapping.name == c.name)
+                .map(|cap| mappings::Derived {
+                    name: cap.name.clone(),
+                    description: cap.description.clone(),
+                    schema: serde_json::Value::Object((*cap.input_schema).clone()),
+                })
+                .collect()
+        });
+        let requester = query_value(query, "requester").filter(|r| !r.trim().is_empty());
+        let policy = match (&self.host, &catalog, requester) {
+            (Some(host), Some(cat), Some(requester)) => {
+                let roles: Vec<String> = query_value(query, "roles")
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|r| r.trim().to_string())
+                    .filter(|r| !r.is_empty())
+                    .collect();
+                match Principal::new(&requester, &roles, "http") {
+                    Ok(principal) => Some((
+                        requester.clone(),
+                        policy_rows(host, cat, &c.name, &principal),
+                    )),
+                    Err(e) => {
+                        return page(
+                            StatusCode::BAD_REQUEST,
+                            pages::message("Bad requester", &format!("{e:#}")),
+                        );
+                    }
+                }
+            }
+            _ => None,
+        };
+        let notice = query_value(query, "done");
+        let view = mappings::MappingView {
+            show,
+            pinned_tools,
+            derived,
+            policy,
+            can_check_policy: self.host.is_some(),
+            can_approve: self.config().is_some(),
+            csrf: &session.csrf,
+            person: &session.person.recorded,
+            notice: notice.as_deref(),
+            review_refused: self.mapping_refused(session, show, false),
+            retire_refused: self.mapping_refused(session, show, true),
+        };
+        page(StatusCode::OK, mappings::mapping_page(&view))
+    }
+
+    /// Drift between two snapshots of the mapping's connection, side by side: `from`
+    /// defaults to the pinned snapshot, `to` to the latest.
+    fn drift(&self, show: &crate::review::ReviewShow, query: Option<&str>) -> Response<Body> {
+        let store = self.registry.store();
+        let c = &show.current;
+        let from = query_value(query, "from").or_else(|| c.snapshot_digest.clone());
+        let to = query_value(query, "to").or_else(|| show.latest_snapshot.clone());
+        let (Some(from), Some(to)) = (from, to) else {
+            return page(
+                StatusCode::NOT_FOUND,
+                pages::message(
+                    "No drift to show",
+                    "The mapping has no pinned snapshot, or its connection none stored.",
+                ),
+            );
+        };
+        let load = |d: &str| -> Result<(
+            crate::store::StoredSnapshot,
+            crate::registry::drift::Catalogue,
+        )> {
+            let snap = store.snapshot(d)?.with_context(|| {
+                format!("no snapshot matches `{}`", airlock_core::text::safe(d, 80))
+            })?;
+            let catalogue = serde_json::from_value(snap.body.clone())
+                .context("the stored snapshot does not parse")?;
+            Ok((snap, catalogue))
+        };
+        let (old, new) = match (load(&from), load(&to)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                return page(
+                    StatusCode::NOT_FOUND,
+                    pages::message("No such snapshot", &format!("{e:#}")),
+                );
+            }
+        };
+        if old.0.connection_id != c.connection_id || new.0.connection_id != c.connection_id {
+            return page(
+                StatusCode::BAD_REQUEST,
+                pages::message(
+                    "Not this mapping's connection",
+                    "Both snapshots must be of the mapping's connection.",
+                ),
+            );
+        }
+        let drift = crate::registry::drift::diff(&old.1, &new.1);
+        let pinned = crate::registry::Pins::from_value(&c.pins)
+            .tools
+            .keys()
+            .cloned()
+            .collect();
+        page(
+            StatusCode::OK,
+            mappings::drift_page(&c.name, &old.0, &new.0, &old.1, &new.1, &drift, &pinned),
+        )
+    }
+
+    /// `airlock grants --html` of the mapping, as the serve configuration names it.
+    fn grants(&self, name: &str) -> Response<Body> {
+        let Some(config) = self.config() else {
+            return page(
+                StatusCode::NOT_FOUND,
+                pages::message(
+                    "No configuration",
+                    "The grants review reads the adapter's component from the serve configuration: start the console with --config FILE, or open it in the console of airlock serve --http.",
+                ),
+            );
+        };
+        let review = (|| -> Result<crate::review::grants::Review> {
+            let source = crate::review::find_mapping(config, name)?;
+            let path = source
+                .path
+                .context("the mapping's manifest was not read from a file")?;
+            let contracts = crate::registry::contracts::ContractSet::judge(
+                config,
+                Some(self.registry.store()),
+            )?;
+            let mut review = crate::review::grants::review(&path, &contracts)?;
+            crate::review::grants::add_registry(&mut review, &path, &self.registry, None)?;
+            Ok(review)
+        })();
+        match review {
+            Ok(r) => {
+                let mut resp = page_html(StatusCode::OK, r.to_html());
+                // The review is one self-contained page with its own stylesheet inline:
+                // allowed by its hash, nothing else.
+                if let Ok(v) = HeaderValue::from_str(&format!(
+                    "default-src 'none'; style-src '{}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+                    crate::review::grants::style_hash()
+                )) {
+                    resp.headers_mut()
+                        .insert(header::CONTENT_SECURITY_POLICY, v);
+                }
+                resp
+            }
+            Err(e) => page(
+                StatusCode::NOT_FOUND,
+                pages::message("No grants review", &format!("{e:#}")),
+            ),
+        }
+    }
+
+    /// `POST /console/mappings/{name}` with `action` `approve` (pin the latest snapshot
+    /// as a new `active` revision) or `retire`.
+    fn review(
+        &self,
+        session: &Session,
+        name: &str,
+        form: &HashMap<String, String>,
+    ) -> Response<Body> {
+        let retire = match form.get("action").map(String::as_str) {
+            Some("approve") => false,
+            Some("retire") => true,
+            _ => {
+                return page(
+                    StatusCode::BAD_REQUEST,
+                    pages::message("Bad form", "action must be approve or retire"),
+                );
+            }
+        };
+        let show = match crate::review::review_show(&self.registry, name, self.config()) {
+            Ok(s) => s,
+            Err(e) => {
+                return page(
+                    StatusCode::NOT_FOUND,
+                    pages::message("No such mapping", &format!("{e:#}")),
+                );
+            }
+        };
+        if let Some(why) = self.mapping_refused(session, &show, retire) {
+            tracing::info!(person = %session.person.recorded, mapping = %name, retire, %why, "console review refused by policy");
+            return page(
+                StatusCode::FORBIDDEN,
+                pages::message(
+                    "Not allowed",
+                    &format!(
+                        "{} may not {} mapping {}: {why}",
+                        session.person.recorded,
+                        if retire { "retire" } else { "approve" },
+                        show.current.name
+                    ),
+                ),
+            );
+        }
+        let who = &session.person.recorded;
+        let done_page = format!("mappings/{}", show.current.name);
+        let result = if retire {
+            self.registry.retire(&show.current.name, who)
+        } else {
+            match self.config() {
+                Some(config) => {
+                    crate::review::approve(config, &show.current.name, who, None, None, &[], false)
+                }
+                None => {
+                    return page(
+                        StatusCode::CONFLICT,
+                        pages::message(
+                            "Not approved",
+                            "Approving reads the adapter from the serve configuration: start the console with --config FILE, or use the console of airlock serve --http.",
+                        ),
+                    );
+                }
+            }
+        };
+        match result {
+            Ok(r) => done(
+                &done_page,
+                &format!("{} revision {} is {}", r.name, r.revision, r.state.as_str()),
+            ),
+            Err(e) => page(
+                StatusCode::CONFLICT,
+                pages::message("Not done", &format!("{e:#}")),
+            ),
+        }
+    }
+}
+
+/// What policy answers `principal` for each capability of mapping `name` in each profile
+/// of `host`'s configuration (as `tools/list` asks: no argument facts).
+fn policy_rows(
+    host: &Host,
+    catalog: &crate::registry::catalog::Catalog,
+    name: &str,
+    principal: &Principal,
+) -> Vec<mappings::PolicyRow> {
+    let mut rows = Vec::new();
+    for cap in catalog
+        .capabilities
+        .iter()
+        .filter(|c| c.mapping.name == name)
+    {
+        let record = cap.mapping.record();
+        for (profile_name, profile) in &host.config().profiles {
+            let mut row = mappings::PolicyRow {
+                capability: cap.name.clone(),
+                profile: profile_name.clone(),
+                answer: String::new(),
+                determining: Vec::new(),
+            };
+            if !profile.includes(&cap.name, &cap.mapping.connection.name) {
+                row.answer = "not in this profile".into();
+                rows.push(row);
+                continue;
+            }
+            let may = host.policy().may_use_profile(principal, profile_name);
+            if may.verdict != Verdict::Allow {
+                row.answer = "may not use this profile".into();
+                row.determining = may.determining;
+                rows.push(row);
+                continue;
+            }
+            let d = host.policy().decide_call(
+                principal,
+                &crate::pipeline::offer::capability_facts(
+                    cap,
+                    record.revision,
+                    record.state.as_str(),
+                ),
+                &crate::policy::CallFacts {
+                    profile: profile_name,
+                    transport: "http",
+                    protocol: "2026-07-28",
+                    destination: None,
+                    artifact_bytes: None,
+                },
+            );
+            row.answer = match d.verdict {
+                Verdict::Allow => "allow".into(),
+                Verdict::RequireApproval => "require-approval".into(),
+                Verdict::Deny(c) => format!("deny ({})", c.as_str()),
+            };
+            row.determining = d.determining;
+            rows.push(row);
+        }
+    }
+    rows
+}
+
 /// The value of `key` in a query string.
 fn query_value(query: Option<&str>, key: &str) -> Option<String> {
     query
@@ -909,7 +1414,12 @@ fn secure(mut r: Response<Body>) -> Response<Body> {
 
 /// An HTML page with `status`.
 fn page(status: StatusCode, html: maud::Markup) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(html.into_string())));
+    page_html(status, html.into_string())
+}
+
+/// An HTML page (already rendered, escaped by its renderer) with `status`.
+fn page_html(status: StatusCode, html: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(html)));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -931,6 +1441,18 @@ fn redirect(to: &str) -> Response<Body> {
     let mut r = page(StatusCode::SEE_OTHER, pages::message("Moved", "Continue."));
     if let Ok(v) = HeaderValue::from_str(to) {
         r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// `r` with the challenge of a console that takes bearer tokens (a `401` names its
+/// scheme: RFC 9110 §11.6.1, RFC 6750 §3).
+fn challenged(mut r: Response<Body>) -> Response<Body> {
+    if r.status() == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"airlock-console\""),
+        );
     }
     r
 }
@@ -962,6 +1484,7 @@ pub async fn serve(
     registry: Registry,
     addr: &str,
     checkpoints: Option<std::path::PathBuf>,
+    config: Option<crate::config::ServeConfig>,
 ) -> Result<()> {
     let addr: SocketAddr = addr.parse().with_context(|| {
         format!("--addr `{addr}`: expected an address such as {DEFAULT_ADDR} or [::1]:8788")
@@ -977,7 +1500,7 @@ pub async fn serve(
     let local = listener.local_addr()?;
     let operator = format!("{} (console)", crate::config::os_user_name());
     let (console, token) = Console::new(registry, operator);
-    let console = console.with_checkpoints(checkpoints);
+    let console = console.with_checkpoints(checkpoints).with_config(config);
     eprintln!("airlock: console at http://{local}{PREFIX}/login?token={token}");
     eprintln!("airlock: open that link once to log in; it is printed only here");
     accept(listener, console).await
@@ -1035,6 +1558,16 @@ mod tests {
         assert!(cross_site(&h).unwrap().contains("null"));
         h.insert("sec-fetch-site", "same-site".parse().unwrap());
         assert!(cross_site(&h).is_some());
+    }
+
+    #[test]
+    fn a_login_session_lasts_at_most_session_max() {
+        let now = 1_000_000_000_000;
+        let max = now + SESSION_MAX.as_millis() as u64;
+        assert_eq!(session_expiry(now / 1000 + 7 * 24 * 3600, now), max);
+        assert_eq!(session_expiry(now / 1000 + 60, now), now + 60_000);
+        assert_eq!(session_expiry(u64::MAX, now), max);
+        assert_eq!(session_expiry(0, now), 0);
     }
 
     #[test]

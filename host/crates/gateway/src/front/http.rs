@@ -517,7 +517,9 @@ pub async fn serve(config: ServeConfig, addr: &str, profile: Option<String>) -> 
                 let (console, token) =
                     crate::console::Console::new(front.host.registry().clone(), operator);
                 console_login = Some(token);
-                console.with_checkpoints(checkpoints)
+                console
+                    .with_checkpoints(checkpoints)
+                    .in_host(front.host.clone())
             }
         });
     }

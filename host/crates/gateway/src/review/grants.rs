@@ -1945,6 +1945,19 @@ impl Review {
     }
 }
 
+/// The `style-src` source (`'sha256-…'`, CSP Level 3 §8.4) of the stylesheet
+/// [`Review::to_html`] inlines: a page with a strict Content-Security-Policy (the console's)
+/// allows that stylesheet and no other.
+pub fn style_hash() -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("\n{STYLE}").as_bytes());
+    format!(
+        "sha256-{}",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}\n\
 table{border-collapse:collapse;margin-bottom:1em}\n\
 th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}\n\
