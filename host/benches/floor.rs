@@ -34,6 +34,11 @@
 //! path: spans exported to a local OTLP/HTTP receiver in this process (which reads and
 //! discards them) and `/metrics` scraped every second.
 //!
+//! `AIRLOCK_BENCH_CONSOLE=1` adds the same host with an operator console open on its state
+//! folder as one more stdio path: `airlock console` in its own process, logged in, its
+//! inbox and connections pages fetched every second (five times the refresh of an empty
+//! inbox page) for the whole run: whether a console reading the store slows `tools/call`.
+//!
 //! `AIRLOCK_BENCH_BASELINE=/path/to/an/older/airlock` adds that binary's `serve` (stdio and
 //! HTTP) as two more interleaved paths: a before/after comparison in one run.
 //! `AIRLOCK_BENCH_HTTP_WORKERS=N` starts every `serve --http` (both binaries) with
@@ -499,6 +504,24 @@ async fn bench() {
     } else {
         None
     };
+    // AIRLOCK_BENCH_CONSOLE=1: the same host with a console polling its store, interleaved
+    // with the one without.
+    let _console = if std::env::var_os("AIRLOCK_BENCH_CONSOLE").is_some() {
+        let state = dir.path().join("state-console");
+        stdio.push(
+            airlock_stdio(
+                "airlock serve (stdio), console open",
+                &bin,
+                &config,
+                &state,
+                &cache_dir,
+            )
+            .await,
+        );
+        Some(ConsolePoller::start(&bin, &state))
+    } else {
+        None
+    };
     // AIRLOCK_BENCH_STDIO_ONLY=1: no HTTP paths (a quicker before/after of the stdio path).
     let with_http = std::env::var_os("AIRLOCK_BENCH_STDIO_ONLY").is_none();
     let mut http = Vec::new();
@@ -718,7 +741,89 @@ async fn bench() {
             scraper.failed.load(Relaxed)
         );
     }
+    if let Some(c) = &_console {
+        use std::sync::atomic::Ordering::Relaxed;
+        println!(
+            "\nconsole path: {} console pages fetched ({} failed)",
+            c.ok.load(Relaxed),
+            c.failed.load(Relaxed)
+        );
+    }
     println!("\nload average at end: {}", load_average());
+}
+
+/// `airlock console` on a host's state folder, logged in, its inbox and connections pages
+/// fetched every second by a thread of this process (`AIRLOCK_BENCH_CONSOLE`).
+struct ConsolePoller {
+    child: std::process::Child,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Drop for ConsolePoller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ConsolePoller {
+    fn start(bin: &Path, state: &Path) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let mut child = std::process::Command::new(bin)
+            .args(["console", "--addr", "127.0.0.1:0"])
+            .env("AIRLOCK_STATE_DIR", state)
+            .env("AIRLOCK_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("airlock console ended").unwrap();
+            if let Some(url) = line.strip_prefix("airlock: console at http://") {
+                break url.to_string();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        let (addr, login) = url.split_once('/').unwrap();
+        let get = |addr: &str, path: &str, cookie: &str| -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(addr)?;
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        };
+        let answer = get(addr, &format!("/{login}"), "").unwrap();
+        let cookie = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("set-cookie: "))
+            .expect("a console session cookie")
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string();
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let (o, f, addr) = (ok.clone(), failed.clone(), addr.to_string());
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                for path in ["/console/approvals", "/console/connections"] {
+                    match get(&addr, path, &cookie) {
+                        Ok(t) if t.starts_with("HTTP/1.1 200") => o.fetch_add(1, Relaxed),
+                        _ => f.fetch_add(1, Relaxed),
+                    };
+                }
+            }
+        });
+        Self { child, ok, failed }
+    }
 }
 
 /// A free loopback port.
