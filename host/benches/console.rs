@@ -12,6 +12,8 @@
 //! search: 200 000 events), one call's life, connections, and the audit package of the
 //! whole trace (a full scan of the range, the one page that reads every event).
 //!
+//! `AIRLOCK_BENCH_KEEP=1` leaves the state folder behind (its path is printed).
+//!
 //! Whether a console polling the store slows `tools/call` is the floor bench's
 //! `AIRLOCK_BENCH_CONSOLE=1`.
 
@@ -244,4 +246,8 @@ fn main() {
     }
     let _ = child.kill();
     let _ = child.wait();
+    // AIRLOCK_BENCH_KEEP=1: leave the state folder for a profile of the console over it.
+    if std::env::var_os("AIRLOCK_BENCH_KEEP").is_some() {
+        println!("state folder kept: {}", dir.keep().join("state").display());
+    }
 }

@@ -862,6 +862,13 @@ when { resource.requester == principal && context.decision == "approve" };
 @id("no-self-resolution")
 forbid (principal, action == Airlock::Action::"resolve-intent", resource)
 when { resource.requester == principal };
+
+@id("reviewers-review")
+permit (
+    principal in Airlock::Role::"reviewer",
+    action in [Airlock::Action::"view", Airlock::Action::"review", Airlock::Action::"retire"],
+    resource
+);
 "#;
 
 /// A bearer token for `sub` in `roles`, in the publisher profile.
@@ -1597,4 +1604,140 @@ fn under_serve_http_only_people_policy_lets_view_log_in_and_each_holds_few_sessi
     for c in &cookies[1..] {
         assert_eq!(get_console(&s, "/console/approvals", c).status, 200);
     }
+}
+
+#[test]
+fn under_serve_http_the_mapping_page_asks_the_hosts_policy_and_only_reviewers_decide() {
+    let (d, s) = people_console();
+    let bearer = |t: &str| format!("\r\nAuthorization: Bearer {t}");
+    let rita = person("rita", &["reviewer"]);
+    let carol = person("carol", &["approver"]);
+    let path = "/console/mappings/outbox-delivery";
+    // What policy answers alice (an operator) and bob (no role), capability by profile.
+    let page = get_console(
+        &s,
+        &format!("{path}?requester=alice&roles=operator"),
+        &bearer(&rita),
+    );
+    assert_eq!(page.status, 200, "{page:?}");
+    let row = |body: &str, cap: &str, profile: &str| -> String {
+        let at = body
+            .find(&format!("<tr><td>{cap}</td><td>{profile}</td><td>"))
+            .unwrap_or_else(|| panic!("no row {cap}/{profile} in {body}"));
+        let rest = &body[at..];
+        rest[..rest.find("</tr>").unwrap()].to_string()
+    };
+    assert!(
+        row(&page.body, "deliver_artifact", "publisher").contains("require-approval"),
+        "{}",
+        page.body
+    );
+    assert!(
+        row(&page.body, "deliver_artifact", "publisher")
+            .contains("publisher-delivers-with-approval")
+    );
+    assert!(row(&page.body, "prepare_artifact", "publisher").contains(">allow<"));
+    assert!(row(&page.body, "deliver_artifact", "reader").contains("not in this profile"));
+    let bob = get_console(&s, &format!("{path}?requester=bob"), &bearer(&rita));
+    assert!(
+        row(&bob.body, "deliver_artifact", "publisher")
+            .contains("deny (capability unavailable for this task)"),
+        "{}",
+        bob.body
+    );
+    // The serving host knows what the model is offered: reviewed description, schema.
+    assert!(page.body.contains("input schema"), "{}", page.body);
+    assert!(!page.body.contains("Policy is known to a serving host"));
+    // Whatever is typed is shown as text.
+    let typed = get_console(
+        &s,
+        &format!("{path}?requester=%3Cb%3Emallory%3C%2Fb%3E"),
+        &bearer(&rita),
+    );
+    assert_eq!(typed.status, 200, "{typed:?}");
+    assert!(
+        typed.body.contains("&lt;b&gt;mallory&lt;/b&gt;") && !typed.body.contains("<b>mallory")
+    );
+
+    // carol approves calls, not mappings: no buttons, and a post is refused.
+    let seen = get_console(&s, path, &bearer(&carol));
+    assert!(
+        seen.body
+            .contains("You may not approve this mapping: no policy permits it"),
+        "{}",
+        seen.body
+    );
+    assert!(
+        seen.body
+            .contains("You may not retire this mapping: no policy permits it"),
+        "{}",
+        seen.body
+    );
+    let r = post_console(&s, path, &[("action", "retire")], &bearer(&carol));
+    assert_eq!(r.status, 403, "{r:?}");
+    let state =
+        || d.airlock_json(&["review", "show", "outbox-delivery"])["current"]["state"].clone();
+    assert_eq!(state(), "active");
+    // rita, a reviewer, retires it, recorded with her name.
+    let r = post_console(&s, path, &[("action", "retire")], &bearer(&rita));
+    assert_eq!(r.status, 303, "{r:?}");
+    assert_eq!(state(), "retiring");
+    let shown = d.airlock_json(&["review", "show", "outbox-delivery"]);
+    assert!(
+        shown["current"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("rita (console)"),
+        "{shown}"
+    );
+}
+
+/// The inbox counts the trace's missing events once per page (not once per row): a gap
+/// after the older request's proof must still mark that row, and only rows whose trace
+/// after their request is not whole.
+#[tokio::test]
+async fn the_inbox_marks_a_request_whose_trace_lost_an_event_after_it() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let (_, _, older) = pending_delivery(&client).await;
+    let gap = d
+        .trace()
+        .into_iter()
+        .rev()
+        .find(|e| e["kind"] == "call-outcome")
+        .unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let (_, _, newer) = pending_delivery(&client).await;
+    client.cancel().await.unwrap();
+    let console = Console::start(&d);
+    let cookie = console.login();
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    assert!(!inbox.body.contains("Tampered"), "{}", inbox.body);
+    // Whoever can write the database deletes one event between the two requests.
+    let db = d.database();
+    db.execute_batch("DROP TRIGGER trace_events_no_delete;")
+        .unwrap();
+    assert_eq!(
+        db.execute("DELETE FROM trace_events WHERE seq = ?1", [gap])
+            .unwrap(),
+        1
+    );
+    drop(db);
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    let section = |id: &str| {
+        let at = inbox.body.find(&format!("id=\"{id}\"")).unwrap();
+        let rest = &inbox.body[at..];
+        rest[..rest.find("</section>").unwrap()].to_string()
+    };
+    assert!(section(&older).contains("Tampered"), "{}", section(&older));
+    assert!(
+        section(&older).contains("are missing"),
+        "{}",
+        section(&older)
+    );
+    assert!(!section(&older).contains("value=\"approve\""));
+    assert!(!section(&newer).contains("Tampered"), "{}", section(&newer));
+    assert!(section(&newer).contains("value=\"approve\""));
 }

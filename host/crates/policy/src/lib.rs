@@ -758,115 +758,87 @@ impl PolicyEngine {
     /// deny's category is never shown to a model: the console names the policies).
     pub fn may_act(&self, person: &Principal, subject: &ConsoleSubject<'_>) -> Decision {
         let policy = self.current();
-        let mut entities: Vec<Entity> = person.entities.as_ref().clone();
-        let (act, resource, context) = match subject {
+        let requester = |name: &str| RestrictedExpression::new_entity_uid(uid("Requester", name));
+        // The action, the resource and its attributes (`None`: the resource needs no
+        // entity), and the context.
+        let (act, resource, attrs, context) = match *subject {
             ConsoleSubject::Approval {
                 id,
-                requester,
+                requester: who,
                 capability,
                 mapping,
                 profile,
                 decision,
-            } => {
-                let resource = uid("Approval", id);
-                entities.push(
-                    match Entity::new(
-                        resource.clone(),
-                        HashMap::from([
-                            (
-                                "requester".to_string(),
-                                RestrictedExpression::new_entity_uid(uid("Requester", requester)),
-                            ),
-                            ("capability".to_string(), string(capability)),
-                            ("mapping".to_string(), string(mapping)),
-                            (
-                                "profile".to_string(),
-                                RestrictedExpression::new_entity_uid(uid("Profile", profile)),
-                            ),
-                        ]),
-                        HashSet::new(),
-                    ) {
-                        Ok(e) => e,
-                        Err(e) => return Decision::unbuildable(&policy.digest, &e),
-                    },
-                );
-                let context = Context::from_pairs([("decision".to_string(), string(decision))]);
-                (action("approve"), resource, context)
-            }
+            } => (
+                "approve",
+                uid("Approval", id),
+                Some(vec![
+                    ("requester", requester(who)),
+                    ("capability", string(capability)),
+                    ("mapping", string(mapping)),
+                    (
+                        "profile",
+                        RestrictedExpression::new_entity_uid(uid("Profile", profile)),
+                    ),
+                ]),
+                vec![("decision", decision)],
+            ),
             ConsoleSubject::Intent {
                 id,
-                requester,
+                requester: who,
                 capability,
                 mapping,
                 effect_class,
                 outcome,
-            } => {
-                let resource = uid("Intent", id);
-                entities.push(
-                    match Entity::new(
-                        resource.clone(),
-                        HashMap::from([
-                            (
-                                "requester".to_string(),
-                                RestrictedExpression::new_entity_uid(uid("Requester", requester)),
-                            ),
-                            ("capability".to_string(), string(capability)),
-                            ("mapping".to_string(), string(mapping)),
-                            ("effect_class".to_string(), string(effect_class)),
-                        ]),
-                        HashSet::new(),
-                    ) {
-                        Ok(e) => e,
-                        Err(e) => return Decision::unbuildable(&policy.digest, &e),
-                    },
-                );
-                let context = Context::from_pairs([("outcome".to_string(), string(outcome))]);
-                (action("resolve-intent"), resource, context)
-            }
-            ConsoleSubject::Console => (
-                action("view"),
-                uid("Console", "console"),
-                Ok(Context::empty()),
+            } => (
+                "resolve-intent",
+                uid("Intent", id),
+                Some(vec![
+                    ("requester", requester(who)),
+                    ("capability", string(capability)),
+                    ("mapping", string(mapping)),
+                    ("effect_class", string(effect_class)),
+                ]),
+                vec![("outcome", outcome)],
             ),
+            ConsoleSubject::Console => ("view", uid("Console", "console"), None, vec![]),
             ConsoleSubject::Mapping {
                 name,
                 contract,
                 revision,
                 state,
                 retire,
-            } => {
-                let resource = uid("Mapping", name);
-                entities.push(
-                    match Entity::new(
-                        resource.clone(),
-                        HashMap::from([
-                            ("contract".to_string(), string(contract)),
-                            (
-                                "revision".to_string(),
-                                RestrictedExpression::new_long(*revision),
-                            ),
-                            ("state".to_string(), string(state)),
-                        ]),
-                        HashSet::new(),
-                    ) {
-                        Ok(e) => e,
-                        Err(e) => return Decision::unbuildable(&policy.digest, &e),
-                    },
-                );
-                let act = action(if *retire { "retire" } else { "review" });
-                (act, resource, Ok(Context::empty()))
+            } => (
+                if retire { "retire" } else { "review" },
+                uid("Mapping", name),
+                Some(vec![
+                    ("contract", string(contract)),
+                    ("revision", RestrictedExpression::new_long(revision)),
+                    ("state", string(state)),
+                ]),
+                vec![],
+            ),
+        };
+        let mut entities: Vec<Entity> = person.entities.as_ref().clone();
+        if let Some(attrs) = attrs {
+            let attrs = attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            match Entity::new(resource.clone(), attrs, HashSet::new()) {
+                Ok(e) => entities.push(e),
+                Err(e) => return Decision::unbuildable(&policy.digest, &e),
             }
-        };
-        let context = match context {
-            Ok(c) => c,
-            Err(e) => return Decision::unbuildable(&policy.digest, &e),
-        };
+        }
+        let context =
+            match Context::from_pairs(context.into_iter().map(|(k, v)| (k.to_string(), string(v))))
+            {
+                Ok(c) => c,
+                Err(e) => return Decision::unbuildable(&policy.digest, &e),
+            };
         let entities = match Entities::from_entities(entities, None) {
             Ok(e) => e,
             Err(e) => return Decision::unbuildable(&policy.digest, &e),
         };
         let (allowed, determining, errors) =
-            self.ask(&policy, person, act, resource, context, &entities);
+            self.ask(&policy, person, action(act), resource, context, &entities);
         Decision {
             verdict: if allowed {
                 Verdict::Allow

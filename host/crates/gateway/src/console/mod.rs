@@ -613,13 +613,16 @@ impl Console {
         let next = (listed.len() == PAGE)
             .then(|| listed.last().map(|r| format!("{}.{}", r.created_ms, r.id)))
             .flatten();
+        let listed: Vec<_> = listed
+            .into_iter()
+            .filter(|r| r.state_at(now) == ApprovalState::Pending)
+            .collect();
+        let checked =
+            crate::decisions::tampered_all(&self.registry, &listed, now).unwrap_or_else(|e| {
+                vec![Some(format!("could not check against the trace: {e:#}")); listed.len()]
+            });
         let mut rows = Vec::new();
-        for r in listed {
-            if r.state_at(now) != ApprovalState::Pending {
-                continue;
-            }
-            let tampered = crate::decisions::tampered(&self.registry, &r, now)
-                .unwrap_or_else(|e| Some(format!("could not check against the trace: {e:#}")));
+        for (r, tampered) in listed.into_iter().zip(checked) {
             let refused = self.refused(session, &approval_subject(&r, "approve"));
             rows.push(pages::InboxRow {
                 approval: r,
@@ -663,15 +666,7 @@ impl Console {
         if session.person.principal.is_some() {
             let record = match self.registry.store().approval(id) {
                 Ok(Some(r)) => r,
-                Ok(None) => {
-                    return page(
-                        StatusCode::NOT_FOUND,
-                        pages::message(
-                            "Not decided",
-                            &format!("no approval `{}`", airlock_core::text::safe(id, 80)),
-                        ),
-                    );
-                }
+                Ok(None) => return missing("Not decided", "approval", id),
                 Err(e) => return store_unavailable(&e),
             };
             if let Some(why) = self.refused(session, &approval_subject(&record, word)) {
@@ -774,15 +769,7 @@ impl Console {
         if session.person.principal.is_some() {
             let record = match self.registry.store().intent(id) {
                 Ok(Some(r)) => r,
-                Ok(None) => {
-                    return page(
-                        StatusCode::NOT_FOUND,
-                        pages::message(
-                            "Not resolved",
-                            &format!("no intent `{}`", airlock_core::text::safe(id, 80)),
-                        ),
-                    );
-                }
+                Ok(None) => return missing("Not resolved", "intent", id),
                 Err(e) => return store_unavailable(&e),
             };
             let i = &record.intent;
@@ -1455,6 +1442,17 @@ fn challenged(mut r: Response<Body>) -> Response<Body> {
         );
     }
     r
+}
+
+/// `404` titled `title`: no `what` has id `id` (shown clipped and escaped).
+fn missing(title: &str, what: &str, id: &str) -> Response<Body> {
+    page(
+        StatusCode::NOT_FOUND,
+        pages::message(
+            title,
+            &format!("no {what} `{}`", airlock_core::text::safe(id, 80)),
+        ),
+    )
 }
 
 /// `500` with what the store said.
