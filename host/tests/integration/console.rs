@@ -1741,3 +1741,61 @@ async fn the_inbox_marks_a_request_whose_trace_lost_an_event_after_it() {
     assert!(!section(&newer).contains("Tampered"), "{}", section(&newer));
     assert!(section(&newer).contains("value=\"approve\""));
 }
+
+#[tokio::test]
+async fn an_approved_receipt_not_used_yet_is_revoked_from_the_inbox() {
+    let d = approvals_deployment();
+    d.approve_all();
+    let client = d.serve_profile("publisher", ()).await;
+    let (artifact, team, id) = pending_delivery(&client).await;
+    let console = Console::start(&d);
+    let cookie = console.login();
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    let csrf = csrf_of(&inbox.body);
+    let decide = format!("/console/approvals/{id}");
+    let r = console.post(
+        &decide,
+        &cookie,
+        &[("csrf", &csrf), ("decision", "approve")],
+        "",
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    // The receipt waits unused: the inbox offers to revoke it.
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    assert!(
+        inbox.body.contains("Approved, not used yet"),
+        "{}",
+        inbox.body
+    );
+    assert!(
+        inbox.body.contains(&format!("id=\"approved-{id}\"")),
+        "{}",
+        inbox.body
+    );
+    assert!(inbox.body.contains("value=\"revoke\""), "{}", inbox.body);
+    assert!(
+        !inbox.body.contains("http-equiv=\"refresh\""),
+        "a page with rows never reloads"
+    );
+    let r = console.post(
+        &decide,
+        &cookie,
+        &[("csrf", &csrf), ("decision", "revoke")],
+        "",
+    );
+    assert_eq!(r.status, 303, "{r:?}");
+    assert_eq!(state_of(&d, &id)["state"], "revoked");
+    // Revoked: the call asks anew and nothing is sent.
+    let again = call(&client, "deliver_artifact", deliver_args(&artifact, &team))
+        .await
+        .unwrap();
+    assert_refused(&again, Category::ApprovalRequired);
+    assert_eq!(d.sends(), 0);
+    let inbox = console.get("/console/approvals", Some(&cookie));
+    assert!(
+        !inbox.body.contains(&format!("id=\"approved-{id}\"")),
+        "{}",
+        inbox.body
+    );
+    client.cancel().await.unwrap();
+}

@@ -630,11 +630,27 @@ impl Console {
                 refused,
             });
         }
+        // Approved receipts not used yet: a person may still revoke them (first page only).
+        let approved: Vec<(crate::store::ApprovalRecord, Option<String>)> = if after.is_none() {
+            store
+                .approvals_after(Some(ApprovalState::Approved), None, PAGE)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| r.state_at(now) == ApprovalState::Approved)
+                .map(|r| {
+                    let refused = self.refused(session, &approval_subject(&r, "revoke"));
+                    (r, refused)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let notice = query_value(query, "done");
         page(
             StatusCode::OK,
             pages::inbox(
                 &rows,
+                &approved,
                 now,
                 &session.csrf,
                 &session.person.recorded,
@@ -936,6 +952,18 @@ impl Console {
             capability: query_value(query, "capability").unwrap_or_default(),
             requester: query_value(query, "requester").unwrap_or_default(),
             outcome: query_value(query, "outcome").unwrap_or_default(),
+            since: query_value(query, "since").unwrap_or_default(),
+            until: query_value(query, "until").unwrap_or_default(),
+            ..trace::Filter::default()
+        };
+        let filter = match filter.resolve(crate::store::now_ms()) {
+            Ok(f) => f,
+            Err(e) => {
+                return page(
+                    StatusCode::BAD_REQUEST,
+                    pages::message("Bad filter", &format!("{e:#}")),
+                );
+            }
         };
         match trace::list(store, before, &filter) {
             Ok(listed) => page(

@@ -118,6 +118,7 @@ pub fn token_login(why: Option<&str>) -> Markup {
 /// `after` of the next page, when there may be one.
 pub fn inbox(
     rows: &[InboxRow],
+    approved: &[(ApprovalRecord, Option<String>)],
     now: u64,
     csrf: &str,
     operator: &str,
@@ -181,8 +182,36 @@ pub fn inbox(
             @if let Some(after) = next {
                 p { a.next href={ "/console/approvals?after=" (after) } { "Older requests →" } }
             }
+            @if !approved.is_empty() {
+                h2 { "Approved, not used yet" }
+                p { "Each of these lets its exact call run once until its receipt expires; revoking it stops that." }
+                table {
+                    thead { tr { th { "approval" } th { "capability" } th { "requested by" } th { "approved by" } th { "receipt expires" } th {} } }
+                    tbody {
+                        @for (r, refused) in approved {
+                            tr id={ "approved-" (r.id) } {
+                                td { (r.id) }
+                                td { (r.binding.capability) }
+                                td { (r.binding.requester) }
+                                td { (r.decided_by.as_deref().unwrap_or("")) }
+                                td { (when(r.expires_ms)) " (" (until(r.expires_ms, now)) ")" }
+                                td {
+                                    @match refused {
+                                        Some(why) => span.refusal { "You may not revoke it: " (why) },
+                                        None => form method="post" action={ "/console/approvals/" (r.id) } {
+                                            input type="hidden" name="csrf" value=(csrf);
+                                            input type="hidden" name="decision" value="revoke";
+                                            button type="submit" { "Revoke" }
+                                        },
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         },
-        rows.is_empty() && next.is_none(),
+        rows.is_empty() && next.is_none() && approved.is_empty(),
     )
 }
 

@@ -61,12 +61,46 @@ pub struct Filter {
     pub capability: String,
     pub requester: String,
     pub outcome: String,
+    /// As typed: a duration (`15m`, `2h`, `7d`): calls that ended at most this long ago.
+    pub since: String,
+    /// As typed: a duration: calls that ended at least this long ago.
+    pub until: String,
+    /// `since` and `until` as unix ms (set by [`Filter::resolve`]).
+    pub(super) since_ms: Option<u64>,
+    pub(super) until_ms: Option<u64>,
 }
 
 impl Filter {
+    /// Reads `since` and `until` against `now_ms`.
+    ///
+    /// # Errors
+    /// One is not a duration (`humantime`: `90s`, `15m`, `2h`, `7d`, …).
+    pub fn resolve(mut self, now_ms: u64) -> anyhow::Result<Self> {
+        let ago = |text: &str, name: &str| -> anyhow::Result<Option<u64>> {
+            if text.trim().is_empty() {
+                return Ok(None);
+            }
+            let d = humantime::parse_duration(text.trim()).map_err(|_| {
+                anyhow::anyhow!(
+                    "{name} `{}`: expected a duration such as 15m, 2h or 7d",
+                    airlock_core::text::safe(text, 40)
+                )
+            })?;
+            Ok(Some(now_ms.saturating_sub(
+                u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            )))
+        };
+        self.since_ms = ago(&self.since, "since")?;
+        self.until_ms = ago(&self.until, "until")?;
+        Ok(self)
+    }
+
     fn admits(&self, call: &CallRow) -> bool {
         let is = |want: &str, have: Option<&str>| want.is_empty() || have == Some(want);
-        is(&self.capability, call.capability())
+        let at = call.outcome.at_ms;
+        self.since_ms.is_none_or(|s| at >= s)
+            && self.until_ms.is_none_or(|u| at <= u)
+            && is(&self.capability, call.capability())
             && is(&self.requester, call.requester())
             && (self.outcome.is_empty()
                 || call.outcome() == Some(self.outcome.as_str())
@@ -78,6 +112,8 @@ impl Filter {
             .append_pair("capability", &self.capability)
             .append_pair("requester", &self.requester)
             .append_pair("outcome", &self.outcome)
+            .append_pair("since", &self.since)
+            .append_pair("until", &self.until)
             .finish()
     }
 }
@@ -160,6 +196,10 @@ pub fn list(
                 candidates.entry(e.subject.clone()).or_insert(e);
             }
         }
+        // Calls older than `since` are below this window's oldest: none is left to find.
+        let older_than_since = filter
+            .since_ms
+            .is_some_and(|s| outcomes.last().is_some_and(|o| o.at_ms < s));
         // Newest first; a page stops at a call boundary, so the next starts right below.
         for o in outcomes {
             let row = CallRow {
@@ -179,6 +219,9 @@ pub fn list(
             }
         }
         top = from;
+        if older_than_since {
+            top = 1;
+        }
     }
     Ok(ListPage {
         calls,
@@ -227,6 +270,10 @@ pub fn list_page(page: &ListPage, filter: &Filter, head: i64, before: i64) -> Ma
                 label { "requester " input type="text" name="requester" value=(filter.requester); }
                 " "
                 label { "outcome " input type="text" name="outcome" value=(filter.outcome) placeholder="completed, refused, unknown, …"; }
+                " "
+                label { "since " input type="text" name="since" value=(filter.since) placeholder="2h"; }
+                " "
+                label { "until " input type="text" name="until" value=(filter.until) placeholder="1h"; }
                 " "
                 button type="submit" { "Filter" }
             }
@@ -316,14 +363,14 @@ pub fn verify_page(v: &crate::store::TraceVerification, checkpoints: usize) -> M
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
     use crate::store::{NewEvent, SqliteStore, Trace as _};
     use serde_json::json;
 
     /// `calls` calls, each a candidate, `noise` unrelated events and an outcome; call `n`
     /// is alice's `search` when even, bob's `deliver` when odd, refused every third.
-    fn trace_of(calls: usize, noise: usize) -> (tempfile::TempDir, SqliteStore) {
+    pub(super) fn trace_of(calls: usize, noise: usize) -> (tempfile::TempDir, SqliteStore) {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path()).unwrap();
         let mut batch = Vec::new();
@@ -355,6 +402,13 @@ mod tests {
         store.append_events(batch).unwrap();
         (dir, store)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::trace_of;
+    use super::*;
+    use crate::store::{SqliteStore, Trace as _};
 
     fn all_pages(store: &SqliteStore, filter: &Filter) -> Vec<String> {
         let head = store.trace_checkpoint().unwrap().seq;
@@ -450,6 +504,46 @@ mod tests {
             super::life(&store, "call_99999", 1, 1_000)
                 .unwrap()
                 .is_empty()
+        );
+    }
+}
+
+#[cfg(test)]
+mod time_filter {
+    use super::tests_support::trace_of;
+    use super::*;
+    use crate::store::Trace as _;
+
+    #[test]
+    fn since_and_until_bound_the_calls_by_when_they_ended() {
+        let (_dir, store) = trace_of(30, 2);
+        let head = store.trace_checkpoint().unwrap().seq;
+        let now = crate::store::now_ms();
+        let with = |since: &str, until: &str| {
+            let f = Filter {
+                since: since.into(),
+                until: until.into(),
+                ..Filter::default()
+            }
+            .resolve(now)
+            .unwrap();
+            list(&store, head + 1, &f).unwrap()
+        };
+        assert_eq!(with("1h", "").calls.len(), 30);
+        assert_eq!(with("", "").calls.len(), 30);
+        assert!(with("", "1h").calls.is_empty());
+        // Everything ended within the hour: a window older than `since` ends the search.
+        let none = with("1h", "30m");
+        assert!(none.calls.is_empty());
+        let bad = Filter {
+            since: "soon".into(),
+            ..Filter::default()
+        }
+        .resolve(now)
+        .unwrap_err();
+        assert!(
+            format!("{bad:#}").contains("expected a duration"),
+            "{bad:#}"
         );
     }
 }
