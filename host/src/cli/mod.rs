@@ -97,7 +97,8 @@ Configuration (TOML; relative paths resolve against the file's folder):
   # state_dir = \"state\", snapshot_interval = \"10m\", start_timeout = \"10s\" (spawn +
   # initialize + discovery of one connection; one that fails or takes longer is retried in
   # the background, 0.5 s doubling to 30 s, and offered once it is ready).
-  # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http.
+  # [http] and [http.auth]: allow-lists, body ceiling, bearer tokens for --http;
+  #   [http] console = true also serves the operator console under /console.
   # [trace]: key (a [secrets] entry; default AIRLOCK_TRACE_KEY, else <state_dir>/trace.key),
   #   checkpoint_file, checkpoint_interval = \"5m\" (checkpoints also at shutdown).
   # [telemetry] metrics = \"127.0.0.1:9464\": also serve Prometheus metrics (GET /metrics) there;
@@ -250,14 +251,15 @@ Example:
         json: bool,
     },
     /// The operator console: web pages where a person decides what waits for a person
-    /// (this release: the approvals inbox, held intents, connections). Reads and writes
-    /// the same store as the CLI, beside a serving host or without one.
+    /// (the approvals inbox, held intents, mappings, connections, the trace). Reads and
+    /// writes the same store as the CLI, beside a serving host or without one.
     #[command(after_help = "\
 The console binds a loopback address only and prints a login link with a one-time
 token to stderr: open it once in a browser on this machine (it sets an HttpOnly,
 SameSite=Strict session cookie). Every decision is a form post carrying the session's
 CSRF token, is checked against the trace first, and is recorded as made by
-`USER (console)`. No JavaScript. For a team, serve the same pages from
+`USER (console)`; the session lasts until the console stops (restart it for a new
+link). No JavaScript. For a team, serve the same pages from
 `airlock serve --http` with `[http] console = true`: with [http.auth] people log in
 with their bearer tokens and Cedar decides who may approve. See README \"Console\".
 

@@ -1055,6 +1055,23 @@ fn under_serve_http_without_auth_the_console_prints_a_one_time_link() {
     let inbox = get_console(&s, "/console/approvals", &format!("\r\nCookie: {cookie}"));
     assert_eq!(inbox.status, 200, "{inbox:?}");
     assert!(inbox.body.contains(" (console)"), "{}", inbox.body);
+    // In a serving host, connections show the negotiated protocol and this host's
+    // restarts of each.
+    let connections = get_console(&s, "/console/connections", &format!("\r\nCookie: {cookie}"));
+    assert_eq!(connections.status, 200, "{connections:?}");
+    let row = |name: &str| {
+        let at = connections.body.find(&format!("<td>{name}</td>")).unwrap();
+        let rest = &connections.body[at..];
+        rest[..rest.find("</tr>").unwrap()].to_string()
+    };
+    for name in ["notes", "outbox"] {
+        let r = row(name);
+        assert!(
+            r.contains("<td>2025-11-25</td>") || r.contains("<td>2026-07-28</td>"),
+            "{r}"
+        );
+        assert!(r.ends_with("<td>0</td>"), "{r}");
+    }
     // The link works once; a bearer token means nothing to a loopback console.
     assert_eq!(get_console(&s, &link, "").status, 403);
     let r = get_console(

@@ -330,6 +330,14 @@ impl Metrics {
         }
     }
 
+    /// How many times this process restarted connection `name` (its
+    /// `connection_restarts_total`); 0 for a connection it never restarted.
+    pub fn restarts(&self, name: &str) -> u64 {
+        self.restarts
+            .get_metric_with_label_values(&[name])
+            .map_or(0, |c| c.get())
+    }
+
     /// Sets the legacy MCP sessions open now.
     pub fn set_sessions(&self, open: usize) {
         self.sessions.set(i64::try_from(open).unwrap_or(i64::MAX));

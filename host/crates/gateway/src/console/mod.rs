@@ -38,7 +38,8 @@
 //!   token itself needs no CSRF token (a browser never attaches one to a cross-site
 //!   request). Forms work without JavaScript; the pages load none.
 //! - **Strict headers on every answer**: `Content-Security-Policy: default-src 'none';
-//!   style-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`,
+//!   style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none';
+//!   base-uri 'none'` (the grants page: its inline stylesheet's hash instead of `'self'`),
 //!   `X-Content-Type-Options: nosniff`, `Referrer-Policy: same-origin`,
 //!   `Cache-Control: no-store`, `X-Frame-Options: DENY`.
 //! - **Everything shown is escaped** (maud escapes every interpolated string): approval
@@ -73,7 +74,7 @@ use crate::policy::{ConsoleSubject, Principal, Verdict};
 use crate::registry::Registry;
 use crate::store::{ApprovalDecision, ApprovalState};
 
-/// Where the console's pages live (the same path under `serve --http`, later).
+/// Where the console's pages live (the same path under `serve --http`).
 pub const PREFIX: &str = "/console";
 /// The console session cookie's name.
 pub const COOKIE: &str = "airlock_console";
@@ -294,7 +295,8 @@ impl Console {
                             if let Ok(now) = self.registry.store().journal_backlog_bytes() {
                                 s.trace.journal_backlog_bytes = now;
                             }
-                            page(StatusCode::OK, pages::connections(&s))
+                            let extra = self.connection_extras(&s);
+                            page(StatusCode::OK, pages::connections(&s, &extra))
                         }
                         Err(e) => store_unavailable(&e),
                     }
@@ -872,6 +874,31 @@ fn approval_subject<'a>(
 }
 
 impl Console {
+    /// Per connection: the protocol version its latest snapshot negotiated and, in a
+    /// serving host, how many times this host restarted it.
+    fn connection_extras(&self, s: &crate::status::Status) -> Vec<pages::ConnectionExtra> {
+        let store = self.registry.store();
+        s.connections
+            .iter()
+            .map(|c| pages::ConnectionExtra {
+                protocol: store
+                    .latest_snapshot(&c.connection_id)
+                    .ok()
+                    .flatten()
+                    .and_then(|snap| {
+                        snap.body
+                            .get("protocol_version")
+                            .and_then(|v| v.as_str())
+                            .map(str::to_string)
+                    }),
+                restarts: self
+                    .host
+                    .as_ref()
+                    .map(|_| self.registry.metrics().restarts(&c.name)),
+            })
+            .collect()
+    }
+
     /// `GET /console/trace[?before=SEQ&capability=&requester=&outcome=]`, `GET
     /// /console/trace/calls/{id}?from=SEQ&to=SEQ`, `GET /console/trace/verify`
     /// ([`trace`]).

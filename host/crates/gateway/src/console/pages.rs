@@ -287,25 +287,36 @@ fn ago(ms: u64, now: u64) -> String {
     )
 }
 
+/// What the connections page shows of a connection besides its status line.
+pub struct ConnectionExtra {
+    /// The protocol version its latest snapshot negotiated.
+    pub protocol: Option<String>,
+    /// Restarts by this host since it started (`None`: not in a serving host).
+    pub restarts: Option<u64>,
+}
+
 /// Connections and mappings as the store last saw them, what waits, and the trace's head
-/// ([`crate::status::read`]).
-pub fn connections(s: &crate::status::Status) -> Markup {
+/// ([`crate::status::read`]); `extra` is per connection, in order.
+pub fn connections(s: &crate::status::Status, extra: &[ConnectionExtra]) -> Markup {
     let now = s.at_ms;
     layout(
         "Connections",
         html! {
             h1 { "Connections" }
-            p { "Each connection's state is the one its host last traced (a host that stopped leaves its last state)." }
+            p { "Each connection's state is the one its host last traced (a host that stopped leaves its last state); the protocol is the one its latest snapshot negotiated; restarts are counted by the serving host this console runs in (— outside one)." }
             table {
-                thead { tr { th { "connection" } th { "state" } th { "since" } th { "why" } th { "revision" } } }
+                thead { tr { th { "connection" } th { "state" } th { "since" } th { "why" } th { "revision" } th { "protocol" } th { "restarts" } } }
                 tbody {
-                    @for c in &s.connections {
+                    @for (i, c) in s.connections.iter().enumerate() {
+                        @let x = extra.get(i);
                         tr {
                             td { (c.name) }
                             td.state { (c.state.as_deref().unwrap_or("not traced")) }
                             td { @if let Some(at) = c.since_ms { (ago(at, now)) } }
                             td { (c.reason.as_deref().unwrap_or("")) }
                             td { (c.revision) }
+                            td { (x.and_then(|x| x.protocol.as_deref()).unwrap_or("")) }
+                            td { @match x.and_then(|x| x.restarts) { Some(n) => (n), None => "—" } }
                         }
                     }
                 }

@@ -4,7 +4,7 @@
 //! Rules:
 //! - **Bounded reads, whatever the trace's length.** The list reads the trace in windows
 //!   of [`WINDOW`] sequence numbers below the page's start (a range read on the primary
-//!   key, [`crate::store::Trace::trace_window`]), at most [`MAX_SCAN`] of them per page,
+//!   key, [`crate::store::Trace::trace_window`]), at most [`MAX_SCAN`] sequence numbers a page,
 //!   and lists a call by its `call-outcome` event; a page that found fewer than
 //!   [`PAGE_CALLS`] calls says how far down it searched and links the next window. So a
 //!   page of a 1 000 000-event trace costs what a page of a short one does; no filter
@@ -12,10 +12,11 @@
 //! - **One call's life** is the events naming it between its `call-candidate` and its
 //!   `call-outcome` (a call's events are written between those two: the candidate
 //!   first, the outcome last), with the approval and intent rows it names.
-//! - **Filters** (capability, requester, outcome) compare whole values from the
+//! - **Filters** (capability, requester, outcome — which also matches a refusal's
+//!   category — and `since`/`until` as durations ago) compare whole values from the
 //!   candidate and outcome events; the values are shown escaped, never interpreted.
 //! - **Verification** recomputes the whole chain (as `airlock trace verify --checkpoint`):
-//!   a person asks for it with a button, and its cost is the trace's length.
+//!   a person asks for it with a link, and its cost is the trace's length.
 
 use std::collections::HashMap;
 
