@@ -950,7 +950,7 @@ impl Console {
         }
         if let Some(call) = rest.strip_prefix("/trace/calls/") {
             let to = number("to").unwrap_or(head).min(head);
-            let from = number("from").unwrap_or(to - trace::WINDOW);
+            let from = number("from").unwrap_or(to.saturating_sub(trace::WINDOW));
             let life = match trace::life(store, call, from, to) {
                 Ok(l) => l,
                 Err(e) => return store_unavailable(&e),

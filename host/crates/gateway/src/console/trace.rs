@@ -242,9 +242,9 @@ pub fn life(
     from: i64,
     to: i64,
 ) -> anyhow::Result<Vec<TraceEvent>> {
-    let from = from.max(to - MAX_SCAN).max(1);
+    let from = from.max(to.saturating_sub(MAX_SCAN)).max(1);
     let mut events: Vec<TraceEvent> = store
-        .trace_window(to + 1, from, &CALL_KINDS)?
+        .trace_window(to.saturating_add(1), from, &CALL_KINDS)?
         .into_iter()
         .filter(|e| {
             e.subject == call || e.payload.get("call").and_then(|c| c.as_str()) == Some(call)
@@ -506,6 +506,19 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+        // Hostile bounds from a query string neither overflow nor read out of range.
+        for (from, to) in [
+            (i64::MIN, i64::MIN),
+            (i64::MAX, i64::MIN),
+            (i64::MIN, -1),
+            (5, 2),
+        ] {
+            assert!(
+                super::life(&store, "call_00007", from, to)
+                    .unwrap()
+                    .is_empty()
+            );
+        }
     }
 }
 
