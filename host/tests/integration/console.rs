@@ -1421,7 +1421,49 @@ async fn a_reviewer_sees_the_four_questions_and_drift_side_by_side_and_decides()
     let r = console.post(path, &cookie, &[("action", "approve")], "");
     assert_eq!(r.status, 403, "no CSRF token: {r:?}");
     let before = d.airlock_json(&["review", "show", "source-library"]);
-    let r = console.post(path, &cookie, &[("csrf", &csrf), ("action", "approve")], "");
+    let shown_revision = before["current"]["revision"].as_i64().unwrap().to_string();
+    let latest = before["latest_snapshot"].as_str().unwrap().to_string();
+    // The approval names the snapshot and revision the page showed: another is refused
+    // (a server that changed its tools after the page loaded is not approved by it).
+    for (revision, snapshot) in [
+        (shown_revision.as_str(), "0".repeat(64)),
+        ("0", latest.clone()),
+        (shown_revision.as_str(), String::new()),
+    ] {
+        let r = console.post(
+            path,
+            &cookie,
+            &[
+                ("csrf", &csrf),
+                ("action", "approve"),
+                ("revision", revision),
+                ("snapshot", &snapshot),
+            ],
+            "",
+        );
+        assert_eq!(r.status, 409, "{r:?}");
+    }
+    assert_eq!(
+        d.airlock_json(&["review", "show", "source-library"])["current"]["revision"],
+        before["current"]["revision"]
+    );
+    assert!(
+        page.body
+            .contains(&format!("name=\"snapshot\" value=\"{latest}\"")),
+        "{}",
+        page.body
+    );
+    let r = console.post(
+        path,
+        &cookie,
+        &[
+            ("csrf", &csrf),
+            ("action", "approve"),
+            ("revision", &shown_revision),
+            ("snapshot", &latest),
+        ],
+        "",
+    );
     assert_eq!(r.status, 303, "{r:?}");
     let after = d.airlock_json(&["review", "show", "source-library"]);
     assert_eq!(
@@ -1442,7 +1484,17 @@ async fn a_reviewer_sees_the_four_questions_and_drift_side_by_side_and_decides()
         "the pins are the latest snapshot now"
     );
     // And retires it (it serves no new calls; `retiring` until calls in flight end).
-    let r = console.post(path, &cookie, &[("csrf", &csrf), ("action", "retire")], "");
+    let revision = after["current"]["revision"].as_i64().unwrap().to_string();
+    let r = console.post(
+        path,
+        &cookie,
+        &[
+            ("csrf", &csrf),
+            ("action", "retire"),
+            ("revision", &revision),
+        ],
+        "",
+    );
     assert_eq!(r.status, 303, "{r:?}");
     assert_eq!(
         d.airlock_json(&["review", "show", "source-library"])["current"]["state"],
@@ -1690,13 +1742,18 @@ fn under_serve_http_the_mapping_page_asks_the_hosts_policy_and_only_reviewers_de
         "{}",
         seen.body
     );
-    let r = post_console(&s, path, &[("action", "retire")], &bearer(&carol));
+    let revision = d.airlock_json(&["review", "show", "outbox-delivery"])["current"]["revision"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    let retire = [("action", "retire"), ("revision", revision.as_str())];
+    let r = post_console(&s, path, &retire, &bearer(&carol));
     assert_eq!(r.status, 403, "{r:?}");
     let state =
         || d.airlock_json(&["review", "show", "outbox-delivery"])["current"]["state"].clone();
     assert_eq!(state(), "active");
     // rita, a reviewer, retires it, recorded with her name.
-    let r = post_console(&s, path, &[("action", "retire")], &bearer(&rita));
+    let r = post_console(&s, path, &retire, &bearer(&rita));
     assert_eq!(r.status, 303, "{r:?}");
     assert_eq!(state(), "retiring");
     let shown = d.airlock_json(&["review", "show", "outbox-delivery"]);

@@ -40,7 +40,8 @@ pub const CONFIGURATION_KINDS: [&str; 10] = [
 ];
 
 /// The audit package of the trace from `from` to `to` (inclusive; clamped to the
-/// trace), as JSON.
+/// trace), as JSON. Reads the range in windows of [`super::trace::WINDOW`] events (each a
+/// read of its own), keeping the configuration events and counting the outcomes.
 ///
 /// # Errors
 /// The store fails.
@@ -48,12 +49,23 @@ pub fn package(store: &dyn Store, from: i64, to: i64) -> anyhow::Result<Value> {
     let head = store.trace_checkpoint()?;
     let to = to.min(head.seq);
     let from = from.max(1);
-    let configuration: Vec<Value> = if from <= to {
-        let mut e = store.trace_window(to + 1, from, &CONFIGURATION_KINDS)?;
-        e.reverse();
-        e.into_iter()
-            .map(|e| {
-                json!({
+    // Read in windows of the trace (newest first), so no read holds the store for the
+    // whole range and only configuration events are kept; outcomes are only counted.
+    let mut kinds: Vec<&str> = CONFIGURATION_KINDS.to_vec();
+    kinds.push(events::CALL_OUTCOME);
+    let mut configuration = Vec::new();
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut top = to.saturating_add(1);
+    while top > from {
+        let floor = top.saturating_sub(super::trace::WINDOW).max(from);
+        for e in store.trace_window(top, floor, &kinds)? {
+            if e.kind == events::CALL_OUTCOME {
+                let outcome = e.payload.get("outcome").and_then(Value::as_str);
+                *outcomes
+                    .entry(outcome.unwrap_or("?").to_string())
+                    .or_default() += 1;
+            } else {
+                configuration.push(json!({
                     "seq": e.seq,
                     "at_ms": e.at_ms,
                     "kind": e.kind,
@@ -61,21 +73,12 @@ pub fn package(store: &dyn Store, from: i64, to: i64) -> anyhow::Result<Value> {
                     "payload": e.payload,
                     "mac": e.hash,
                     "key_id": e.key_id,
-                })
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
-    if from <= to {
-        for e in store.trace_window(to + 1, from, &[events::CALL_OUTCOME])? {
-            let outcome = e.payload.get("outcome").and_then(Value::as_str);
-            *outcomes
-                .entry(outcome.unwrap_or("?").to_string())
-                .or_default() += 1;
+                }));
+            }
         }
+        top = floor;
     }
+    configuration.reverse();
     let mut mappings = Vec::new();
     for latest in store.mappings()? {
         for r in store.mapping_revisions(&latest.name)? {

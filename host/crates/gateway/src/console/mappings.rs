@@ -244,10 +244,14 @@ pub fn mapping_page(v: &MappingView<'_>) -> Markup {
             @if v.can_approve {
                 @match &v.review_refused {
                     Some(why) => p.refusal { "You may not approve this mapping: " (why) "." },
-                    None => form method="post" action={ "/console/mappings/" (name) } {
-                        input type="hidden" name="csrf" value=(v.csrf);
-                        input type="hidden" name="action" value="approve";
-                        button type="submit" { "Approve against the latest snapshot" }
+                    None => @if let Some(latest) = &s.latest_snapshot {
+                        form method="post" action={ "/console/mappings/" (name) } {
+                            input type="hidden" name="csrf" value=(v.csrf);
+                            input type="hidden" name="action" value="approve";
+                            input type="hidden" name="revision" value=(c.revision);
+                            input type="hidden" name="snapshot" value=(latest);
+                            button type="submit" { "Approve against snapshot " (&latest[..latest.len().min(12)]) }
+                        }
                     },
                 }
             }
@@ -256,6 +260,7 @@ pub fn mapping_page(v: &MappingView<'_>) -> Markup {
                 None => form method="post" action={ "/console/mappings/" (name) } {
                     input type="hidden" name="csrf" value=(v.csrf);
                     input type="hidden" name="action" value="retire";
+                    input type="hidden" name="revision" value=(c.revision);
                     button type="submit" { "Retire" }
                 },
             }

@@ -1035,8 +1035,11 @@ impl Console {
         }
     }
 
-    /// The subject policy is asked about when a person reviews or retires `show`'s
-    /// mapping.
+    /// Why policy does not let the person review (approve) or retire `show`'s mapping.
+    /// The contract policy sees is the one the decision acts on: for an approval, the
+    /// manifest the configuration names (what the new revision will be); for a
+    /// retirement, the serving revision's recorded manifest. When it cannot be told, the
+    /// action is refused rather than asked about with no contract.
     fn mapping_refused(
         &self,
         session: &Session,
@@ -1044,16 +1047,22 @@ impl Console {
         retire: bool,
     ) -> Option<String> {
         let c = &show.current;
-        let contract = self
-            .host
-            .as_ref()
-            .and_then(|h| {
-                h.catalog()
-                    .mappings
-                    .get(&c.name)
-                    .map(|m| m.contract.interface.clone())
-            })
-            .unwrap_or_default();
+        session.person.principal.as_ref()?;
+        let contract = if retire {
+            c.manifest_text
+                .as_deref()
+                .and_then(|t| crate::registry::manifest::MappingManifest::parse(t, &c.name).ok())
+                .map(|m| m.mapping.contract)
+        } else {
+            self.config()
+                .and_then(|config| crate::review::find_mapping(config, &c.name).ok())
+                .map(|s| s.manifest.mapping.contract)
+        };
+        let Some(contract) = contract else {
+            return Some(
+                "the contract it implements cannot be read, so policy cannot be asked".into(),
+            );
+        };
         self.refused(
             session,
             &ConsoleSubject::Mapping {
@@ -1282,15 +1291,46 @@ impl Console {
                 ),
             );
         }
+        // An approval pins exactly the snapshot the person was shown, of the revision they
+        // saw: a server that changes its tools after the page loaded is not approved by it.
+        let shown_snapshot = form.get("snapshot").map(String::as_str).unwrap_or("");
+        let shown_revision = form.get("revision").and_then(|r| r.parse::<i64>().ok());
+        if shown_revision != Some(show.current.revision) {
+            return page(
+                StatusCode::CONFLICT,
+                pages::message(
+                    "Changed since you looked",
+                    &format!(
+                        "mapping {} is at revision {} now; reload its page and decide again",
+                        show.current.name, show.current.revision
+                    ),
+                ),
+            );
+        }
+        if !retire && show.latest_snapshot.as_deref() != Some(shown_snapshot) {
+            return page(
+                StatusCode::CONFLICT,
+                pages::message(
+                    "Changed since you looked",
+                    "the server's latest snapshot is not the one this page showed; reload the page and review it again",
+                ),
+            );
+        }
         let who = &session.person.recorded;
         let done_page = format!("mappings/{}", show.current.name);
         let result = if retire {
             self.registry.retire(&show.current.name, who)
         } else {
             match self.config() {
-                Some(config) => {
-                    crate::review::approve(config, &show.current.name, who, None, None, &[], false)
-                }
+                Some(config) => crate::review::approve(
+                    config,
+                    &show.current.name,
+                    who,
+                    Some(shown_snapshot),
+                    None,
+                    &[],
+                    false,
+                ),
                 None => {
                     return page(
                         StatusCode::CONFLICT,
