@@ -31,25 +31,9 @@ use crate::store::{
 /// # Errors
 /// The store fails.
 pub fn tampered(registry: &Registry, r: &ApprovalRecord, now_ms: u64) -> Result<Option<String>> {
-    use crate::pipeline::approve::{ReceiptProof, prove_receipt};
-    let proofs = registry.store().approval_proofs(&r.id)?;
-    let in_band = r.state_at(now_ms) != ApprovalState::Approved;
-    Ok(
-        match prove_receipt(&proofs, Some(r), &r.id, &r.binding, in_band, now_ms) {
-            ReceiptProof::Tampered(why) => Some(why),
-            ReceiptProof::Refused(_) => None,
-            // Only a row that still authorizes something is worth the count.
-            ReceiptProof::Proven
-                if matches!(
-                    r.state_at(now_ms),
-                    ApprovalState::Approved | ApprovalState::Pending
-                ) =>
-            {
-                crate::pipeline::approve::proofs_not_whole(registry.store(), &proofs)?
-            }
-            ReceiptProof::Proven => None,
-        },
-    )
+    Ok(tampered_all(registry, std::slice::from_ref(r), now_ms)?
+        .pop()
+        .flatten())
 }
 
 /// [`tampered`] for each of `rows` (a page of the inbox), with one count of the trace's
