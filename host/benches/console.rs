@@ -17,7 +17,7 @@
 //! Whether a console polling the store slows `tools/call` is the floor bench's
 //! `AIRLOCK_BENCH_CONSOLE=1`.
 
-use std::io::{BufRead as _, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -135,39 +135,8 @@ fn main() {
         let store = SqliteStore::open(&state).unwrap();
         fill(&store, approvals, events);
     }
-    let mut child = std::process::Command::new(airlock_bin())
-        .args(["console", "--addr", "127.0.0.1:0"])
-        .env("AIRLOCK_STATE_DIR", &state)
-        .env("AIRLOCK_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("the console ended").unwrap();
-        if let Some(url) = line.strip_prefix("airlock: console at http://") {
-            break url.to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let (addr, login) = url.split_once('/').unwrap();
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(
-        format!("GET /{login} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).unwrap();
-    let cookie = answer
-        .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: "))
-        .expect("a session cookie")
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let console = common::console::Console::start(&airlock_bin(), &state);
+    let (addr, cookie) = (console.addr.as_str(), console.cookie.as_str());
 
     // The inbox's last page, and one call to show.
     let store = SqliteStore::open(&state).unwrap();
@@ -228,7 +197,7 @@ fn main() {
         let mut full = Vec::new();
         let mut bytes = 0;
         for _ in 0..iters {
-            let (f, t, b, status) = fetch(addr, path, &cookie);
+            let (f, t, b, status) = fetch(addr, path, cookie);
             assert_eq!(status, 200, "{path}");
             first.push(f);
             full.push(t);
@@ -244,8 +213,7 @@ fn main() {
             ms(pct(&mut full, 90)),
         );
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(console);
     // AIRLOCK_BENCH_KEEP=1: leave the state folder for a profile of the console over it.
     if std::env::var_os("AIRLOCK_BENCH_KEEP").is_some() {
         println!("state folder kept: {}", dir.keep().join("state").display());

@@ -755,74 +755,36 @@ async fn bench() {
 /// `airlock console` on a host's state folder, logged in, its inbox and connections pages
 /// fetched every second by a thread of this process (`AIRLOCK_BENCH_CONSOLE`).
 struct ConsolePoller {
-    child: std::process::Child,
+    _console: common::console::Console,
     ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
     failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Drop for ConsolePoller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl ConsolePoller {
     fn start(bin: &Path, state: &Path) -> Self {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-        let mut child = std::process::Command::new(bin)
-            .args(["console", "--addr", "127.0.0.1:0"])
-            .env("AIRLOCK_STATE_DIR", state)
-            .env("AIRLOCK_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("airlock console ended").unwrap();
-            if let Some(url) = line.strip_prefix("airlock: console at http://") {
-                break url.to_string();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        let (addr, login) = url.split_once('/').unwrap();
-        let get = |addr: &str, path: &str, cookie: &str| -> std::io::Result<String> {
-            let mut s = std::net::TcpStream::connect(addr)?;
-            s.write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )?;
-            let mut text = String::new();
-            s.read_to_string(&mut text)?;
-            Ok(text)
-        };
-        let answer = get(addr, &format!("/{login}"), "").unwrap();
-        let cookie = answer
-            .lines()
-            .find_map(|l| l.strip_prefix("set-cookie: "))
-            .expect("a console session cookie")
-            .split(';')
-            .next()
-            .unwrap()
-            .to_string();
+        let console = common::console::Console::start(bin, state);
         let ok = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
-        let (o, f, addr) = (ok.clone(), failed.clone(), addr.to_string());
+        let (o, f) = (ok.clone(), failed.clone());
+        let (addr, cookie) = (console.addr.clone(), console.cookie.clone());
         std::thread::spawn(move || {
             loop {
                 std::thread::sleep(Duration::from_secs(1));
                 for path in ["/console/approvals", "/console/connections"] {
-                    match get(&addr, path, &cookie) {
+                    match common::console::get(&addr, path, &cookie) {
                         Ok(t) if t.starts_with("HTTP/1.1 200") => o.fetch_add(1, Relaxed),
                         _ => f.fetch_add(1, Relaxed),
                     };
                 }
             }
         });
-        Self { child, ok, failed }
+        Self {
+            _console: console,
+            ok,
+            failed,
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub mod console;
 pub mod serve;
 pub mod store_ops;
 
